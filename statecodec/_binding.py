@@ -1,0 +1,221 @@
+"""Binding a token to who asked, where, and for what.
+
+The MCP spec asks servers to bind requestState to the authenticated principal and to the
+originating request (method and a digest of its salient parameters). A :class:`Binding`
+names those facts; the codec stores only a 16-byte *keyed* tag over them. Never the raw
+values, and never an unkeyed hash: an unkeyed hash of a user id in a readable token lets
+anyone holding the token guess the user offline.
+
+The argument digest is SHA-256 over RFC 8785 (JCS) canonical JSON, so two instances, two
+Python versions or an independent implementation always agree on it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import struct
+from collections.abc import Mapping
+from typing import Any, Final
+
+import rfc8785
+
+MAX_ARGUMENT_DEPTH: Final = 64
+MAX_ARGUMENT_NODES: Final = 100_000
+_SAFE_INT: Final = 2**53 - 1
+_DOMAIN: Final = b"statecodec/v1/binding\x00"
+_U32 = struct.Struct(">I")
+
+
+class _Walk:
+    """One pass over JSON-like arguments: validate types, bound size, pick the encoder."""
+
+    __slots__ = ("nodes", "needs_jcs")
+
+    def __init__(self) -> None:
+        self.nodes = 0
+        self.needs_jcs = False
+
+    def visit(self, value: Any, depth: int) -> None:
+        self.nodes += 1
+        if self.nodes > MAX_ARGUMENT_NODES:
+            raise ValueError(f"arguments have more than {MAX_ARGUMENT_NODES} JSON values")
+        if depth > MAX_ARGUMENT_DEPTH:
+            raise ValueError(f"arguments are nested deeper than {MAX_ARGUMENT_DEPTH} levels")
+        kind = type(value)
+        if value is None or kind is bool:
+            return
+        if kind is str:
+            self._text(value)
+        elif kind is int:
+            if not -_SAFE_INT <= value <= _SAFE_INT:
+                raise TypeError(f"integer {value} is outside the interoperable range +-(2**53-1)")
+        elif kind is float:
+            self.needs_jcs = True  # ECMAScript number formatting differs from repr()
+        elif kind is dict:
+            for key, item in value.items():
+                if type(key) is not str:
+                    raise TypeError(f"argument keys must be str, not {type(key).__name__}")
+                self._text(key)
+                self.visit(item, depth + 1)
+        elif kind is list or kind is tuple:
+            for item in value:
+                self.visit(item, depth + 1)
+        else:
+            raise TypeError(f"argument value of type {kind.__name__} cannot be canonical JSON")
+
+    def _text(self, text: str) -> None:
+        # JCS sorts keys by UTF-16 code units, Python by code points: they differ only
+        # when a key holds characters at or above U+D800. Such text takes the JCS path,
+        # which also rejects lone surrogates.
+        if not text.isascii() and max(text) >= "\ud800":
+            self.needs_jcs = True
+
+
+def canonical_json(arguments: Any) -> bytes:
+    """RFC 8785 canonical JSON of ``arguments``, or ``TypeError``/``ValueError``.
+
+    Plain data (str keys, strings below U+D800, safe integers, bools, None) is encoded by
+    the C ``json`` encoder, which yields the same bytes as JCS for that subset (a test
+    holds the two against each other); anything else goes through ``rfc8785``.
+    """
+    walk = _Walk()
+    walk.visit(arguments, 0)
+    if walk.needs_jcs:
+        try:
+            return rfc8785.dumps(arguments)
+        except rfc8785.CanonicalizationError as exc:
+            raise TypeError(f"arguments cannot be canonical JSON: {exc}") from None
+    text = json.dumps(arguments, ensure_ascii=False, sort_keys=True, separators=(",", ":"))
+    return text.encode("utf-8")
+
+
+def argument_digest(arguments: Any) -> bytes:
+    """SHA-256 of the canonical JSON of ``arguments`` (32 bytes)."""
+    return hashlib.sha256(canonical_json(arguments)).digest()
+
+
+_digest = argument_digest  # Binding's keyword argument shadows the name
+
+
+def _field(out: bytearray, value: bytes | None) -> None:
+    if value is None:
+        out.append(0)
+    else:
+        out.append(1)
+        out += _U32.pack(len(value))
+        out += value
+
+
+class Binding:
+    """What a token is bound to. Every field is optional; absent and empty differ.
+
+    ``arguments`` is digested at construction, so a non-JSON value fails right here with a
+    ``TypeError`` naming the culprit, and the raw arguments are not kept. Pass
+    ``argument_digest`` instead when the digest was computed elsewhere.
+
+    A Binding is immutable and caches its keyed tag per key: build one per request and
+    use it for both the inbound unseal and the outbound seal.
+    """
+
+    __slots__ = ("_encoded", "_tags", "argument_digest", "audience", "extra", "method", "principal", "target")
+
+    def __init__(
+        self,
+        principal: str | None = None,
+        audience: str | None = None,
+        method: str | None = None,
+        target: str | None = None,
+        arguments: Any = None,
+        *,
+        argument_digest: bytes | None = None,
+        extra: Mapping[str, str] | None = None,
+    ) -> None:
+        if arguments is not None and argument_digest is not None:
+            raise ValueError("pass arguments or argument_digest, not both")
+        if arguments is not None:
+            argument_digest = _digest(arguments)
+        elif argument_digest is not None and len(argument_digest) != 32:
+            raise ValueError("argument_digest must be 32 bytes (SHA-256)")
+        for name, value in (("principal", principal), ("audience", audience), ("method", method),
+                            ("target", target)):
+            if value is not None and not isinstance(value, str):
+                raise TypeError(f"binding {name} must be str or None, not {type(value).__name__}")
+        self.principal = principal
+        self.audience = audience
+        self.method = method
+        self.target = target
+        self.argument_digest = argument_digest
+        self.extra: Mapping[str, str] = dict(extra) if extra else {}
+        self._encoded = self._encode()
+        self._tags: dict[bytes, bytes] = {}
+
+    def _encode(self) -> bytes:
+        out = bytearray(_DOMAIN)
+        for text in (self.principal, self.audience, self.method, self.target):
+            _field(out, None if text is None else text.encode("utf-8", "surrogatepass"))
+        _field(out, self.argument_digest)
+        out += _U32.pack(len(self.extra))
+        for key in sorted(self.extra):
+            value = self.extra[key]
+            if not isinstance(key, str) or not isinstance(value, str):
+                raise TypeError("binding extra must map str to str")
+            _field(out, key.encode("utf-8", "surrogatepass"))
+            _field(out, value.encode("utf-8", "surrogatepass"))
+        return bytes(out)
+
+    @property
+    def encoded(self) -> bytes:
+        """The unambiguous, length-prefixed byte string the tag is computed over."""
+        return self._encoded
+
+    def tag(self, bind_key: bytes) -> bytes:
+        """HMAC-SHA256(bind_key, encoded)[:16], cached per key."""
+        tag = self._tags.get(bind_key)
+        if tag is None:
+            tag = hmac.digest(bind_key, self._encoded, "sha256")[:16]
+            if len(self._tags) < 8:  # a handful of keys at most; never grow without bound
+                self._tags[bind_key] = tag
+        return tag
+
+    def replace(self, **changes: Any) -> Binding:
+        fields: dict[str, Any] = {
+            "principal": self.principal,
+            "audience": self.audience,
+            "method": self.method,
+            "target": self.target,
+            "argument_digest": self.argument_digest,
+            "extra": self.extra,
+        }
+        if "arguments" in changes:
+            fields.pop("argument_digest")
+        fields.update(changes)
+        return Binding(**fields)
+
+    def describe(self) -> dict[str, Any]:
+        """The binding's fields, with the digest in hex (for logs and the CLI)."""
+        return {
+            "principal": self.principal,
+            "audience": self.audience,
+            "method": self.method,
+            "target": self.target,
+            "argument_digest": None if self.argument_digest is None else self.argument_digest.hex(),
+            "extra": dict(self.extra),
+        }
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Binding):
+            return NotImplemented
+        return self._encoded == other._encoded
+
+    def __hash__(self) -> int:
+        return hash(self._encoded)
+
+    def __repr__(self) -> str:
+        fields = ", ".join(f"{k}={v!r}" for k, v in self.describe().items() if v not in (None, {}))
+        return f"Binding({fields})"
+
+
+#: The binding of a token sealed without one. Unsealing with any other binding fails.
+UNBOUND: Final = Binding()

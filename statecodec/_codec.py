@@ -1,0 +1,310 @@
+"""StateCodec: seal and unseal requestState tokens, with every policy check in one place.
+
+Read top to bottom, a token is: parsed strictly (size cap first), its kid resolved to
+exactly one key, its MAC or AEAD tag verified, and only then are the authenticated times
+and binding tag read and judged. Consuming the token id in the replay store comes last,
+so nothing that fails a check can burn a valid token. Any unexpected exception fails
+closed (deny-on-error) as ``internal_error``.
+
+The codec knows nothing about MCP: adapters build the :class:`Binding` and map
+:class:`InvalidState` to the wire error.
+"""
+
+from __future__ import annotations
+
+import enum
+import hmac
+import logging
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Final
+
+from nacl.bindings import (
+    crypto_aead_xchacha20poly1305_ietf_decrypt as _xc_decrypt,
+)
+from nacl.bindings import (
+    crypto_aead_xchacha20poly1305_ietf_encrypt as _xc_encrypt,
+)
+from nacl.exceptions import CryptoError
+
+from . import _format
+from ._binding import UNBOUND, Binding
+from ._errors import InvalidState, ReplayStoreError
+from ._humanize import duration
+from ._keys import Key, KeyProvider, KeyRing
+from .replay.base import ReplayStore
+
+logger = logging.getLogger("statecodec")
+
+DEFAULT_TTL: Final = 600
+DEFAULT_LEEWAY: Final = 60
+DEFAULT_MAX_TOKEN_BYTES: Final = 8192
+
+
+class Mode(str, enum.Enum):
+    """SIGN: payload readable by the client, integrity-protected (HMAC-SHA256).
+    ENCRYPT: payload confidential and integrity-protected (XChaCha20-Poly1305)."""
+
+    SIGN = "sign"
+    ENCRYPT = "encrypt"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+_PREFIX: Final = {Mode.SIGN: _format.PREFIX_SIGN, Mode.ENCRYPT: _format.PREFIX_ENCRYPT}
+_MODE_CHAR: Final = {Mode.SIGN: "s", Mode.ENCRYPT: "e"}
+_CHAR_MODE: Final = {"s": Mode.SIGN, "e": Mode.ENCRYPT}
+
+
+@dataclass(frozen=True, slots=True)
+class OpenedState:
+    """A verified token: its payload and the authenticated header fields."""
+
+    payload: bytes
+    kid: str
+    issued_at: int
+    expires_at: int
+    token_id: str  # 32 hex digits
+    mode: Mode
+
+
+class StateCodec:
+    """Seal payloads into requestState tokens and unseal them, checking everything.
+
+    :param keys: a :class:`KeyRing`, or any :class:`KeyProvider` such as a
+        ``statecodec.kms.KeyManager`` that swaps rings while keys rotate.
+    :param mode: :attr:`Mode.SIGN` or :attr:`Mode.ENCRYPT`. A codec accepts only tokens of
+        its own mode and format version: the token never chooses the algorithm.
+    :param ttl: default lifetime of minted tokens, in seconds.
+    :param leeway: clock skew tolerated between instances, both ways, in seconds.
+    :param replay: a :class:`ReplayStore`; when set, each token unseals at most once.
+    :param namespace: prefix of replay-store entries, so services sharing a store never
+        collide (defaults to ``"default"``).
+    :param clock: returns the current Unix time; inject one in tests.
+    """
+
+    def __init__(
+        self,
+        keys: KeyProvider,
+        *,
+        mode: Mode | str = Mode.SIGN,
+        ttl: int = DEFAULT_TTL,
+        leeway: int = DEFAULT_LEEWAY,
+        max_token_bytes: int = DEFAULT_MAX_TOKEN_BYTES,
+        replay: ReplayStore | None = None,
+        namespace: str = "default",
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        if not isinstance(keys, KeyProvider):
+            raise TypeError("keys must be a KeyRing or a KeyProvider (keyring() and signing_key())")
+        if not 0 < ttl < 2**31 or not 0 <= leeway < 2**31:
+            raise ValueError("ttl must be positive and leeway non-negative (seconds)")
+        if max_token_bytes < 128:
+            raise ValueError("max_token_bytes below 128 cannot hold a token")
+        if replay is not None and not callable(getattr(replay, "consume", None)):
+            raise TypeError("replay must be a ReplayStore (see statecodec.replay)")
+        self.mode = Mode(mode)
+        self.keys = keys
+        self.ttl = int(ttl)
+        self.leeway = int(leeway)
+        self.max_token_bytes = int(max_token_bytes)
+        self.replay = replay
+        self.namespace = namespace
+        self.clock = clock
+        self._prefix = _PREFIX[self.mode]
+        self._prefix_b = self._prefix.encode("ascii")
+        self._mode_char = _MODE_CHAR[self.mode]
+
+    def __repr__(self) -> str:
+        return (
+            f"StateCodec(mode={self.mode.value!r}, ttl={self.ttl}, leeway={self.leeway}, "
+            f"keys={self.keys!r}, replay={self.replay!r})"
+        )
+
+    # ------------------------------------------------------------------ sealing
+    def seal(self, payload: bytes, binding: Binding | None = None, *, ttl: int | None = None) -> str:
+        """Mint a token carrying ``payload``, bound to ``binding``, valid for ``ttl`` seconds."""
+        return self.seal_at_time(payload, binding, self.clock(), ttl=ttl)
+
+    def seal_at_time(
+        self, payload: bytes, binding: Binding | None, now: float, *, ttl: int | None = None
+    ) -> str:
+        key = self.keys.signing_key()
+        return self._seal(
+            payload,
+            binding or UNBOUND,
+            key,
+            int(now),
+            self.ttl if ttl is None else ttl,
+            os.urandom(_format.TOKEN_ID_LEN),
+            os.urandom(_format.NONCE_LEN) if self.mode is Mode.ENCRYPT else b"",
+        )
+
+    def _seal(
+        self, payload: bytes, binding: Binding, key: Key, iat: int, ttl: int, token_id: bytes, nonce: bytes
+    ) -> str:
+        # Randomness arrives as arguments so the test-vector generator can fix it;
+        # the public methods always draw it from os.urandom, never from the caller.
+        if not isinstance(payload, bytes):
+            if not isinstance(payload, bytearray | memoryview):
+                raise TypeError(f"payload must be bytes, not {type(payload).__name__}")
+            payload = bytes(payload)
+        if not 0 < ttl < 2**31:
+            raise ValueError("ttl must be a positive number of seconds")
+        header = _format.build_header(key.kid, iat, iat + ttl, token_id, binding.tag(key.bind_key))
+        if self.mode is Mode.SIGN:
+            mac = hmac.digest(key.mac_key, self._prefix_b + header + payload, "sha256")
+            raw = header + payload + mac
+        else:
+            raw = header + nonce + _xc_encrypt(payload, self._prefix_b + header, nonce, key.aead_key)
+        token = self._prefix + _format.b64encode(raw)
+        if len(token) > self.max_token_bytes:
+            raise ValueError(
+                f"sealed token would be {len(token)} characters, over max_token_bytes={self.max_token_bytes}; "
+                "keep less in requestState or raise the limit on every instance"
+            )
+        return token
+
+    # ---------------------------------------------------------------- unsealing
+    def unseal(self, token: str, binding: Binding | None = None, *, consume: bool = True) -> OpenedState:
+        """Verify ``token`` against ``binding`` and return its payload, or raise :class:`InvalidState`.
+
+        With a replay store and ``consume=True`` (the default), a token unseals only once.
+        """
+        return self.unseal_at_time(token, binding, self.clock(), consume=consume)
+
+    def unseal_at_time(
+        self, token: str, binding: Binding | None, now: float, *, consume: bool = True
+    ) -> OpenedState:
+        opened = self._guarded_open(token, binding, now, check_binding=True)
+        if consume and self.replay is not None:
+            try:
+                first = self.replay.consume(self._replay_key(opened), self._forget_at(opened))
+            except Exception as exc:  # deny on error: an unchecked token is never accepted
+                raise self._store_down(opened, exc) from None
+            self._judge_replay(opened, first)
+        return opened
+
+    async def aunseal(self, token: str, binding: Binding | None = None, *, consume: bool = True) -> OpenedState:
+        """:meth:`unseal` for async servers: the replay store is awaited, never blocking the loop."""
+        opened = self._guarded_open(token, binding, self.clock(), check_binding=True)
+        if consume and self.replay is not None:
+            try:
+                first = await self.replay.aconsume(self._replay_key(opened), self._forget_at(opened))
+            except Exception as exc:  # deny on error: an unchecked token is never accepted
+                raise self._store_down(opened, exc) from None
+            self._judge_replay(opened, first)
+        return opened
+
+    def verify_unbound(self, token: str, *, now: float | None = None) -> OpenedState:
+        """Check format, key, MAC/AEAD and times but NOT the binding; never consumes.
+
+        For debugging tools (``statecodec verify`` without binding options). Never use
+        this to accept a token in a server: the binding is what ties it to the user.
+        """
+        return self._guarded_open(token, None, self.clock() if now is None else now, check_binding=False)
+
+    # -------------------------------------------------------------- internals
+    def _guarded_open(self, token: str, binding: Binding | None, now: float, *, check_binding: bool) -> OpenedState:
+        try:
+            return self._open(token, binding, now, check_binding)
+        except InvalidState:
+            raise
+        except Exception as exc:
+            # Deny on error: a bug or an exotic input must never let a token through.
+            logger.exception("statecodec: unexpected error while unsealing; token rejected")
+            raise InvalidState("internal_error", f"unexpected {type(exc).__name__} while unsealing") from None
+
+    def _open(self, token: str, binding: Binding | None, now: float, check_binding: bool) -> OpenedState:
+        parsed = _format.parse(token, self.max_token_bytes)
+        kid = parsed.kid
+        tid = parsed.token_id.hex()
+        if parsed.mode != self._mode_char:
+            raise InvalidState(
+                "wrong_mode",
+                f"token is a {_CHAR_MODE[parsed.mode].value.upper()} token, this codec is {self.mode.value.upper()}",
+                kid=kid,
+            )
+        key = self._verification_key(kid, now)
+
+        if self.mode is Mode.SIGN:
+            expected = hmac.digest(key.mac_key, self._prefix_b + parsed.header + parsed.body, "sha256")
+            if not hmac.compare_digest(expected, parsed.mac):
+                raise InvalidState("tampered", "MAC does not match: the token was modified or forged", kid=kid)
+            payload = parsed.body
+        else:
+            nonce, sealed = parsed.body[: _format.NONCE_LEN], parsed.body[_format.NONCE_LEN :]
+            try:
+                payload = _xc_decrypt(sealed, self._prefix_b + parsed.header, nonce, key.aead_key)
+            except CryptoError:
+                raise InvalidState(
+                    "tampered", "AEAD tag does not verify: the token was modified or forged", kid=kid
+                ) from None
+
+        # From here on the header is authentic.
+        iat, exp = parsed.issued_at, parsed.expires_at
+        if exp < iat:
+            raise InvalidState("malformed", "expires before it was issued", kid=kid, token_id=tid)
+        if now >= exp + self.leeway:
+            raise InvalidState(
+                "expired", f"expired {duration(now - exp)} ago (leeway {self.leeway}s)", kid=kid, token_id=tid
+            )
+        if iat > now + self.leeway:
+            raise InvalidState(
+                "not_yet_valid",
+                f"issued {duration(iat - now)} in the future, beyond the {self.leeway}s leeway "
+                "(clock skew between instances?)",
+                kid=kid,
+                token_id=tid,
+            )
+        if check_binding:
+            expected_tag = (binding or UNBOUND).tag(key.bind_key)
+            if not hmac.compare_digest(expected_tag, parsed.bind_tag):
+                raise InvalidState(
+                    "binding_mismatch",
+                    "the token was sealed for a different principal, audience, method, target, "
+                    "arguments or extra binding" + ("" if binding else " (no binding was given)"),
+                    kid=kid,
+                    token_id=tid,
+                )
+        return OpenedState(payload, kid, iat, exp, tid, self.mode)
+
+    def _verification_key(self, kid: str, now: float) -> Key:
+        ring: KeyRing = self.keys.keyring()
+        key = ring.get(kid)
+        if key is None:
+            have = ", ".join(ring.kids) or "no keys"
+            raise InvalidState("unknown_key", f"unknown key id {kid} - the ring has {have}", kid=kid)
+        if not key.verifies_at(now):
+            raise InvalidState("unknown_key", f"key {kid} was retired {duration(now - (key.retires_at or 0))} ago",
+                               kid=kid)
+        return key
+
+    def _replay_key(self, opened: OpenedState) -> str:
+        return f"{self.namespace}:{opened.token_id}"
+
+    def _forget_at(self, opened: OpenedState) -> float:
+        # After this the token is rejected as expired, so the entry can go.
+        return float(opened.expires_at + self.leeway)
+
+    def _store_down(self, opened: OpenedState, exc: BaseException) -> InvalidState:
+        kind = getattr(self.replay, "kind", type(self.replay).__name__)
+        cause = str(exc) if isinstance(exc, ReplayStoreError) else f"{type(exc).__name__}: {exc}"
+        logger.warning("statecodec: %s replay store unavailable, token %s rejected unconsumed: %s",
+                       kind, opened.token_id[:8], cause)
+        return InvalidState(
+            "store_unavailable",
+            f"{kind} replay store did not answer ({cause}); the token was not consumed, retry later",
+            kid=opened.kid,
+            token_id=opened.token_id,
+        )
+
+    @staticmethod
+    def _judge_replay(opened: OpenedState, first: bool) -> None:
+        if not first:
+            raise InvalidState(
+                "replayed", "this token was already redeemed (single use)", kid=opened.kid, token_id=opened.token_id
+            )

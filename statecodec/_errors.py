@@ -1,0 +1,90 @@
+"""The one exception every rejected token raises, and its stable reasons.
+
+Following Fernet and the MCP SDK boundary, every way a token can be wrong ends in a
+single exception type, :class:`InvalidState`. The *reason* is a short stable string
+that code may switch on and metrics may count; the *detail* is a human sentence for
+logs and the CLI. Neither ever contains key material, and adapters never put either on
+the wire: clients always see the same uniform JSON-RPC error.
+"""
+
+from __future__ import annotations
+
+from typing import Final, Literal
+
+Reason = Literal[
+    "malformed",
+    "too_large",
+    "unsupported_version",
+    "wrong_mode",
+    "unknown_key",
+    "tampered",
+    "expired",
+    "not_yet_valid",
+    "binding_mismatch",
+    "replayed",
+    "store_unavailable",
+    "internal_error",
+]
+
+REASONS: Final[tuple[Reason, ...]] = (
+    "malformed",
+    "too_large",
+    "unsupported_version",
+    "wrong_mode",
+    "unknown_key",
+    "tampered",
+    "expired",
+    "not_yet_valid",
+    "binding_mismatch",
+    "replayed",
+    "store_unavailable",
+    "internal_error",
+)
+
+#: What the adapters answer on the wire for every rejected token (the SDKs' convention).
+WIRE_ERROR_CODE: Final = -32602
+WIRE_ERROR_MESSAGE: Final = "Invalid or expired requestState"
+WIRE_ERROR_DATA: Final = {"reason": "invalid_request_state"}
+
+
+class StateCodecError(Exception):
+    """Base class of every exception statecodec raises on purpose."""
+
+
+class InvalidState(StateCodecError):  # noqa: N818 - the name is the public contract
+    """A requestState token was rejected.
+
+    ``reason`` is one of :data:`REASONS`; ``detail`` says what exactly was wrong
+    (for example ``"expired 3m12s ago"``), and ``kid`` / ``token_id`` identify the token
+    when the header could be read. Safe to log; never shown to MCP clients.
+    """
+
+    def __init__(
+        self,
+        reason: Reason,
+        detail: str = "",
+        *,
+        kid: str | None = None,
+        token_id: str | None = None,
+    ) -> None:
+        self.reason: Reason = reason
+        self.detail = detail
+        self.kid = kid
+        self.token_id = token_id
+        super().__init__(f"{reason}: {detail}" if detail else reason)
+
+    def __reduce__(self) -> tuple[object, ...]:
+        # Keyword-only arguments need help to survive pickling (process pools, logging queues).
+        return (_rebuild, (self.reason, self.detail, self.kid, self.token_id))
+
+
+def _rebuild(reason: Reason, detail: str, kid: str | None, token_id: str | None) -> InvalidState:
+    return InvalidState(reason, detail, kid=kid, token_id=token_id)
+
+
+class KeyUnavailable(StateCodecError):  # noqa: N818
+    """No key can mint right now (empty ring, no primary, or a key manager gone stale)."""
+
+
+class ReplayStoreError(StateCodecError):
+    """A replay store could not answer (unreachable, locked, full). Unseal fails closed."""

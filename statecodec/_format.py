@@ -1,0 +1,169 @@
+"""The statecodec v1 token format: bytes <-> text, nothing else.
+
+This module knows the layout of a token and how to read it strictly. It never sees a
+clock, a key or a policy; :mod:`statecodec._codec` does the cryptography and the checks.
+docs/format.md is the normative description; keep the two in step.
+
+Text form::
+
+    "sc1s." base64url(header || payload || mac)              SIGN    (HMAC-SHA256)
+    "sc1e." base64url(header || nonce || ciphertext || tag)  ENCRYPT (XChaCha20-Poly1305)
+
+Header (fixed order, fixed widths except the kid, which is length-prefixed)::
+
+    kid_len  u8        1..32
+    kid      kid_len   ASCII [A-Za-z0-9._:-]
+    iat      u32 BE    issued-at, Unix seconds
+    exp      u32 BE    expires-at, Unix seconds
+    tid      16 bytes  random token id (the replay store's key)
+    btag     16 bytes  keyed binding tag
+
+The prefix selects the version and the mode; a codec accepts only its own. The MAC input
+and the AEAD associated data both start with the ASCII prefix, so a token cannot be
+moved from one mode or version to another.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import re
+import struct
+from typing import Final, NamedTuple
+
+from ._errors import InvalidState
+
+VERSION: Final = 1
+PREFIX_SIGN: Final = "sc1s."
+PREFIX_ENCRYPT: Final = "sc1e."
+PREFIXES: Final = {"s": PREFIX_SIGN, "e": PREFIX_ENCRYPT}
+
+KID_MAX: Final = 32
+TOKEN_ID_LEN: Final = 16
+BIND_TAG_LEN: Final = 16
+MAC_LEN: Final = 32
+NONCE_LEN: Final = 24
+AEAD_TAG_LEN: Final = 16
+MAX_TIME: Final = 2**32 - 1
+
+_TIMES = struct.Struct(">II")
+_KID_RE: Final = re.compile(r"[A-Za-z0-9._:-]{1,32}")
+_B64_RE: Final = re.compile(r"[A-Za-z0-9_-]*")
+_PREFIX_RE: Final = re.compile(r"sc(\d{1,3})([a-z])\.")
+# For canonical base64url: the value of each alphabet character, to test the unused low
+# bits of the last character (non-zero bits would give two spellings of one token).
+_B64_VALUE: Final = {
+    c: i for i, c in enumerate("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_")
+}
+
+
+class ParsedToken(NamedTuple):
+    """A token split into its fields. Nothing here has been verified."""
+
+    prefix: str
+    mode: str  # "s" or "e"
+    kid: str
+    issued_at: int
+    expires_at: int
+    token_id: bytes
+    bind_tag: bytes
+    header: bytes  # everything from kid_len to bind_tag
+    body: bytes  # SIGN: payload; ENCRYPT: nonce || ciphertext || tag
+    mac: bytes  # SIGN: the 32-byte MAC; ENCRYPT: empty
+
+
+def valid_kid(kid: str) -> bool:
+    return _KID_RE.fullmatch(kid) is not None
+
+
+def b64encode(raw: bytes) -> str:
+    return base64.urlsafe_b64encode(raw).rstrip(b"=").decode("ascii")
+
+
+def b64decode(text: str) -> bytes:
+    """Decode canonical unpadded base64url or raise ``ValueError``.
+
+    Rejects padding, whitespace, characters outside the URL-safe alphabet, impossible
+    lengths and non-zero trailing bits, so every byte string has exactly one spelling.
+    """
+    if _B64_RE.fullmatch(text) is None:
+        raise ValueError("characters outside the unpadded base64url alphabet")
+    rem = len(text) % 4
+    if rem == 1:
+        raise ValueError("impossible base64url length")
+    if rem and _B64_VALUE[text[-1]] & (0x0F if rem == 2 else 0x03):
+        raise ValueError("non-canonical base64url (trailing bits set)")
+    try:
+        return base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
+    except binascii.Error as exc:  # unreachable after the checks above; fail closed anyway
+        raise ValueError(str(exc)) from None
+
+
+def build_header(kid: str, issued_at: int, expires_at: int, token_id: bytes, bind_tag: bytes) -> bytes:
+    if not valid_kid(kid):
+        raise ValueError(f"invalid kid {kid!r}: 1-32 characters of [A-Za-z0-9._:-]")
+    if not 0 <= issued_at <= expires_at <= MAX_TIME:
+        raise ValueError("times must satisfy 0 <= issued_at <= expires_at < 2**32")
+    if len(token_id) != TOKEN_ID_LEN or len(bind_tag) != BIND_TAG_LEN:
+        raise ValueError("token id and binding tag must be 16 bytes each")
+    kid_b = kid.encode("ascii")
+    return bytes((len(kid_b),)) + kid_b + _TIMES.pack(issued_at, expires_at) + token_id + bind_tag
+
+
+def encode(prefix: str, raw: bytes) -> str:
+    return prefix + b64encode(raw)
+
+
+def _split_prefix(token: str) -> tuple[str, str]:
+    if token.startswith(PREFIX_SIGN):
+        return PREFIX_SIGN, "s"
+    if token.startswith(PREFIX_ENCRYPT):
+        return PREFIX_ENCRYPT, "e"
+    m = _PREFIX_RE.match(token)
+    if m is None:
+        raise InvalidState("malformed", "not a statecodec token (no 'sc1s.' or 'sc1e.' prefix)")
+    version, mode = m.groups()
+    if version != str(VERSION):
+        raise InvalidState("unsupported_version", f"token format version {version} is not supported")
+    raise InvalidState("unsupported_version", f"unknown mode {mode!r} in format version {VERSION}")
+
+
+def parse(token: str, max_token_bytes: int) -> ParsedToken:
+    """Split ``token`` into fields, strictly, or raise :class:`InvalidState`.
+
+    The size cap comes first, before any decoding, so a huge input costs nothing.
+    """
+    if not isinstance(token, str):
+        raise InvalidState("malformed", f"token must be str, not {type(token).__name__}")
+    if len(token) > max_token_bytes:
+        raise InvalidState("too_large", f"token is {len(token)} characters, the limit is {max_token_bytes}")
+    prefix, mode = _split_prefix(token)
+    try:
+        raw = b64decode(token[len(prefix) :])
+    except ValueError as exc:
+        raise InvalidState("malformed", str(exc)) from None
+    if not raw:
+        raise InvalidState("malformed", "empty token body")
+    kid_len = raw[0]
+    if not 1 <= kid_len <= KID_MAX:
+        raise InvalidState("malformed", f"kid length {kid_len} is out of range")
+    header_len = 1 + kid_len + 8 + TOKEN_ID_LEN + BIND_TAG_LEN
+    trailer = MAC_LEN if mode == "s" else NONCE_LEN + AEAD_TAG_LEN
+    if len(raw) < header_len + trailer:
+        raise InvalidState("malformed", "token is truncated")
+    kid_b = raw[1 : 1 + kid_len]
+    kid = kid_b.decode("ascii", "replace")
+    if not valid_kid(kid):
+        raise InvalidState("malformed", "kid has characters outside [A-Za-z0-9._:-]")
+    pos = 1 + kid_len
+    issued_at, expires_at = _TIMES.unpack_from(raw, pos)
+    pos += 8
+    token_id = raw[pos : pos + TOKEN_ID_LEN]
+    bind_tag = raw[pos + TOKEN_ID_LEN : header_len]
+    if mode == "s":
+        body, mac = raw[header_len:-MAC_LEN], raw[-MAC_LEN:]
+    else:
+        body, mac = raw[header_len:], b""
+    return ParsedToken(
+        prefix, mode, kid, issued_at, expires_at, token_id, bind_tag, raw[:header_len], body, mac
+    )

@@ -1,0 +1,23 @@
+"""Durations for people: ``duration(252) == "4m12s"``."""
+
+from __future__ import annotations
+
+
+def duration(seconds: float) -> str:
+    """Render a non-negative span compactly: 45s, 4m12s, 3h05m, 2d04h."""
+    s = max(0, int(seconds))
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        m, s = divmod(s, 60)
+        return f"{m}m{s:02d}s" if s else f"{m}m"
+    if s < 86400:
+        h, rem = divmod(s, 3600)
+        return f"{h}h{rem // 60:02d}m"
+    d, rem = divmod(s, 86400)
+    return f"{d}d{rem // 3600:02d}h"
+
+
+def relative(delta: float) -> str:
+    """'in 4m12s' for a future offset, '3m ago' for a past one."""
+    return f"in {duration(delta)}" if delta >= 0 else f"{duration(-delta)} ago"
