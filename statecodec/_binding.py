@@ -26,6 +26,9 @@ MAX_ARGUMENT_NODES: Final = 100_000
 _SAFE_INT: Final = 2**53 - 1
 _DOMAIN: Final = b"statecodec/v1/binding\x00"
 _U32 = struct.Struct(">I")
+# Built once: json.dumps() with non-default options constructs a new encoder per call,
+# which costs more than encoding a typical tools/call argument dict.
+_JSON: Final = json.JSONEncoder(ensure_ascii=False, sort_keys=True, separators=(",", ":"))
 
 
 class _Walk:
@@ -47,7 +50,8 @@ class _Walk:
         if value is None or kind is bool:
             return
         if kind is str:
-            self._text(value)
+            if not value.isascii():  # ASCII (the common case) needs no further look
+                self._text(value)
         elif kind is int:
             if not -_SAFE_INT <= value <= _SAFE_INT:
                 raise TypeError(f"integer {value} is outside the interoperable range +-(2**53-1)")
@@ -57,7 +61,8 @@ class _Walk:
             for key, item in value.items():
                 if type(key) is not str:
                     raise TypeError(f"argument keys must be str, not {type(key).__name__}")
-                self._text(key)
+                if not key.isascii():
+                    self._text(key)
                 self.visit(item, depth + 1)
         elif kind is list or kind is tuple:
             for item in value:
@@ -69,7 +74,7 @@ class _Walk:
         # JCS sorts keys by UTF-16 code units, Python by code points: they differ only
         # when a key holds characters at or above U+D800. Such text takes the JCS path,
         # which also rejects lone surrogates.
-        if not text.isascii() and max(text) >= "\ud800":
+        if max(text) >= "\ud800":
             self.needs_jcs = True
 
 
@@ -87,8 +92,9 @@ def canonical_json(arguments: Any) -> bytes:
             return rfc8785.dumps(arguments)
         except rfc8785.CanonicalizationError as exc:
             raise TypeError(f"arguments cannot be canonical JSON: {exc}") from None
-    text = json.dumps(arguments, ensure_ascii=False, sort_keys=True, separators=(",", ":"))
-    return text.encode("utf-8")
+        except UnicodeEncodeError:  # rfc8785 sorts keys as UTF-16 before it checks them
+            raise TypeError("arguments cannot be canonical JSON: a key holds a lone surrogate") from None
+    return _JSON.encode(arguments).encode("utf-8")
 
 
 def argument_digest(arguments: Any) -> bytes:
@@ -99,13 +105,8 @@ def argument_digest(arguments: Any) -> bytes:
 _digest = argument_digest  # Binding's keyword argument shadows the name
 
 
-def _field(out: bytearray, value: bytes | None) -> None:
-    if value is None:
-        out.append(0)
-    else:
-        out.append(1)
-        out += _U32.pack(len(value))
-        out += value
+def _field(value: bytes | None) -> bytes:
+    return b"\x00" if value is None else b"\x01" + _U32.pack(len(value)) + value
 
 
 class Binding:
@@ -152,18 +153,18 @@ class Binding:
         self._tags: dict[bytes, bytes] = {}
 
     def _encode(self) -> bytes:
-        out = bytearray(_DOMAIN)
+        parts = [_DOMAIN]
         for text in (self.principal, self.audience, self.method, self.target):
-            _field(out, None if text is None else text.encode("utf-8", "surrogatepass"))
-        _field(out, self.argument_digest)
-        out += _U32.pack(len(self.extra))
+            parts.append(_field(None if text is None else text.encode("utf-8", "surrogatepass")))
+        parts.append(_field(self.argument_digest))
+        parts.append(_U32.pack(len(self.extra)))
         for key in sorted(self.extra):
             value = self.extra[key]
             if not isinstance(key, str) or not isinstance(value, str):
                 raise TypeError("binding extra must map str to str")
-            _field(out, key.encode("utf-8", "surrogatepass"))
-            _field(out, value.encode("utf-8", "surrogatepass"))
-        return bytes(out)
+            parts.append(_field(key.encode("utf-8", "surrogatepass")))
+            parts.append(_field(value.encode("utf-8", "surrogatepass")))
+        return b"".join(parts)
 
     @property
     def encoded(self) -> bytes:

@@ -154,10 +154,10 @@ class StateCodec:
             payload = bytes(payload)
         if not 0 < ttl < 2**31:
             raise ValueError("ttl must be a positive number of seconds")
-        header = _format.build_header(key.kid, iat, iat + ttl, token_id, binding.tag(key.bind_key))
+        header = _format.pack_header(key.kid_field, iat, iat + ttl, token_id, binding.tag(key.bind_key))
         if self.mode is Mode.SIGN:
-            mac = hmac.digest(key.mac_key, self._prefix_b + header + payload, "sha256")
-            raw = header + payload + mac
+            signed = header + payload
+            raw = signed + key.mac(self._prefix_b + signed)
         else:
             raw = header + nonce + _xc_encrypt(payload, self._prefix_b + header, nonce, key.aead_key)
         token = self._prefix + _format.b64encode(raw)
@@ -231,7 +231,7 @@ class StateCodec:
         key = self._verification_key(kid, now)
 
         if self.mode is Mode.SIGN:
-            expected = hmac.digest(key.mac_key, self._prefix_b + parsed.header + parsed.body, "sha256")
+            expected = key.mac(self._prefix_b + parsed.header + parsed.body)
             if not hmac.compare_digest(expected, parsed.mac):
                 raise InvalidState("tampered", "MAC does not match: the token was modified or forged", kid=kid)
             payload = parsed.body
@@ -287,8 +287,12 @@ class StateCodec:
         return f"{self.namespace}:{opened.token_id}"
 
     def _forget_at(self, opened: OpenedState) -> float:
-        # After this the token is rejected as expired, so the entry can go.
-        return float(opened.expires_at + self.leeway)
+        # Keep the entry while ANY instance may still accept the token. This one rejects
+        # it from exp + leeway on its own clock, but an instance whose clock is behind by
+        # up to the leeway accepts until exp + 2 * leeway on this clock: forgetting
+        # earlier would let that instance redeem the token a second time
+        # (tests/test_faults_clock.py replays exactly that).
+        return float(opened.expires_at + 2 * self.leeway)
 
     def _store_down(self, opened: OpenedState, exc: BaseException) -> InvalidState:
         kind = getattr(self.replay, "kind", type(self.replay).__name__)

@@ -49,7 +49,11 @@ MAX_TIME: Final = 2**32 - 1
 _TIMES = struct.Struct(">II")
 _KID_RE: Final = re.compile(r"[A-Za-z0-9._:-]{1,32}")
 _B64_RE: Final = re.compile(r"[A-Za-z0-9_-]*")
-_PREFIX_RE: Final = re.compile(r"sc(\d{1,3})([a-z])\.")
+# ASCII digits only: a Unicode digit is not a version number, just a malformed token.
+_PREFIX_RE: Final = re.compile(r"sc([0-9]{1,3})([a-z])\.")
+# base64url to the standard alphabet for binascii; "+", "/" and "=" become invalid.
+_TO_STANDARD: Final = bytes.maketrans(b"-_+/=", b"+/!!!")
+_PADDING: Final = (b"", b"", b"==", b"=")  # by len % 4 (1 is impossible)
 # For canonical base64url: the value of each alphabet character, to test the unused low
 # bits of the last character (non-zero bits would give two spellings of one token).
 _B64_VALUE: Final = {
@@ -86,28 +90,51 @@ def b64decode(text: str) -> bytes:
     Rejects padding, whitespace, characters outside the URL-safe alphabet, impossible
     lengths and non-zero trailing bits, so every byte string has exactly one spelling.
     """
+    if not isinstance(text, str):
+        raise TypeError(f"base64url text must be str, not {type(text).__name__}")
+    rem = len(text) % 4
+    if rem != 1 and text.isascii():
+        # One pass in C: the translation maps "+", "/" and "=" to "!", so strict mode
+        # rejects them together with every other character outside the alphabet.
+        try:
+            raw = binascii.a2b_base64(text.encode("ascii").translate(_TO_STANDARD) + _PADDING[rem],
+                                      strict_mode=True)
+        except binascii.Error:
+            pass
+        else:
+            if rem and _B64_VALUE[text[-1]] & (0x0F if rem == 2 else 0x03):
+                raise ValueError("non-canonical base64url (trailing bits set)")
+            return raw
+    # Not canonical base64url: find out why, for a precise message.
     if _B64_RE.fullmatch(text) is None:
         raise ValueError("characters outside the unpadded base64url alphabet")
-    rem = len(text) % 4
     if rem == 1:
         raise ValueError("impossible base64url length")
-    if rem and _B64_VALUE[text[-1]] & (0x0F if rem == 2 else 0x03):
-        raise ValueError("non-canonical base64url (trailing bits set)")
-    try:
-        return base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
-    except binascii.Error as exc:  # unreachable after the checks above; fail closed anyway
-        raise ValueError(str(exc)) from None
+    raise ValueError("not canonical base64url")  # unreachable; fail closed anyway
+
+
+def kid_field(kid: str) -> bytes:
+    """The kid as the header carries it: ``kid_len || kid``, or ``ValueError``."""
+    if not valid_kid(kid):
+        raise ValueError(f"invalid kid {kid!r}: 1-32 characters of [A-Za-z0-9._:-]")
+    kid_b = kid.encode("ascii")
+    return bytes((len(kid_b),)) + kid_b
 
 
 def build_header(kid: str, issued_at: int, expires_at: int, token_id: bytes, bind_tag: bytes) -> bytes:
-    if not valid_kid(kid):
-        raise ValueError(f"invalid kid {kid!r}: 1-32 characters of [A-Za-z0-9._:-]")
+    return pack_header(kid_field(kid), issued_at, expires_at, token_id, bind_tag)
+
+
+def pack_header(kid_field: bytes, issued_at: int, expires_at: int, token_id: bytes, bind_tag: bytes) -> bytes:
+    """:func:`build_header` with the kid already encoded by :func:`kid_field`.
+
+    A :class:`~statecodec.Key` encodes its kid once, so minting skips the kid regex.
+    """
     if not 0 <= issued_at <= expires_at <= MAX_TIME:
         raise ValueError("times must satisfy 0 <= issued_at <= expires_at < 2**32")
     if len(token_id) != TOKEN_ID_LEN or len(bind_tag) != BIND_TAG_LEN:
         raise ValueError("token id and binding tag must be 16 bytes each")
-    kid_b = kid.encode("ascii")
-    return bytes((len(kid_b),)) + kid_b + _TIMES.pack(issued_at, expires_at) + token_id + bind_tag
+    return kid_field + _TIMES.pack(issued_at, expires_at) + token_id + bind_tag
 
 
 def encode(prefix: str, raw: bytes) -> str:

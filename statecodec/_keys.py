@@ -13,6 +13,7 @@ key, and the binding tag can never be confused with a token MAC.
 
 from __future__ import annotations
 
+import hmac
 import json
 import secrets
 import time
@@ -51,6 +52,8 @@ class Key:
     mac_key: bytes = field(init=False, repr=False, compare=False)
     aead_key: bytes = field(init=False, repr=False, compare=False)
     bind_key: bytes = field(init=False, repr=False, compare=False)
+    kid_field: bytes = field(init=False, repr=False, compare=False)
+    _mac: hmac.HMAC = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if not _format.valid_kid(self.kid):
@@ -61,6 +64,10 @@ class Key:
         object.__setattr__(self, "mac_key", derive_subkey(self.secret, "sign/hmac-sha256"))
         object.__setattr__(self, "aead_key", derive_subkey(self.secret, "encrypt/xchacha20-poly1305"))
         object.__setattr__(self, "bind_key", derive_subkey(self.secret, "binding/hmac-sha256"))
+        object.__setattr__(self, "kid_field", _format.kid_field(self.kid))  # the header's kid bytes
+        # Keyed once: copying a keyed HMAC skips the key setup that hmac.digest() repeats
+        # on every call, about a third of its cost for a token-sized message.
+        object.__setattr__(self, "_mac", hmac.new(self.mac_key, digestmod="sha256"))
 
     @classmethod
     def generate(cls, kid: str | None = None, *, now: int | None = None) -> Key:
@@ -69,6 +76,12 @@ class Key:
             secrets.token_bytes(32),
             int(time.time()) if now is None else now,
         )
+
+    def mac(self, data: bytes) -> bytes:
+        """HMAC-SHA256 of ``data`` under the MAC subkey (the SIGN token MAC)."""
+        h = self._mac.copy()
+        h.update(data)
+        return h.digest()
 
     def verifies_at(self, now: float) -> bool:
         return self.retires_at is None or now < self.retires_at
@@ -80,6 +93,25 @@ class Key:
 
 def new_kid() -> str:
     return "k" + secrets.token_hex(4)
+
+
+def _key_from_dict(entry: Any) -> Key:
+    """One key of the JSON form, every field strictly typed.
+
+    A ring file with, say, ``"retires_at": "2026-01-01"`` must fail when it is loaded, not
+    later on every unseal of that kid.
+    """
+    if not isinstance(entry, dict) or not isinstance(entry.get("kid"), str):
+        raise ValueError('each key must be an object with a string "kid"')
+    kid = entry["kid"]
+    try:
+        secret = _format.b64decode(entry["secret"])
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ValueError(f"key {kid!r}: secret is not canonical base64url") from exc
+    created_at, retires_at = entry.get("created_at", 0), entry.get("retires_at")
+    if type(created_at) is not int or not (retires_at is None or type(retires_at) is int):
+        raise ValueError(f"key {kid!r}: created_at and retires_at must be integers (retires_at may be null)")
+    return Key(kid, secret, created_at, retires_at)
 
 
 @runtime_checkable
@@ -124,14 +156,10 @@ class KeyRing:
     def from_dict(cls, doc: Mapping[str, Any]) -> KeyRing:
         if doc.get("statecodec_keyring") != KEYRING_FORMAT:
             raise ValueError("not a statecodec key ring (missing \"statecodec_keyring\": 1)")
-        keys = []
-        for entry in doc.get("keys", []):
-            try:
-                secret = _format.b64decode(entry["secret"])
-            except (KeyError, TypeError, ValueError) as exc:
-                raise ValueError(f"key {entry.get('kid')!r}: secret is not canonical base64url") from exc
-            keys.append(Key(entry["kid"], secret, int(entry.get("created_at", 0)), entry.get("retires_at")))
-        return cls(keys, doc.get("primary"))
+        entries = doc.get("keys", [])
+        if not isinstance(entries, list):
+            raise ValueError('"keys" must be a list of key objects')
+        return cls([_key_from_dict(entry) for entry in entries], doc.get("primary"))
 
     @classmethod
     def from_json(cls, text: str | bytes) -> KeyRing:

@@ -1,0 +1,993 @@
+"""Deterministic generator of the statecodec v1 test vectors (docs/format.md).
+
+Run ``python tests/vectors/generate.py`` to rewrite ``sign.json``, ``encrypt.json`` and
+``negative.json`` next to this file; ``--check`` only compares. ``tests/test_vectors.py``
+calls :func:`build` and asserts that the committed files are byte-identical, so any change
+to the format shows up as a diff of the vectors, never silently.
+
+Everything random in a real token is fixed here: key secrets, token ids and nonces are
+SHA-256 of a label, and every case names its own clock. Tokens are minted through the
+codec's private ``StateCodec._seal``, which takes the token id and nonce as arguments
+precisely so that this file can pin them (the public API always draws them from
+``os.urandom``). Negative cases are mutations of valid tokens; the few that must carry an
+*authentic* but impossible header (expiry before issue) are MACed here by hand.
+
+Vector file layout (see also docs/format.md, "Test vectors")::
+
+    {"format": ..., "keyrings": {NAME: <key ring JSON>}, "derived_subkeys": {...},
+     "cases": [{"name", "description", "keyring", "mode", "ttl", "leeway",
+                "max_token_bytes", "now", "binding", "token", "expected", ...}]}
+
+``binding`` is null for "no binding" or an object with ``principal``, ``audience``,
+``method``, ``target`` (string or null), ``argument_digest`` (hex or null), ``extra``
+(string to string) and, when the digest was computed from JSON arguments, ``arguments``.
+``expected`` is either ``{"payload_hex", "kid", "issued_at", "expires_at", "token_id"}``
+or ``{"reason"}``. Positive cases also carry ``intermediate`` values (binding encoding and
+tag, header, canonical arguments, nonce) so an independent implementation can find which
+step it gets wrong.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import hashlib
+import hmac
+import json
+import struct
+import sys
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+if __name__ == "__main__":  # run as a script from a checkout without an installed package
+    sys.path.insert(0, str(HERE.parent.parent))
+
+from statecodec import Binding, KeyRing, StateCodec, argument_digest, canonical_json  # noqa: E402
+from statecodec._keys import Key  # noqa: E402
+
+FILES = ("sign.json", "encrypt.json", "negative.json")
+
+NOW = 1_750_000_000  # 2025-06-15T15:06:40Z
+RETIRE_AT = NOW + 3600  # when key "k2024a" of ring "main" stops verifying
+LONG_KID = "vault:transit.statecodec-v1_0042"  # 32 characters, the maximum
+MAX_U32 = 2**32 - 1
+assert len(LONG_KID) == 32
+
+
+def _fixed(label: str, n: int) -> bytes:
+    """``n`` (<= 32) reproducible bytes standing in for randomness."""
+    return hashlib.sha256(b"statecodec/test-vectors/" + label.encode()).digest()[:n]
+
+
+def _key(kid: str, label: str, *, retires_at: int | None = None) -> Key:
+    return Key(kid, _fixed("key/" + label, 32), NOW - 86_400 * 30, retires_at)
+
+
+def _rings() -> dict[str, KeyRing]:
+    main = KeyRing(
+        [
+            _key("k2024a", "k2024a", retires_at=RETIRE_AT),
+            _key("k2025b", "k2025b"),
+            _key("a", "a"),
+            _key(LONG_KID, "long"),
+        ],
+        primary="k2025b",
+    )
+    # Same kid as main's primary but another secret, plus a kid main does not know.
+    other = KeyRing([_key("k2025b", "other-k2025b"), _key("k9999", "k9999")], primary="k2025b")
+    return {"main": main, "other": other}
+
+
+RINGS = _rings()
+
+FULL: dict[str, Any] = {
+    "principal": "alice@example.com",
+    "audience": "deploy-svc",
+    "method": "tools/call",
+    "target": "deploy_production",
+    "arguments": {"version": "v2.1.0", "force": False, "replicas": 3},
+    "extra": {"tenant": "acme", "session": "s-42"},
+}
+UNBOUND_SPEC: None = None
+
+
+# ------------------------------------------------------------------ bindings
+def _binding_json(spec: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The vector's description of a binding: every field explicit, digest in hex."""
+    if spec is None:
+        return None
+    out: dict[str, Any] = {k: spec.get(k) for k in ("principal", "audience", "method", "target")}
+    if "arguments" in spec:
+        out["arguments"] = spec["arguments"]
+        out["argument_digest"] = argument_digest(spec["arguments"]).hex()
+    else:
+        out["argument_digest"] = None
+    out["extra"] = dict(spec.get("extra", {}))
+    return out
+
+
+def binding_from_json(doc: dict[str, Any] | None) -> Binding | None:
+    """Build the Binding a vector describes (``None`` means unbound)."""
+    if doc is None:
+        return None
+    digest = doc.get("argument_digest")
+    return Binding(
+        doc.get("principal"),
+        doc.get("audience"),
+        doc.get("method"),
+        doc.get("target"),
+        argument_digest=None if digest is None else bytes.fromhex(digest),
+        extra=doc.get("extra") or None,
+    )
+
+
+def _with(spec: dict[str, Any], **changes: Any) -> dict[str, Any]:
+    out = dict(spec)
+    for name, value in changes.items():
+        if value is _DROP:
+            out.pop(name, None)
+        else:
+            out[name] = value
+    return out
+
+
+_DROP = object()
+
+
+# ------------------------------------------------------------------ token surgery
+def _split(token: str) -> tuple[str, bytes]:
+    prefix, body = token[:5], token[5:]
+    return prefix, base64.urlsafe_b64decode(body + "=" * (-len(body) % 4))
+
+
+def _join(prefix: str, raw: bytes) -> str:
+    return prefix + base64.urlsafe_b64encode(raw).rstrip(b"=").decode("ascii")
+
+
+def _flip(token: str, index: int, mask: int = 0x01) -> str:
+    """Flip bits of decoded byte ``index`` (negative counts from the end), re-encode canonically."""
+    prefix, raw = _split(token)
+    buf = bytearray(raw)
+    buf[index] ^= mask
+    return _join(prefix, bytes(buf))
+
+
+def _replace_raw(token: str, start: int, end: int, new: bytes) -> str:
+    prefix, raw = _split(token)
+    return _join(prefix, raw[:start] + new + raw[end:])
+
+
+def _header_len(kid: str) -> int:
+    return 1 + len(kid) + 8 + 16 + 16
+
+
+# ------------------------------------------------------------------ the generator
+class _Builder:
+    def __init__(self) -> None:
+        self.files: dict[str, list[dict[str, Any]]] = {name: [] for name in FILES}
+
+    def seal(
+        self,
+        label: str,
+        *,
+        mode: str,
+        payload: bytes,
+        binding: dict[str, Any] | None,
+        iat: int,
+        ttl: int = 600,
+        ring: str = "main",
+        kid: str = "k2025b",
+        max_token_bytes: int = 8192,
+    ) -> str:
+        codec = StateCodec(RINGS[ring], mode=mode, ttl=ttl, max_token_bytes=max_token_bytes)
+        nonce = _fixed("nonce/" + label, 24) if mode == "encrypt" else b""
+        b = binding_from_json(_binding_json(binding))
+        return codec._seal(
+            payload, b or Binding(), RINGS[ring].require(kid), iat, ttl, _fixed("tid/" + label, 16), nonce
+        )
+
+    def positive(
+        self,
+        name: str,
+        description: str,
+        *,
+        mode: str,
+        payload: bytes,
+        binding: dict[str, Any] | None,
+        iat: int,
+        now: int,
+        ttl: int = 600,
+        leeway: int = 60,
+        ring: str = "main",
+        kid: str = "k2025b",
+        max_token_bytes: int = 8192,
+    ) -> None:
+        token = self.seal(
+            name,
+            mode=mode,
+            payload=payload,
+            binding=binding,
+            iat=iat,
+            ttl=ttl,
+            ring=ring,
+            kid=kid,
+            max_token_bytes=max_token_bytes,
+        )
+        bjson = _binding_json(binding)
+        b = binding_from_json(bjson) or Binding()
+        key = RINGS[ring].require(kid)
+        _, raw = _split(token)
+        intermediate: dict[str, Any] = {
+            "binding_encoded": b.encoded.hex(),
+            "binding_tag": b.tag(key.bind_key).hex(),
+            "header": raw[: _header_len(kid)].hex(),
+        }
+        if binding is not None and "arguments" in binding:
+            intermediate["canonical_arguments"] = canonical_json(binding["arguments"]).decode("utf-8")
+        if mode == "encrypt":
+            intermediate["nonce"] = _fixed("nonce/" + name, 24).hex()
+        case = self._case(name, description, mode, ring, ttl, leeway, max_token_bytes, now, bjson, token)
+        case["expected"] = {
+            "payload_hex": payload.hex(),
+            "kid": kid,
+            "issued_at": iat,
+            "expires_at": iat + ttl,
+            "token_id": _fixed("tid/" + name, 16).hex(),
+        }
+        case["intermediate"] = intermediate
+        self.files["sign.json" if mode == "sign" else "encrypt.json"].append(case)
+
+    def negative(
+        self,
+        name: str,
+        description: str,
+        reason: str,
+        token: str,
+        *,
+        mode: str,
+        binding: dict[str, Any] | None,
+        now: int = NOW,
+        ttl: int = 600,
+        leeway: int = 60,
+        ring: str = "main",
+        max_token_bytes: int = 8192,
+    ) -> None:
+        case = self._case(
+            name, description, mode, ring, ttl, leeway, max_token_bytes, now, _binding_json(binding), token
+        )
+        case["expected"] = {"reason": reason}
+        self.files["negative.json"].append(case)
+
+    @staticmethod
+    def _case(
+        name: str,
+        description: str,
+        mode: str,
+        ring: str,
+        ttl: int,
+        leeway: int,
+        max_token_bytes: int,
+        now: int,
+        binding: dict[str, Any] | None,
+        token: str,
+    ) -> dict[str, Any]:
+        return {
+            "name": name,
+            "description": description,
+            "keyring": ring,
+            "mode": mode,
+            "ttl": ttl,
+            "leeway": leeway,
+            "max_token_bytes": max_token_bytes,
+            "now": now,
+            "binding": binding,
+            "token": token,
+        }
+
+
+def _positives(g: _Builder) -> None:
+    iat = NOW - 100
+    jcs_args = {
+        "tiny": 1e-7,
+        "round": 100.0,
+        "huge": 1e21,
+        "\ue000": "private use area key (sorts after the astral key in UTF-16)",
+        "\U0001f600": "astral key",
+        "nested": {"b": [1, 2.5, None, True, "caf\u00e9"], "a": "\u0007 control"},
+    }
+    for mode in ("sign", "encrypt"):
+        m = mode[0]
+        g.positive(
+            f"{m}-empty-unbound",
+            "empty payload, no binding",
+            mode=mode,
+            payload=b"",
+            binding=UNBOUND_SPEC,
+            iat=iat,
+            now=NOW,
+        )
+        g.positive(
+            f"{m}-full-binding",
+            "text payload bound to every field and two extra pairs",
+            mode=mode,
+            payload=b'{"step":2,"answers":{"confirm":true}}',
+            binding=FULL,
+            iat=iat,
+            now=NOW,
+        )
+        g.positive(
+            f"{m}-binary-payload",
+            "all 256 byte values, bound to a principal only",
+            mode=mode,
+            payload=bytes(range(256)),
+            binding={"principal": "bob"},
+            iat=iat,
+            now=NOW,
+        )
+        g.positive(
+            f"{m}-jcs-arguments",
+            "arguments that need RFC 8785 (floats, UTF-16 key order)",
+            mode=mode,
+            payload="\u00e9tat \u2713".encode(),
+            binding={"method": "tools/call", "arguments": jcs_args},
+            iat=iat,
+            now=NOW,
+        )
+        g.positive(
+            f"{m}-kid-1",
+            "one-character kid",
+            mode=mode,
+            payload=b"x",
+            binding=FULL,
+            iat=iat,
+            now=NOW,
+            kid="a",
+        )
+        g.positive(
+            f"{m}-kid-32",
+            "32-character kid, the maximum",
+            mode=mode,
+            payload=b"x",
+            binding=FULL,
+            iat=iat,
+            now=NOW,
+            kid=LONG_KID,
+        )
+        g.positive(
+            f"{m}-verify-only-key",
+            "a non-primary key one second before it retires",
+            mode=mode,
+            payload=b"old key",
+            binding=FULL,
+            iat=RETIRE_AT - 100,
+            now=RETIRE_AT - 1,
+            kid="k2024a",
+        )
+        g.positive(
+            f"{m}-exp-plus-leeway-minus-1",
+            "now = exp + leeway - 1: the last accepted second",
+            mode=mode,
+            payload=b"edge",
+            binding=FULL,
+            iat=iat,
+            now=iat + 600 + 59,
+        )
+        g.positive(
+            f"{m}-iat-at-leeway",
+            "iat = now + leeway: issued in the future, within leeway",
+            mode=mode,
+            payload=b"skew",
+            binding=FULL,
+            iat=NOW + 60,
+            now=NOW,
+        )
+    g.positive(
+        "s-empty-strings",
+        "present-but-empty fields differ from absent ones",
+        mode="sign",
+        payload=b"e",
+        binding={
+            "principal": "",
+            "audience": "",
+            "method": "",
+            "target": "",
+            "arguments": {},
+            "extra": {"": ""},
+        },
+        iat=iat,
+        now=NOW,
+    )
+    g.positive(
+        "s-extra-only",
+        "only extra pairs (sorted by key), non-ASCII text",
+        mode="sign",
+        payload=b"e",
+        binding={"extra": {"z\u00fcrich": "\u2603", "a": "1", "B": "2"}},
+        iat=iat,
+        now=NOW,
+    )
+    g.positive(
+        "s-null-arguments",
+        "arguments = JSON null is bound (digest of 'null'), unlike no arguments",
+        mode="sign",
+        payload=b"n",
+        binding={"arguments": None},
+        iat=iat,
+        now=NOW,
+    )
+    g.positive(
+        "s-at-exp",
+        "now = exp with leeway 60 is still valid",
+        mode="sign",
+        payload=b"e",
+        binding=FULL,
+        iat=iat,
+        now=iat + 600,
+    )
+    g.positive(
+        "s-leeway-0-last-second",
+        "leeway 0, now = exp - 1",
+        mode="sign",
+        payload=b"e",
+        binding=FULL,
+        iat=iat,
+        now=iat + 599,
+        leeway=0,
+    )
+    g.positive(
+        "s-ttl-1",
+        "ttl of one second",
+        mode="sign",
+        payload=b"t",
+        binding=FULL,
+        iat=NOW,
+        now=NOW,
+        ttl=1,
+        leeway=0,
+    )
+    g.positive(
+        "s-max-time",
+        "exp = 2**32 - 1, the last representable second (2106-02-07)",
+        mode="sign",
+        payload=b"2106",
+        binding=FULL,
+        iat=MAX_U32 - 600,
+        now=MAX_U32 - 300,
+    )
+    g.positive(
+        "s-at-size-cap",
+        "token exactly max_token_bytes (128) characters long",
+        mode="sign",
+        payload=b"q" * 18,
+        binding=UNBOUND_SPEC,
+        iat=iat,
+        now=NOW,
+        kid="a",
+        max_token_bytes=128,
+    )
+    g.positive(
+        "e-at-size-cap",
+        "token exactly max_token_bytes (128) characters long",
+        mode="encrypt",
+        payload=b"q" * 10,
+        binding=UNBOUND_SPEC,
+        iat=iat,
+        now=NOW,
+        kid="a",
+        max_token_bytes=128,
+    )
+
+
+def _negatives(g: _Builder) -> None:
+    iat = NOW - 100
+    base = {
+        m: g.seal(f"base-{m}", mode=m, payload=b"state:1", binding=FULL, iat=iat) for m in ("sign", "encrypt")
+    }
+    s, e = base["sign"], base["encrypt"]
+    # Body lengths 3 and 2 (mod 4): both kinds of unused trailing bits get a case.
+    assert (len(s) - 5) % 4 == 3 and (len(e) - 5) % 4 == 2
+    hl = _header_len("k2025b")
+    neg = g.negative
+
+    # --- malformed: shape and encoding, rejected before any key is looked up
+    neg("empty-string", "the empty string", "malformed", "", mode="sign", binding=FULL)
+    neg("no-prefix", "no sc1 prefix", "malformed", s[5:], mode="sign", binding=FULL)
+    neg(
+        "prefix-uppercase",
+        "prefixes are case-sensitive",
+        "malformed",
+        "SC1S." + s[5:],
+        mode="sign",
+        binding=FULL,
+    )
+    neg("prefix-only", "prefix with an empty body", "malformed", "sc1s.", mode="sign", binding=FULL)
+    neg("b64-padding", "standard '=' padding", "malformed", s + "=", mode="sign", binding=FULL)
+    neg("b64-padding-encrypt", "standard '==' padding", "malformed", e + "==", mode="encrypt", binding=FULL)
+    neg("b64-trailing-newline", "trailing newline", "malformed", s + "\n", mode="sign", binding=FULL)
+    neg(
+        "b64-inner-space",
+        "a space inside the body",
+        "malformed",
+        s[:40] + " " + s[40:],
+        mode="sign",
+        binding=FULL,
+    )
+    neg(
+        "b64-std-alphabet",
+        "'+' from the standard alphabet",
+        "malformed",
+        s[:30] + "+" + s[31:],
+        mode="sign",
+        binding=FULL,
+    )
+    neg(
+        "b64-impossible-length",
+        "body length = 1 (mod 4)",
+        "malformed",
+        _trim_to_rem(s, 1),
+        mode="sign",
+        binding=FULL,
+    )
+    neg(
+        "b64-trailing-bits",
+        "non-zero unused bits in the last character",
+        "malformed",
+        _set_trailing_bits(s),
+        mode="sign",
+        binding=FULL,
+    )
+    neg(
+        "b64-trailing-bits-encrypt",
+        "non-zero unused bits in the last character",
+        "malformed",
+        _set_trailing_bits(e),
+        mode="encrypt",
+        binding=FULL,
+    )
+    neg("truncated-header", "cut inside the header", "malformed", s[: 5 + 40], mode="sign", binding=FULL)
+    neg(
+        "truncated-encrypt",
+        "shorter than header + nonce + tag",
+        "malformed",
+        _replace_raw(e, hl + 30, 10_000, b""),
+        mode="encrypt",
+        binding=FULL,
+    )
+    neg("kid-length-0", "kid_len = 0", "malformed", _replace_raw(s, 0, 1, b"\x00"), mode="sign", binding=FULL)
+    neg(
+        "kid-length-33",
+        "kid_len = 33",
+        "malformed",
+        _replace_raw(s, 0, 1, b"\x21"),
+        mode="sign",
+        binding=FULL,
+    )
+    neg(
+        "kid-bad-char",
+        "kid byte '/' outside [A-Za-z0-9._:-]",
+        "malformed",
+        _replace_raw(s, 1, 2, b"/"),
+        mode="sign",
+        binding=FULL,
+    )
+    neg(
+        "exp-before-iat",
+        "authentic header (valid MAC) with exp < iat",
+        "malformed",
+        _forge_sign(iat, iat - 1, b"state", FULL),
+        mode="sign",
+        binding=FULL,
+        now=iat,
+    )
+
+    # --- too_large: checked first, on the text length, before anything else
+    neg(
+        "too-large",
+        "a valid token one character over max_token_bytes",
+        "too_large",
+        g.seal("big", mode="sign", payload=b"q" * 19, binding=None, iat=iat, kid="a", max_token_bytes=8192),
+        mode="sign",
+        binding=None,
+        max_token_bytes=128,
+    )
+    neg(
+        "too-large-garbage",
+        "size is judged before the prefix",
+        "too_large",
+        "!" * 129,
+        mode="sign",
+        binding=FULL,
+        max_token_bytes=128,
+    )
+
+    # --- unsupported_version
+    neg(
+        "version-2",
+        "format version 2 is unknown",
+        "unsupported_version",
+        "sc2s." + s[5:],
+        mode="sign",
+        binding=FULL,
+    )
+    neg(
+        "version-10",
+        "format version 10 is unknown",
+        "unsupported_version",
+        "sc10e." + e[5:],
+        mode="encrypt",
+        binding=FULL,
+    )
+    neg(
+        "mode-x",
+        "unknown mode letter in version 1",
+        "unsupported_version",
+        "sc1x." + s[5:],
+        mode="sign",
+        binding=FULL,
+    )
+
+    # --- wrong_mode
+    neg(
+        "encrypt-token-to-sign",
+        "an ENCRYPT token given to a SIGN verifier",
+        "wrong_mode",
+        e,
+        mode="sign",
+        binding=FULL,
+    )
+    neg(
+        "sign-token-to-encrypt",
+        "a SIGN token given to an ENCRYPT verifier",
+        "wrong_mode",
+        s,
+        mode="encrypt",
+        binding=FULL,
+    )
+    neg(
+        "wrong-mode-before-kid",
+        "wrong mode is judged before the kid",
+        "wrong_mode",
+        g.seal("other-e", mode="encrypt", payload=b"x", binding=FULL, iat=iat, ring="other", kid="k9999"),
+        mode="sign",
+        binding=FULL,
+    )
+
+    # --- unknown_key
+    neg(
+        "unknown-kid",
+        "kid k9999 is not in the ring",
+        "unknown_key",
+        g.seal("other-s", mode="sign", payload=b"x", binding=FULL, iat=iat, ring="other", kid="k9999"),
+        mode="sign",
+        binding=FULL,
+    )
+    neg(
+        "unknown-kid-encrypt",
+        "kid k9999 is not in the ring",
+        "unknown_key",
+        g.seal("other-e2", mode="encrypt", payload=b"x", binding=FULL, iat=iat, ring="other", kid="k9999"),
+        mode="encrypt",
+        binding=FULL,
+    )
+    neg(
+        "retired-key",
+        "now = retires_at: the key no longer verifies",
+        "unknown_key",
+        g.seal("retired", mode="sign", payload=b"x", binding=FULL, iat=RETIRE_AT - 100, kid="k2024a"),
+        mode="sign",
+        binding=FULL,
+        now=RETIRE_AT,
+    )
+    neg(
+        "retired-key-encrypt",
+        "now = retires_at: the key no longer verifies",
+        "unknown_key",
+        g.seal("retired-e", mode="encrypt", payload=b"x", binding=FULL, iat=RETIRE_AT - 100, kid="k2024a"),
+        mode="encrypt",
+        binding=FULL,
+        now=RETIRE_AT,
+    )
+
+    # --- tampered: authentication fails
+    for m, t in (("sign", s), ("encrypt", e)):
+        neg(
+            f"{m}-flip-header-iat",
+            "flipped bit in the issued-at field (a header byte)",
+            "tampered",
+            _flip(t, 1 + 6 + 3),
+            mode=m,
+            binding=FULL,
+        )
+        neg(
+            f"{m}-flip-token-id",
+            "flipped bit in the token id",
+            "tampered",
+            _flip(t, 1 + 6 + 8),
+            mode=m,
+            binding=FULL,
+        )
+        neg(
+            f"{m}-flip-binding-tag",
+            "flipped bit in the binding tag",
+            "tampered",
+            _flip(t, hl - 1, 0x80),
+            mode=m,
+            binding=FULL,
+        )
+        neg(
+            f"{m}-flip-last-byte",
+            "flipped bit in the MAC / AEAD tag",
+            "tampered",
+            _flip(t, -1),
+            mode=m,
+            binding=FULL,
+        )
+        neg(
+            f"{m}-cross-key-same-kid",
+            "same kid, another secret",
+            "tampered",
+            g.seal(f"cross-{m}", mode=m, payload=b"state", binding=FULL, iat=iat, ring="other"),
+            mode=m,
+            binding=FULL,
+        )
+        neg(
+            f"{m}-truncated-3-bytes",
+            "last 3 bytes cut off, re-encoded canonically",
+            "tampered",
+            _replace_raw(t, -3, 10_000, b""),
+            mode=m,
+            binding=FULL,
+        )
+        neg(
+            f"{m}-appended-bytes",
+            "3 zero bytes appended, re-encoded canonically",
+            "tampered",
+            _replace_raw(t, 10_000, 10_000, b"\0\0\0"),
+            mode=m,
+            binding=FULL,
+        )
+        neg(
+            f"{m}-kid-swapped",
+            "kid changed to another key of the ring (same length)",
+            "tampered",
+            _replace_raw(t, 0, 7, b"\x06k2024a"),
+            mode=m,
+            binding=FULL,
+        )
+    neg(
+        "sign-flip-payload",
+        "flipped bit in the readable payload",
+        "tampered",
+        _flip(s, hl),
+        mode="sign",
+        binding=FULL,
+    )
+    neg(
+        "encrypt-flip-nonce",
+        "flipped bit in the nonce",
+        "tampered",
+        _flip(e, hl + 5),
+        mode="encrypt",
+        binding=FULL,
+    )
+    neg(
+        "encrypt-flip-ciphertext",
+        "flipped bit in the ciphertext",
+        "tampered",
+        _flip(e, hl + 24),
+        mode="encrypt",
+        binding=FULL,
+    )
+    relabel = g.seal(
+        "relabel", mode="sign", payload=b"long enough to parse as nonce+tag", binding=FULL, iat=iat
+    )
+    neg(
+        "sign-body-relabelled-encrypt",
+        "a SIGN token's body under the sc1e. prefix",
+        "tampered",
+        "sc1e." + relabel[5:],
+        mode="encrypt",
+        binding=FULL,
+    )
+    neg(
+        "tampered-beats-expired",
+        "tampered and expired: authentication is judged first",
+        "tampered",
+        _flip(s, -1),
+        mode="sign",
+        binding=FULL,
+        now=NOW + 10_000,
+    )
+
+    # --- expired / not_yet_valid
+    neg(
+        "expired-at-exp-plus-leeway",
+        "now = exp + leeway",
+        "expired",
+        s,
+        mode="sign",
+        binding=FULL,
+        now=iat + 600 + 60,
+    )
+    neg(
+        "expired-leeway-0-at-exp",
+        "leeway 0, now = exp",
+        "expired",
+        s,
+        mode="sign",
+        binding=FULL,
+        now=iat + 600,
+        leeway=0,
+    )
+    neg("expired-encrypt", "a day later", "expired", e, mode="encrypt", binding=FULL, now=NOW + 86_400)
+    neg(
+        "expired-beats-binding",
+        "expired and mis-bound: times are judged before the binding",
+        "expired",
+        s,
+        mode="sign",
+        binding=_with(FULL, principal="mallory"),
+        now=NOW + 86_400,
+    )
+    neg(
+        "not-yet-valid", "iat = now + leeway + 1", "not_yet_valid", s, mode="sign", binding=FULL, now=iat - 61
+    )
+    neg(
+        "not-yet-valid-encrypt",
+        "iat = now + leeway + 1",
+        "not_yet_valid",
+        e,
+        mode="encrypt",
+        binding=FULL,
+        now=iat - 61,
+    )
+
+    # --- binding_mismatch
+    for field, value in (
+        ("principal", "mallory@example.com"),
+        ("audience", "billing-svc"),
+        ("method", "prompts/get"),
+        ("target", "deploy_staging"),
+    ):
+        neg(
+            f"binding-{field}",
+            f"another {field}",
+            "binding_mismatch",
+            s,
+            mode="sign",
+            binding=_with(FULL, **{field: value}),
+        )
+    neg(
+        "binding-arguments",
+        "another argument value",
+        "binding_mismatch",
+        e,
+        mode="encrypt",
+        binding=_with(FULL, arguments={"version": "v2.1.1", "force": False, "replicas": 3}),
+    )
+    neg(
+        "binding-arguments-absent",
+        "arguments bound at seal, absent at unseal",
+        "binding_mismatch",
+        s,
+        mode="sign",
+        binding=_with(FULL, arguments=_DROP),
+    )
+    neg(
+        "binding-principal-empty-vs-absent",
+        "principal '' at unseal, absent at seal",
+        "binding_mismatch",
+        g.seal("no-principal", mode="sign", payload=b"x", binding=_with(FULL, principal=_DROP), iat=iat),
+        mode="sign",
+        binding=_with(FULL, principal=""),
+    )
+    neg(
+        "binding-extra-added",
+        "an extra pair more at unseal",
+        "binding_mismatch",
+        s,
+        mode="sign",
+        binding=_with(FULL, extra={**FULL["extra"], "region": "eu"}),
+    )
+    neg(
+        "binding-extra-value",
+        "an extra value differs",
+        "binding_mismatch",
+        e,
+        mode="encrypt",
+        binding=_with(FULL, extra={"tenant": "evil", "session": "s-42"}),
+    )
+    neg(
+        "binding-none-at-unseal",
+        "bound token, no binding at unseal",
+        "binding_mismatch",
+        s,
+        mode="sign",
+        binding=None,
+    )
+    neg(
+        "binding-unbound-token",
+        "unbound token, a binding at unseal",
+        "binding_mismatch",
+        g.seal("unbound", mode="sign", payload=b"x", binding=None, iat=iat),
+        mode="sign",
+        binding=FULL,
+    )
+
+
+def _trim_to_rem(token: str, rem: int) -> str:
+    body = token[5:]
+    while len(body) % 4 != rem:
+        body = body[:-1]
+    return token[:5] + body
+
+
+_ALPHABET = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_"
+
+
+def _set_trailing_bits(token: str) -> str:
+    """Set the lowest (unused) bit of the last character: decodes to the same bytes, but is not canonical."""
+    body = token[5:]
+    assert len(body) % 4 in (2, 3), "needs a body with unused trailing bits"
+    last = _ALPHABET[_ALPHABET.index(body[-1]) | 1]
+    return token[:5] + body[:-1] + last
+
+
+def _forge_sign(iat: int, exp: int, payload: bytes, binding: dict[str, Any]) -> str:
+    """A SIGN token with an authentic MAC over a header build_header() refuses to make."""
+    key = RINGS["main"].require("k2025b")
+    b = binding_from_json(_binding_json(binding))
+    assert b is not None
+    header = b"\x06k2025b" + struct.pack(">II", iat, exp) + _fixed("tid/forged", 16) + b.tag(key.bind_key)
+    mac = hmac.digest(key.mac_key, b"sc1s." + header + payload, "sha256")
+    return _join("sc1s.", header + payload + mac)
+
+
+def build() -> dict[str, str]:
+    """Every vector file's exact text, keyed by file name."""
+    g = _Builder()
+    _positives(g)
+    _negatives(g)
+    rings = {name: ring.to_dict() for name, ring in RINGS.items()}
+    derived = {
+        name: {
+            k.kid: {"mac_key": k.mac_key.hex(), "aead_key": k.aead_key.hex(), "bind_key": k.bind_key.hex()}
+            for k in ring.keys
+        }
+        for name, ring in RINGS.items()
+    }
+    out = {}
+    for fname, cases in g.files.items():
+        doc = {
+            "format": "statecodec token format v1 (sc1s. / sc1e.), see docs/format.md",
+            "generator": "tests/vectors/generate.py",
+            "keyrings": rings,
+            "derived_subkeys": derived,
+            "cases": cases,
+        }
+        out[fname] = json.dumps(doc, indent=2, ensure_ascii=True) + "\n"
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--check", action="store_true", help="compare with the files on disk, write nothing")
+    args = parser.parse_args(argv)
+    stale = []
+    for fname, text in build().items():
+        path = HERE / fname
+        if args.check:
+            if not path.exists() or path.read_text(encoding="utf-8") != text:
+                stale.append(fname)
+        else:
+            path.write_text(text, encoding="utf-8")
+            print(f"wrote {path} ({text.count(chr(10))} lines)")
+    if stale:
+        print("stale vector files: " + ", ".join(stale), file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
