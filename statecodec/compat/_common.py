@@ -1,0 +1,132 @@
+"""What the three foreign-format readers share: strict decoding and fail-closed guards.
+
+Every token reaching these helpers is attacker-controlled. They cap the size before any
+decoding, accept only canonical unpadded base64url (one spelling per byte string, so a
+token string can key a replay store), parse JSON without ``NaN``/``Infinity`` and turn
+every unexpected exception into :class:`InvalidState` rather than a traceback.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import logging
+import math
+from collections.abc import Callable
+from typing import Any, Final, ParamSpec, TypeVar
+
+from .. import _format
+from .._errors import InvalidState
+
+logger = logging.getLogger("statecodec.compat")
+
+#: Default size cap of a foreign token, in characters. The SDKs set none; the foreign
+#: formats carry the whole payload in the token, so the cap is looser than sc1's.
+DEFAULT_MAX_TOKEN_BYTES: Final = 65536
+#: Secrets shorter than this are refused: all three SDKs ask for at least 32 bytes.
+MIN_SECRET_BYTES: Final = 32
+
+b64encode = _format.b64encode
+
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
+
+
+def b64decode(text: str, what: str) -> bytes:
+    """Canonical unpadded base64url or ``InvalidState("malformed")`` naming ``what``."""
+    try:
+        return _format.b64decode(text)
+    except ValueError as exc:
+        raise InvalidState("malformed", f"{what}: {exc}") from None
+
+
+def check_token(token: object, max_token_bytes: int) -> str:
+    """The type and size checks every reader runs first, before touching the content."""
+    if not isinstance(token, str):
+        raise InvalidState("malformed", f"token must be str, not {type(token).__name__}")
+    if len(token) > max_token_bytes:
+        raise InvalidState("too_large", f"token is {len(token)} characters, the limit is {max_token_bytes}")
+    if not token.isascii():
+        # Every supported format is ASCII; rejecting early keeps .encode() total below.
+        raise InvalidState("malformed", "token has non-ASCII characters")
+    return token
+
+
+def _no_constants(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+def loads(raw: bytes, what: str) -> Any:
+    """Strict JSON from UTF-8 bytes: no NaN/Infinity, no BOM, bounded nesting."""
+    try:
+        return json.loads(raw.decode("utf-8"), parse_constant=_no_constants)
+    except (ValueError, RecursionError) as exc:  # UnicodeDecodeError is a ValueError
+        raise InvalidState("malformed", f"{what} is not JSON: {type(exc).__name__}") from None
+
+
+def is_number(value: object) -> bool:
+    """A JSON number (a bool is not one, although Python says it is an int)."""
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def secret_bytes(secret: bytes | bytearray | str, name: str = "key") -> bytes:
+    """An operator secret as bytes (str is UTF-8, as both SDKs do), at least 32 of them."""
+    if isinstance(secret, str):
+        material = secret.encode("utf-8")
+    elif isinstance(secret, bytes | bytearray):
+        material = bytes(secret)
+    else:  # never coerce: bytes(32) would be an all-zero key
+        raise TypeError(f"{name} must be bytes or str, not {type(secret).__name__}")
+    if len(material) < MIN_SECRET_BYTES:
+        raise ValueError(f"{name} must be at least {MIN_SECRET_BYTES} bytes of secret randomness")
+    return material
+
+
+#: The Unix times a ``datetime`` can show (years 1 to 9999).
+_MIN_TIME: Final = -62135596800
+_MAX_TIME: Final = 253402300799
+
+
+def displayable_time(value: object) -> float | None:
+    """``value`` as a Unix time a tool can render, or ``None`` when it is absurd.
+
+    A token's times come from whoever made it; ``exp = 1e999`` or an rs1 expiry near
+    2**63 ms must not crash a ``datetime`` conversion in ``statecodec inspect``.
+    """
+    if not isinstance(value, int | float) or isinstance(value, bool):
+        return None
+    if isinstance(value, int) and not _MIN_TIME <= value <= _MAX_TIME:
+        return None  # checked before float(), which overflows on huge integers
+    number = float(value)
+    return number if _MIN_TIME <= number <= _MAX_TIME else None
+
+
+def positive_seconds(value: float, name: str) -> float:
+    if not is_number(value) or not math.isfinite(value) or value <= 0:
+        raise ValueError(f"{name} must be a positive finite number of seconds, got {value!r}")
+    return value
+
+
+def fail_closed(what: str) -> Callable[[Callable[_P, _R]], Callable[_P, _R]]:
+    """Deny on error: any exception but :class:`InvalidState` becomes ``internal_error``.
+
+    A bug or an exotic input must never let a token through nor reach a user as a
+    traceback; the traceback goes to the log.
+    """
+
+    def decorate(fn: Callable[_P, _R]) -> Callable[_P, _R]:
+        @functools.wraps(fn)
+        def guarded(*args: _P.args, **kwargs: _P.kwargs) -> _R:
+            try:
+                return fn(*args, **kwargs)
+            except InvalidState:
+                raise
+            except Exception as exc:
+                logger.exception("statecodec.compat: unexpected error while verifying a %s token", what)
+                raise InvalidState(
+                    "internal_error", f"unexpected {type(exc).__name__} while verifying a {what} token"
+                ) from None
+
+        return guarded
+
+    return decorate

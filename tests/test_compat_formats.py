@@ -1,0 +1,338 @@
+"""statecodec.compat: detect() for ``inspect``, the verify registry, and garbage of every kind.
+
+Garbage must end in ``InvalidState`` with a precise reason (never another exception, never
+acceptance) from every codec, and in a ``FormatInfo`` (never an exception) from detect().
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import os
+import time
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from statecodec import Binding, InvalidState, KeyRing, StateCodec
+from statecodec.compat import (
+    FORMATS,
+    McpPyV1Cipher,
+    McpPyV1Codec,
+    Rs1Codec,
+    TsV1Codec,
+    VerifyOptions,
+    detect,
+    verify,
+)
+from statecodec.compat._common import b64encode
+from statecodec.replay.memory import MemoryReplayStore
+
+SECRET = b"compat-formats-secret-0123456789abcdef"
+RING = KeyRing.from_secret(SECRET, kid="k1")
+NOW = 1_780_000_000.0
+MB = "v1." + "A" * (1 << 20)
+
+
+def ts() -> TsV1Codec:
+    return TsV1Codec(SECRET, clock=lambda: NOW)
+
+
+def py() -> McpPyV1Codec:
+    return McpPyV1Codec([SECRET], audience="svc", clock=lambda: NOW)
+
+
+def rs() -> Rs1Codec:
+    return Rs1Codec(SECRET, clock=lambda: NOW)
+
+
+PY_BOUND = {"method": "tools/call", "target": "t", "arguments": {"x": 1}, "principal": "alice"}
+
+
+# ------------------------------------------------------------------------------ detect
+def test_detect_sc1_reads_the_header() -> None:
+    codec = StateCodec(RING, clock=lambda: NOW)
+    token = codec.seal(b'{"step":1}', Binding(principal="alice"))
+    info = detect(token)
+    assert (info.name, info.format, info.mode, info.kid) == ("statecodec sc1", "sc1", "sign", "k1")
+    assert info.issued_at == NOW and info.expires_at == NOW + 600
+    assert info.payload == b'{"step":1}' and info.token_id is not None and len(info.token_id) == 32
+    enc = detect(StateCodec(RING, mode="encrypt").seal(b"secret"))
+    assert (enc.mode, enc.payload, enc.problem) == ("encrypt", None, None)
+
+
+def test_detect_ts_v1_reads_payload_and_exp() -> None:
+    info = detect(TsV1Codec(SECRET, bind=lambda c: c).seal_at_time({"a": [1, "é"]}, "ctx", NOW))
+    assert (info.name, info.format, info.mode) == ("TypeScript SDK v1", "ts-v1", "sign")
+    assert info.expires_at == int(NOW) + 600
+    assert json.loads(info.payload or b"") == {"a": [1, "é"]}
+    assert info.fields == {"bound": True} and info.kid is None
+
+
+def test_detect_python_v1_reads_kid_and_size() -> None:
+    token = py().seal("state", **PY_BOUND)
+    info = detect(token)
+    assert (info.name, info.format, info.mode) == ("Python SDK v1", "mcp-py-v1", "encrypt")
+    assert info.kid == McpPyV1Cipher([SECRET]).kids[0] and len(info.kid) == 8
+    assert info.size == len(token) and info.payload is None and info.expires_at is None
+    assert info.fields["ciphertext_bytes"] > 0
+
+
+def test_detect_rs1_reads_expiry_and_payload() -> None:
+    info = detect(rs().seal(b"step=2"))
+    assert (info.name, info.format, info.mode) == ("rmcp rs1", "rs1", "sign")
+    assert info.expires_at == NOW + 600 and info.payload == b"step=2"
+    never = detect(Rs1Codec(SECRET, ttl_seconds=None).seal(b"x"))
+    assert never.expires_at is None and never.fields["never_expires"] is True
+
+
+@pytest.mark.parametrize(
+    ("token", "name", "problem_has"),
+    [
+        ("", "unknown", "not a statecodec"),
+        ("hello", "unknown", "not a statecodec"),
+        ("rs2.a2lk.Ym9keQ.dGFn", "unknown", "rs2"),
+        ("v1.a.b.c", "unknown", "neither"),
+        ("sc9s.AAAA", "unknown", "unsupported_version"),
+        ("sc1s.!!!", "statecodec sc1", "malformed"),
+        ("v1.e30.AAAA", "TypeScript SDK v1", "malformed"),  # MAC too short
+        ("v1.AAAA", "Python SDK v1", "malformed"),  # shorter than kid + nonce + tag
+        ("rs1.AAAA.AAAA", "rmcp rs1", "malformed"),  # body shorter than the expiry
+        (MB, "Python SDK v1", "too_large"),
+        ("\x00\xff\ud800 binary", "unknown", "not a statecodec"),
+    ],
+)
+def test_detect_names_garbage_and_says_why(token: str, name: str, problem_has: str) -> None:
+    info = detect(token)
+    assert info.name == name
+    assert info.problem is not None and problem_has in info.problem
+    assert info.recognised is (name != "unknown")
+
+
+def test_absurd_times_are_not_passed_on_as_datetimes() -> None:
+    # Anyone can write these without a key; inspect must show them, not crash on them.
+    forged_ts = "v1." + b64encode(b'{"p":1,"exp":1e999}') + "." + b64encode(bytes(32))
+    info = detect(forged_ts)
+    assert info.problem is None and info.expires_at is None
+    assert info.fields["exp_out_of_range"] == "inf"
+    huge = "v1." + b64encode(b'{"p":1,"exp":' + b"9" * 400 + b"}") + "." + b64encode(bytes(32))
+    assert detect(huge).expires_at is None and detect(huge).fields["exp_out_of_range"].startswith("999")
+    far = Rs1Codec(SECRET).seal_at_time(b"x", b"", 2.0**62 / 1000)
+    assert detect(far).expires_at is None and detect(far).fields["expiry_ms"] > 2**61
+    # And a key holder's token valid "forever" verifies without an unrepresentable time.
+    key_holder = "v1." + b64encode(b'{"p":1,"exp":1e999}')
+    key_holder += "." + b64encode(hmac.digest(SECRET, key_holder.encode(), hashlib.sha256))
+    ok = verify("ts-v1", key_holder, [SECRET], now=NOW)
+    assert ok.expires_at is None and ok.claims["exp_out_of_range"] == "inf"
+    sealed = McpPyV1Cipher([SECRET]).seal(b'{"v":1,"iat":0,"exp":1e999,"s":"x"}')
+    ok = verify("mcp-py-v1", sealed, [SECRET], now=NOW)
+    assert ok.expires_at is None and ok.claims["exp"] == "inf" and ok.issued_at == 0.0
+    json.dumps(dict(ok.claims), allow_nan=False)
+
+
+def test_detect_never_raises_on_non_text() -> None:
+    for thing in (None, b"v1.abc", 42, ["v1."]):
+        info = detect(thing)
+        assert info.format is None and info.problem and "text" in info.problem
+
+
+@given(st.text(max_size=300))
+def test_detect_never_raises_on_any_text(text: str) -> None:
+    for candidate in (text, "v1." + text, "rs1." + text, "sc1s." + text, "v1." + text + "." + text):
+        info = detect(candidate)
+        assert info.size == len(candidate)
+
+
+# -------------------------------------------------------------------------- registry
+def test_registry_lists_every_format() -> None:
+    assert set(FORMATS) == {"sc1", "ts-v1", "mcp-py-v1", "rs1"}
+    with pytest.raises(KeyError):
+        verify("jwt", "x", RING)
+
+
+def test_verify_sc1_with_and_without_binding() -> None:
+    token = StateCodec(RING, clock=lambda: NOW).seal(b"p", Binding(principal="alice", method="tools/call"))
+    unbound = verify("sc1", token, RING, now=NOW)
+    assert unbound.payload == b"p" and unbound.kid == "k1" and unbound.checked == ()
+    assert "principal" in unbound.unchecked
+    bound = verify("sc1", token, RING, VerifyOptions(principal="alice", method="tools/call"), now=NOW)
+    assert bound.checked and not bound.unchecked
+    with pytest.raises(InvalidState) as err:
+        verify("sc1", token, RING, VerifyOptions(principal="bob", method="tools/call"), now=NOW)
+    assert err.value.reason == "binding_mismatch"
+    with pytest.raises(TypeError):
+        verify("sc1", token, [SECRET], now=NOW)
+
+
+def test_verify_ts_v1_with_a_ring_and_raw_secrets() -> None:
+    other = b"some-other-secret-in-the-ring-0123456789"
+    token = TsV1Codec(SECRET, bind=lambda ctx: ctx).seal_at_time({"n": 1}, "alice", NOW)
+    ring = KeyRing.from_secret(other, kid="k0").with_key(RING.require("k1"))
+    unbound = verify("ts-v1", token, ring, now=NOW)  # tries k0, then k1
+    assert json.loads(unbound.payload or b"") == {"n": 1} and unbound.unchecked == ("bind",)
+    assert verify("ts-v1", token, [SECRET], VerifyOptions(bind="alice"), now=NOW).checked == ("bind",)
+    with pytest.raises(InvalidState) as err:
+        verify("ts-v1", token, [SECRET], VerifyOptions(bind="bob"), now=NOW)
+    assert err.value.reason == "binding_mismatch"
+    with pytest.raises(InvalidState) as err:
+        verify("ts-v1", token, [other], now=NOW)
+    assert err.value.reason == "tampered" and "1 key" in err.value.detail
+    with pytest.raises(InvalidState) as err:
+        verify("ts-v1", token, [SECRET], now=NOW + 601)
+    assert err.value.reason == "expired"
+
+
+def test_verify_mcp_py_v1_checks_only_what_is_given() -> None:
+    token = py().seal("state", **PY_BOUND)
+    partial = verify("mcp-py-v1", token, [SECRET], VerifyOptions(method="tools/call", target="t"), now=NOW)
+    assert partial.payload == b"state" and partial.checked == ("method", "target")
+    assert partial.unchecked == ("arguments", "audience", "principal")
+    assert partial.claims["m"] == "tools/call" and "s" not in partial.claims
+    full = VerifyOptions(
+        principal="alice", audience="svc", method="tools/call", target="t", arguments={"x": 1}
+    )
+    assert verify("mcp-py-v1", token, RING, full, now=NOW).unchecked == ()
+    for wrong in (
+        VerifyOptions(arguments={"x": 2}),
+        VerifyOptions(principal="bob"),
+        VerifyOptions(audience="x"),
+    ):
+        with pytest.raises(InvalidState) as err:
+            verify("mcp-py-v1", token, [SECRET], wrong, now=NOW)
+        assert err.value.reason == "binding_mismatch"
+    with pytest.raises(InvalidState) as err:
+        verify("mcp-py-v1", token, [b"z" * 32], now=NOW)
+    assert err.value.reason == "unknown_key"
+
+
+def test_verify_rs1_needs_the_associated_data() -> None:
+    token = Rs1Codec(SECRET).seal_at_time(b"x", b"ctx", NOW)
+    assert verify("rs1", token, [SECRET], VerifyOptions(associated_data=b"ctx"), now=NOW).payload == b"x"
+    with pytest.raises(InvalidState) as err:
+        verify("rs1", token, [SECRET], now=NOW)
+    assert err.value.reason == "tampered" and "associated data" in err.value.detail
+
+
+def test_verify_never_consumes() -> None:
+    store = MemoryReplayStore()
+    codec = StateCodec(RING, replay=store)
+    token = codec.seal(b"once")
+    for _ in range(3):
+        verify("sc1", token, RING)
+    assert codec.unseal(token).payload == b"once"  # still unconsumed
+
+
+def test_retired_keys_do_not_verify_foreign_formats() -> None:
+    # k1 retired a second ago; k0 (another secret) is primary. Only k0 may be tried.
+    ring = KeyRing.from_secret(b"the-new-primary-secret-0123456789abcdef", kid="k0")
+    ring = ring.with_key(RING.require("k1")).retire("k1", at=int(NOW) - 1)
+    token = ts().seal({"n": 1})
+    assert verify("ts-v1", token, ring, now=NOW - 2).payload == b'{"n": 1}'
+    with pytest.raises(InvalidState) as err:
+        verify("ts-v1", token, ring, now=NOW)
+    assert err.value.reason == "tampered"
+    alone = KeyRing.from_secret(b"the-new-primary-secret-0123456789abcdef", kid="k0")
+    with pytest.raises(InvalidState) as err:
+        verify("rs1", rs().seal(b"x"), alone.with_key(RING.require("k1")).retire("k1", at=0), now=NOW)
+    assert err.value.reason == "tampered"
+
+
+# --------------------------------------------------------------------------- garbage
+GARBAGE = [
+    pytest.param("", id="empty"),
+    pytest.param(os.urandom(64).decode("latin-1"), id="binary"),
+    pytest.param("\x00" * 10, id="nul"),
+    pytest.param("A" * (1 << 20), id="1MB-no-prefix"),
+    pytest.param("v1." + "A" * (1 << 20), id="1MB-v1"),
+    pytest.param("rs1." + "A" * (1 << 20) + ".AAAA", id="1MB-rs1"),
+    pytest.param("x1.AAAA.AAAA", id="wrong-prefix"),
+    pytest.param("v1.", id="prefix-only-v1"),
+    pytest.param("rs1.", id="prefix-only-rs1"),
+    pytest.param("v1.e30.", id="empty-mac"),
+    pytest.param("v1.\u00e9\u00e9.AAAA", id="non-ascii"),
+    pytest.param("v1.AAAA\n", id="newline"),
+    pytest.param(" v1.AAAA", id="leading-space"),
+]
+
+
+def _codecs() -> list[tuple[str, object]]:
+    return [
+        ("ts-v1", lambda t: ts().unseal(t)),
+        ("ts-v1-unbound", lambda t: ts().verify_unbound(t)),
+        ("mcp-py-v1", lambda t: py().unseal(t, **PY_BOUND)),
+        ("mcp-py-v1-cipher", lambda t: McpPyV1Cipher([SECRET]).unseal(t)),
+        ("rs1", lambda t: rs().unseal(t)),
+    ]
+
+
+@pytest.mark.parametrize("garbage", GARBAGE)
+def test_every_codec_rejects_garbage_with_a_reason(garbage: str) -> None:
+    for name, open_ in _codecs():
+        with pytest.raises(InvalidState) as err:
+            open_(garbage)  # type: ignore[operator]
+        assert err.value.reason in {"malformed", "too_large"}, (name, err.value)
+        if len(garbage) > 65536:
+            assert err.value.reason == "too_large", name
+
+
+@pytest.mark.parametrize("thing", [None, b"v1.AAAA", 7])
+def test_every_codec_rejects_non_text(thing: object) -> None:
+    for _, open_ in _codecs():
+        with pytest.raises(InvalidState) as err:
+            open_(thing)  # type: ignore[operator]
+        assert err.value.reason == "malformed"
+
+
+@given(st.text(max_size=200), st.sampled_from(["", "v1.", "rs1.", "v1.e30."]))
+def test_random_text_never_crashes_or_passes(text: str, prefix: str) -> None:
+    for _, open_ in _codecs():
+        with pytest.raises(InvalidState) as err:
+            open_(prefix + text)  # type: ignore[operator]
+        assert err.value.reason in {"malformed", "too_large", "tampered", "unknown_key"}
+
+
+@given(st.binary(min_size=1, max_size=120))
+def test_authentic_but_odd_ts_envelopes_fail_closed(body: bytes) -> None:
+    """Whatever JSON a key holder signs, unseal returns or raises InvalidState, nothing else."""
+    text = b64encode(body)
+    mac = hmac.digest(SECRET, b"v1." + text.encode(), hashlib.sha256)
+    try:
+        ts().unseal(f"v1.{text}.{b64encode(mac)}")
+    except InvalidState as exc:
+        assert exc.reason in {"malformed", "expired", "binding_mismatch"}
+
+
+def test_a_bind_callback_that_raises_fails_closed() -> None:
+    def broken(ctx: object) -> str:
+        raise RuntimeError("database down")
+
+    good = TsV1Codec(SECRET, bind=lambda c: "alice").seal_at_time(1, "ctx", NOW)
+    with pytest.raises(InvalidState) as err:
+        TsV1Codec(SECRET, bind=broken).unseal_at_time(good, "ctx", NOW)
+    assert err.value.reason == "internal_error"
+    with pytest.raises(TypeError):
+        TsV1Codec(SECRET, bind=lambda c: "alice").seal(1)  # the SDK also refuses to mint without ctx
+
+
+def test_constructor_arguments_are_checked() -> None:
+    for bad in (b"short", 12345, bytes(8)):
+        with pytest.raises((TypeError, ValueError)):
+            TsV1Codec(bad)  # type: ignore[arg-type]
+    with pytest.raises(ValueError):
+        TsV1Codec(SECRET, ttl_seconds=float("nan"))
+    with pytest.raises(ValueError):
+        McpPyV1Codec([SECRET], ttl=0)
+    with pytest.raises(ValueError):
+        Rs1Codec(SECRET, ttl_seconds=-1)
+
+
+def test_repr_never_shows_keys() -> None:
+    for codec in (ts(), py(), rs(), McpPyV1Cipher([SECRET])):
+        assert SECRET.decode() not in repr(codec) and "compat-formats" not in repr(codec)
+
+
+def test_real_clock_defaults_work() -> None:
+    # The default clock is time.time: a fresh token verifies now, as the SDKs would.
+    assert abs(TsV1Codec(SECRET).unseal(TsV1Codec(SECRET).seal(1)).expires_at - time.time() - 600) < 5
