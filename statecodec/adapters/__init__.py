@@ -1,0 +1,11 @@
+"""Adapters that put a :class:`~statecodec.StateCodec` in front of MCP servers.
+
+Import the one you need; each imports its framework only when imported itself:
+
+- :mod:`statecodec.adapters.jsonrpc`: framework-free rules on raw JSON-RPC dicts
+  (which methods, what is bound, unseal a request, seal a result, the wire errors);
+- :mod:`statecodec.adapters.mcp`: ``protect()`` for the official ``mcp`` SDK's lowlevel
+  ``Server`` and ``MCPServer``, and ``sdk_codec()`` for the SDK's own boundary
+  (``statecodec[mcp]``);
+- :mod:`statecodec.adapters.fastmcp`: ``protect()`` for FastMCP (``statecodec[fastmcp]``).
+"""

@@ -1,0 +1,77 @@
+"""Protect a FastMCP (4.2+) server in one line: ``protect(server, codec)``.
+
+FastMCP builds on the ``mcp`` SDK: its low-level server (``server._mcp_server``, a
+subclass of the SDK's ``Server``) carries the SDK middleware chain, where FastMCP
+installs the SDK's ``RequestStateBoundary`` after its own bridge middleware. FastMCP's
+own middleware (``server.add_middleware``) runs later, at the handler layer, and can
+observe or refuse a call but cannot change what a tool reads from
+``ctx.request_state``: so the statecodec middleware goes into the SDK chain, in the
+boundary's place, exactly as for ``mcp`` servers.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from fastmcp import FastMCP
+from fastmcp.server.dependencies import get_access_token
+
+from .._codec import StateCodec
+from . import jsonrpc
+from .mcp import AudienceFn, BindingFn, Context, PrincipalFn, StateCodecMiddleware, install
+
+__all__ = ["authenticated_principal", "protect"]
+
+logger = logging.getLogger("statecodec")
+
+
+def authenticated_principal(ctx: Context) -> str | None:
+    """The default principal: FastMCP's authenticated access token, or ``None``.
+
+    FastMCP reads the token from the current HTTP request before the SDK's context
+    variable (fresher after a token refresh); the principal string is the same
+    ``[client_id, issuer, subject]`` as :func:`statecodec.adapters.mcp.authenticated_principal`.
+    """
+    token = get_access_token()
+    if token is None:
+        return None
+    issuer = (token.claims or {}).get("iss")
+    return jsonrpc.principal_string(token.client_id, None if issuer is None else str(issuer), token.subject)
+
+
+def protect(
+    server: FastMCP[Any],
+    codec: StateCodec,
+    *,
+    audience: str | AudienceFn | None = None,
+    principal: PrincipalFn | None = authenticated_principal,
+    binding: BindingFn | None = None,
+) -> StateCodecMiddleware:
+    """Seal and verify every ``requestState`` of a FastMCP ``server`` with ``codec``.
+
+    Same behaviour and parameters as :func:`statecodec.adapters.mcp.protect`. Name the
+    server (``FastMCP("deploy")``) or pass ``audience``: an unnamed FastMCP gets a random
+    name per process, and tokens would then never verify on another instance.
+    """
+    if not isinstance(server, FastMCP):
+        raise TypeError(f"protect() takes a FastMCP server, not {type(server).__name__}")
+    # FastMCP exposes no public handle to the SDK middleware chain.
+    lowlevel = server._mcp_server
+    if audience is None and not _named(server):
+        logger.warning(
+            "statecodec: FastMCP server %r has a generated name; tokens it seals will not verify on "
+            "other instances. Pass FastMCP(name=...) or protect(..., audience=...)",
+            lowlevel.name,
+        )
+    middleware = StateCodecMiddleware(
+        codec, audience=lowlevel.name if audience is None else audience, principal=principal, binding=binding
+    )
+    install(lowlevel.middleware, middleware)
+    return middleware
+
+
+def _named(server: FastMCP[Any]) -> bool:
+    # FastMCP names an unnamed server "FastMCP-<random>" (generate_name); a user name
+    # could in theory look alike, so this only decides whether to warn.
+    return not server.name.startswith(f"{type(server).__name__}-")

@@ -1,0 +1,286 @@
+"""Protect an official ``mcp`` SDK server (2.3+) in one line.
+
+    from statecodec.adapters.mcp import protect
+    protect(server, codec)   # a lowlevel Server or an MCPServer
+
+:func:`protect` puts a :class:`StateCodecMiddleware` where the SDK's own
+``RequestStateBoundary`` was (``MCPServer`` installs one with a per-process key), or, on a
+lowlevel ``Server`` that has none, right inside the SDK's OpenTelemetry middleware. Two
+boundaries must never run together: the outer one would seal the inner one's token and
+the handler would receive a token instead of its state.
+
+On ``tools/call``, ``resources/read`` and ``prompts/get`` the middleware unseals an
+inbound ``requestState`` (awaiting the replay store, so each token redeems once, on any
+instance sharing the store) before validation and the handler run, and seals the
+``requestState`` of every ``input_required`` result on the way out. Every other method
+passes untouched.
+
+For users who keep the SDK's boundary (its claims envelope, its principal hashing) but
+want statecodec's keys, modes and rotation underneath, :func:`sdk_codec` adapts a
+:class:`~statecodec.StateCodec` to the SDK's ``RequestStateCodec`` protocol.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping, MutableSequence
+from dataclasses import replace
+from typing import Any, TypeAlias
+
+from mcp.server.auth.middleware.auth_context import get_access_token
+from mcp.server.auth.provider import principal_components
+from mcp.server.context import CallNext, HandlerResult, ServerRequestContext
+from mcp.server.lowlevel import Server
+from mcp.server.mcpserver import MCPServer
+from mcp.server.request_state import InvalidRequestState, RequestStateBoundary
+from mcp.shared.exceptions import MCPError
+from pydantic import BaseModel
+
+from .._binding import Binding
+from .._codec import StateCodec
+from .._errors import WIRE_ERROR_CODE, WIRE_ERROR_DATA, WIRE_ERROR_MESSAGE, InvalidState
+from . import _metrics, jsonrpc
+
+__all__ = [
+    "AudienceFn",
+    "BindingFn",
+    "PrincipalFn",
+    "SDKRequestStateCodec",
+    "StateCodecMiddleware",
+    "authenticated_principal",
+    "install",
+    "protect",
+    "sdk_codec",
+]
+
+logger = logging.getLogger("statecodec")
+
+Context: TypeAlias = ServerRequestContext[Any, Any]
+#: ``principal(ctx) -> str | None``: who the token belongs to; ``None`` binds to nobody.
+PrincipalFn: TypeAlias = Callable[[Context], "str | None"]
+#: ``audience(ctx) -> str | None``: which service the token is for.
+AudienceFn: TypeAlias = Callable[[Context], "str | None"]
+#: ``binding(ctx, default) -> Binding``: the last word on what a token is bound to.
+BindingFn: TypeAlias = Callable[[Context, Binding], Binding]
+
+
+def authenticated_principal(ctx: Context) -> str | None:
+    """The default principal: the SDK's authenticated access token, or ``None``.
+
+    ``(client_id, issuer, subject)`` from ``principal_components`` (the triple the SDK's
+    own boundary and session ownership use) as :func:`~statecodec.adapters.jsonrpc.principal_string`.
+    ``None`` on unauthenticated transports such as stdio: the token is then bound to no one.
+    """
+    token = get_access_token()
+    if token is None:
+        return None
+    return jsonrpc.principal_string(*principal_components(token))
+
+
+class StateCodecMiddleware:
+    """SDK server middleware sealing and unsealing ``requestState`` with a StateCodec.
+
+    Build it with :func:`protect`; the constructor is public for servers assembled by
+    hand (``MCPServer(middleware=[...])`` would put it *inside* the SDK boundary, which
+    is wrong: use :func:`install` or :func:`protect`).
+    """
+
+    def __init__(
+        self,
+        codec: StateCodec,
+        *,
+        audience: str | AudienceFn | None,
+        principal: PrincipalFn | None = authenticated_principal,
+        binding: BindingFn | None = None,
+    ) -> None:
+        if not isinstance(codec, StateCodec):
+            raise TypeError(f"codec must be a statecodec.StateCodec, not {type(codec).__name__}")
+        self.codec = codec
+        self.audience = audience
+        self.principal = principal
+        self.binding = binding
+
+    def __repr__(self) -> str:
+        return f"StateCodecMiddleware(codec={self.codec!r}, audience={self.audience!r})"
+
+    async def __call__(self, ctx: Context, call_next: CallNext) -> HandlerResult:
+        method = ctx.method
+        if not jsonrpc.is_mrtr(method):
+            return await call_next(ctx)
+        params: Mapping[str, Any] = ctx.params or {}
+        # One binding per request, for the inbound check and the outbound seal alike:
+        # the next round's token is bound to exactly what this round was.
+        binding = self._bind(ctx)
+        if params.get(jsonrpc.REQUEST_STATE) is not None:
+            ctx = replace(ctx, params=await self._unseal(method, params, binding))
+        return self._seal(method, await call_next(ctx), binding)
+
+    def _bind(self, ctx: Context) -> Binding | Exception:
+        """The request's binding, or the exception that prevented computing it."""
+        try:
+            audience = self.audience(ctx) if callable(self.audience) else self.audience
+            principal = self.principal(ctx) if self.principal is not None else None
+            binding = jsonrpc.binding_for(ctx.method, ctx.params, principal=principal, audience=audience)
+            if self.binding is not None:
+                binding = self.binding(ctx, binding)
+                if not isinstance(binding, Binding):
+                    raise TypeError(f"the binding callback returned {type(binding).__name__}, not a Binding")
+        except Exception as exc:  # deny on error: a raising callback never yields an unbound token
+            return exc
+        return binding
+
+    async def _unseal(
+        self, method: str, params: Mapping[str, Any], binding: Binding | Exception
+    ) -> dict[str, Any]:
+        try:
+            if isinstance(binding, Exception):
+                exc = InvalidState(
+                    "malformed", f"the request cannot be bound: {type(binding).__name__}: {binding}"
+                )
+                jsonrpc.log_rejection(self.codec, method, params, exc)
+                raise exc
+            return await jsonrpc.unseal_params(self.codec, method, params, binding)
+        except InvalidState:
+            raise _rejected() from None
+
+    def _seal(self, method: str, result: HandlerResult, binding: Binding | Exception) -> HandlerResult:
+        if isinstance(result, BaseModel) and getattr(result, "result_type", None) == jsonrpc.INPUT_REQUIRED:
+            # A middleware further in may short-circuit with a model; the runner's own
+            # results are already wire dicts.
+            result = result.model_dump(by_alias=True, mode="json", exclude_none=True)
+        if not isinstance(result, Mapping) or result.get("resultType") != jsonrpc.INPUT_REQUIRED:
+            return result
+        if result.get(jsonrpc.REQUEST_STATE) is None:
+            return result
+        try:
+            if isinstance(binding, Exception):
+                logger.error(
+                    "statecodec: could not bind requestState on %s: %s: %s",
+                    method,
+                    type(binding).__name__,
+                    binding,
+                )
+                raise jsonrpc.SealFailed("no binding")
+            return dict(jsonrpc.seal_result(self.codec, result, binding))
+        except jsonrpc.SealFailed:
+            raise MCPError(code=jsonrpc.INTERNAL_ERROR_CODE, message=jsonrpc.INTERNAL_ERROR_MESSAGE) from None
+
+
+def _rejected() -> MCPError:
+    return MCPError(code=WIRE_ERROR_CODE, message=WIRE_ERROR_MESSAGE, data=dict(WIRE_ERROR_DATA))
+
+
+def install(chain: MutableSequence[Any], middleware: StateCodecMiddleware) -> None:
+    """Put ``middleware`` in ``chain`` in place of the SDK boundary, in place.
+
+    Every ``RequestStateBoundary`` and every earlier :class:`StateCodecMiddleware` is
+    removed; the new one takes the position of the first of them. With none present it
+    goes right after the SDK's OpenTelemetry middleware (spans then record the sealed
+    wire form, as with the SDK boundary), else first, so user middleware always sees
+    plaintext.
+    """
+    from mcp.server._otel import OpenTelemetryMiddleware  # noqa: PLC0415 - private path, isolated here
+
+    def replaced(item: Any) -> bool:
+        return isinstance(item, RequestStateBoundary | StateCodecMiddleware)
+
+    positions = [i for i, item in enumerate(chain) if replaced(item)]
+    if positions:
+        at = positions[0]
+    else:
+        telemetry = [i for i, item in enumerate(chain) if isinstance(item, OpenTelemetryMiddleware)]
+        at = telemetry[-1] + 1 if telemetry else 0
+    kept = [item for item in chain if not replaced(item)]
+    kept.insert(at, middleware)
+    chain[:] = kept
+
+
+def protect(
+    server: Server[Any] | MCPServer[Any],
+    codec: StateCodec,
+    *,
+    audience: str | AudienceFn | None = None,
+    principal: PrincipalFn | None = authenticated_principal,
+    binding: BindingFn | None = None,
+) -> StateCodecMiddleware:
+    """Seal and verify every ``requestState`` of ``server`` with ``codec``.
+
+    :param server: a ``mcp.server.lowlevel.Server`` or a ``mcp.server.mcpserver.MCPServer``.
+    :param audience: the service the tokens are for; ``None`` (the default) means the
+        server's name. Give every instance of one service the same name (or audience),
+        and different services different ones, even when they share keys. A callable
+        ``audience(ctx)`` decides per request.
+    :param principal: ``principal(ctx) -> str | None``; by default the authenticated
+        access token's (client id, issuer, subject). ``None`` binds no principal.
+    :param binding: ``binding(ctx, default) -> Binding`` to add or change fields, for
+        example ``lambda ctx, b: b.replace(extra={"tenant": tenant_of(ctx)})``.
+    :returns: the installed middleware.
+    """
+    if isinstance(server, MCPServer):
+        chain: MutableSequence[Any] = server.middleware
+    elif isinstance(server, Server):
+        chain = server.middleware
+    else:
+        raise TypeError(
+            f"protect() takes an mcp lowlevel Server or an MCPServer, not {type(server).__name__}; "
+            "for FastMCP use statecodec.adapters.fastmcp.protect"
+        )
+    middleware = StateCodecMiddleware(
+        codec, audience=server.name if audience is None else audience, principal=principal, binding=binding
+    )
+    install(chain, middleware)
+    return middleware
+
+
+class SDKRequestStateCodec:
+    """A StateCodec behind the SDK's synchronous ``RequestStateCodec`` protocol.
+
+    The SDK boundary keeps doing its own claims (expiry, request binding, audience,
+    hashed principal) inside the payload; statecodec adds key ids and rotation, SIGN or
+    ENCRYPT, its own expiry, and single use when the codec has a replay store. Tokens
+    are sealed unbound (the SDK binds inside its envelope). Set the codec's ``ttl`` at
+    least as long as the SDK policy's.
+
+    With a replay store, :meth:`unseal` consumes the token *before* the SDK checks its
+    claims, so a stolen token presented by the wrong user is burnt (denial of service,
+    never acceptance), and the store is called synchronously on the event loop: prefer
+    :func:`protect` when you can.
+    """
+
+    def __init__(self, codec: StateCodec, *, consume: bool = True) -> None:
+        self.codec = codec
+        self.consume = consume
+
+    def seal(self, payload: bytes) -> str:
+        try:
+            token = self.codec.seal(payload)
+        except Exception:
+            _metrics.record_seal(self.codec.mode.value, "-", "error", None)
+            raise  # the SDK boundary logs it and answers -32603
+        _metrics.record_seal(self.codec.mode.value, "-", "ok", len(token))
+        return token
+
+    def unseal(self, token: str) -> bytes:
+        # The SDK does not tell the codec which method it serves: metrics say "-".
+        size = len(token) if isinstance(token, str) else None
+        try:
+            payload = self.codec.unseal(token, consume=self.consume).payload
+        except InvalidState as exc:
+            _metrics.record_unseal(self.codec.mode.value, "-", exc.reason, size)
+            # The SDK logs this message and answers its uniform -32602; the message is a
+            # reason for the server log, not for the client.
+            logger.warning(
+                "statecodec: rejected requestState (SDK boundary): reason=%s detail=%r kid=%s token=%s",
+                exc.reason,
+                exc.detail,
+                exc.kid or "-",
+                exc.token_id[:8] if exc.token_id else "-",
+            )
+            raise InvalidRequestState(exc.reason) from None
+        _metrics.record_unseal(self.codec.mode.value, "-", "ok", size)
+        return payload
+
+
+def sdk_codec(codec: StateCodec, *, consume: bool = True) -> SDKRequestStateCodec:
+    """``codec`` as the SDK's ``RequestStateCodec``, for ``RequestStateSecurity(codec=...)``."""
+    return SDKRequestStateCodec(codec, consume=consume)

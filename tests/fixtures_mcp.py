@@ -1,0 +1,298 @@
+"""Real MCP servers and clients for the adapter tests (nothing here is mocked).
+
+Servers: examples/deploy_server.py as processes.
+
+A *cluster* is two instances of one flavour (lowlevel Server, MCPServer or FastMCP) and
+one mode (SIGN or ENCRYPT), started as separate processes over Streamable HTTP on free
+loopback ports (each binds port 0 and reports ``READY <url>``), sharing one key ring
+file and one SQLite replay store, as two replicas behind a load balancer would. They are
+stopped by their own PIDs. Each instance's stderr goes to a log file the tests read to
+check the precise rejection reason.
+
+Clusters are module-scoped and parametrized, so pytest runs every test of one
+(flavour, mode) against the same two processes before starting the next pair.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import selectors
+import subprocess
+import sys
+import time
+from collections import defaultdict
+from collections.abc import AsyncIterator, Iterator, Sequence
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx2
+import mcp_types as types
+import pytest
+from mcp.client import Client
+from mcp.client.session import ClientRequestContext
+from mcp.client.streamable_http import streamable_http_client
+
+from statecodec import KeyRing, StateCodec
+
+ROOT = Path(__file__).resolve().parent.parent
+EXAMPLE = ROOT / "examples" / "deploy_server.py"
+FLAVORS = ("lowlevel", "mcpserver", "fastmcp")
+MODES = ("sign", "encrypt")
+START_TIMEOUT = 60.0
+TOOL = "deploy_production"
+ISSUER = "https://idp.example"
+CLIENT_ID = "deploy-cli"
+AUDIENCE = "deploy"
+
+
+@dataclass
+class Instance:
+    """One server process."""
+
+    name: str
+    url: str
+    proc: subprocess.Popen[str]
+    log_path: Path
+
+    @property
+    def base(self) -> str:
+        return self.url.rsplit("/", 1)[0]
+
+    def log(self) -> str:
+        return self.log_path.read_text(encoding="utf-8", errors="replace")
+
+    def stop(self) -> None:
+        stop_process(self.proc)
+
+
+@dataclass
+class Cluster:
+    """Two instances sharing keys and a replay store."""
+
+    flavor: str
+    mode: str
+    keys_path: Path
+    replay_url: str
+    instances: list[Instance] = field(default_factory=list)
+
+    @property
+    def a(self) -> Instance:
+        return self.instances[0]
+
+    @property
+    def b(self) -> Instance:
+        return self.instances[1]
+
+    def by_url(self, url: str) -> Instance:
+        return next(i for i in self.instances if url.startswith(i.base))
+
+    def codec(self, **kwargs: object) -> StateCodec:
+        """A codec with the cluster's keys (no replay store): for minting test tokens."""
+        ring = KeyRing.from_json(self.keys_path.read_text(encoding="utf-8"))
+        return StateCodec(ring, mode=self.mode, **kwargs)  # type: ignore[arg-type]
+
+    def wait_for_log(self, instance: Instance, needle: str, timeout: float = 10.0) -> str:
+        """The instance's log once it contains ``needle`` (logs are flushed a bit later)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            text = instance.log()
+            if needle in text or time.monotonic() > deadline:
+                return text
+            time.sleep(0.05)
+
+
+def server_command(
+    *, flavor: str, mode: str, keys: Path, replay: str, name: str, transport: str = "http"
+) -> list[str]:
+    return [
+        sys.executable,
+        str(EXAMPLE),
+        "--flavor", flavor,
+        "--mode", mode,
+        "--keys", str(keys),
+        "--replay", replay,
+        "--instance", name,
+        "--transport", transport,
+        "--port", "0",
+    ]  # fmt: skip
+
+
+def _spawn(command: Sequence[str], log_path: Path) -> subprocess.Popen[str]:
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    with log_path.open("w", encoding="utf-8") as log:
+        return subprocess.Popen(
+            list(command), stdout=subprocess.PIPE, stderr=log, stdin=subprocess.DEVNULL, text=True, env=env,
+            cwd=ROOT,
+        )  # fmt: skip
+
+
+def _await_ready(proc: subprocess.Popen[str], log_path: Path) -> str:
+    assert proc.stdout is not None
+    deadline = time.monotonic() + START_TIMEOUT
+    with selectors.DefaultSelector() as selector:
+        selector.register(proc.stdout, selectors.EVENT_READ)
+        while time.monotonic() < deadline:
+            if not selector.select(timeout=0.2):
+                if proc.poll() is not None:
+                    break
+                continue
+            line = proc.stdout.readline()
+            if line.startswith("READY "):
+                return line.split(" ", 1)[1].strip()
+            if not line and proc.poll() is not None:
+                break
+    stop_process(proc)
+    log = log_path.read_text(encoding="utf-8", errors="replace")
+    raise RuntimeError(f"server did not become ready (exit {proc.returncode}):\n{log[-3000:]}")
+
+
+def stop_process(proc: subprocess.Popen[str]) -> None:
+    """Stop one server we started, by its PID: SIGTERM, then SIGKILL."""
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=10)
+    if proc.stdout is not None:
+        proc.stdout.close()
+
+
+def start_cluster(tmp: Path, flavor: str, mode: str, names: Sequence[str] = ("A", "B")) -> Cluster:
+    tmp.mkdir(parents=True, exist_ok=True)
+    keys = tmp / "keys.json"
+    keys.write_text(KeyRing.generate().to_json(), encoding="utf-8")
+    cluster = Cluster(flavor, mode, keys, f"sqlite:{tmp / 'replay.sqlite3'}")
+    procs = []
+    for name in names:  # start all, then wait: the imports of both run in parallel
+        log_path = tmp / f"{name}.log"
+        command = server_command(flavor=flavor, mode=mode, keys=keys, replay=cluster.replay_url, name=name)
+        procs.append((name, _spawn(command, log_path), log_path))
+    try:
+        for name, proc, log_path in procs:
+            cluster.instances.append(Instance(name, _await_ready(proc, log_path), proc, log_path))
+    except BaseException:
+        for _, proc, _ in procs:
+            stop_process(proc)
+        raise
+    return cluster
+
+
+@contextlib.contextmanager
+def running_cluster(tmp: Path, flavor: str, mode: str) -> Iterator[Cluster]:
+    cluster = start_cluster(tmp, flavor, mode)
+    try:
+        yield cluster
+    finally:
+        for instance in cluster.instances:
+            instance.stop()
+
+
+@pytest.fixture(
+    scope="module",
+    params=[(flavor, mode) for flavor in FLAVORS for mode in MODES],
+    ids=[f"{flavor}-{mode}" for flavor in FLAVORS for mode in MODES],
+)
+def deploy_cluster(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Cluster]:
+    """Two instances of examples/deploy_server.py, for every flavour and mode."""
+    flavor, mode = request.param
+    with running_cluster(tmp_path_factory.mktemp(f"cluster-{flavor}-{mode}"), flavor, mode) as cluster:
+        yield cluster
+
+
+# ------------------------------------------------------------------ clients
+# The official ``mcp`` Python client. The "load balancer" is an httpx transport that
+# sends each request to one of the instances (round-robin per JSON-RPC method, so the
+# first ``tools/call`` goes to A and the second to B) and records what went where.
+
+
+@dataclass
+class Routed:
+    method: str
+    instance: str
+    body: dict[str, Any]
+
+
+@dataclass
+class Balancer(httpx2.AsyncBaseTransport):
+    """Round-robin per JSON-RPC method over ``bases`` (``http://host:port``), or pinned."""
+
+    bases: dict[str, str]  # instance name -> base URL
+    pin: str | None = None
+    routed: list[Routed] = field(default_factory=list)
+    _counts: defaultdict[str, int] = field(default_factory=lambda: defaultdict(int))
+    _inner: httpx2.AsyncHTTPTransport = field(default_factory=httpx2.AsyncHTTPTransport)
+
+    async def handle_async_request(self, request: httpx2.Request) -> httpx2.Response:
+        body: dict[str, Any] = {}
+        if request.method == "POST":
+            await request.aread()
+            body = json.loads(request.content or b"{}")
+        method = str(body.get("method", request.method))
+        names = sorted(self.bases)
+        name = self.pin or names[self._counts[method] % len(names)]
+        self._counts[method] += 1
+        target = httpx2.URL(self.bases[name])
+        request.url = request.url.copy_with(host=target.host, port=target.port)
+        request.headers["host"] = f"{target.host}:{target.port}"
+        self.routed.append(Routed(method, name, body))
+        return await self._inner.handle_async_request(request)
+
+    async def aclose(self) -> None:
+        await self._inner.aclose()
+
+    def calls(self, method: str = "tools/call") -> list[Routed]:
+        return [r for r in self.routed if r.method == method]
+
+
+async def answer_elicitation(
+    context: ClientRequestContext, params: types.ElicitRequestParams
+) -> types.ElicitResult:
+    """The user: confirms the deployment and gives a change ticket."""
+    properties = getattr(params, "requested_schema", {}).get("properties", {})
+    if "confirm" in properties:
+        return types.ElicitResult(action="accept", content={"confirm": True})
+    return types.ElicitResult(action="accept", content={"ticket": "CHG-1234"})
+
+
+ANSWERS: dict[str, types.InputResponse] = {
+    "confirm_deploy": types.ElicitResult(action="accept", content={"confirm": True}),
+    "change_ticket": types.ElicitResult(action="accept", content={"ticket": "CHG-1234"}),
+}
+
+
+@asynccontextmanager
+async def connect(balancer: Balancer, bearer: str | None = "alice-token") -> AsyncIterator[Client]:
+    """An official ``mcp`` Client (auto negotiation) whose HTTP goes through ``balancer``."""
+    headers = {"Authorization": f"Bearer {bearer}"} if bearer else {}
+    url = next(iter(balancer.bases.values())) + "/mcp"
+    async with (
+        httpx2.AsyncClient(transport=balancer, headers=headers, timeout=30) as http,
+        Client(
+            streamable_http_client(url, http_client=http), elicitation_callback=answer_elicitation, cache=None
+        ) as client,
+    ):
+        yield client
+
+
+async def round_one(client: Client, version: str = "1.2.3") -> types.InputRequiredResult:
+    result = await client.session.call_tool(TOOL, {"version": version}, allow_input_required=True)
+    assert isinstance(result, types.InputRequiredResult), result
+    assert result.request_state is not None
+    assert set(result.input_requests or {}) == {"confirm_deploy", "change_ticket"}
+    return result
+
+
+async def round_two(
+    client: Client, state: str, version: str = "1.2.3"
+) -> types.CallToolResult | types.InputRequiredResult:
+    return await client.session.call_tool(
+        TOOL, {"version": version}, input_responses=ANSWERS, request_state=state, allow_input_required=True
+    )

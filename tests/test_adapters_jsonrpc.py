@@ -1,0 +1,312 @@
+"""statecodec.adapters.jsonrpc: the framework-free MRTR rules, with a real codec and store."""
+
+from __future__ import annotations
+
+import json
+import logging
+import subprocess
+import sys
+import textwrap
+from typing import Any
+
+import pytest
+
+from statecodec import (
+    WIRE_ERROR_CODE,
+    WIRE_ERROR_DATA,
+    WIRE_ERROR_MESSAGE,
+    Binding,
+    InvalidState,
+    KeyRing,
+    StateCodec,
+)
+from statecodec.adapters import jsonrpc
+from statecodec.replay.memory import MemoryReplayStore
+
+TOOL_PARAMS: dict[str, Any] = {
+    "name": "deploy_production",
+    "arguments": {"version": "1.2.3", "regions": [1, 2]},
+}
+ALICE = jsonrpc.principal_string("deploy-cli", "https://idp.example", "alice")
+
+
+def make_codec(mode: str = "sign", **kwargs: Any) -> StateCodec:
+    kwargs.setdefault("replay", MemoryReplayStore())
+    return StateCodec(KeyRing.generate(), mode=mode, **kwargs)
+
+
+def bind(
+    method: str = "tools/call", params: dict[str, Any] | None = None, principal: str | None = ALICE
+) -> Binding:
+    return jsonrpc.binding_for(
+        method, TOOL_PARAMS if params is None else params, principal=principal, audience="svc"
+    )
+
+
+# ------------------------------------------------------------------ what is bound
+def test_the_three_mrtr_methods() -> None:
+    assert {"tools/call", "resources/read", "prompts/get"} == jsonrpc.MRTR_METHODS
+    assert jsonrpc.is_mrtr("prompts/get") and not jsonrpc.is_mrtr("tools/list")
+
+
+def test_targets() -> None:
+    assert jsonrpc.request_target("tools/call", TOOL_PARAMS) == "deploy_production"
+    assert jsonrpc.request_target("prompts/get", {"name": "p"}) == "p"
+    assert jsonrpc.request_target("resources/read", {"uri": "file:///x", "name": "ignored"}) == "file:///x"
+    for method, params in [
+        ("tools/call", {}),
+        ("tools/call", {"name": 5}),
+        ("resources/read", {"name": "x"}),
+    ]:
+        with pytest.raises(ValueError, match="must be a string"):
+            jsonrpc.request_target(method, params)
+
+
+def test_digested_arguments_are_an_allowlist() -> None:
+    assert jsonrpc.digested_arguments("tools/call", TOOL_PARAMS) == TOOL_PARAMS["arguments"]
+    assert jsonrpc.digested_arguments("prompts/get", {"name": "p", "arguments": {"a": "b"}}) == {"a": "b"}
+    assert jsonrpc.digested_arguments("tools/call", {"name": "t"}) == {}
+    assert jsonrpc.digested_arguments("tools/call", {"name": "t", "arguments": None}) == {}
+    assert jsonrpc.digested_arguments("resources/read", {"uri": "u", "arguments": {"a": 1}}) is None
+    with pytest.raises(ValueError, match="must be an object"):
+        jsonrpc.digested_arguments("tools/call", {"name": "t", "arguments": [1]})
+
+
+def test_round_specific_fields_never_change_the_binding() -> None:
+    retry = {
+        **TOOL_PARAMS,
+        "inputResponses": {"confirm_deploy": {"action": "accept", "content": {"confirm": True}}},
+        "requestState": "sc1s.anything",
+        "_meta": {"io.modelcontextprotocol/protocolVersion": "2026-07-28"},
+    }
+    assert bind(params=retry) == bind()
+    assert bind() == Binding(ALICE, "svc", "tools/call", "deploy_production", TOOL_PARAMS["arguments"])
+    # Absent, null and empty arguments are the same request to a handler.
+    assert bind(params={"name": "t"}) == bind(params={"name": "t", "arguments": {}})
+    for changed in [
+        bind(params={**TOOL_PARAMS, "arguments": {"version": "1.2.4", "regions": [1, 2]}}),
+        bind(params={**TOOL_PARAMS, "name": "other"}),
+        bind(method="prompts/get"),
+        bind(principal=jsonrpc.principal_string("deploy-cli", "https://idp.example", "bob")),
+        bind(principal=None),
+    ]:
+        assert changed != bind()
+
+
+def test_principal_string_is_unambiguous() -> None:
+    assert ALICE == '["deploy-cli","https://idp.example","alice"]'
+    assert jsonrpc.principal_string("c", None, None) == '["c",null,null]'
+    assert jsonrpc.principal_string("a,b", None, "c") != jsonrpc.principal_string("a", "b", "c")
+
+
+def test_unbindable_arguments_raise() -> None:
+    with pytest.raises(TypeError, match="interoperable range"):
+        bind(params={"name": "t", "arguments": {"n": 2**60}})
+
+
+# ------------------------------------------------------------ unseal and seal
+@pytest.mark.parametrize("mode", ["sign", "encrypt"])
+async def test_round_trip(mode: str) -> None:
+    codec = make_codec(mode)
+    result = {"resultType": "input_required", "inputRequests": {"k": {}}, "requestState": "plan ✓"}
+    sealed = jsonrpc.seal_result(codec, result, bind())
+    token = sealed["requestState"]
+    assert token.startswith(f"sc1{mode[0]}.") and sealed["inputRequests"] == {"k": {}}
+    assert result["requestState"] == "plan ✓"  # the handler's dict is not mutated
+    params = {**TOOL_PARAMS, "requestState": token, "inputResponses": {"k": {"action": "accept"}}}
+    opened = await jsonrpc.unseal_params(codec, "tools/call", params, bind())
+    assert opened == {**params, "requestState": "plan ✓"}
+    assert params["requestState"] == token
+
+
+async def test_params_without_state_pass_through() -> None:
+    codec = make_codec()
+    assert await jsonrpc.unseal_params(codec, "tools/call", TOOL_PARAMS, bind()) == TOOL_PARAMS
+    with_null = {**TOOL_PARAMS, "requestState": None}
+    assert await jsonrpc.unseal_params(codec, "tools/call", with_null, bind()) == with_null
+
+
+def test_results_without_state_pass_through() -> None:
+    codec = make_codec()
+    complete = {"resultType": "complete", "content": [], "requestState": "not touched"}
+    assert jsonrpc.seal_result(codec, complete, bind()) is complete
+    only_requests = {"resultType": "input_required", "inputRequests": {"k": {}}}
+    assert jsonrpc.seal_result(codec, only_requests, bind()) is only_requests
+
+
+async def test_rejections_log_one_precise_line(caplog: pytest.LogCaptureFixture) -> None:
+    codec = make_codec()
+    token = jsonrpc.seal_result(codec, {"resultType": "input_required", "requestState": "s"}, bind())[
+        "requestState"
+    ]
+    params = {**TOOL_PARAMS, "requestState": token}
+    with caplog.at_level(logging.WARNING, logger="statecodec"):
+        with pytest.raises(InvalidState) as wrong_user:
+            await jsonrpc.unseal_params(codec, "tools/call", params, bind(principal="mallory"))
+        await jsonrpc.unseal_params(codec, "tools/call", params, bind())  # not burnt by the failure
+        with pytest.raises(InvalidState) as replayed:
+            await jsonrpc.unseal_params(codec, "tools/call", params, bind())
+    assert (wrong_user.value.reason, replayed.value.reason) == ("binding_mismatch", "replayed")
+    lines = [
+        r.getMessage() for r in caplog.records if r.name == "statecodec" and "rejected" in r.getMessage()
+    ]
+    assert len(lines) == 2
+    for line, reason in zip(lines, ["binding_mismatch", "replayed"], strict=True):
+        assert line.startswith("statecodec: rejected requestState on tools/call 'deploy_production': ")
+        assert f"reason={reason} " in line
+        assert f"kid={codec.keys.signing_key().kid} " in line
+        assert f"token={replayed.value.token_id[:8]} " in line  # type: ignore[index]
+        assert token not in line and replayed.value.token_id not in line  # type: ignore[operator]
+
+
+@pytest.mark.parametrize(
+    ("state", "reason", "detail"),
+    [
+        (42, "malformed", "JSON int, not a string"),
+        (["x"], "malformed", "JSON list"),
+        ("v1.sdk-token", "malformed", "not a statecodec token"),
+    ],
+)
+async def test_bad_state_values(state: object, reason: str, detail: str) -> None:
+    with pytest.raises(InvalidState) as caught:
+        await jsonrpc.unseal_params(
+            make_codec(), "tools/call", {**TOOL_PARAMS, "requestState": state}, bind()
+        )
+    assert caught.value.reason == reason and detail in caught.value.detail
+
+
+async def test_a_payload_that_is_not_utf8_is_rejected() -> None:
+    codec = make_codec()
+    token = codec.seal(b"\xff\xfe", bind())  # minted by someone else sharing the keys
+    with pytest.raises(InvalidState, match="not UTF-8"):
+        await jsonrpc.unseal_params(codec, "tools/call", {**TOOL_PARAMS, "requestState": token}, bind())
+
+
+def test_seal_failures_raise_seal_failed_and_log_no_plaintext(caplog: pytest.LogCaptureFixture) -> None:
+    small = make_codec(max_token_bytes=128)
+    secret_plan = "x" * 400
+    with caplog.at_level(logging.ERROR, logger="statecodec"), pytest.raises(jsonrpc.SealFailed):
+        jsonrpc.seal_result(small, {"resultType": "input_required", "requestState": secret_plan}, bind())
+    assert "over max_token_bytes=128" in caplog.text and secret_plan not in caplog.text
+    with pytest.raises(jsonrpc.SealFailed):
+        jsonrpc.seal_result(make_codec(), {"resultType": "input_required", "requestState": {"a": 1}}, bind())
+    with pytest.raises(jsonrpc.SealFailed):  # a lone surrogate is not UTF-8 text
+        jsonrpc.seal_result(make_codec(), {"resultType": "input_required", "requestState": "\ud800"}, bind())
+
+
+async def test_hostile_targets_stay_on_one_clipped_log_line(caplog: pytest.LogCaptureFixture) -> None:
+    uri = "file:///x\nWARNING forged line" + "y" * 500
+    params = {"uri": uri, "requestState": "garbage"}
+    binding = jsonrpc.binding_for("resources/read", params, principal=None, audience=None)
+    with caplog.at_level(logging.WARNING, logger="statecodec"), pytest.raises(InvalidState):
+        await jsonrpc.unseal_params(make_codec(), "resources/read", params, binding)
+    message = caplog.records[-1].getMessage()
+    assert "\n" not in message and "\\n" in message and len(message) < 500
+
+
+def test_wire_errors() -> None:
+    assert jsonrpc.invalid_state_error() == {
+        "code": -32602,
+        "message": "Invalid or expired requestState",
+        "data": {"reason": "invalid_request_state"},
+    }
+    assert dict(jsonrpc.INVALID_STATE_ERROR) == jsonrpc.invalid_state_error()
+    assert (WIRE_ERROR_CODE, WIRE_ERROR_MESSAGE, WIRE_ERROR_DATA) == (
+        -32602,
+        "Invalid or expired requestState",
+        {"reason": "invalid_request_state"},
+    )
+    fresh = jsonrpc.invalid_state_error()
+    fresh["data"]["reason"] = "changed"
+    assert jsonrpc.invalid_state_error()["data"] == {"reason": "invalid_request_state"}
+    assert jsonrpc.seal_failed_error() == {"code": -32603, "message": "Internal error"}
+
+
+# ------------------------------------------------------- optional dependencies
+def _run(code: str) -> str:
+    proc = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout
+
+
+def test_core_and_jsonrpc_import_neither_mcp_nor_fastmcp() -> None:
+    out = _run(
+        """
+        import sys
+        import statecodec, statecodec.adapters, statecodec.adapters.jsonrpc
+        print(sorted(m for m in sys.modules if m.split(".")[0] in ("mcp", "fastmcp", "opentelemetry")))
+        """
+    )
+    assert out.strip() == "[]"
+
+
+_DRIVE = """
+    import asyncio
+    from statecodec import KeyRing, StateCodec
+    from statecodec.adapters import jsonrpc
+    from statecodec.replay.memory import MemoryReplayStore
+
+    async def drive():
+        codec = StateCodec(KeyRing.generate(), mode="encrypt", replay=MemoryReplayStore())
+        binding = jsonrpc.binding_for("tools/call", {"name": "t"}, principal=None, audience="a")
+        token = jsonrpc.seal_result(codec, {"resultType": "input_required", "requestState": "s"}, binding)
+        params = {"name": "t", "requestState": token["requestState"]}
+        await jsonrpc.unseal_params(codec, "tools/call", params, binding)
+        for _ in range(2):
+            try:
+                await jsonrpc.unseal_params(codec, "tools/call", params, binding)
+            except Exception:
+                pass
+        return len(token["requestState"])
+"""
+
+
+def test_metrics_are_a_no_op_without_opentelemetry() -> None:
+    out = _run(
+        "import sys\nsys.modules['opentelemetry'] = None  # as if not installed\n"
+        + textwrap.dedent(_DRIVE)
+        + "print(asyncio.run(drive()))\n"
+        + "from statecodec.adapters import _metrics\nprint(_metrics._unavailable)\n"
+    )
+    size, unavailable = out.split()
+    assert int(size) > 100 and unavailable == "True"
+
+
+def test_metrics_through_opentelemetry() -> None:
+    pytest.importorskip("opentelemetry.sdk.metrics", reason="opentelemetry-sdk is in the test extra")
+    setup = """
+        from opentelemetry import metrics
+        from opentelemetry.sdk.metrics import MeterProvider
+        from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+        reader = InMemoryMetricReader()
+        metrics.set_meter_provider(MeterProvider(metric_readers=[reader]))
+    """
+    report = """
+        import json
+        size = asyncio.run(drive())
+        out = {"size": size}
+        for rm in reader.get_metrics_data().resource_metrics:
+            for sm in rm.scope_metrics:
+                for metric in sm.metrics:
+                    out[metric.name] = [
+                        [dict(p.attributes), getattr(p, "value", None), getattr(p, "count", None),
+                         getattr(p, "sum", None)]
+                        for p in metric.data.data_points
+                    ]
+        print(json.dumps(out))
+    """
+    data = json.loads(_run(textwrap.dedent(setup) + textwrap.dedent(_DRIVE) + textwrap.dedent(report)))
+    size = data["size"]
+    base = {"mode": "encrypt", "method": "tools/call"}
+    assert data["statecodec.seals"] == [[{**base, "outcome": "ok"}, 1, None, None]]
+    unseals = {p[0]["outcome"]: p[1] for p in data["statecodec.unseals"]}
+    assert unseals == {"ok": 1, "replayed": 2}
+    assert all(p[0] == {**base, "outcome": p[0]["outcome"]} for p in data["statecodec.unseals"])
+    sizes = {p[0]["direction"]: (p[2], p[3]) for p in data["statecodec.token.size"]}
+    assert sizes == {"seal": (1, size), "unseal": (3, 3 * size)}
