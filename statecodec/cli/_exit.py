@@ -1,0 +1,56 @@
+"""Exit codes, one per failure class, and the error every command raises on purpose.
+
+Schedulers and scripts branch on the exit code, so each class of failure has its own:
+"the token is bad" (1) needs a different reaction from "the key source is misconfigured"
+(3) or "Redis is down, retry later" (4). The table is part of the public contract: it is
+printed by ``statecodec --help`` and docs/cli.md, both generated from :data:`EXIT_CODES`.
+"""
+
+from __future__ import annotations
+
+import enum
+from typing import Final
+
+
+class ExitCode(enum.IntEnum):
+    OK = 0
+    INVALID = 1
+    USAGE = 2
+    KEYS = 3
+    STORE = 4
+    REPLAYED = 5
+    IO = 6
+    KEY_SOURCE_DOWN = 7
+    INTERNAL = 70  # EX_SOFTWARE from sysexits.h
+
+    @property
+    def slug(self) -> str:
+        """The stable name used in ``--json`` output (``error.class``)."""
+        return self.name.lower()
+
+
+EXIT_CODES: Final[dict[ExitCode, str]] = {
+    ExitCode.OK: "success: the token is valid, or the command did its job",
+    ExitCode.INVALID: "token rejected or unreadable (the reason says why: expired, tampered...)",
+    ExitCode.USAGE: "usage error: bad option or value (printed by click, never as JSON)",
+    ExitCode.KEYS: "key or configuration error: no --keys, bad key ring, no primary, missing setting",
+    ExitCode.STORE: "replay store unavailable or bad store URL; the token was NOT consumed",
+    ExitCode.REPLAYED: "token authentic but already redeemed (single use)",
+    ExitCode.IO: "file or input error: output exists (use --force), unwritable, input too large",
+    ExitCode.KEY_SOURCE_DOWN: "key source (Vault/OpenBao) unreachable, sealed or refusing; retry later",
+    ExitCode.INTERNAL: "internal error: a bug in statecodec, please report it",
+}
+
+
+class CliError(Exception):
+    """A failure with a one-line message that names the fix, and its exit code.
+
+    ``reason`` carries the codec's stable reason (``expired``, ``tampered``...) when the
+    failure is about a token, so ``--json`` consumers can switch on it.
+    """
+
+    def __init__(self, code: ExitCode, message: str, *, reason: str | None = None) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+        self.reason = reason

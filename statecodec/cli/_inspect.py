@@ -1,0 +1,77 @@
+"""``statecodec inspect``: read a token without keys, and say loudly that nothing is verified."""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Final
+
+import click
+
+from .._errors import REASONS
+from ..compat import FormatInfo, detect
+from ._describe import DEFAULT_LIMIT, moment, payload_fields, table, token_rows
+from ._exit import CliError, ExitCode
+from ._output import Outcome, Output, command
+from ._params import MAX_INPUT_BYTES, TIME, read_token
+
+WARNING: Final = (
+    "UNVERIFIED: decoded without keys; anyone can forge every field shown. "
+    "Use 'statecodec verify' to check a token."
+)
+
+
+def describe(info: FormatInfo, now: float) -> dict[str, Any]:
+    """The JSON form of what :func:`statecodec.compat.detect` read (never verified)."""
+    issued, expires = info.issued_at, info.expires_at
+    if info.mode == "encrypt":
+        payload: dict[str, Any] | None = {"encoding": "encrypted"}
+    else:
+        payload = None if info.payload is None else payload_fields(info.payload)
+    fields = dict(info.fields)
+    return {
+        "format": info.format,
+        "format_name": info.name,
+        "version": fields.pop("version", None),
+        "mode": info.mode,
+        "kid": info.kid,
+        "issued_at": None if issued is None else moment(issued, now),
+        "expires_at": None if expires is None else moment(expires, now),
+        "lifetime_seconds": None if issued is None or expires is None else int(expires - issued),
+        "token_id": info.token_id,
+        "size": {"chars": info.size, **({"limit": DEFAULT_LIMIT} if info.format == "sc1" else {})},
+        "fields": fields,
+        "payload": payload,
+    }
+
+
+@click.command("inspect")
+@click.argument("token", metavar="TOKEN|-")
+@click.option(
+    "--at", type=TIME, metavar="TIME", help="Show relative times as of TIME (ISO 8601, Unix, +10m)."
+)
+@command("inspect")
+def inspect_command(out: Output, *, token: str, at: float | None) -> Outcome:
+    """Decode TOKEN (or stdin with '-') WITHOUT verifying it.
+
+    Shows format, mode, kid, issued/expires, token id, size and (SIGN mode) the payload.
+    Needs no keys. Recognises statecodec tokens and the TypeScript SDK v1, Python SDK v1
+    and Rust rmcp rs1 formats.
+    """
+    now = time.time() if at is None else at
+    info = detect(read_token(token), max_token_bytes=MAX_INPUT_BYTES)
+    if not info.recognised:
+        raise CliError(
+            ExitCode.INVALID, f"not a recognised requestState token: {info.problem}", reason="malformed"
+        )
+    if info.problem is not None:
+        reason, _, _ = info.problem.partition(": ")
+        raise CliError(
+            ExitCode.INVALID,
+            f"unreadable {info.name} token: {info.problem}",
+            reason=reason if reason in REASONS else "malformed",
+        )
+    doc = describe(info, now)
+    banner = out.style(WARNING, fg="yellow", bold=True)
+    return Outcome(
+        {"verified": False, "warning": WARNING, "token": doc}, [banner, *table(token_rows(doc, now))]
+    )

@@ -1,0 +1,248 @@
+"""``statecodec keys``: generate a ring, list key states, create keys at a source, rotate.
+
+Only ``keys generate`` ever prints a secret, and only when asked to (without ``-o``);
+``keys list`` shows ids and times. A ring written with ``-o`` is created mode 0600
+atomically: no window in which another user could open it, and never a half-written
+ring for a server to load.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import os
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, cast
+
+import click
+
+from .._humanize import duration
+from .._keys import KeyRing
+from ..kms import DEFAULT_KEY_TYPE, TRANSIT_KEY_TYPES, Timeline, init_keys, rotate, source_from_url
+from . import _sources
+from ._describe import moment
+from ._exit import CliError, ExitCode
+from ._output import Outcome, Output, command
+from ._params import DURATION, TIME, F, OrderedGroup, keys_option, require_keys
+
+
+@click.group("keys", cls=OrderedGroup)
+def keys_group() -> None:
+    """Generate key rings, list key states, create and rotate keys at a key source."""
+
+
+# ---------------------------------------------------------------- generate
+@keys_group.command("generate")
+@click.option(
+    "-o", "--output", type=click.Path(dir_okay=False, path_type=Path), help="Write the ring here (mode 0600)."
+)
+@click.option("--force", is_flag=True, help="Replace an existing --output file (its keys are lost).")
+@click.option("--kid", help="Key id, 1-32 of [A-Za-z0-9._:-] [default: random].")
+@command("keys generate")
+def generate_command(out: Output, *, output: Path | None, force: bool, kid: str | None) -> Outcome:
+    """Generate a new key ring of one fresh 32-byte key and print it, or write it with -o.
+
+    The ring JSON holds the secret: store it as a secret (file mode 0600, a secret manager).
+    """
+    try:
+        ring = KeyRing.generate(kid)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="'--kid'") from None
+    key = ring.primary
+    fields: dict[str, Any] = {"kid": key.kid, "created_at": moment(key.created_at, time.time())}
+    if output is None:
+        return Outcome({**fields, "path": None, "keyring": ring.to_dict()}, [ring.to_json()])
+    _write_secret(output, ring.to_json() + "\n", force=force)
+    line = f"wrote a key ring with key {key.kid} (primary) to {output} (mode 600)"
+    return Outcome({**fields, "path": str(output)}, [line])
+
+
+def _write_secret(path: Path, text: str, *, force: bool) -> None:
+    if not force:
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        except FileExistsError:
+            raise CliError(
+                ExitCode.IO, f"{path} exists; pass --force to replace it (its keys are lost)"
+            ) from None
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(text)
+        return
+    # mkstemp creates the file 0600 and unique; the rename swaps it in whole.
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(text)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
+# --------------------------------------------------------------- timeline
+def timeline_options(fn: F) -> F:
+    """The services' rotation timing, handed on as ``timeline`` (KeyManager keyword arguments).
+
+    Every instance and the rotation job must agree on it; the defaults are the library's.
+    """
+    defaults = Timeline()
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        timeline = {name: kwargs.pop(name) for name in _TIMELINE}
+        try:
+            Timeline(**timeline)
+        except ValueError as exc:
+            raise click.UsageError(f"timeline: {exc}") from None
+        return fn(*args, timeline=timeline, **kwargs)
+
+    decorated: Any = wrapper
+    for name, text in reversed(_TIMELINE.items()):
+        default = duration(getattr(defaults, name))
+        option = click.option(
+            f"--{name.replace('_', '-')}", name, type=DURATION, default=default, show_default=True, help=text
+        )
+        decorated = option(decorated)
+    return cast(F, decorated)
+
+
+_TIMELINE = {
+    "refresh_interval": "How often services reload keys.",
+    "clock_skew": "Clock difference tolerated between instances.",
+    "max_ttl": "Longest token lifetime any service mints.",
+    "leeway": "The codecs' expiry leeway.",
+    "staleness_limit": "How long services mint with a ring they cannot refresh.",
+}
+
+
+# ------------------------------------------------------------------- list
+@keys_group.command("list")
+@keys_option
+@click.option("--at", type=TIME, metavar="TIME", help="Show the states as of TIME (ISO 8601, Unix, +2d).")
+@timeline_options
+@command("keys list")
+def list_command(
+    out: Output, *, keys_spec: str | None, at: float | None, timeline: dict[str, float]
+) -> Outcome:
+    """List the keys at a source with their state: primary, verify-only, pending or retired.
+
+    Shows each key's id, state, creation, promotion and retirement times, never a secret.
+    """
+    now = time.time() if at is None else at
+    with _sources.key_manager(require_keys(keys_spec), now=now, **timeline) as manager:
+        status = manager.status()
+    keys = [
+        {
+            "kid": k["kid"],
+            "state": k["state"],
+            "created_at": moment(k["created_at"], now),
+            "promotes_at": moment(k["promotes_at"], now),
+            "retires_at": None if k["retires_at"] is None else moment(k["retires_at"], now),
+        }
+        for k in status["keys"]
+    ]
+    fields = {
+        "source": status["source"],
+        "at": moment(now, now),
+        "primary": status["primary"],
+        "keys": keys,
+        "timeline": status["timeline"],
+    }
+    return Outcome(fields, _list_lines(out, fields))
+
+
+_STATE_STYLE: dict[str, dict[str, Any]] = {
+    "primary": {"fg": "green", "bold": True},
+    "pending": {"fg": "yellow"},
+    "retired": {"dim": True},
+}
+
+
+def _list_lines(out: Output, fields: dict[str, Any]) -> list[str]:
+    keys = fields["keys"]
+    width = max([3, *(len(k["kid"]) for k in keys)]) + 2
+    head = f"  {'KID':<{width}}{'STATE':<13}{'CREATED':<22}{'PROMOTES AT':<22}RETIRES AT"
+    lines = [
+        f"{fields['source']}: {len(keys)} key(s), primary {fields['primary']}, as of {fields['at']['iso']}",
+        out.style(head, bold=True),
+    ]
+    for k in keys:
+        state = out.style(f"{k['state']:<13}", **_STATE_STYLE.get(k["state"], {}))
+        retires = k["retires_at"]
+        retire_text = f"{retires['iso']} ({retires['relative']})" if retires else "-"
+        lines.append(
+            f"  {k['kid']:<{width}}{state}{k['created_at']['iso']:<22}{k['promotes_at']['iso']:<22}"
+            f"{retire_text}"
+        )
+    return lines
+
+
+# ------------------------------------------------------------------- init
+@keys_group.command("init")
+@keys_option
+@click.option(
+    "--key-type",
+    type=click.Choice(TRANSIT_KEY_TYPES),
+    default=DEFAULT_KEY_TYPE,
+    show_default=True,
+    help="Transit key type (vault-transit only).",
+)
+@command("keys init")
+def init_command(out: Output, *, keys_spec: str | None, key_type: str) -> Outcome:
+    """Create the keys at the source if absent (a key file, a KV document, a transit key).
+
+    Never overwrites: running it again reports what exists. env: sources cannot be created.
+    """
+    source = source_from_url(require_keys(keys_spec))
+    try:
+        message = init_keys(source, key_type=key_type)
+    finally:
+        source.close()
+    return Outcome({"source": source.describe(), "message": message}, [message])
+
+
+# ----------------------------------------------------------------- rotate
+@keys_group.command("rotate")
+@keys_option
+@click.option(
+    "--min-age", type=DURATION, required=True, help="Rotate when the newest key is this old (e.g. 24h)."
+)
+@click.option(
+    "--retire-after",
+    type=DURATION,
+    required=True,
+    help="Retire a key once its successor is this old (e.g. 2h).",
+)
+@click.option("--dry-run", is_flag=True, help="Say what would change; change nothing.")
+@timeline_options
+@command("keys rotate")
+def rotate_command(
+    out: Output,
+    *,
+    keys_spec: str | None,
+    min_age: int,
+    retire_after: int,
+    dry_run: bool,
+    timeline: dict[str, float],
+) -> Outcome:
+    """Add a key when the newest is older than --min-age; retire keys past their window.
+
+    Idempotent and safe to run from a scheduler (every hour with --min-age 24h rotates
+    daily); concurrent runs do not double-rotate file or KV sources.
+    """
+    try:
+        report = rotate(
+            require_keys(keys_spec),
+            min_age=min_age,
+            retire_after=retire_after,
+            dry_run=dry_run,
+            timeline=Timeline(**timeline),
+        )
+    except ValueError as exc:  # retire_after shorter than the timeline allows
+        raise CliError(ExitCode.KEYS, f"rotation refused: {exc}") from None
+    return Outcome({**report.to_dict(), "changed": report.changed}, str(report).splitlines())

@@ -1,0 +1,266 @@
+"""Option types and shared options: durations, times, token input, keys, bindings.
+
+Values are validated while click parses them, so a bad ``--ttl`` or ``--arguments`` is a
+usage error (exit 2) that names the option, before any key is loaded or store opened.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import functools
+import json
+import re
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Final, TypeVar, cast
+
+import click
+
+from .._binding import Binding
+from ._exit import CliError, ExitCode
+
+#: Reading stops here: a requestState token is a few KiB, so anything bigger is not one,
+#: and a runaway pipe must not fill memory.
+MAX_INPUT_BYTES: Final = 1024 * 1024
+
+_UNITS: Final = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+_DURATION_RE: Final = re.compile(r"(?:\d+[smhdw])+|\d+")
+_PART_RE: Final = re.compile(r"(\d+)([smhdw])")
+_UNIX_RE: Final = re.compile(r"\d{1,12}(?:\.\d+)?")
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+class _Absent:
+    def __repr__(self) -> str:
+        return "ABSENT"
+
+
+#: ``--arguments`` not given (distinct from ``--arguments null``).
+ABSENT: Final[Any] = _Absent()
+
+
+def parse_duration(text: str) -> int:
+    """``"90s"``, ``"10m"``, ``"24h"``, ``"2d"``, ``"1h30m"`` or bare seconds -> seconds."""
+    text = text.strip().lower()
+    if not _DURATION_RE.fullmatch(text):
+        raise ValueError(f"{text!r} is not a duration; use e.g. 90s, 10m, 24h, 2d or 1h30m")
+    if text.isdigit():
+        return int(text)
+    return sum(int(n) * _UNITS[unit] for n, unit in _PART_RE.findall(text))
+
+
+def parse_time(text: str, now: float | None = None) -> float:
+    """``now``, Unix seconds, ISO 8601 (naive means UTC) or ``+10m`` / ``-3m`` from now."""
+    text = text.strip()
+    current = time.time() if now is None else now
+    if text == "now":
+        return current
+    if text[:1] in "+-" and len(text) > 1:
+        offset = parse_duration(text[1:])
+        return current + offset if text[0] == "+" else current - offset
+    if _UNIX_RE.fullmatch(text):
+        return float(text)
+    try:
+        moment = dt.datetime.fromisoformat(text)
+    except ValueError:
+        raise ValueError(
+            f"{text!r} is not a time; use ISO 8601 (2026-07-28T12:00:00Z), Unix seconds, now, +10m or -3m"
+        ) from None
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=dt.UTC)
+    return moment.timestamp()
+
+
+class Duration(click.ParamType[int]):
+    name = "duration"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> int:
+        if isinstance(value, int):
+            return value
+        try:
+            return parse_duration(str(value))
+        except ValueError as exc:
+            self.fail(str(exc), param, ctx)
+
+
+class Moment(click.ParamType[float]):
+    name = "time"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> float:
+        if isinstance(value, float):
+            return value
+        try:
+            return parse_time(str(value))
+        except ValueError as exc:
+            self.fail(str(exc), param, ctx)
+
+
+DURATION: Final = Duration()
+TIME: Final = Moment()
+
+
+# ------------------------------------------------------------------ input
+def read_input(value: str, what: str = "token") -> bytes:
+    """The argument itself, or stdin when it is ``-``; at most :data:`MAX_INPUT_BYTES`."""
+    if value == "-":
+        data = sys.stdin.buffer.read(MAX_INPUT_BYTES + 1)
+    else:
+        # argv arrives decoded with surrogateescape; undecodable bytes come back as they were.
+        data = value.encode("utf-8", "surrogateescape")
+    if len(data) > MAX_INPUT_BYTES:
+        raise CliError(
+            ExitCode.IO, f"the {what} is over 1 MiB; requestState tokens and payloads are a few KiB"
+        )
+    return data
+
+
+def read_token(value: str) -> str:
+    """A token from the argument or stdin, trimmed, or a one-line error for anything else."""
+    data = read_input(value).strip()
+    if not data:
+        source = "stdin was empty" if value == "-" else "the TOKEN argument is empty"
+        raise CliError(
+            ExitCode.INVALID,
+            f"no token: {source}; pass a token or '-' to read one from stdin",
+            reason="malformed",
+        )
+    for offset, byte in enumerate(data):
+        if not 0x21 <= byte <= 0x7E:
+            raise CliError(
+                ExitCode.INVALID,
+                f"not a token: byte 0x{byte:02x} at offset {offset} is not printable ASCII "
+                "(a requestState token is base64url text)",
+                reason="malformed",
+            )
+    return data.decode("ascii")
+
+
+# ------------------------------------------------------------------ shared options
+class OrderedGroup(click.Group):
+    """Commands in the order they were added (the order of a workflow), not alphabetical."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return list(self.commands)
+
+
+def keys_option(fn: F) -> F:
+    return click.option(
+        "--keys",
+        "keys_spec",
+        metavar="SPEC",
+        envvar="STATECODEC_KEYS",
+        show_envvar=True,
+        help="Key source: file:PATH, env:NAME, vault-transit:MOUNT/NAME or vault-kv:MOUNT/PATH.",
+    )(fn)
+
+
+def require_keys(spec: str | None) -> str:
+    if not spec:
+        raise CliError(
+            ExitCode.KEYS, "no keys: pass --keys SPEC or set STATECODEC_KEYS (e.g. file:keys.json)"
+        )
+    return spec
+
+
+@dataclass(frozen=True)
+class BindingOptions:
+    """The binding options as given; ``arguments`` is the parsed JSON, or :data:`ABSENT`."""
+
+    principal: str | None = None
+    audience: str | None = None
+    method: str | None = None
+    target: str | None = None
+    arguments: Any = ABSENT
+    extra: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def given(self) -> bool:
+        return self != BindingOptions()
+
+    def names(self) -> list[str]:
+        """The options that were given, in the order the help lists them."""
+        given = {
+            "principal": self.principal is not None,
+            "audience": self.audience is not None,
+            "method": self.method is not None,
+            "target": self.target is not None,
+            "arguments": self.arguments is not ABSENT,
+            "extra": bool(self.extra),
+        }
+        return [name for name, present in given.items() if present]
+
+    def to_binding(self) -> Binding | None:
+        """The statecodec :class:`Binding`, or None when no option was given."""
+        if not self.given:
+            return None
+        arguments = None if self.arguments is ABSENT else self.arguments
+        try:
+            return Binding(
+                self.principal, self.audience, self.method, self.target, arguments, extra=self.extra
+            )
+        except (TypeError, ValueError) as exc:
+            raise click.BadParameter(str(exc), param_hint="'--arguments'") from None
+
+
+def binding_options(fn: F) -> F:
+    """--principal/--audience/--method/--target/--arguments/--extra, handed on as ``binding``.
+
+    The wrapped command receives ``binding: BindingOptions``, built while arguments are
+    parsed, so malformed --arguments JSON or --extra is a usage error.
+    """
+
+    @functools.wraps(fn)
+    def wrapper(
+        *args: Any,
+        principal: str | None,
+        audience: str | None,
+        method: str | None,
+        target: str | None,
+        arguments_json: str | None,
+        extra: tuple[str, ...],
+        **kwargs: Any,
+    ) -> Any:
+        options = BindingOptions(
+            principal, audience, method, target, _arguments(arguments_json), _extra(extra)
+        )
+        return fn(*args, binding=options, **kwargs)
+
+    options = [
+        click.option("--principal", help="Authenticated principal the token is bound to."),
+        click.option("--audience", help="Audience (this server's identifier)."),
+        click.option("--method", help="MCP method, e.g. tools/call."),
+        click.option("--target", help="Tool or prompt name, or resource URI."),
+        click.option(
+            "--arguments",
+            "arguments_json",
+            metavar="JSON",
+            help="Request arguments as JSON; their canonical digest is bound (null = no digest).",
+        ),
+        click.option("--extra", multiple=True, metavar="K=V", help="Extra binding entry (repeatable)."),
+    ]
+    decorated: Any = wrapper
+    for option in reversed(options):
+        decorated = option(decorated)
+    return cast(F, decorated)
+
+
+def _arguments(text: str | None) -> Any:
+    if text is None:
+        return ABSENT
+    try:
+        return json.loads(text)
+    except (ValueError, RecursionError) as exc:
+        raise click.BadParameter(f"not valid JSON: {exc}", param_hint="'--arguments'") from None
+
+
+def _extra(items: tuple[str, ...]) -> dict[str, str]:
+    pairs: dict[str, str] = {}
+    for item in items:
+        key, sep, val = item.partition("=")
+        if not sep or not key:
+            raise click.BadParameter(f"{item!r} is not KEY=VALUE", param_hint="'--extra'")
+        pairs[key] = val
+    return pairs

@@ -1,0 +1,66 @@
+"""Where the CLI gets keys and replay stores, and how their failures map to exit codes.
+
+The CLI owns none of these: key specs are resolved by :mod:`statecodec.kms`, store URLs by
+:mod:`statecodec.replay`. This module only opens them for one command and adapts their
+errors to the CLI's failure classes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sqlite3
+import time
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+from .._errors import StateCodecError
+from ..replay.base import ReplayStore
+from ._exit import CliError, ExitCode
+
+if TYPE_CHECKING:
+    from ..kms import KeyManager
+
+#: KeySourceError kinds that a retry may cure (the source is down or busy), as opposed to
+#: configuration or content that someone has to fix.
+_TRANSIENT = frozenset({"unreachable", "conflict"})
+
+
+@contextlib.contextmanager
+def key_manager(spec: str, *, now: float | None = None, **timeline: Any) -> Iterator[KeyManager]:
+    """Keys from ``spec`` loaded once, as the services see them at ``now``.
+
+    A :class:`~statecodec.kms.KeyManager` rather than the raw ring: it chooses the primary
+    by the rotation timeline and gives replaced keys their retirement time, so ``mint``
+    uses the key a server would use and ``verify`` rejects what a server would reject.
+    """
+    from ..kms import KeyManager  # noqa: PLC0415 - hvac and friends load only when needed
+
+    manager = KeyManager(spec, clock=(lambda: now) if now is not None else time.time, **timeline)
+    try:
+        manager.start(background=False)
+        yield manager
+    finally:
+        manager.stop()
+
+
+def open_store(url: str) -> ReplayStore:
+    """The replay store at ``url``; a bad URL or an unopenable store is a store failure (exit 4)."""
+    from ..replay import store_from_url  # noqa: PLC0415 - only verify --replay needs it
+
+    try:
+        return store_from_url(url)
+    except (ValueError, ImportError, OSError, StateCodecError, sqlite3.Error) as exc:
+        raise CliError(ExitCode.STORE, f"cannot open the replay store: {exc}") from None
+
+
+def classify_kms_error(exc: Exception) -> CliError | None:
+    """The exit code of a key-source failure: retry later (7), fix something (3), or a bug (70)."""
+    from ..kms import KeySourceError  # noqa: PLC0415
+
+    if not isinstance(exc, KeySourceError):
+        return None
+    if exc.kind in _TRANSIENT:
+        return CliError(ExitCode.KEY_SOURCE_DOWN, str(exc))
+    if exc.kind == "internal":
+        return CliError(ExitCode.INTERNAL, f"{exc} (this is a bug in statecodec, please report it)")
+    return CliError(ExitCode.KEYS, str(exc))
