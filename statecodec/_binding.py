@@ -17,15 +17,24 @@ import hmac
 import json
 import struct
 from collections.abc import Mapping
-from typing import Any, Final
+from types import MappingProxyType
+from typing import TYPE_CHECKING, Any, Final
 
 import rfc8785
 
+if TYPE_CHECKING:
+    from ._keys import Key
+
 MAX_ARGUMENT_DEPTH: Final = 64
 MAX_ARGUMENT_NODES: Final = 100_000
+# The pure-Python RFC 8785 encoder costs about 7 us per value (floats, astral-plane
+# text), against well under 1 us for the C json path: a smaller budget keeps one hostile
+# request from holding the event loop for long (~70 ms at this bound).
+MAX_JCS_NODES: Final = 10_000
 _SAFE_INT: Final = 2**53 - 1
 _DOMAIN: Final = b"statecodec/v1/binding\x00"
 _U32 = struct.Struct(">I")
+_TEXT_FIELDS: Final = ("principal", "audience", "method", "target")
 # Built once: json.dumps() with non-default options constructs a new encoder per call,
 # which costs more than encoding a typical tools/call argument dict.
 _JSON: Final = json.JSONEncoder(ensure_ascii=False, sort_keys=True, separators=(",", ":"))
@@ -34,7 +43,7 @@ _JSON: Final = json.JSONEncoder(ensure_ascii=False, sort_keys=True, separators=(
 class _Walk:
     """One pass over JSON-like arguments: validate types, bound size, pick the encoder."""
 
-    __slots__ = ("nodes", "needs_jcs")
+    __slots__ = ("needs_jcs", "nodes")
 
     def __init__(self) -> None:
         self.nodes = 0
@@ -88,6 +97,10 @@ def canonical_json(arguments: Any) -> bytes:
     walk = _Walk()
     walk.visit(arguments, 0)
     if walk.needs_jcs:
+        if walk.nodes > MAX_JCS_NODES:
+            raise ValueError(
+                f"arguments with floats or astral-plane text are limited to {MAX_JCS_NODES} JSON values"
+            )
         try:
             return rfc8785.dumps(arguments)
         except rfc8785.CanonicalizationError as exc:
@@ -120,7 +133,9 @@ class Binding:
     use it for both the inbound unseal and the outbound seal.
     """
 
-    __slots__ = ("_encoded", "_tags", "argument_digest", "audience", "extra", "method", "principal", "target")
+    __slots__ = (
+        "_encoded", "_frozen", "_tags", "argument_digest", "audience", "extra", "method", "principal", "target",
+    )
 
     def __init__(
         self,
@@ -139,23 +154,35 @@ class Binding:
             argument_digest = _digest(arguments)
         elif argument_digest is not None and len(argument_digest) != 32:
             raise ValueError("argument_digest must be 32 bytes (SHA-256)")
-        for name, value in (("principal", principal), ("audience", audience), ("method", method),
-                            ("target", target)):
-            if value is not None and not isinstance(value, str):
-                raise TypeError(f"binding {name} must be str or None, not {type(value).__name__}")
         self.principal = principal
         self.audience = audience
         self.method = method
         self.target = target
         self.argument_digest = argument_digest
-        self.extra: Mapping[str, str] = dict(extra) if extra else {}
-        self._encoded = self._encode()
+        self.extra: Mapping[str, str] = MappingProxyType(dict(extra) if extra else {})
+        self._encoded = self._encode()  # type-checks every field on the way
         self._tags: dict[bytes, bytes] = {}
+        self._frozen = True
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        # Immutable: the tag covers the fields as they were at construction, so a field
+        # changed afterwards would silently bind to something other than what it says.
+        if getattr(self, "_frozen", False):
+            raise AttributeError(f"Binding is immutable; use binding.replace({name}=...)")
+        object.__setattr__(self, name, value)
 
     def _encode(self) -> bytes:
+        # Each field is 0x00 (absent) or 0x01 || u32 length || bytes. Built flat in one
+        # list (no helper call per field): this runs once per request.
         parts = [_DOMAIN]
         for text in (self.principal, self.audience, self.method, self.target):
-            parts.append(_field(None if text is None else text.encode("utf-8", "surrogatepass")))
+            if text is None:
+                parts.append(b"\x00")
+            elif isinstance(text, str):
+                raw = text.encode("utf-8", "surrogatepass")
+                parts += (b"\x01", _U32.pack(len(raw)), raw)
+            else:
+                raise self._type_error()
         parts.append(_field(self.argument_digest))
         parts.append(_U32.pack(len(self.extra)))
         for key in sorted(self.extra):
@@ -165,6 +192,13 @@ class Binding:
             parts.append(_field(key.encode("utf-8", "surrogatepass")))
             parts.append(_field(value.encode("utf-8", "surrogatepass")))
         return b"".join(parts)
+
+    def _type_error(self) -> TypeError:
+        for name in _TEXT_FIELDS:
+            value = getattr(self, name)
+            if value is not None and not isinstance(value, str):
+                return TypeError(f"binding {name} must be str or None, not {type(value).__name__}")
+        return TypeError("binding fields must be str or None")  # unreachable
 
     @property
     def encoded(self) -> bytes:
@@ -176,9 +210,20 @@ class Binding:
         tag = self._tags.get(bind_key)
         if tag is None:
             tag = hmac.digest(bind_key, self._encoded, "sha256")[:16]
-            if len(self._tags) < 8:  # a handful of keys at most; never grow without bound
-                self._tags[bind_key] = tag
+            self._remember(bind_key, tag)
         return tag
+
+    def tag_for(self, key: Key) -> bytes:
+        """:meth:`tag` under ``key.bind_key``, computed with the key's pre-keyed HMAC (faster)."""
+        tag = self._tags.get(key.bind_key)
+        if tag is None:
+            tag = key.binding_tag(self._encoded)
+            self._remember(key.bind_key, tag)
+        return tag
+
+    def _remember(self, bind_key: bytes, tag: bytes) -> None:
+        if len(self._tags) < 8:  # a handful of keys at most; never grow without bound
+            self._tags[bind_key] = tag
 
     def replace(self, **changes: Any) -> Binding:
         fields: dict[str, Any] = {

@@ -15,21 +15,15 @@ from __future__ import annotations
 import enum
 import hmac
 import logging
+import math
 import os
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Final
+from typing import Final, NamedTuple
 
-from nacl.bindings import (
-    crypto_aead_xchacha20poly1305_ietf_decrypt as _xc_decrypt,
-)
-from nacl.bindings import (
-    crypto_aead_xchacha20poly1305_ietf_encrypt as _xc_encrypt,
-)
 from nacl.exceptions import CryptoError
 
-from . import _format
+from . import _aead, _format
 from ._binding import UNBOUND, Binding
 from ._errors import InvalidState, ReplayStoreError
 from ._humanize import duration
@@ -59,9 +53,12 @@ _MODE_CHAR: Final = {Mode.SIGN: "s", Mode.ENCRYPT: "e"}
 _CHAR_MODE: Final = {"s": Mode.SIGN, "e": Mode.ENCRYPT}
 
 
-@dataclass(frozen=True, slots=True)
-class OpenedState:
-    """A verified token: its payload and the authenticated header fields."""
+class OpenedState(NamedTuple):
+    """A verified token: its payload and the authenticated header fields.
+
+    Immutable. A named tuple rather than a frozen dataclass because one is built on every
+    unseal, and a frozen dataclass takes four times as long to construct.
+    """
 
     payload: bytes
     kid: str
@@ -133,15 +130,13 @@ class StateCodec:
         self, payload: bytes, binding: Binding | None, now: float, *, ttl: int | None = None
     ) -> str:
         key = self.keys.signing_key()
-        return self._seal(
-            payload,
-            binding or UNBOUND,
-            key,
-            int(now),
-            self.ttl if ttl is None else ttl,
-            os.urandom(_format.TOKEN_ID_LEN),
-            os.urandom(_format.NONCE_LEN) if self.mode is Mode.ENCRYPT else b"",
-        )
+        if self.mode is Mode.ENCRYPT:
+            fresh = os.urandom(_format.TOKEN_ID_LEN + _format.NONCE_LEN)  # one call for both
+            token_id, nonce = fresh[: _format.TOKEN_ID_LEN], fresh[_format.TOKEN_ID_LEN :]
+        else:
+            token_id, nonce = os.urandom(_format.TOKEN_ID_LEN), b""
+        ttl = self.ttl if ttl is None else ttl
+        return self._seal(payload, binding or UNBOUND, key, int(now), ttl, token_id, nonce)
 
     def _seal(
         self, payload: bytes, binding: Binding, key: Key, iat: int, ttl: int, token_id: bytes, nonce: bytes
@@ -154,12 +149,12 @@ class StateCodec:
             payload = bytes(payload)
         if not 0 < ttl < 2**31:
             raise ValueError("ttl must be a positive number of seconds")
-        header = _format.pack_header(key.kid_field, iat, iat + ttl, token_id, binding.tag(key.bind_key))
+        header = _format.pack_header(key.kid_field, iat, iat + ttl, token_id, binding.tag_for(key))
         if self.mode is Mode.SIGN:
             signed = header + payload
             raw = signed + key.mac(self._prefix_b + signed)
         else:
-            raw = header + nonce + _xc_encrypt(payload, self._prefix_b + header, nonce, key.aead_key)
+            raw = header + nonce + _aead.encrypt(payload, self._prefix_b + header, nonce, key.aead_key)
         token = self._prefix + _format.b64encode(raw)
         if len(token) > self.max_token_bytes:
             raise ValueError(
@@ -174,11 +169,14 @@ class StateCodec:
 
         With a replay store and ``consume=True`` (the default), a token unseals only once.
         """
-        return self.unseal_at_time(token, binding, self.clock(), consume=consume)
+        return self._unseal(token, binding, None, consume)
 
     def unseal_at_time(
         self, token: str, binding: Binding | None, now: float, *, consume: bool = True
     ) -> OpenedState:
+        return self._unseal(token, binding, now, consume)
+
+    def _unseal(self, token: str, binding: Binding | None, now: float | None, consume: bool) -> OpenedState:
         opened = self._guarded_open(token, binding, now, check_binding=True)
         if consume and self.replay is not None:
             try:
@@ -190,7 +188,7 @@ class StateCodec:
 
     async def aunseal(self, token: str, binding: Binding | None = None, *, consume: bool = True) -> OpenedState:
         """:meth:`unseal` for async servers: the replay store is awaited, never blocking the loop."""
-        opened = self._guarded_open(token, binding, self.clock(), check_binding=True)
+        opened = self._guarded_open(token, binding, None, check_binding=True)
         if consume and self.replay is not None:
             try:
                 first = await self.replay.aconsume(self._replay_key(opened), self._forget_at(opened))
@@ -205,11 +203,20 @@ class StateCodec:
         For debugging tools (``statecodec verify`` without binding options). Never use
         this to accept a token in a server: the binding is what ties it to the user.
         """
-        return self._guarded_open(token, None, self.clock() if now is None else now, check_binding=False)
+        return self._guarded_open(token, None, now, check_binding=False)
 
     # -------------------------------------------------------------- internals
-    def _guarded_open(self, token: str, binding: Binding | None, now: float, *, check_binding: bool) -> OpenedState:
+    def _guarded_open(
+        self, token: str, binding: Binding | None, now: float | None, *, check_binding: bool
+    ) -> OpenedState:
         try:
+            # The clock runs inside the guard too: a clock that raises or returns NaN
+            # (every comparison with NaN is False, so no token would ever expire) must
+            # reject the token, not escape or accept it.
+            if now is None:
+                now = self.clock()
+            if not math.isfinite(now):
+                raise InvalidState("internal_error", f"the clock returned {now!r}, not a finite time")
             return self._open(token, binding, now, check_binding)
         except InvalidState:
             raise
@@ -238,7 +245,7 @@ class StateCodec:
         else:
             nonce, sealed = parsed.body[: _format.NONCE_LEN], parsed.body[_format.NONCE_LEN :]
             try:
-                payload = _xc_decrypt(sealed, self._prefix_b + parsed.header, nonce, key.aead_key)
+                payload = _aead.decrypt(sealed, self._prefix_b + parsed.header, nonce, key.aead_key)
             except CryptoError:
                 raise InvalidState(
                     "tampered", "AEAD tag does not verify: the token was modified or forged", kid=kid
@@ -261,7 +268,7 @@ class StateCodec:
                 token_id=tid,
             )
         if check_binding:
-            expected_tag = (binding or UNBOUND).tag(key.bind_key)
+            expected_tag = (binding or UNBOUND).tag_for(key)
             if not hmac.compare_digest(expected_tag, parsed.bind_tag):
                 raise InvalidState(
                     "binding_mismatch",
@@ -307,7 +314,16 @@ class StateCodec:
         )
 
     @staticmethod
-    def _judge_replay(opened: OpenedState, first: bool) -> None:
+    def _judge_replay(opened: OpenedState, first: object) -> None:
+        # Only a real bool counts: a buggy custom store returning a coroutine or any other
+        # truthy object must fail closed, not switch single use off.
+        if first is not True and first is not False:
+            raise InvalidState(
+                "store_unavailable",
+                f"replay store answered {type(first).__name__}, not bool",
+                kid=opened.kid,
+                token_id=opened.token_id,
+            )
         if not first:
             raise InvalidState(
                 "replayed", "this token was already redeemed (single use)", kid=opened.kid, token_id=opened.token_id

@@ -130,23 +130,67 @@ def binding_for(
     )
 
 
+def state_aliases(params: Mapping[str, Any]) -> list[str]:
+    """Keys of ``params`` that spell ``requestState`` some other way (``request_state``...).
+
+    Only ``requestState`` is checked, but FastMCP re-validates raw params with pydantic's
+    ``populate_by_name``, so a snake_case ``request_state`` reaches ``ctx.request_state``
+    unverified on legacy protocol versions. Any key that normalises to the same name
+    (case-folded, ``_`` and ``-`` removed) is therefore refused outright.
+    """
+    return [
+        key
+        for key in params
+        if key != REQUEST_STATE
+        and isinstance(key, str)
+        and key.casefold().replace("_", "").replace("-", "") == "requeststate"
+    ]
+
+
+def carries_state(params: Mapping[str, Any]) -> bool:
+    """Whether ``params`` hold a state to check: ``requestState`` or any alias of it."""
+    return params.get(REQUEST_STATE) is not None or bool(state_aliases(params))
+
+
+def check_state_shape(codec: StateCodec, method: str, params: Mapping[str, Any]) -> None:
+    """The cheap checks, run before anything costly such as the argument digest.
+
+    Refuses state aliases, a ``requestState`` that is not a string, and one over the
+    codec's size cap, so a hostile request cannot make the server digest megabytes of
+    arguments for a token that was never going to pass. Logs and raises InvalidState.
+    """
+    try:
+        aliases = state_aliases(params)
+        if aliases:
+            raise InvalidState("malformed", f"params carry {aliases[0][:40]!r}, an alias of requestState")
+        token = params.get(REQUEST_STATE)
+        if not isinstance(token, str):
+            raise InvalidState("malformed", f"requestState is a JSON {type(token).__name__}, not a string")
+        if len(token) > codec.max_token_bytes:
+            raise InvalidState(
+                "too_large", f"token is {len(token)} characters, the limit is {codec.max_token_bytes}"
+            )
+    except InvalidState as exc:
+        log_rejection(codec, method, params, exc)
+        raise
+
+
 async def unseal_params(
     codec: StateCodec, method: str, params: Mapping[str, Any], binding: Binding
 ) -> dict[str, Any]:
     """``params`` with ``requestState`` replaced by the plaintext the server sealed.
 
-    Without a ``requestState`` (absent or ``null``) the params come back unchanged. A
-    token that fails any check, and a plaintext that is not UTF-8, raise
-    :class:`~statecodec.InvalidState` after one WARNING log line and a metric: answer
-    :data:`INVALID_STATE_ERROR`. The replay store is awaited (single use).
+    Without a state (``requestState`` absent or ``null``, and no alias of it) the params
+    come back unchanged. A token that fails any check, and a plaintext that is not UTF-8,
+    raise :class:`~statecodec.InvalidState` after one WARNING log line and a metric:
+    answer :data:`INVALID_STATE_ERROR`. The replay store is awaited (single use).
     """
-    token = params.get(REQUEST_STATE)
-    if token is None:
+    if not carries_state(params):
         return dict(params)
+    check_state_shape(codec, method, params)
+    token: str = params[REQUEST_STATE]
     mode = codec.mode.value
     try:
-        if not isinstance(token, str):
-            raise InvalidState("malformed", f"requestState is a JSON {type(token).__name__}, not a string")
         opened = await codec.aunseal(token, binding)
         try:
             plaintext = opened.payload.decode("utf-8")

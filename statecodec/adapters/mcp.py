@@ -109,11 +109,13 @@ class StateCodecMiddleware:
             return await call_next(ctx)
         params: Mapping[str, Any] = ctx.params or {}
         # One binding per request, for the inbound check and the outbound seal alike:
-        # the next round's token is bound to exactly what this round was.
-        binding = self._bind(ctx)
-        if params.get(jsonrpc.REQUEST_STATE) is not None:
-            ctx = replace(ctx, params=await self._unseal(method, params, binding))
-        return self._seal(method, await call_next(ctx), binding)
+        # the next round's token is bound to exactly what this round was. It is computed
+        # only when needed (a state arrives, or one leaves), never for plain calls.
+        binding: Binding | Exception | None = None
+        if jsonrpc.carries_state(params):
+            binding, plain = await self._unseal(ctx, method, params)
+            ctx = replace(ctx, params=plain)
+        return self._seal(ctx, await call_next(ctx), binding)
 
     def _bind(self, ctx: Context) -> Binding | Exception:
         """The request's binding, or the exception that prevented computing it."""
@@ -130,20 +132,23 @@ class StateCodecMiddleware:
         return binding
 
     async def _unseal(
-        self, method: str, params: Mapping[str, Any], binding: Binding | Exception
-    ) -> dict[str, Any]:
+        self, ctx: Context, method: str, params: Mapping[str, Any]
+    ) -> tuple[Binding, dict[str, Any]]:
         try:
+            jsonrpc.check_state_shape(self.codec, method, params)  # cheap checks before the digest
+            binding = self._bind(ctx)
             if isinstance(binding, Exception):
                 exc = InvalidState(
                     "malformed", f"the request cannot be bound: {type(binding).__name__}: {binding}"
                 )
                 jsonrpc.log_rejection(self.codec, method, params, exc)
                 raise exc
-            return await jsonrpc.unseal_params(self.codec, method, params, binding)
+            return binding, await jsonrpc.unseal_params(self.codec, method, params, binding)
         except InvalidState:
             raise _rejected() from None
 
-    def _seal(self, method: str, result: HandlerResult, binding: Binding | Exception) -> HandlerResult:
+    def _seal(self, ctx: Context, result: HandlerResult, binding: Binding | Exception | None) -> HandlerResult:
+        method = ctx.method
         if isinstance(result, BaseModel) and getattr(result, "result_type", None) == jsonrpc.INPUT_REQUIRED:
             # A middleware further in may short-circuit with a model; the runner's own
             # results are already wire dicts.
@@ -152,6 +157,8 @@ class StateCodecMiddleware:
             return result
         if result.get(jsonrpc.REQUEST_STATE) is None:
             return result
+        if binding is None:
+            binding = self._bind(ctx)
         try:
             if isinstance(binding, Exception):
                 logger.error(

@@ -64,7 +64,9 @@ class Output:
 
     def emit(self, command: str, outcome: Outcome) -> None:
         if self.json:
-            click.echo(json.dumps(envelope(command, outcome), indent=2, ensure_ascii=False))
+            # ASCII only: a token's payload is unverified input, and raw C1 or bidi
+            # control characters must not reach a terminal or a log viewer.
+            click.echo(json.dumps(envelope(command, outcome), indent=2, ensure_ascii=True))
             return
         for line in outcome.lines:
             click.echo(line, color=self.color)

@@ -377,7 +377,7 @@ class Expected(NamedTuple):
                 kid=kid,
             )
         if (
-            claim is not None
+            p_claim is not None
             and self.principal is not None
             and (not isinstance(p_claim, str) or not principal_matches(p_claim, self.principal))
         ):
