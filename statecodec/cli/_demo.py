@@ -1,0 +1,298 @@
+"""``statecodec demo``: the deploy scenario end to end, and every attack statecodec stops.
+
+The engine lives in :mod:`statecodec._demo` and needs the ``mcp`` extra; it is imported
+only when the command runs, so ``statecodec --help`` and the other commands work without
+it. This module chooses the embedded defaults (a key ring file and a SQLite replay store
+in the user's data directory, created on first run), narrates the events as they happen
+and turns the engine's findings into the exit code: 0 only when every step behaved as
+the trace says.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import json
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Final, assert_never
+
+import click
+import platformdirs
+
+from .._humanize import duration, relative
+from ._exit import CliError, ExitCode
+from ._output import Outcome, Output, command
+from ._sources import open_store
+
+if TYPE_CHECKING:
+    from .._demo._run import Answered, Event, Rejection, RoundOne, RoundTwo, Setup
+
+KEYS_FILE: Final = "demo-keys.json"
+REPLAY_FILE: Final = "demo-replay.sqlite3"
+#: Top-level modules of the ``mcp`` extra: a missing one means "install the extra", not a bug.
+_MCP_EXTRA: Final = frozenset({"mcp", "mcp_types", "uvicorn", "httpx2", "starlette", "pydantic", "anyio"})
+_EXIT_INTERRUPTED: Final = 130  # 128 + SIGINT, what shells expect after Ctrl-C
+
+
+def _default_data_dir() -> str:
+    return platformdirs.user_data_dir("statecodec", appauthor=False)
+
+
+@click.command("demo")
+@click.option(
+    "--mode",
+    type=click.Choice(["sign", "encrypt"]),
+    default="encrypt",
+    show_default=True,
+    help="SIGN: the client can read the state; ENCRYPT: it cannot. Both are tamper-proof.",
+)
+@click.option(
+    "--keys",
+    "keys_spec",
+    metavar="SPEC",
+    help="Key source (file:, env:, vault-transit:, vault-kv:) [default: a key ring file in --data-dir, "
+    "created on first run]. $STATECODEC_KEYS is not read: the demo never picks up your services' keys "
+    "unless you name them.",
+)
+@click.option(
+    "--replay",
+    metavar="URL",
+    help="Replay store shared by the instances (sqlite:PATH, redis://...) [default: a SQLite file in "
+    "--data-dir].",
+)
+@click.option(
+    "--data-dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    metavar="DIR",
+    envvar="STATECODEC_DATA_DIR",
+    show_envvar=True,
+    help="Where the default key ring and replay store live [default: the user data directory].",
+)
+@command("demo")
+def demo_command(
+    out: Output, *, mode: str, keys_spec: str | None, replay: str | None, data_dir: Path | None
+) -> Outcome:
+    """Run two instances of an MCP deploy server and a real MCP client, and show what statecodec stops.
+
+    Round 1 lands on instance A and asks two questions; round 2, with a new request id, lands
+    on instance B and deploys the plan carried in requestState. Then six bad tokens: replayed,
+    tampered, expired, another user's, other arguments', another service's; each must get the
+    JSON-RPC error -32602 with the precise reason in the server log. Exit 0 only when every
+    step behaved as stated, 1 otherwise. Needs the mcp extra: pip install 'statecodec[mcp]'.
+    """
+    started = time.monotonic()
+    try:
+        from .._demo import _run  # noqa: PLC0415 - the mcp extra, loaded only for this command
+    except ModuleNotFoundError as exc:
+        _explain_missing(exc)
+        raise
+    folder = data_dir if data_dir is not None else Path(_default_data_dir())
+    keys_note = ""
+    if keys_spec is None:
+        keys_spec, keys_note = _embedded_keys(folder)
+    if replay is None:
+        _private_dir(folder)
+        replay = f"sqlite:{folder / REPLAY_FILE}"
+    settings = _run.Settings(_run.Mode(mode), keys_spec, replay, open_store=open_store)
+    trace = _Trace(out, keys_note)
+    try:
+        problems = asyncio.run(_run.run(settings, trace))
+    except KeyboardInterrupt:
+        click.echo("statecodec: demo interrupted; every server it started is stopped", err=True)
+        raise click.exceptions.Exit(_EXIT_INTERRUPTED) from None
+    return trace.outcome(problems, time.monotonic() - started)
+
+
+def _explain_missing(exc: ModuleNotFoundError) -> None:
+    """A module of the ``mcp`` extra is missing: say what to install (anything else is a bug)."""
+    if (exc.name or "").partition(".")[0] in _MCP_EXTRA:
+        raise CliError(
+            ExitCode.KEYS,
+            f"statecodec demo needs the MCP SDK ({exc.name} is missing): pip install 'statecodec[mcp]'",
+        ) from None
+
+
+def _private_dir(folder: Path) -> None:
+    """The data directory, created 0700: it holds a secret key ring."""
+    try:
+        folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+    except OSError as exc:
+        raise CliError(ExitCode.IO, f"cannot create the data directory {folder}: {exc.strerror}") from None
+
+
+def _embedded_keys(folder: Path) -> tuple[str, str]:
+    """``file:`` the demo's key ring, created 0600 on first run and reused after."""
+    from ..kms import init_keys  # noqa: PLC0415
+
+    _private_dir(folder)
+    path = folder / KEYS_FILE
+    created = not path.exists()
+    spec = f"file:{path}"
+    init_keys(spec)  # never overwrites; an existing file must be a valid ring
+    return spec, "created now, mode 600" if created else "reused from an earlier run"
+
+
+# --------------------------------------------------------------------- trace
+class _Trace:
+    """Prints each event as it happens (people) and keeps them for one JSON document (--json)."""
+
+    def __init__(self, out: Output, keys_note: str) -> None:
+        self.out = out
+        self.keys_note = keys_note
+        self.fields: dict[str, Any] = {"rejections": []}
+
+    def __call__(self, event: Event) -> None:
+        from .._demo import _run  # noqa: PLC0415 - loaded by now: the engine is running
+
+        match event:
+            case _run.Setup():
+                lines = self._setup(event)
+            case _run.RoundOne():
+                lines = self._round_one(event)
+            case _run.Answered():
+                lines = self._answered(event)
+            case _run.RoundTwo():
+                lines = self._round_two(event)
+            case _run.Rejection():
+                lines = self._rejection(event)
+            case _:
+                assert_never(event)
+        if not self.out.json:
+            for line in lines:
+                click.echo(line, color=self.out.color)
+
+    def _dim(self, text: str) -> str:
+        return self.out.style(text, dim=True)
+
+    def _setup(self, event: Setup) -> list[str]:
+        self.fields.update(
+            mode=event.mode.value,
+            keys=event.keys,
+            replay=event.replay,
+            primary_kid=event.primary_kid,
+            instances=[{"name": i.name, "service": i.service, "url": i.url} for i in event.instances],
+        )
+        mode = event.mode.value.upper()
+        title = f"statecodec demo: deploy_production on two instances of one MCP service, {mode} mode"
+        note = f" ({self.keys_note})" if self.keys_note else ""
+        lines = [
+            self.out.style(title, bold=True),
+            f"  keys     {event.keys}{note}, primary key {event.primary_kid}",
+            f"  replay   {event.replay}, opened by every instance",
+        ]
+        for instance in event.instances:
+            role = "behind the router" if instance.service == "deploy" else "another service on the same keys"
+            lines.append(f"  {instance.name:<8} {instance.url}  service {instance.service!r}, {role}")
+        lines.append(
+            self._dim(
+                "  The router alternates tools/call between A and B; the client is the official mcp Client."
+            )
+        )
+        return [*lines, ""]
+
+    def _round_one(self, event: RoundOne) -> list[str]:
+        self.fields["round_one"] = {
+            "instance": event.instance,
+            "request_id": event.request_id,
+            "input_requests": event.questions,
+            "request_state": _token_fields(event.token, event.kid, event.issued_at, event.expires_at),
+        }
+        expires = dt.datetime.fromtimestamp(event.expires_at, dt.UTC).strftime("%H:%M:%SZ")
+        lines = [
+            f"alice -> {event.instance}  tools/call deploy_production {json.dumps(event.arguments)}  "
+            f"(JSON-RPC request id {event.request_id})",
+            f"  {event.instance} answers input_required with {len(event.questions)} input requests:",
+        ]
+        lines += [f"    {key:<15} elicitation: {question!r}" for key, question in event.questions.items()]
+        lines.append(
+            f"  and requestState {event.token[:16]}...  {len(event.token)} chars, key {event.kid}, "
+            f"expires {relative(event.expires_at - time.time())} ({expires})"
+        )
+        return lines
+
+    def _answered(self, event: Answered) -> list[str]:
+        self.fields["answers"] = event.answers
+        given = ", ".join(f"{key} {json.dumps(content)}" for key, content in event.answers.items())
+        return [f"alice answers both: {given}"]
+
+    def _round_two(self, event: RoundTwo) -> list[str]:
+        outcome = event.outcome
+        self.fields["round_two"] = {
+            "instance": event.instance,
+            "request_id": event.request_id,
+            "outcome": outcome,
+        }
+        seen = (
+            "SIGN: the client could read the plan, and could not change it"
+            if event.plan_readable
+            else "ENCRYPT: the plan was opaque to the client"
+        )
+        return [
+            f"alice -> {event.instance}  tools/call again with inputResponses and the same requestState "
+            f"(JSON-RPC request id {event.request_id}: a new request)",
+            f"  {event.instance} verifies and consumes the token, then completes: deployed "
+            f"{outcome['deployed']}, plan {outcome['plan_id']} (planned on {outcome['planned_on']}, "
+            f"deployed on {outcome['deployed_on']})",
+            self._dim(f"  {seen}"),
+            "",
+            "What statecodec stops (the client gets -32602 'Invalid or expired requestState'; the reason is "
+            "from the server log):",
+        ]
+
+    def _rejection(self, event: Rejection) -> list[str]:
+        self.fields["rejections"].append(
+            {
+                "attack": event.attack,
+                "label": event.label,
+                "instance": event.instance,
+                "expected_reason": event.expected,
+                "error": event.error,
+                "reason": event.reason,
+                "detail": event.detail,
+                "ok": event.ok,
+                "problems": list(event.problems),
+            }
+        )
+        mark = (
+            self.out.style(" ok ", fg="green", bold=True)
+            if event.ok
+            else self.out.style("FAIL", fg="red", bold=True)
+        )
+        code = event.error["code"] if event.error else "accepted"
+        logged = f"{event.reason}: {event.detail}" if event.reason else "nothing logged"
+        lines = [f"  {mark} {event.label:<32} -> {event.instance}  {code}  {logged}"]
+        lines += [self.out.style(f"       {problem}", fg="red") for problem in event.problems]
+        return lines
+
+    def outcome(self, problems: list[str], elapsed: float) -> Outcome:
+        rejections = self.fields.pop("rejections")
+        self.fields.update(rejections=rejections, deviations=problems, elapsed_seconds=round(elapsed, 2))
+        if not problems:
+            line = (
+                f"Every step behaved as stated: {len(rejections)} bad tokens stopped, {elapsed:.1f}s in all."
+            )
+            if not self.out.json:
+                click.echo("")
+                click.echo(self.out.style(line, fg="green", bold=True), color=self.out.color)
+            return Outcome(self.fields)
+        message = f"the demo deviated from what it states ({len(problems)}): " + "; ".join(problems)
+        replay_failed = any(r["attack"] == "replayed" and not r["ok"] for r in rejections)
+        if replay_failed and str(self.fields.get("replay")).startswith("memory:"):
+            message += (
+                ". Hint: memory: gives every instance a replay store of its own, so B's redemption is "
+                "unknown to A; share one store (sqlite:PATH on one machine, redis:// across machines)"
+            )
+        error = CliError(ExitCode.INVALID, message)  # no codec reason: a deviation is not one token
+        return Outcome(self.fields, exit_code=ExitCode.INVALID, error=error)
+
+
+def _token_fields(token: str, kid: str, issued_at: int, expires_at: int) -> dict[str, Any]:
+    return {
+        "prefix": token.split(".", 1)[0] + ".",
+        "chars": len(token),
+        "kid": kid,
+        "issued_at": issued_at,
+        "expires_at": expires_at,
+        "lifetime": duration(expires_at - issued_at),
+    }
