@@ -8,4 +8,5 @@ if [ ! -x "$VENV/bin/python" ]; then
 fi
 "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check --upgrade pip
 "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check -e ".[$1]"
-export PATH="$PWD/$VENV/bin:$PATH"
+case "$VENV" in /*) ;; *) VENV="$PWD/$VENV" ;; esac
+export PATH="$VENV/bin:$PATH"

@@ -20,10 +20,15 @@ import sys
 import time
 from pathlib import Path
 
+import jsonschema
 from click.testing import CliRunner
 
 from statecodec import KeyRing
 from statecodec.cli import main
+
+VALIDATOR = jsonschema.Draft202012Validator(
+    json.loads((Path(__file__).resolve().parent.parent / "docs" / "cli-schema.json").read_text())
+)
 
 SCRIPT = Path(sys.executable).parent / "statecodec"
 TIMEOUT = 120
@@ -156,6 +161,7 @@ def test_a_replay_store_per_instance_is_caught(tmp_path: Path) -> None:
     result = CliRunner().invoke(main, args, env=isolated_env(tmp_path), catch_exceptions=False)
     assert result.exit_code == 1, result.output
     doc = json.loads(result.stdout)
+    VALIDATOR.validate(doc)  # the documented --json schema covers demo too
     assert (doc["command"], doc["ok"], doc["exit_code"]) == ("demo", False, 1)
     assert doc["replay"] == "memory:" and doc["round_two"]["outcome"]["deployed_on"] == "B"
     assert doc["round_one"]["request_state"]["lifetime"] == "10m"
