@@ -17,4 +17,4 @@ settings.register_profile("dev", max_examples=50, deadline=None)
 settings.load_profile("ci" if os.environ.get("CI") else "dev")
 
 # Each fixture module owns one kind of real server.
-pytest_plugins: list[str] = []
+pytest_plugins: list[str] = ["fixtures_mcp", "fixtures_openbao", "fixtures_proxy", "fixtures_valkey"]

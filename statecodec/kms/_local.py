@@ -1,0 +1,176 @@
+"""Key sources on this machine: a keyring JSON file, an environment variable."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import stat
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+from .. import _format
+from .._keys import MIN_SECRET_BYTES, KeyRing
+from ._document import rotate_ring
+from ._errors import KeySourceError, Kind
+from ._source import KeySource, RotationReport, require_keys
+from ._timeline import Timeline
+
+logger = logging.getLogger("statecodec.kms")
+
+#: The kid of a ring made from one bare secret. Fixed, so every instance agrees on it.
+ENV_SECRET_KID = "k0"  # noqa: S105  # nosec B105 - a key id, not a secret
+
+
+class FileSource(KeySource):
+    """``file:PATH``: a keyring JSON file (:meth:`KeyRing.to_json`), rewritten atomically on rotation."""
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self.path = Path(path).expanduser()
+        self.url = f"file:{path}"
+        self._warned_mode = False
+
+    def describe(self) -> str:
+        return f"file:{self.path}"
+
+    def load(self) -> KeyRing:
+        try:
+            text = self.path.read_bytes()
+            mode = self.path.stat().st_mode
+        except FileNotFoundError:
+            raise self._error(
+                f"no such file (create it with `statecodec keys init --keys {self.url}`)", "missing"
+            ) from None
+        except PermissionError:
+            raise self._error("permission denied reading the key file", "denied") from None
+        except OSError as exc:
+            raise self._error(f"cannot read the key file: {exc.strerror}", "unreachable") from None
+        if mode & 0o077 and not self._warned_mode:
+            self._warned_mode = True
+            logger.warning(
+                "statecodec.kms: %s is readable by group or others (mode %o); it holds secrets: chmod 600",
+                self.describe(),
+                stat.S_IMODE(mode),
+            )
+        try:
+            return require_keys(KeyRing.from_json(text), self.describe())
+        except ValueError as exc:
+            raise self._error(str(exc), "invalid") from None
+
+    def rotate(
+        self, *, min_age: float, retire_after: float, now: float, dry_run: bool, timeline: Timeline
+    ) -> RotationReport:
+        # The lock makes two concurrent runs take turns: the second reads the first's
+        # result, finds a fresh newest key and does nothing (idempotence).
+        with self._locked():
+            new, report = rotate_ring(
+                self.load(),
+                source=self.describe(),
+                min_age=min_age,
+                retire_after=retire_after,
+                now=now,
+                dry_run=dry_run,
+                timeline=timeline,
+            )
+            if new is not None and not dry_run:
+                self._replace(new.to_json())
+        return report
+
+    def init(self, *, key_type: str, now: float) -> str:
+        ring = KeyRing.generate(now=int(now))
+        try:
+            fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        except FileExistsError:
+            self.load()  # an existing file must at least be a valid ring
+            return f"{self.describe()} already exists; left unchanged"
+        except OSError as exc:
+            raise self._error(f"cannot create the key file: {exc.strerror}", "denied") from None
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(ring.to_json())
+            fh.flush()
+            os.fsync(fh.fileno())
+        return f"{self.describe()}: created a key ring with key {ring.primary_kid} (mode 600)"
+
+    def _replace(self, text: str) -> None:
+        """Write via a temporary file and rename, so readers see the old or the new ring, never half."""
+        mode = stat.S_IMODE(self.path.stat().st_mode)
+        fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=f".{self.path.name}.", suffix=".tmp")
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8") as fh:
+                fh.write(text)
+                fh.flush()
+                os.fsync(fh.fileno())
+            os.chmod(tmp, mode)
+            os.replace(tmp, self.path)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            raise
+        dir_fd = os.open(self.path.parent, os.O_RDONLY)
+        try:
+            os.fsync(dir_fd)  # the rename itself survives a crash
+        finally:
+            os.close(dir_fd)
+
+    @contextlib.contextmanager
+    def _locked(self) -> Iterator[None]:
+        import fcntl  # noqa: PLC0415 - POSIX only, and only the rotation job needs it
+
+        lock_path = self.path.with_name(f".{self.path.name}.lock")
+        try:
+            fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o600)
+        except OSError as exc:
+            raise self._error(f"cannot create the lock file {lock_path}: {exc.strerror}", "denied") from None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(fd)  # closing releases the lock
+
+    def _error(self, message: str, kind: Kind) -> KeySourceError:
+        return KeySourceError(message, kind=kind, source=self.describe())
+
+
+class EnvSource(KeySource):
+    """``env:NAME``: a keyring JSON, or one base64url secret of 32+ bytes, in a variable.
+
+    A bare secret becomes a ring of one key with kid ``k0``, created at 0 (so it mints at
+    once). It cannot rotate without downtime; use a keyring JSON for that.
+    """
+
+    def __init__(self, name: str) -> None:
+        if not name or "=" in name or "\0" in name:
+            raise KeySourceError(f"invalid environment variable name {name!r}", kind="config")
+        self.name = name
+        self.url = f"env:{name}"
+
+    def describe(self) -> str:
+        return self.url
+
+    def load(self) -> KeyRing:
+        value = os.environ.get(self.name)
+        if value is None or not value.strip():
+            raise KeySourceError(
+                f"environment variable {self.name} is not set", kind="config", source=self.url
+            )
+        value = value.strip()
+        if value.startswith("{"):
+            try:
+                return require_keys(KeyRing.from_json(value), self.url)
+            except ValueError as exc:
+                raise KeySourceError(str(exc), kind="invalid", source=self.url) from None
+        try:
+            secret = _format.b64decode(value)
+        except ValueError:
+            secret = b""
+        # Never echo the value: it is (meant to be) a secret.
+        if len(secret) < MIN_SECRET_BYTES:
+            raise KeySourceError(
+                f"{self.name} is neither a keyring JSON nor an unpadded base64url secret of at least "
+                f"{MIN_SECRET_BYTES} bytes "
+                "(make one: python -c 'import secrets; print(secrets.token_urlsafe(32))')",
+                kind="invalid",
+                source=self.url,
+            )
+        return KeyRing.from_secret(secret, ENV_SECRET_KID, created_at=0)

@@ -1,0 +1,322 @@
+"""KeyManager: a KeyProvider that refreshes its ring in the background and rotates safely.
+
+The hot path (``keyring()``, ``signing_key()``) reads one attribute holding an immutable
+view and takes no lock: CPython swaps references atomically, so a codec on any thread
+or event loop sees either the old ring or the new one, never a mix. A lock is taken only
+when a refresh publishes a new view, and once per promotion, when the first caller past
+the promotion time recomputes the view (compare-and-swap, so a late recomputation never
+overwrites a fresher ring).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from types import TracebackType
+from typing import Any
+
+from .._errors import KeyUnavailable
+from .._humanize import duration, relative
+from .._keys import Key, KeyRing
+from ._errors import KeySourceError
+from ._source import KeySource
+from ._timeline import (
+    DEFAULT_CLOCK_SKEW,
+    DEFAULT_JITTER,
+    DEFAULT_LEEWAY,
+    DEFAULT_MAX_TTL,
+    DEFAULT_REFRESH_INTERVAL,
+    DEFAULT_STALENESS_LIMIT,
+    Timeline,
+)
+from ._urls import source_from_url
+
+logger = logging.getLogger("statecodec.kms")
+
+
+@dataclass(frozen=True, slots=True)
+class _View:
+    base: KeyRing  # what the source said
+    loaded_at: float  # when it said it (manager clock)
+    ring: KeyRing  # the ring codecs use: primary by time, replaced keys with retires_at
+    next_promotion: int | None
+
+
+class KeyManager:
+    """Keys from a :class:`KeySource`, refreshed every ``refresh_interval`` seconds (± ``jitter``).
+
+    Implements :class:`~statecodec.KeyProvider`, so ``StateCodec(manager, ...)`` just works.
+    All instances sharing a source must use the same timing (see :class:`Timeline`):
+
+    * a key verifies as soon as a refresh sees it;
+    * it mints once it is ``refresh_interval * (1 + jitter) + clock_skew + 1`` seconds
+      old, when every instance verifies it; the newest such key is primary;
+    * the key it replaces verifies for ``staleness_limit + max_ttl + leeway`` more.
+
+    When the source fails, the last good ring keeps verifying and minting; once it is
+    older than ``staleness_limit``, minting stops (:class:`KeyUnavailable`) and
+    verification goes on. Each outage is logged once, with its cause, and so is the
+    recovery. ``max_ttl`` must be at least the ``ttl`` of every codec using the keys.
+
+    Threaded servers: ``start()`` at boot, ``stop()`` at shutdown (or ``with``). Async
+    servers: ``async with manager:`` (the first load runs in a worker thread). In
+    pre-forking servers start it in each worker: threads do not survive ``fork()``.
+    """
+
+    def __init__(
+        self,
+        source: KeySource | str,
+        *,
+        refresh_interval: float = DEFAULT_REFRESH_INTERVAL,
+        jitter: float = DEFAULT_JITTER,
+        clock_skew: float = DEFAULT_CLOCK_SKEW,
+        max_ttl: float = DEFAULT_MAX_TTL,
+        leeway: float = DEFAULT_LEEWAY,
+        staleness_limit: float = DEFAULT_STALENESS_LIMIT,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.source = source_from_url(source) if isinstance(source, str) else source
+        self.timeline = Timeline(refresh_interval, jitter, clock_skew, max_ttl, leeway, staleness_limit)
+        self.clock = clock
+        self._view: _View | None = None
+        self._load_lock = threading.Lock()  # one refresh at a time
+        self._swap_lock = threading.Lock()  # publishing a view
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._failing_since: float | None = None
+        self._last_error: str | None = None
+        self._stale_logged = False
+
+    def __repr__(self) -> str:
+        view = self._view
+        primary = view.ring.primary_kid if view else None
+        return f"KeyManager({self.source.describe()!r}, primary={primary!r})"
+
+    # ------------------------------------------------------------ KeyProvider
+    def keyring(self) -> KeyRing:
+        """The ring to verify with: stale or not, verification never stops."""
+        return self._current(self.clock()).ring
+
+    def signing_key(self) -> Key:
+        """The promoted primary key, unless the ring is older than ``staleness_limit``."""
+        now = self.clock()
+        view = self._current(now)
+        age = now - view.loaded_at
+        if age > self.timeline.staleness_limit:
+            raise self._stale(age)
+        return view.ring.primary
+
+    def _current(self, now: float) -> _View:
+        view = self._view
+        if view is None:
+            raise KeyUnavailable(
+                f"the key manager for {self.source.describe()} is not started; call start() before use"
+            )
+        if view.next_promotion is not None and now >= view.next_promotion:
+            view = self._replan(view, now)
+        return view
+
+    def _replan(self, seen: _View, now: float) -> _View:
+        with self._swap_lock:
+            current = self._view
+            if current is seen:  # a refresh may have published a newer view meanwhile
+                current = self._view = self._make_view(seen.base, seen.loaded_at, now)
+                self._log_primary(seen.ring, current.ring)
+        return current or seen  # never None once started; the type checker cannot know
+
+    def _make_view(self, base: KeyRing, loaded_at: float, now: float) -> _View:
+        plan = self.timeline.plan(base, now)
+        return _View(base, loaded_at, plan.ring, plan.next_promotion)
+
+    # -------------------------------------------------------------- lifecycle
+    def start(self, *, background: bool = True) -> KeyManager:
+        """Load now (raising :class:`KeySourceError` if no keys can be had), then refresh in a thread.
+
+        ``background=False`` loads once and leaves refreshing to :meth:`refresh_now`
+        (tests, one-shot CLI commands).
+        """
+        self.refresh_now()
+        if background and not (self._thread and self._thread.is_alive()):
+            self._stop.clear()
+            self._thread = threading.Thread(target=self._run, name="statecodec-kms-refresh", daemon=True)
+            self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        """Stop refreshing and close connections. The last ring stays usable."""
+        self._stop.set()
+        thread, self._thread = self._thread, None
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout=30)
+        self.source.close()
+
+    def __enter__(self) -> KeyManager:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    async def __aenter__(self) -> KeyManager:
+        return await asyncio.to_thread(self.start)
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await asyncio.to_thread(self.stop)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self._next_delay()):
+            try:
+                self.refresh_now()
+            except KeySourceError:
+                pass  # logged once per outage by refresh_now
+            except Exception:  # never let the refresher die: it is the only way back
+                logger.exception("statecodec.kms: unexpected error while refreshing keys; will retry")
+
+    def _next_delay(self) -> float:
+        # Jitter keeps a fleet restarted together from hitting Vault in lockstep.
+        tl = self.timeline
+        return tl.refresh_interval * random.uniform(1 - tl.jitter, 1 + tl.jitter)  # nosec B311
+
+    # ---------------------------------------------------------------- refresh
+    def refresh_now(self) -> KeyRing:
+        """Load from the source now; return the ring codecs will use, or raise :class:`KeySourceError`.
+
+        On failure the previous ring stays in place (and the failure counts towards
+        the staleness limit).
+        """
+        with self._load_lock:
+            try:
+                base = self.source.load()
+                now = self.clock()
+                view = self._make_view(base, now, now)
+                if view.ring.primary_kid is None:
+                    raise KeySourceError(
+                        "no key in the ring verifies now (all are retired); add a key",
+                        kind="invalid",
+                        source=self.source.describe(),
+                    )
+            except KeySourceError as exc:
+                self._failed(exc)
+                raise
+            except Exception as exc:  # fail closed, but keep the cause for the operator
+                error = KeySourceError(
+                    f"unexpected {type(exc).__name__}: {exc}", kind="internal", source=self.source.describe()
+                )
+                self._failed(error)
+                raise error from exc
+            with self._swap_lock:
+                old, self._view = self._view, view
+            self._recovered(now)
+            self._log_changes(old, view)
+            return view.ring
+
+    def _failed(self, exc: KeySourceError) -> None:
+        now = self.clock()
+        self._last_error = exc.message
+        view = self._view
+        if view is None:
+            return  # start() raises it to the caller; logging it too would say it twice
+        if self._failing_since is not None:
+            logger.debug(
+                "statecodec.kms: refresh from %s still failing: %s", self.source.describe(), exc.message
+            )
+            return
+        self._failing_since = now
+        age = now - view.loaded_at
+        logger.warning(
+            "statecodec.kms: cannot refresh keys from %s: %s. Verifying and minting with the ring loaded "
+            "%s ago; minting stops %s unless a refresh succeeds.",
+            self.source.describe(),
+            exc.message,
+            duration(age),
+            relative(self.timeline.staleness_limit - age),
+        )
+
+    def _recovered(self, now: float) -> None:
+        if self._failing_since is None:
+            return
+        logger.warning(
+            "statecodec.kms: keys from %s load again after %s of failures%s",
+            self.source.describe(),
+            duration(now - self._failing_since),
+            "; minting resumed" if self._stale_logged else "",
+        )
+        self._failing_since = None
+        self._last_error = None
+        self._stale_logged = False
+
+    def _stale(self, age: float) -> KeyUnavailable:
+        limit = duration(self.timeline.staleness_limit)
+        cause = self._last_error or "no refresh ran (is the manager stopped?)"
+        if not self._stale_logged:
+            self._stale_logged = True
+            logger.error(
+                "statecodec.kms: the key ring from %s is %s old (limit %s): minting stopped, verification "
+                "continues. Last error: %s",
+                self.source.describe(),
+                duration(age),
+                limit,
+                cause,
+            )
+        return KeyUnavailable(
+            f"no fresh keys: the ring from {self.source.describe()} was loaded {duration(age)} ago, over the "
+            f"staleness limit of {limit}, so minting stopped (verification continues). Last error: {cause}"
+        )
+
+    # ---------------------------------------------------------------- logging
+    def _log_changes(self, old: _View | None, new: _View) -> None:
+        before = set(old.base.kids) if old else set()
+        for kid in new.base.kids:
+            if kid not in before:
+                key = new.base.require(kid)
+                when = datetime.fromtimestamp(self.timeline.promotes_at(key), UTC).isoformat(
+                    timespec="seconds"
+                )
+                logger.info(
+                    "statecodec.kms: key %s published by %s: verifies now, may mint from %s",
+                    kid,
+                    self.source.describe(),
+                    when,
+                )
+        for kid in before - set(new.base.kids):
+            logger.info(
+                "statecodec.kms: key %s is gone from %s: it no longer verifies", kid, self.source.describe()
+            )
+        self._log_primary(old.ring if old else None, new.ring)
+
+    @staticmethod
+    def _log_primary(old: KeyRing | None, new: KeyRing) -> None:
+        if old is None or old.primary_kid != new.primary_kid:
+            logger.info(
+                "statecodec.kms: minting with key %s (was %s)",
+                new.primary_kid,
+                old.primary_kid if old else "none",
+            )
+
+    # ----------------------------------------------------------------- status
+    def status(self) -> dict[str, Any]:
+        """Everything ``statecodec keys list`` shows: source, freshness, each key's state. No secrets."""
+        now = self.clock()
+        view = self._view
+        age = None if view is None else now - view.loaded_at
+        stale = age is None or age > self.timeline.staleness_limit
+        return {
+            "source": self.source.describe(),
+            "running": bool(self._thread and self._thread.is_alive()),
+            "loaded_at": None if view is None else view.loaded_at,
+            "age": age,
+            "stale": stale,
+            "minting": not stale,
+            "primary": None if view is None else self._current(now).ring.primary_kid,
+            "failing_since": self._failing_since,
+            "last_error": self._last_error,
+            "timeline": self.timeline.describe(),
+            "keys": [] if view is None else [s.to_dict() for s in self.timeline.plan(view.base, now).states],
+        }

@@ -1,0 +1,78 @@
+"""The scheduled rotation job and first-time setup, as two functions the CLI wraps."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import TypeVar
+
+from .._humanize import duration
+from ._source import KeySource, RotationReport
+from ._timeline import Timeline
+from ._urls import source_from_url
+
+DEFAULT_KEY_TYPE = "chacha20-poly1305"
+
+T = TypeVar("T")
+
+
+def rotate(
+    source: KeySource | str,
+    *,
+    min_age: float,
+    retire_after: float,
+    now: float | None = None,
+    dry_run: bool = False,
+    timeline: Timeline | None = None,
+) -> RotationReport:
+    """Rotate if the newest key is at least ``min_age`` old; retire keys past their window.
+
+    Idempotent: run it every hour with ``min_age=24h`` and it rotates once a day. Two runs
+    at once are safe: files are locked, KV writes use check-and-set, and transit (which
+    has no check-and-set) gets at most one extra version per concurrent run, which is
+    harmless. A key is retired once its successor is ``retire_after`` old; that must be
+    at least ``timeline.min_retire_after`` for the services' timeline (default
+    :class:`Timeline`), or a replaced key could vanish while tokens minted with it live.
+    """
+    if min_age < 0:
+        raise ValueError("min_age must be >= 0 seconds")
+    tl = timeline or Timeline()
+    if retire_after < tl.min_retire_after:
+        raise ValueError(
+            f"retire_after={duration(retire_after)} is too short: a replaced key must verify for "
+            f"{duration(tl.min_retire_after)} after its successor is created (promotion delay "
+            f"{tl.promotion_delay}s + staleness limit {tl.staleness_limit:g}s + max ttl {tl.max_ttl:g}s "
+            f"+ leeway {tl.leeway:g}s); raise it, or pass the timeline your services really use"
+        )
+    return _with_source(
+        source,
+        lambda src: src.rotate(
+            min_age=min_age,
+            retire_after=retire_after,
+            now=time.time() if now is None else now,
+            dry_run=dry_run,
+            timeline=tl,
+        ),
+    )
+
+
+def init_keys(source: KeySource | str, *, key_type: str = DEFAULT_KEY_TYPE, now: float | None = None) -> str:
+    """Create the transit key, KV document or key file when absent; never overwrite one.
+
+    Transit keys are created exportable (statecodec needs the secret bytes) with
+    deletion disallowed; ``key_type`` is one of ``chacha20-poly1305`` (default),
+    ``xchacha20-poly1305``, ``aes256-gcm96`` or ``hmac`` (transit only; hmac keys carry
+    no creation times, so ``rotate()`` cannot manage them).
+    """
+    return _with_source(
+        source, lambda src: src.init(key_type=key_type, now=time.time() if now is None else now)
+    )
+
+
+def _with_source(source: KeySource | str, action: Callable[[KeySource], T]) -> T:
+    src = source_from_url(source) if isinstance(source, str) else source
+    try:
+        return action(src)
+    finally:
+        if src is not source:
+            src.close()

@@ -1,0 +1,116 @@
+"""What every key source offers, and what a rotation run reports."""
+
+from __future__ import annotations
+
+import abc
+from dataclasses import dataclass, field
+from typing import Any
+
+from .._humanize import duration
+from .._keys import KeyRing
+from ._errors import KeySourceError
+from ._timeline import Timeline
+
+#: Key types ``init_keys`` can create in transit. All export 32 random bytes per version,
+#: from which statecodec derives its own subkeys, so the choice does not change tokens.
+TRANSIT_KEY_TYPES = ("chacha20-poly1305", "xchacha20-poly1305", "aes256-gcm96", "hmac")
+
+
+@dataclass(frozen=True, slots=True)
+class RotationReport:
+    """What one ``rotate()`` run found and did (or, with ``dry_run``, would do)."""
+
+    source: str
+    rotated: bool
+    newest_kid: str | None  # the newest key after the run
+    newest_age: float | None  # the newest key's age before the run, seconds
+    new_kid: str | None = None
+    retired: tuple[str, ...] = ()
+    removed: tuple[str, ...] = ()
+    dry_run: bool = False
+    notes: tuple[str, ...] = field(default_factory=tuple)
+
+    @property
+    def changed(self) -> bool:
+        return self.rotated or bool(self.retired or self.removed)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "source": self.source,
+            "rotated": self.rotated,
+            "new_kid": self.new_kid,
+            "newest_kid": self.newest_kid,
+            "newest_age": self.newest_age,
+            "retired": list(self.retired),
+            "removed": list(self.removed),
+            "dry_run": self.dry_run,
+            "notes": list(self.notes),
+        }
+
+    def __str__(self) -> str:
+        would = "would " if self.dry_run else ""
+        age = "no keys" if self.newest_age is None else f"newest key was {duration(self.newest_age)} old"
+        lines = [f"{self.source}: {age}"]
+        if self.rotated:
+            lines.append(
+                f"  {would}create {self.new_kid or 'a new key'} (verifies at once, mints after promotion)"
+            )
+        else:
+            lines.append("  no rotation needed (the newest key is younger than min-age)")
+        if self.retired:
+            lines.append(f"  {would}retire {', '.join(self.retired)}")
+        if self.removed:
+            lines.append(f"  {would}remove {', '.join(self.removed)} (retired long ago)")
+        lines.extend(f"  note: {n}" for n in self.notes)
+        return "\n".join(lines)
+
+
+class KeySource(abc.ABC):
+    """Somewhere keys live. ``load()`` is called at start and on every refresh.
+
+    Sources never cache: the :class:`~statecodec.kms.KeyManager` keeps the last good
+    ring and decides what to do when a load fails.
+    """
+
+    url: str
+
+    @abc.abstractmethod
+    def describe(self) -> str:
+        """Where the keys come from, for logs and errors. Never contains a secret."""
+
+    @abc.abstractmethod
+    def load(self) -> KeyRing:
+        """Every key with its times, or :class:`KeySourceError`."""
+
+    def rotate(
+        self, *, min_age: float, retire_after: float, now: float, dry_run: bool, timeline: Timeline
+    ) -> RotationReport:
+        """Add a key if the newest is older than ``min_age``; retire keys past their window."""
+        raise KeySourceError(
+            "statecodec cannot rotate keys it does not store; rotate them where they are defined "
+            "(for a keyring JSON: add a key, later retire the old one, see docs/keys.md)",
+            kind="unsupported",
+            source=self.describe(),
+        )
+
+    def init(self, *, key_type: str, now: float) -> str:
+        """Create the key (ring) when absent; say what was done. Never overwrites."""
+        raise KeySourceError(
+            "statecodec cannot create keys here; store a keyring JSON "
+            "(statecodec.KeyRing.generate().to_json()) or a base64url 32-byte secret "
+            "(python -c 'import secrets; print(secrets.token_urlsafe(32))') yourself",
+            kind="unsupported",
+            source=self.describe(),
+        )
+
+    def close(self) -> None:  # noqa: B027 - most sources hold nothing to release
+        """Release connections. The source stays usable; it reconnects on demand."""
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.describe()}>"
+
+
+def require_keys(ring: KeyRing, source: str) -> KeyRing:
+    if not len(ring):
+        raise KeySourceError("the key ring is empty", kind="invalid", source=source)
+    return ring

@@ -1,0 +1,203 @@
+"""When a key may mint and until when it must verify: publish, promote, retire.
+
+Several instances refresh their rings independently, so a key that one instance mints
+with must already be in every other instance's ring, and a key must keep verifying for
+as long as any instance may have minted a still-valid token with it. With
+
+    D = R * (1 + jitter) + clock_skew + 1 s     (1 s: source timestamps are whole seconds)
+    M = staleness_limit + max_ttl + leeway
+
+a key created at ``c`` is *published* at once (verifies on every instance by ``c + D``),
+*promoted* at ``c + D`` (the newest promoted key is primary and mints), and the key it
+replaced verifies until ``c + D + M`` and is then *retired*. ``M`` counts the staleness
+limit because an instance cut off from the source keeps minting with its old primary
+for that long; its tokens must still verify everywhere else.
+
+The rotation job may remove a key from the source once the next key is ``D + M`` old
+(:attr:`Timeline.min_retire_after`); ``rotate()`` refuses a shorter ``retire_after``.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Final, Literal
+
+from .._keys import Key, KeyRing
+
+DEFAULT_REFRESH_INTERVAL: Final = 60.0
+DEFAULT_JITTER: Final = 0.1
+DEFAULT_CLOCK_SKEW: Final = 60.0
+DEFAULT_MAX_TTL: Final = 600.0  # the codec's default ttl
+DEFAULT_LEEWAY: Final = 60.0  # the codec's default leeway
+DEFAULT_STALENESS_LIMIT: Final = 900.0
+
+#: Source timestamps (transit metadata, ``created_at``) are truncated to whole seconds,
+#: so a key may be up to this much younger than its timestamp says.
+TIMESTAMP_GRANULARITY: Final = 1.0
+
+State = Literal["primary", "verify-only", "pending", "retired"]
+
+
+@dataclass(frozen=True, slots=True)
+class KeyState:
+    """One key's place in the timeline, for ``statecodec keys list`` and status pages."""
+
+    kid: str
+    state: State
+    created_at: int
+    promotes_at: int
+    retires_at: int | None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "kid": self.kid,
+            "state": self.state,
+            "created_at": self.created_at,
+            "promotes_at": self.promotes_at,
+            "retires_at": self.retires_at,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    """A source ring turned into the ring a codec uses at one instant."""
+
+    ring: KeyRing  # primary chosen by time; older keys carry their retires_at
+    states: tuple[KeyState, ...]
+    next_promotion: int | None  # when the primary changes next without a refresh
+
+
+@dataclass(frozen=True, slots=True)
+class Timeline:
+    """The timing every instance sharing a key source must agree on (seconds)."""
+
+    refresh_interval: float = DEFAULT_REFRESH_INTERVAL
+    jitter: float = DEFAULT_JITTER
+    clock_skew: float = DEFAULT_CLOCK_SKEW
+    max_ttl: float = DEFAULT_MAX_TTL
+    leeway: float = DEFAULT_LEEWAY
+    staleness_limit: float = DEFAULT_STALENESS_LIMIT
+
+    def __post_init__(self) -> None:
+        if not self.refresh_interval > 0:
+            raise ValueError("refresh_interval must be positive")
+        if not 0 <= self.jitter < 1:
+            raise ValueError("jitter is a fraction of refresh_interval in [0, 1)")
+        if self.clock_skew < 0 or self.leeway < 0 or not self.max_ttl > 0:
+            raise ValueError("clock_skew and leeway must be >= 0 and max_ttl > 0")
+        if self.staleness_limit < self.max_refresh_gap:
+            # Otherwise an instance would stop minting between two healthy refreshes.
+            raise ValueError(
+                f"staleness_limit={self.staleness_limit:g}s is shorter than the longest gap between "
+                f"refreshes, refresh_interval * (1 + jitter) = {self.max_refresh_gap:g}s"
+            )
+
+    @property
+    def max_refresh_gap(self) -> float:
+        return self.refresh_interval * (1 + self.jitter)
+
+    @property
+    def promotion_delay(self) -> int:
+        """D: by then every instance that refreshes on schedule verifies the new key."""
+        return math.ceil(self.max_refresh_gap + self.clock_skew + TIMESTAMP_GRANULARITY)
+
+    @property
+    def retirement_margin(self) -> int:
+        """M: how long a replaced key keeps verifying after its successor's promotion."""
+        return math.ceil(self.staleness_limit + self.max_ttl + self.leeway)
+
+    @property
+    def min_retire_after(self) -> int:
+        """The shortest safe ``retire_after`` for the rotation job: ``D + M``."""
+        return self.promotion_delay + self.retirement_margin
+
+    def promotes_at(self, key: Key) -> int:
+        return key.created_at + self.promotion_delay
+
+    def plan(self, ring: KeyRing, now: float) -> Plan:
+        """Choose the primary by time and give each replaced key its ``retires_at``.
+
+        The newest promoted key is primary. If no key is promoted yet (a fresh
+        deployment, or every key was just replaced in an emergency), the oldest live key
+        mints: nobody can hold an older ring that lacks it. The stored ``primary`` only
+        breaks ties between keys created in the same second.
+        """
+        live = _by_age(ring, now)
+        if not live:
+            states = tuple(self._state(k, "retired", k.retires_at) for k in ring.keys)
+            return Plan(KeyRing(ring.keys), states, None)
+        # A key already marked for retirement never becomes primary: it would stop
+        # verifying while its fresh tokens are still valid.
+        usable = [k for k in live if k.retires_at is None] or live
+        promoted = [k for k in usable if self.promotes_at(k) <= now]
+        primary = promoted[-1] if promoted else usable[0]
+        cut = live.index(primary)
+        retire = {
+            k.kid: _earliest(k.retires_at, self.promotes_at(successor) + self.retirement_margin)
+            for k, successor in itertools.pairwise(live[: cut + 1])
+        }
+        keys = [
+            Key(k.kid, k.secret, k.created_at, retire[k.kid]) if k.kid in retire else k for k in ring.keys
+        ]
+        pending = [self.promotes_at(k) for k in live if self.promotes_at(k) > now]
+        return Plan(
+            KeyRing(keys, primary.kid),
+            tuple(self._classify(k, primary, now) for k in keys),
+            min(pending) if pending else None,
+        )
+
+    def _classify(self, key: Key, primary: Key, now: float) -> KeyState:
+        if key.kid == primary.kid:
+            return self._state(key, "primary", None)
+        if not key.verifies_at(now):
+            return self._state(key, "retired", key.retires_at)
+        if key.retires_at is not None or self.promotes_at(key) <= now:
+            return self._state(key, "verify-only", key.retires_at)
+        return self._state(key, "pending", None)
+
+    def _state(self, key: Key, state: State, retires_at: int | None) -> KeyState:
+        return KeyState(key.kid, state, key.created_at, self.promotes_at(key), retires_at)
+
+    def describe(self) -> dict[str, float]:
+        return {
+            "refresh_interval": self.refresh_interval,
+            "jitter": self.jitter,
+            "clock_skew": self.clock_skew,
+            "max_ttl": self.max_ttl,
+            "leeway": self.leeway,
+            "staleness_limit": self.staleness_limit,
+            "promotion_delay": self.promotion_delay,
+            "retirement_margin": self.retirement_margin,
+            "min_retire_after": self.min_retire_after,
+        }
+
+
+def key_states(  # noqa: PLR0917 - positional order promised to the CLI
+    ring: KeyRing,
+    now: float,
+    refresh_interval: float = DEFAULT_REFRESH_INTERVAL,
+    clock_skew: float = DEFAULT_CLOCK_SKEW,
+    max_ttl: float = DEFAULT_MAX_TTL,
+    leeway: float = DEFAULT_LEEWAY,
+    *,
+    jitter: float = DEFAULT_JITTER,
+    staleness_limit: float = DEFAULT_STALENESS_LIMIT,
+) -> list[KeyState]:
+    """Each key's state (primary / verify-only / pending / retired) and its timeline at ``now``."""
+    timeline = Timeline(refresh_interval, jitter, clock_skew, max_ttl, leeway, staleness_limit)
+    return list(timeline.plan(ring, now).states)
+
+
+def _by_age(ring: KeyRing, now: float) -> list[Key]:
+    """Live keys, oldest first; within one second the stored primary sorts last (newest)."""
+    order = {kid: i for i, kid in enumerate(ring.kids)}
+    live: Sequence[Key] = [k for k in ring.keys if k.verifies_at(now)]
+    return sorted(live, key=lambda k: (k.created_at, k.kid == ring.primary_kid, order[k.kid]))
+
+
+def _earliest(stored: int | None, computed: int) -> int:
+    # An operator's earlier retires_at (say, after a leak) always wins.
+    return computed if stored is None else min(stored, computed)

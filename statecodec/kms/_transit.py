@@ -1,0 +1,259 @@
+"""``vault-transit:MOUNT/NAME``: every version of an exportable transit key is one kid.
+
+Keys are exported and cached, and all cryptography happens locally: a transit call
+costs about a millisecond against microseconds for a local HMAC, and minting must not
+stop when Vault blinks. Vault keeps what it is good at: generating, versioning and
+access-controlling the secrets, and retiring old versions (``min_decryption_version``).
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+from .. import _format
+from .._keys import MIN_SECRET_BYTES, Key, KeyRing
+from ._errors import KeySourceError
+from ._settings import VaultSettings
+from ._source import TRANSIT_KEY_TYPES, KeySource, RotationReport
+from ._timeline import Timeline
+from ._vault import VaultSession
+
+logger = logging.getLogger("statecodec.kms")
+
+EXPORT_TYPES = ("encryption-key", "hmac-key")
+
+
+class TransitSource(KeySource):
+    """Keys exported from one transit key; kid ``<name>-v<N>`` (or ``v<N>`` for long names).
+
+    Creation times come from the key's metadata. Keys of type ``hmac`` carry none, so
+    their versions are dated by when this process first saw them, and at the first load
+    the newest of several versions counts as just published: it verifies at once but
+    mints only after the promotion delay, which errs on the safe side (an older version
+    mints meanwhile). ``rotate()`` refuses hmac keys, since it could not tell ages.
+    """
+
+    def __init__(
+        self,
+        mount: str,
+        name: str,
+        settings: VaultSettings,
+        *,
+        export: str | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        if export is not None and export not in EXPORT_TYPES:
+            raise KeySourceError(f"export must be one of {', '.join(EXPORT_TYPES)}", kind="config")
+        self.mount = mount
+        self.name = name
+        self.url = f"vault-transit:{mount}/{name}"
+        self.settings = settings
+        self.export = export
+        self.session = VaultSession(settings, self.describe())
+        self._first_seen: dict[int, int] = {}
+        self._loaded = False
+        self._clock = clock
+
+    def describe(self) -> str:
+        return f"{self.url} at {self.settings.where()}"
+
+    def kid(self, version: int) -> str:
+        kid = f"{self.name}-v{version}"
+        return kid if _format.valid_kid(kid) else f"v{version}"
+
+    # ------------------------------------------------------------------ load
+    def load(self) -> KeyRing:
+        # Metadata first: a version rotated in between is then exported without a
+        # timestamp and dated "now", which only delays its promotion.
+        meta = self._metadata()
+        export = self._export_type(meta)
+        exported: dict[str, str] = self.session.read(
+            f"reading {self.mount}/export/{export}/{self.name}",
+            lambda c: c.secrets.transit.export_key(self.name, key_type=export, mount_point=self.mount)[
+                "data"
+            ]["keys"],
+            missing=self._missing(),
+        )
+        versions = sorted(int(v) for v in exported)
+        if not versions:
+            raise KeySourceError(
+                "the transit key exported no versions", kind="invalid", source=self.describe()
+            )
+        created = self._creation_times(meta, versions)
+        keys = [Key(self.kid(v), self._secret(v, exported[str(v)]), created[v]) for v in versions]
+        # No primary: Vault has no notion of promotion; the KeyManager's timeline decides.
+        return KeyRing(keys)
+
+    def _metadata(self) -> dict[str, Any]:
+        meta: dict[str, Any] = self.session.read(
+            f"reading {self.mount}/keys/{self.name}",
+            lambda c: c.secrets.transit.read_key(self.name, mount_point=self.mount)["data"],
+            missing=self._missing(),
+        )
+        if not meta.get("exportable"):
+            raise KeySourceError(
+                f"transit key {self.name} is not exportable; statecodec caches exported keys and does the "
+                f"crypto locally. Make it exportable (irreversible): "
+                f"bao write {self.mount}/keys/{self.name}/config exportable=true",
+                kind="invalid",
+                source=self.describe(),
+            )
+        return meta
+
+    def _export_type(self, meta: dict[str, Any]) -> str:
+        if self.export:
+            return self.export
+        return "hmac-key" if meta.get("type") == "hmac" else "encryption-key"
+
+    def _creation_times(self, meta: dict[str, Any], versions: list[int]) -> dict[int, int]:
+        times = {int(v): int(t) for v, t in (meta.get("keys") or {}).items() if isinstance(t, int)}
+        now = int(self._clock())
+        first_load, self._loaded = not self._loaded, True
+        for v in versions:
+            if v in times:
+                continue
+            if v not in self._first_seen:
+                # Unknown age. "Long ago" is safe only for what every instance must
+                # already have: older versions, or the only one, at this process's start.
+                old = first_load and (v != versions[-1] or len(versions) == 1)
+                self._first_seen[v] = 0 if old else now
+            times[v] = self._first_seen[v]
+        return times
+
+    def _secret(self, version: int, text: str) -> bytes:
+        try:
+            secret = base64.b64decode(text, validate=True)
+        except (binascii.Error, ValueError):
+            raise KeySourceError(
+                f"version {version} was not exported as base64", kind="invalid", source=self.describe()
+            ) from None
+        if len(secret) < MIN_SECRET_BYTES:
+            raise KeySourceError(
+                f"version {version} is a {len(secret)}-byte key; statecodec needs {MIN_SECRET_BYTES} "
+                "(use chacha20-poly1305, aes256-gcm96, or hmac with key_size 32)",
+                kind="invalid",
+                source=self.describe(),
+            )
+        return secret
+
+    def _missing(self) -> str:
+        return (
+            f"no transit key {self.name} on mount {self.mount}/ "
+            f"(create it with `statecodec keys init --keys {self.url}`)"
+        )
+
+    # ---------------------------------------------------------------- rotate
+    def rotate(
+        self, *, min_age: float, retire_after: float, now: float, dry_run: bool, timeline: Timeline
+    ) -> RotationReport:
+        meta = self._metadata()
+        latest = int(meta["latest_version"])
+        times = self._dated(meta)
+        age = now - times[latest]
+        new_kid: str | None = None
+        notes: list[str] = []
+        if age >= min_age:
+            if dry_run:
+                new_kid = self.kid(latest + 1)
+            else:
+                meta, new_kid = self._rotate_once(latest, notes)
+                times = self._dated(meta)
+        retired = self._retire(meta, times, retire_after, now, dry_run)
+        newest = int(meta["latest_version"]) if new_kid is None or not dry_run else latest + 1
+        return RotationReport(
+            source=self.describe(),
+            rotated=new_kid is not None,
+            newest_kid=self.kid(newest),
+            newest_age=age,
+            new_kid=new_kid,
+            retired=tuple(retired),
+            dry_run=dry_run,
+            notes=tuple(notes),
+        )
+
+    def _rotate_once(self, seen_latest: int, notes: list[str]) -> tuple[dict[str, Any], str]:
+        self.session.write(
+            f"rotating {self.mount}/keys/{self.name}",
+            lambda c: c.secrets.transit.rotate_key(self.name, mount_point=self.mount),
+            missing=self._missing(),
+        )
+        # Transit has no check-and-set: two jobs that both read the old latest version
+        # both rotate. Re-reading shows it; the extra version is harmless (it verifies
+        # at once, the newest promotes, and it retires like any other).
+        meta = self._metadata()
+        latest = int(meta["latest_version"])
+        if latest > seen_latest + 1:
+            notes.append(
+                f"{latest - seen_latest - 1} more version(s) appeared at the same time (a concurrent "
+                "rotation); harmless: the newest mints, the others verify until retired"
+            )
+        return meta, self.kid(latest)
+
+    def _retire(
+        self, meta: dict[str, Any], times: dict[int, int], retire_after: float, now: float, dry_run: bool
+    ) -> list[str]:
+        # Version v may stop verifying once v+1 is retire_after old; raising the minimum
+        # to the newest version that old retires everything below it in one step.
+        current = int(meta["min_decryption_version"])
+        old_enough = [v for v, t in times.items() if v > current and t + retire_after <= now]
+        if not old_enough:
+            return []
+        target = max(old_enough)
+        if not dry_run:
+            self.session.write(
+                f"updating {self.mount}/keys/{self.name}/config",
+                lambda c: c.secrets.transit.update_key_configuration(
+                    self.name, min_decryption_version=target, mount_point=self.mount
+                ),
+            )
+        return [self.kid(v) for v in range(current, target) if v in times]
+
+    def _dated(self, meta: dict[str, Any]) -> dict[int, int]:
+        times = {int(v): int(t) for v, t in (meta.get("keys") or {}).items() if isinstance(t, int)}
+        if meta.get("type") == "hmac" or int(meta["latest_version"]) not in times:
+            raise KeySourceError(
+                f"transit keys of type {meta.get('type')} record no creation times, so rotate() cannot tell "
+                "the newest version's age or when an old one may retire; use a chacha20-poly1305 key "
+                "(the default of `statecodec keys init`) or rotate by hand (docs/keys.md)",
+                kind="unsupported",
+                source=self.describe(),
+            )
+        return times
+
+    # ------------------------------------------------------------------ init
+    def init(self, *, key_type: str, now: float) -> str:
+        if key_type not in TRANSIT_KEY_TYPES:
+            raise KeySourceError(
+                f"unsupported key type {key_type!r}; use one of {', '.join(TRANSIT_KEY_TYPES)}", kind="config"
+            )
+        try:
+            meta = self._metadata()
+        except KeySourceError as exc:
+            if exc.kind != "missing":
+                raise
+        else:
+            return (
+                f"{self.describe()} already exists (type {meta.get('type')}, "
+                f"version {meta.get('latest_version')}); left unchanged"
+            )
+        body: dict[str, Any] = {"type": key_type, "exportable": True}
+        if key_type == "hmac":
+            body["key_size"] = 32
+        # hvac's create_key refuses some types its allow-list does not know; the API does not.
+        self.session.write(
+            f"creating {self.mount}/keys/{self.name}",
+            lambda c: c.adapter.post(f"/v1/{self.mount}/keys/{self.name}", json=body),
+            missing=(
+                f"no transit engine is mounted at {self.mount}/ "
+                f"(enable it: bao secrets enable -path={self.mount} transit)"
+            ),
+        )
+        return f"{self.describe()}: created an exportable {key_type} key, version 1 (kid {self.kid(1)})"
+
+    def close(self) -> None:
+        self.session.close()

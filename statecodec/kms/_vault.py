@@ -1,0 +1,237 @@
+"""One authenticated hvac client per source: login, renewal, retries, and plain-English errors.
+
+hvac never renews tokens and raises a zoo of exceptions (some from ``requests``). This
+module is the only place that knows either, so the sources read like the Vault docs and
+every failure reaches the operator as one :class:`KeySourceError` saying what to fix.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+import hvac
+import hvac.exceptions as hx
+import requests
+
+from ._errors import KeySourceError, Kind
+from ._settings import VaultSettings
+
+logger = logging.getLogger("statecodec.kms")
+
+T = TypeVar("T")
+
+#: Worth retrying on an idempotent read: the server or the network may recover.
+_TRANSIENT = (
+    requests.exceptions.ConnectionError,
+    requests.exceptions.Timeout,
+    hx.VaultDown,
+    hx.InternalServerError,
+    hx.BadGateway,
+    hx.RateLimitExceeded,
+)
+_DENIED = (hx.Forbidden, hx.Unauthorized)
+
+
+class VaultSession:
+    """Lazily connects and logs in; renews the token at 2/3 of its lease; re-logs in on 403."""
+
+    def __init__(self, settings: VaultSettings, source: str) -> None:
+        self.settings = settings
+        self.source = source
+        self.logins = 0  # for tests and status pages
+        self.renewals = 0
+        self._client: Any = None
+        self._logged_in = False
+        self._renew_at: float | None = None
+        self._lease = 0.0
+        self._lock = threading.RLock()
+
+    # ------------------------------------------------------------------ calls
+    def read(self, what: str, call: Callable[[Any], T], *, missing: str | None = None) -> T:
+        """An idempotent call: retried with backoff on transient failures."""
+        return self._call(what, call, 1 + max(0, self.settings.retries), missing)
+
+    def write(self, what: str, call: Callable[[Any], T], *, missing: str | None = None) -> T:
+        """A call that changes state: never retried, except after a 403 (the write was refused)."""
+        return self._call(what, call, 1, missing)
+
+    def _call(self, what: str, call: Callable[[Any], T], attempts: int, missing: str | None) -> T:
+        relogged = False
+        attempt = 0
+        while True:
+            try:
+                with self._lock:
+                    client = self._ready()
+                return call(client)
+            except _DENIED as exc:
+                if relogged or self.settings.auth_method == "token":
+                    raise self._error(self._denied(what, exc), "denied") from None
+                relogged = True  # the token may have expired or been revoked: log in again, once
+                logger.info("statecodec.kms: %s: Vault answered 403 %s; logging in again", self.source, what)
+                with self._lock:
+                    self._logged_in = False
+            except _TRANSIENT as exc:
+                attempt += 1
+                if attempt >= attempts:
+                    raise self._error(self._unreachable(exc), "unreachable") from None
+                delay = self.settings.backoff * 3 ** (attempt - 1)
+                time.sleep(delay * random.uniform(0.5, 1.5))  # nosec B311 - jitter, not a secret
+            except hx.InvalidPath:
+                raise self._error(missing or f"not found: {what}", "missing") from None
+            except hx.InvalidRequest as exc:
+                # KV v2 answers 400 when a check-and-set loses: another writer came first.
+                kind: Kind = "conflict" if "check-and-set" in _message(exc) else "invalid"
+                raise self._error(f"Vault refused {what}: {_message(exc)}", kind) from None
+            except hx.VaultError as exc:
+                raise self._error(f"unexpected answer {what}: {_message(exc)}", "internal") from None
+            except requests.exceptions.RequestException as exc:
+                raise self._error(f"{what}: {type(exc).__name__}", "unreachable") from None
+
+    def close(self) -> None:
+        with self._lock:
+            if self._client is not None:
+                self._client.adapter.close()
+            self._client = None
+            self._logged_in = False
+
+    # ------------------------------------------------------------ login/renew
+    def _ready(self) -> Any:
+        client = self._client or self._connect()
+        if not self._logged_in:
+            self._login(client)
+        elif self._renew_at is not None and time.monotonic() >= self._renew_at:
+            self._renew(client)
+        return client
+
+    def _connect(self) -> Any:
+        s = self.settings
+        if not s.addr:
+            raise self._error(
+                "VAULT_ADDR is not set (export VAULT_ADDR=https://vault.example:8200)", "config"
+            )
+        if s.cacert and not Path(s.cacert).is_file():
+            raise self._error(f"VAULT_CACERT={s.cacert} is not a readable file", "config")
+        # token="" keeps hvac from reading VAULT_TOKEN behind our back; _login sets it.
+        self._client = hvac.Client(
+            url=s.addr,
+            token="",  # nosec B106 - empty: no token until _login
+            verify=s.cacert or True,
+            timeout=s.timeout,
+            namespace=s.namespace,
+        )
+        return self._client
+
+    def _login(self, client: Any) -> None:
+        s = self.settings
+        method = s.auth_method
+        try:
+            if method == "approle":
+                if not s.secret_id:
+                    raise self._error("VAULT_ROLE_ID is set but VAULT_SECRET_ID is not", "config")
+                auth = client.auth.approle.login(s.role_id, s.secret_id, mount_point=s.approle_mount)["auth"]
+            elif method == "kubernetes":
+                auth = client.auth.kubernetes.login(s.k8s_role, self._k8s_jwt(), mount_point=s.k8s_mount)[
+                    "auth"
+                ]
+            else:
+                client.token = s.token or _token_file()
+                if not client.token:
+                    raise self._error(
+                        "no Vault credentials: set VAULT_TOKEN, or VAULT_ROLE_ID and VAULT_SECRET_ID "
+                        "(AppRole), or VAULT_K8S_ROLE (Kubernetes)",
+                        "config",
+                    )
+                auth = self._lookup_self(client)
+        except (hx.InvalidRequest, *_DENIED) as exc:
+            raise self._error(f"{method} login failed: {_message(exc)}", "denied") from None
+        self.logins += 1
+        self._logged_in = True
+        self._schedule(float(auth.get("lease_duration") or 0), bool(auth.get("renewable")))
+
+    def _lookup_self(self, client: Any) -> dict[str, Any]:
+        # Only to learn the lease; a token without the default policy still works unrenewed.
+        try:
+            data = client.auth.token.lookup_self()["data"]
+        except _DENIED:
+            return {}
+        return {"lease_duration": data.get("ttl"), "renewable": data.get("renewable")}
+
+    def _renew(self, client: Any) -> None:
+        try:
+            auth = client.auth.token.renew_self()["auth"]
+        except (hx.InvalidRequest, hx.InternalServerError, *_DENIED) as exc:
+            # Past its max TTL, or revoked: a new login is the only cure.
+            if self.settings.auth_method == "token":
+                logger.warning(
+                    "statecodec.kms: %s: renewing VAULT_TOKEN failed (%s); it will expire",
+                    self.source,
+                    _message(exc),
+                )
+                self._renew_at = None
+                return
+            self._login(client)
+            return
+        lease = float(auth.get("lease_duration") or 0)
+        self.renewals += 1
+        if lease < self._lease and self.settings.auth_method != "token":
+            # The lease was capped by the token's max TTL: start afresh instead of
+            # renewing an ever shorter lease until it dies between two refreshes.
+            self._login(client)
+            return
+        self._schedule(lease, bool(auth.get("renewable")))
+
+    def _schedule(self, lease: float, renewable: bool) -> None:
+        self._lease = lease
+        self._renew_at = time.monotonic() + lease * 2 / 3 if renewable and lease > 0 else None
+
+    def _k8s_jwt(self) -> str:
+        path = Path(self.settings.k8s_jwt_path)
+        try:
+            return path.read_text(encoding="utf-8").strip()
+        except OSError as exc:
+            raise self._error(
+                f"cannot read the Kubernetes service account token {path}: {exc.strerror}", "config"
+            ) from None
+
+    # ----------------------------------------------------------------- errors
+    def _error(self, message: str, kind: Kind) -> KeySourceError:
+        return KeySourceError(message, kind=kind, source=self.source)
+
+    def _unreachable(self, exc: BaseException) -> str:
+        where = self.settings.where()
+        if isinstance(exc, requests.exceptions.SSLError):
+            return f"TLS verification failed for {where}; set VAULT_CACERT to the CA bundle that signed it"
+        if isinstance(exc, requests.exceptions.Timeout):
+            return f"Vault at {where} did not answer within {self.settings.timeout:g}s"
+        if isinstance(exc, requests.exceptions.ConnectionError):
+            cause = "connection refused" if "refused" in str(exc).lower() else "connection failed"
+            return f"cannot connect to Vault at {where} ({cause}); is it running, and is VAULT_ADDR right?"
+        if isinstance(exc, hx.VaultDown):
+            return f"Vault at {where} is sealed or in standby (503)"
+        return f"Vault at {where} failed: {type(exc).__name__}: {_message(exc)}"
+
+    @staticmethod
+    def _denied(what: str, exc: BaseException) -> str:
+        return (
+            f"permission denied {what} ({_message(exc)}): the token's policies do not allow it, or the "
+            "token expired or was revoked (see docs/policies/ for what statecodec needs)"
+        )
+
+
+def _message(exc: BaseException) -> str:
+    if isinstance(exc, hx.VaultError):
+        return ", ".join(exc.errors) if exc.errors else str(exc.args[0] if exc.args else type(exc).__name__)
+    return str(exc)
+
+
+def _token_file() -> str | None:
+    try:
+        return (Path.home() / ".vault-token").read_text(encoding="utf-8").strip() or None
+    except OSError:
+        return None

