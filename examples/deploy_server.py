@@ -30,15 +30,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
-import socket
 import sys
 from pathlib import Path
-from typing import Any
-
-import uvicorn
 
 from statecodec import KeyRing, StateCodec
 from statecodec._demo import FLAVORS, SERVER_NAME
+from statecodec._demo._serve import serve_http
 from statecodec.replay import store_from_url
 
 
@@ -47,25 +44,6 @@ def make_codec(args: argparse.Namespace) -> StateCodec:
     return StateCodec(
         ring, mode=args.mode, ttl=args.ttl, replay=store_from_url(args.replay), namespace=SERVER_NAME
     )
-
-
-async def serve_http(app: Any, host: str, port: int) -> None:
-    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind((host, port))
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on"))
-
-    async def announce() -> None:
-        while not server.started:
-            await asyncio.sleep(0.02)
-        bound = sock.getsockname()[1]
-        print(f"READY http://{host}:{bound}/mcp", flush=True)
-
-    announcer = asyncio.create_task(announce())
-    try:
-        await server.serve(sockets=[sock])
-    finally:
-        announcer.cancel()
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

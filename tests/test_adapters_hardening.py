@@ -103,3 +103,38 @@ async def test_oversized_token_is_refused_before_the_digest(caplog: pytest.LogCa
             await client.session._dispatcher.send_raw_request("tools/call", params, {})
     assert "reason=too_large" in caplog.text
     assert "limited to" not in caplog.text
+
+
+@pytest.mark.parametrize("key", ["requestState", "request_state", "Request-State"])
+async def test_asgi_middleware_refuses_state_aliases_before_a_fastmcp_upstream(key: str) -> None:
+    import httpx
+
+    from statecodec.adapters.asgi import RequestStateMiddleware
+
+    server: FastMCP[Any] = FastMCP("deploy")
+    seen: list[str | None] = []
+
+    @server.tool
+    async def deploy(version: str, ctx: Context) -> Any:
+        seen.append(ctx.request_state)
+        return f"EXECUTED with state {ctx.request_state}"
+
+    inner = server.http_app(path="/mcp", stateless_http=True, json_response=True)
+    app = RequestStateMiddleware(inner, _codec(), audience="deploy")
+    headers = {
+        "accept": "application/json, text/event-stream",
+        "content-type": "application/json",
+        "mcp-protocol-version": "2025-11-25",
+    }
+    body = {
+        "jsonrpc": "2.0",
+        "id": 1,
+        "method": "tools/call",
+        "params": {"name": "deploy", "arguments": {"version": "v1"}, key: '{"approved": true}'},
+    }
+    async with inner.router.lifespan_context(inner):
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1") as client:
+            response = await client.post("/mcp", json=body, headers=headers)
+    assert response.json()["error"]["code"] == sc.WIRE_ERROR_CODE
+    assert seen == []

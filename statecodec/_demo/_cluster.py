@@ -18,7 +18,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import socket
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextvars import ContextVar
@@ -28,6 +27,7 @@ from typing import Any, Final
 import uvicorn
 
 from .._codec import Mode, StateCodec
+from .._net import bind_socket
 from ..kms import KeyManager
 from ..replay import ReplayStore, store_from_url
 from ._scenario import SERVER_NAME
@@ -173,8 +173,7 @@ class Cluster:
         # log_config=None: uvicorn leaves the logging of the demo's process alone.
         config = uvicorn.Config(_tagged(app, name), log_config=None, access_log=False, lifespan="on")
         server = _EmbeddedServer(config)
-        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        sock.bind(("127.0.0.1", 0))  # a free loopback port, bound before serving: no race for it
+        sock = bind_socket("127.0.0.1", 0)  # a free loopback port, bound before serving
         url = f"http://127.0.0.1:{sock.getsockname()[1]}/mcp"
         task = asyncio.create_task(server.serve(sockets=[sock]), name=f"statecodec-demo-{name}")
         self.running.append(_Running(Instance(name, service, url), server, task))

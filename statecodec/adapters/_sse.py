@@ -22,7 +22,7 @@ _LF: Final = 0x0A
 _BOM: Final = b"\xef\xbb\xbf"
 
 
-class EventTooLarge(ValueError):
+class EventTooLargeError(ValueError):
     """An event grew past ``max_event_bytes`` before its end arrived."""
 
 
@@ -86,7 +86,7 @@ class Parser:
         self._start = True  # a BOM may open the stream
 
     def feed(self, chunk: bytes) -> list[Event]:
-        """The events completed by ``chunk``; raises :class:`EventTooLarge`."""
+        """The events completed by ``chunk``; raises :class:`EventTooLargeError`."""
         self._buf += chunk
         if self._start:
             if len(self._buf) < len(_BOM) and _BOM.startswith(bytes(self._buf)):
@@ -97,7 +97,7 @@ class Parser:
                 del self._buf[: len(_BOM)]
         events = self._split(final=False)
         if len(self._raw) + len(self._buf) > self.max_event_bytes:
-            raise EventTooLarge(f"an SSE event exceeds {self.max_event_bytes} bytes")
+            raise EventTooLargeError(f"an SSE event exceeds {self.max_event_bytes} bytes")
         return events
 
     def close(self) -> tuple[list[Event], bytes]:
@@ -131,7 +131,11 @@ class Parser:
             if buf[end_of_line] == _CR:
                 if end_of_line + 1 == size and not final:
                     break  # CR at the chunk's end: the LF of a CRLF may follow
-                after = end_of_line + 2 if end_of_line + 1 < size and buf[end_of_line + 1] == _LF else end_of_line + 1
+                after = (
+                    end_of_line + 2
+                    if end_of_line + 1 < size and buf[end_of_line + 1] == _LF
+                    else end_of_line + 1
+                )
             else:
                 after = end_of_line + 1
             line = bytes(buf[pos:end_of_line])

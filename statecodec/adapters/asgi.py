@@ -12,7 +12,7 @@ application. On the way out, the ``requestState`` of every ``input_required`` re
 sealed, in ``application/json`` bodies and in ``text/event-stream`` streams alike (event
 by event, never buffering a stream). Everything else passes through byte for byte.
 
-Everything the rules about *what* is bound and *how* a rejection looks like come from
+The rules on *what* is bound and *what* a rejection looks like come from
 :mod:`statecodec.adapters.jsonrpc`, shared with the SDK adapters. This module adds what
 only a byte-level intermediary needs, above all: **the application must see exactly the
 JSON the middleware judged.** A server parsing the body differently (duplicate keys,
@@ -20,7 +20,8 @@ JSON the middleware judged.** A server parsing the body differently (duplicate k
 UTF-8 repaired into U+FFFD, a compressed body) could read a state the middleware never
 verified. So a request body that is not strict JSON, or that spells a protocol key in
 another case, is refused before the application runs, and compressed bodies are refused
-too. See docs/proxy.md for the full list of what is and is not bound.
+too, as are ``Mcp-Method``/``Mcp-Name`` headers that disagree with the body. See
+docs/proxy.md for the full list of what is and is not bound.
 
 Batches: each element is judged on its own. An element whose token fails is answered
 with the -32602 error by the middleware and removed from the batch; the rest is
@@ -29,9 +30,12 @@ forwarded, and the middleware's answers are merged into the application's respon
 
 from __future__ import annotations
 
+import base64
+import binascii
 import inspect
 import json
 import logging
+import re
 from collections.abc import Awaitable, Callable, Collection, Mapping, MutableMapping
 from typing import Any, Final, TypeAlias
 
@@ -40,7 +44,19 @@ from .._codec import StateCodec
 from .._errors import InvalidState
 from . import _sse, jsonrpc
 
-__all__ = ["DEFAULT_MAX_BODY_BYTES", "DEFAULT_MAX_RESPONSE_BYTES", "PrincipalFn", "RequestStateMiddleware"]
+__all__ = [
+    "DEFAULT_MAX_BODY_BYTES",
+    "DEFAULT_MAX_RESPONSE_BYTES",
+    "ASGIApp",
+    "Message",
+    "PrincipalFn",
+    "Receive",
+    "RequestStateMiddleware",
+    "Scope",
+    "Send",
+    "dumps",
+    "loads_strict",
+]
 
 logger = logging.getLogger("statecodec")
 
@@ -53,7 +69,7 @@ ASGIApp: TypeAlias = Callable[[Scope, Receive, Send], Awaitable[None]]
 #: has lower-case names; repeated headers are joined with ", ". Raise when the caller
 #: presented credentials that cannot be verified: the request is then never bound to
 #: anyone (a token is refused, a new state is not sealed).
-PrincipalFn: TypeAlias = Callable[[Scope, Mapping[str, str]], "str | None | Awaitable[str | None]"]
+PrincipalFn: TypeAlias = Callable[[Scope, Mapping[str, str]], "str | Awaitable[str | None] | None"]
 
 #: The TypeScript SDK's default limit on a POST body.
 DEFAULT_MAX_BODY_BYTES: Final = 4 * 1024 * 1024
@@ -66,11 +82,12 @@ _JSON_HEADERS: Final = [(b"content-type", b"application/json")]
 _INSPECTED_MEDIA: Final = frozenset({"application/json", "text/event-stream"})
 # Keys whose exact spelling decides what a server reads. A key equal to one of them
 # under Unicode case folding, but not identical, would be read by a case-insensitive
-# parser (Go's encoding/json folds "ſ" to "s" and "K" to "k") and ignored here.
+# parser (Go's encoding/json also folds U+017F to "s" and U+212A to "k") and ignored here.
 _ENVELOPE_KEYS: Final = frozenset({"jsonrpc", "id", "method", "params", "result", "error"})
 _PARAMS_KEYS: Final = frozenset({"name", "uri", "arguments", "requestState", "inputResponses", "_meta"})
 _FOLDED_ENVELOPE: Final = {key.casefold(): key for key in _ENVELOPE_KEYS}
 _FOLDED_PARAMS: Final = {key.casefold(): key for key in _PARAMS_KEYS}
+_B64_SENTINEL: Final = re.compile(r"=\?base64\?(.*)\?=", re.DOTALL)
 
 
 class _Refused(Exception):  # noqa: N818 - control flow, never leaves this module
@@ -119,9 +136,30 @@ def loads_strict(data: bytes) -> Any:
         raise ValueError("JSON nested too deeply") from None
 
 
+def _loads_lenient(data: bytes) -> Any:
+    """A response body as a lenient JSON client reads it, or ``_MISSING``.
+
+    Responses come from the protected server, not from the attacker, so the question is
+    only whether a client would find a result in them: decode as browsers do
+    (replacing invalid UTF-8), accept duplicate keys (the last wins, as in JavaScript).
+    """
+    try:
+        return json.loads(data.decode("utf-8", "replace"))
+    except (ValueError, RecursionError):
+        return _MISSING
+
+
 def dumps(value: Any) -> bytes:
-    """Compact UTF-8 JSON, never containing a raw line break (safe as one SSE data line)."""
-    return json.dumps(value, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode("utf-8")
+    """Compact UTF-8 JSON, never containing a raw line break (safe as one SSE data line).
+
+    Strings holding a lone surrogate (legal in JSON as an escape, not encodable as UTF-8)
+    are written escaped, so any decoded document can be written back.
+    """
+    try:
+        text = json.dumps(value, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+        return text.encode("utf-8")
+    except UnicodeEncodeError:
+        return json.dumps(value, separators=(",", ":"), allow_nan=False).encode("ascii")
 
 
 def _check_keys(obj: Mapping[str, Any], folded: Mapping[str, str], where: str) -> None:
@@ -129,6 +167,48 @@ def _check_keys(obj: Mapping[str, Any], folded: Mapping[str, str], where: str) -
         canonical = folded.get(key.casefold())
         if canonical is not None and key != canonical:
             raise _Refused(400, INVALID_REQUEST, f"{where} key {key[:40]!r} is not spelled {canonical!r}")
+
+
+def _decode_header_value(raw: bytes) -> str | None:
+    """An ``Mcp-Name`` value as the SDKs decode it (``=?base64?...?=`` for non-ASCII), or None."""
+    text = raw.decode("latin-1")
+    match = _B64_SENTINEL.fullmatch(text)
+    if match is None:
+        return text
+    try:
+        decoded = base64.b64decode(match.group(1), validate=True)
+        if base64.b64encode(decoded).decode("ascii") != match.group(1):
+            return None
+        return decoded.decode("utf-8")
+    except (binascii.Error, UnicodeDecodeError):
+        return None
+
+
+def _check_routing_headers(headers: list[tuple[bytes, bytes]], messages: list[Any]) -> None:
+    """``Mcp-Method`` and ``Mcp-Name`` must say what the body says.
+
+    MCP 2026-07-28 mirrors the method and the tool/prompt name or resource URI into
+    headers for routing. A server (or a router in front of it) that dispatched on the
+    header while this middleware judged the body could run a request whose state was
+    never verified, or a target other than the bound one: refuse any disagreement.
+    """
+    method_header = _header(headers, b"mcp-method")
+    name_header = _header(headers, b"mcp-name")
+    if method_header is None and name_header is None:
+        return
+    for message in messages:
+        if not isinstance(message, dict) or "method" not in message:
+            continue
+        method = message["method"]
+        if method_header is not None and method_header.decode("latin-1") != method:
+            raise _Refused(400, INVALID_REQUEST, "the Mcp-Method header does not match the body")
+        if name_header is None or not isinstance(method, str) or not jsonrpc.is_mrtr(method):
+            continue
+        params = message.get("params")
+        field = "uri" if method == "resources/read" else "name"
+        target = params.get(field) if isinstance(params, dict) else None
+        if target is not None and _decode_header_value(name_header) != target:
+            raise _Refused(400, INVALID_REQUEST, "the Mcp-Name header does not match the body")
 
 
 def _id_key(value: Any) -> tuple[str, Any]:
@@ -232,11 +312,15 @@ class RequestStateMiddleware:
             if not body:
                 # No JSON-RPC in it (GET streams, DELETE). A stream's events are still
                 # watched: a resumed stream must not replay a result's plaintext state.
-                await self.app(scope, _replay(body, receive), _Outbound(self, send, {}, [], batch=False).send)
+                watch = _Outbound(self, send, {}, [], batch=False, inspect_json=False)
+                await self.app(scope, _replay(body, receive), watch.send)
                 return
             exchange = await _Exchange.judge(self, scope, headers, body)
         except _Refused as refusal:
-            await _respond(send, refusal.status, _error(None, {"code": refusal.code, "message": refusal.message}))
+            logger.warning("statecodec: refused a request with HTTP %d: %s", refusal.status, refusal.message)
+            await _respond(
+                send, refusal.status, _error(None, {"code": refusal.code, "message": refusal.message})
+            )
             return
         await exchange.run(self, scope, receive, send)
 
@@ -317,11 +401,12 @@ class _Exchange:
         try:
             document = loads_strict(body)
         except ValueError as exc:
-            logger.warning("statecodec: refused a request body that is not strict JSON: %s", str(exc)[:200])
+            logger.info("statecodec: the request body is not strict JSON: %s", str(exc)[:200])
             raise _Refused(400, PARSE_ERROR, "Parse error") from None
         exchange.batch = isinstance(document, list)
         messages = document if exchange.batch else [document]
         exchange._check(messages)
+        _check_routing_headers(headers, messages)
         principal = _Lazy(middleware, scope, headers)
         kept: list[Any] = []
         for message in messages:
@@ -358,22 +443,33 @@ class _Exchange:
         if not isinstance(method, str) or not jsonrpc.is_mrtr(method):
             return message
         params = message.get("params")
-        token = params.get(jsonrpc.REQUEST_STATE) if isinstance(params, dict) else None
+        # carries_state also catches aliases such as "request_state", which some
+        # upstreams (FastMCP, Go's case-insensitive decoding) would read unverified.
+        carries = isinstance(params, dict) and jsonrpc.carries_state(params)
         if "id" not in message:
-            if token is None:
+            if not carries:
                 return message
             # A notification cannot be answered; never let its state through unverified.
             logger.warning("statecodec: dropped a %s notification carrying a requestState", method)
             self.changed = True
             return _MISSING
+        if carries:
+            try:  # cheap checks (aliases, type, size cap) before the argument digest
+                jsonrpc.check_state_shape(middleware.codec, method, params)
+            except InvalidState:
+                self.answers.append(_error(message["id"], jsonrpc.invalid_state_error()))
+                self.changed = True
+                return _MISSING
         binding = await self._bind(middleware, principal, method, params)
         self.pending[_id_key(message["id"])] = binding
-        if token is None:
+        if not carries:
             return message
-        assert isinstance(params, dict)  # a token was found in it
         try:
             if isinstance(binding, Exception):
-                exc = InvalidState("malformed", f"the request cannot be bound: {type(binding).__name__}: {binding}")
+                exc = InvalidState(
+                    "malformed",
+                    f"the request cannot be bound: {type(binding).__name__}: {str(binding)[:200]}",
+                )
                 jsonrpc.log_rejection(middleware.codec, method, params, exc)
                 raise exc
             plaintext = await jsonrpc.unseal_params(middleware.codec, method, params, binding)
@@ -391,18 +487,24 @@ class _Exchange:
     ) -> Binding | Exception:
         try:
             mapping = params if isinstance(params, dict) else None
-            return jsonrpc.binding_for(method, mapping, principal=await principal.get(), audience=middleware.audience)
+            return jsonrpc.binding_for(
+                method, mapping, principal=await principal.get(), audience=middleware.audience
+            )
         except Exception as exc:  # deny on error: a request that cannot be bound is never bound to no one
             return exc
 
-    async def run(self, middleware: RequestStateMiddleware, scope: Scope, receive: Receive, send: Send) -> None:
+    async def run(
+        self, middleware: RequestStateMiddleware, scope: Scope, receive: Receive, send: Send
+    ) -> None:
         if self.empty:
             await self._answer_alone(send)
             return
+        if not (self.pending or self.answers or self.changed):
+            await middleware.app(scope, _replay(self.original, receive), send)  # byte for byte, both ways
+            return
         body = dumps(self.forward) if self.changed else self.original
         outbound = _Outbound(middleware, send, self.pending, self.answers, batch=self.batch)
-        inner_send = outbound.send if (self.pending or self.answers) else send
-        await middleware.app(_with_body(scope, body), _replay(body, receive), inner_send)
+        await middleware.app(_with_body(scope, body), _replay(body, receive), outbound.send)
 
     async def _answer_alone(self, send: Send) -> None:
         if not self.answers:
@@ -415,7 +517,9 @@ class _Exchange:
 def _with_body(scope: Scope, body: bytes) -> Scope:
     # The application must see the body it receives, and must answer in a form this
     # middleware can read: no compressed response.
-    headers = _without(list(scope.get("headers", ())), b"content-length", b"accept-encoding", b"transfer-encoding")
+    headers = _without(
+        list(scope.get("headers", ())), b"content-length", b"accept-encoding", b"transfer-encoding"
+    )
     headers.append((b"content-length", str(len(body)).encode("ascii")))
     return {**scope, "headers": headers}
 
@@ -423,7 +527,9 @@ def _with_body(scope: Scope, body: bytes) -> Scope:
 class _Lazy:
     """The principal, resolved once per request and only when an MRTR request needs it."""
 
-    def __init__(self, middleware: RequestStateMiddleware, scope: Scope, headers: list[tuple[bytes, bytes]]) -> None:
+    def __init__(
+        self, middleware: RequestStateMiddleware, scope: Scope, headers: list[tuple[bytes, bytes]]
+    ) -> None:
         self._middleware = middleware
         self._scope = scope
         self._headers = headers
@@ -455,16 +561,18 @@ class _Outbound:
         answers: list[dict[str, Any]],
         *,
         batch: bool,
+        inspect_json: bool = True,
     ) -> None:
         self.middleware = middleware
+        self.inspect_json = inspect_json
         self._send = send
         self.pending = pending
         self.answers = answers
         self.batch = batch
         self._mode = "raw"
-        self._start: Message | None = None
+        self._start: Message = {}
         self._body = bytearray()
-        self._parser: _sse.Parser | None = None
+        self._parser = _sse.Parser(middleware.max_response_bytes)
         self._finished = False
 
     async def send(self, message: Message) -> None:
@@ -485,18 +593,24 @@ class _Outbound:
         if message["status"] == 202 and self.answers:
             self._mode = "accepted"  # nothing forwarded needed an answer, but the middleware has some
             self._start = message
-        elif media in _INSPECTED_MEDIA and encoding is not None and encoding.strip().lower() != b"identity":
+        elif (
+            media in _INSPECTED_MEDIA
+            and (self.inspect_json or media == "text/event-stream")
+            and encoding is not None
+            and encoding.strip().lower() != b"identity"
+        ):
             self._mode = "opaque"  # cannot be read, so cannot be sealed: fail closed at the end
             self._start = message
-        elif media == "application/json":
+        elif media == "application/json" and self.inspect_json:
             self._mode = "json"
             self._start = message
         elif media == "text/event-stream":
             self._mode = "sse"
-            self._parser = _sse.Parser(self.middleware.max_response_bytes)
             await self._send({**message, "headers": _without(headers, b"content-length")})
             for answer in self.answers:
-                await self._send({"type": "http.response.body", "body": _sse.encode(dumps(answer)), "more_body": True})
+                await self._send(
+                    {"type": "http.response.body", "body": _sse.encode(dumps(answer)), "more_body": True}
+                )
         else:
             if self.answers:
                 logger.warning(
@@ -525,22 +639,20 @@ class _Outbound:
         if self._mode == "accepted":
             await _respond(self._send, 200, self.answers)
         elif self._mode == "opaque":
-            logger.error("statecodec: a compressed response to an MRTR request cannot be sealed; answered 502")
+            logger.error(
+                "statecodec: a compressed response to an MRTR request cannot be sealed; answered 502"
+            )
             await self._fail_closed()
         else:
             await self._finish_json()
         self._finished = True
 
     async def _finish_json(self) -> None:
-        assert self._start is not None
-        try:
-            document = loads_strict(bytes(self._body))
-        except ValueError:
-            logger.error("statecodec: the response to an MRTR request is not JSON; answered 502")
-            await self._fail_closed()
-            return
-        document, changed = self._seal_document(document)
-        if self.answers and self._start["status"] == 200:
+        document = _loads_lenient(bytes(self._body))
+        changed = False
+        if document is not _MISSING:
+            document, changed = self._seal_document(document)
+        if self.answers and self._start["status"] == 200 and document is not _MISSING:
             document = [*(document if isinstance(document, list) else [document]), *self.answers]
             changed = True
         body = dumps(document) if changed else bytes(self._body)
@@ -550,15 +662,16 @@ class _Outbound:
         await self._send({"type": "http.response.body", "body": body, "more_body": False})
 
     async def _on_sse(self, chunk: bytes, more: bool) -> None:
-        assert self._parser is not None
         try:
             events = self._parser.feed(chunk)
             rest = b""
             if not more:
                 tail, rest = self._parser.close()
                 events += tail
-        except _sse.EventTooLarge as exc:
-            logger.error("statecodec: %s; the stream was cut (it may carry a state that cannot be sealed)", exc)
+        except _sse.EventTooLargeError as exc:
+            logger.error(
+                "statecodec: %s; the stream was cut (it may carry a state that cannot be sealed)", exc
+            )
             await self._send({"type": "http.response.body", "body": b"", "more_body": False})
             self._finished = True
             return
@@ -573,11 +686,9 @@ class _Outbound:
     def _sse_event(self, event: _sse.Event) -> bytes:
         if not event.data:
             return event.raw  # priming events, keep-alives, comments
-        try:
-            document = loads_strict(event.data)
-        except ValueError:
-            logger.error("statecodec: dropped an SSE event whose data is not JSON")
-            return b""
+        document = _loads_lenient(event.data)
+        if document is _MISSING:
+            return event.raw  # no JSON client would read a result in it
         document, changed = self._seal_document(document)
         return event.with_data(dumps(document)) if changed else event.raw
 

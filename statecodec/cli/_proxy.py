@@ -1,0 +1,384 @@
+"""``statecodec proxy``: protect an MCP server in any language by deployment alone.
+
+A long-running command, so it does not print the one-shot ``--json`` document of the
+other commands: it prints ``listening on URL`` on stdout once it accepts connections,
+logs to stderr (rejections at WARNING, with the reason and never a token), and exits
+with the usual codes when it cannot start (3 keys, 4 replay store, 6 address in use,
+7 key source down).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+import sys
+from dataclasses import dataclass
+from typing import Any
+
+import click
+
+from .._codec import DEFAULT_MAX_TOKEN_BYTES, DEFAULT_TTL, StateCodec
+from .._humanize import duration
+from ..adapters.asgi import DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_RESPONSE_BYTES, PrincipalFn
+from ._exit import CliError, ExitCode
+from ._output import classify
+from ._params import DURATION, keys_option, require_keys
+
+logger = logging.getLogger("statecodec.proxy")
+
+_PRINCIPAL_FORMS = "none, header:NAME or jwt-sub"
+
+
+@dataclass(frozen=True)
+class PrincipalOptions:
+    source: str
+    jwks: str | None
+    issuer: str | None
+    jwt_audience: tuple[str, ...]
+    algorithms: tuple[str, ...]
+    introspection: str | None
+
+    def check(self) -> None:
+        """Usage errors: a principal read in a way the operator did not fully configure."""
+        jwt_options = bool(self.jwks or self.issuer or self.jwt_audience or self.algorithms)
+        if self.source == "jwt-sub":
+            if bool(self.jwks) == bool(self.introspection):
+                raise click.UsageError(
+                    "--principal-from jwt-sub needs exactly one of --jwks URL or --introspection"
+                )
+            if self.jwks and not (self.issuer and self.jwt_audience):
+                raise click.UsageError(
+                    "--jwks needs --issuer and --jwt-audience (the token's expected iss and aud)"
+                )
+            if self.introspection and jwt_options:
+                raise click.UsageError("--issuer, --jwt-audience and --jwt-algorithm go with --jwks only")
+        elif jwt_options or self.introspection:
+            raise click.UsageError(
+                "--jwks, --issuer, --jwt-audience and --introspection need --principal-from jwt-sub"
+            )
+        elif self.source != "none" and not (self.source.startswith("header:") and self.source[7:].strip()):
+            raise click.UsageError(f"--principal-from must be {_PRINCIPAL_FORMS}, not {self.source!r}")
+
+    def describe(self) -> str:
+        if self.source == "jwt-sub":
+            return (
+                f"jwt-sub via {'JWKS ' + str(self.jwks) if self.jwks else 'hook ' + str(self.introspection)}"
+            )
+        return self.source
+
+    def build(self) -> tuple[PrincipalFn | None, Any]:
+        """The principal callable, and the object to close at shutdown (or None)."""
+        from ..proxy import DEFAULT_ALGORITHMS, BearerPrincipal, JWKSVerifier, header_principal, load_hook  # noqa: PLC0415
+
+        if self.source == "none":
+            return None, None
+        if self.source.startswith("header:"):
+            return header_principal(self.source[7:]), None
+        if self.introspection:
+            try:
+                hook = load_hook(self.introspection)
+            except (ImportError, AttributeError, ValueError, TypeError) as exc:
+                raise CliError(ExitCode.USAGE, f"--introspection {self.introspection}: {exc}") from None
+            return BearerPrincipal(hook), None
+        if not (self.jwks and self.issuer):  # check() has made sure; this keeps the types honest
+            raise click.UsageError("--jwks needs --issuer")
+        try:
+            verifier = JWKSVerifier(
+                self.jwks,
+                issuer=self.issuer,
+                audience=list(self.jwt_audience),
+                algorithms=self.algorithms or DEFAULT_ALGORITHMS,
+            )
+        except ValueError as exc:
+            raise CliError(ExitCode.USAGE, str(exc)) from None
+        return BearerPrincipal(verifier), verifier
+
+
+def _listen(value: str) -> tuple[str, int]:
+    host, sep, port = value.rpartition(":")
+    if not sep or not host or not port.isdigit() or int(port) > 65535:
+        raise click.BadParameter(f"{value!r} is not HOST:PORT (e.g. 127.0.0.1:8000, [::1]:8000)")
+    return host.strip("[]"), int(port)
+
+
+@click.command("proxy")
+@click.option(
+    "--upstream",
+    required=True,
+    metavar="URL",
+    help="The MCP server to protect, e.g. http://127.0.0.1:9000/mcp.",
+)
+@click.option(
+    "--listen",
+    default="127.0.0.1:8000",
+    show_default=True,
+    metavar="HOST:PORT",
+    help="Address to serve on (port 0: any free port).",
+)
+@keys_option
+@click.option(
+    "--replay",
+    required=True,
+    metavar="URL",
+    envvar="STATECODEC_REPLAY",
+    show_envvar=True,
+    help="Replay store shared by every instance: sqlite:PATH, redis://..., or memory: (one instance).",
+)
+@click.option(
+    "--audience", required=True, help="The protected service's name; the same on all its instances."
+)
+@click.option(
+    "--mode",
+    type=click.Choice(["sign", "encrypt"]),
+    default="encrypt",
+    show_default=True,
+    help="ENCRYPT hides the upstream's state from clients; SIGN only protects it.",
+)
+@click.option(
+    "--ttl",
+    type=DURATION,
+    default=duration(DEFAULT_TTL),
+    show_default=True,
+    help="Lifetime of sealed states.",
+)
+@click.option("--namespace", help="Replay-store namespace (default: the audience).")
+@click.option(
+    "--max-token-bytes",
+    type=click.IntRange(128),
+    default=DEFAULT_MAX_TOKEN_BYTES,
+    show_default=True,
+    help="Largest sealed state; a larger one is answered -32603.",
+)
+@click.option(
+    "--principal-from",
+    "principal_source",
+    default="none",
+    show_default=True,
+    metavar="SOURCE",
+    help=f"Who a state is bound to: {_PRINCIPAL_FORMS}.",
+)
+@click.option(
+    "--jwks",
+    metavar="URL",
+    help="jwt-sub: verify bearer JWTs against this JWKS (https, or http on loopback).",
+)
+@click.option("--issuer", help="jwt-sub with --jwks: the required iss claim.")
+@click.option(
+    "--jwt-audience", multiple=True, help="jwt-sub with --jwks: an accepted aud claim (repeatable)."
+)
+@click.option(
+    "--jwt-algorithm",
+    "algorithms",
+    multiple=True,
+    help="jwt-sub with --jwks: an accepted algorithm (default: RS*, PS*, ES256/384, EdDSA).",
+)
+@click.option(
+    "--introspection",
+    metavar="MODULE:FUNCTION",
+    help="jwt-sub: fn(token) -> claims or None (sync or async), e.g. RFC 7662 introspection.",
+)
+@click.option(
+    "--max-body-bytes",
+    type=click.IntRange(1),
+    default=DEFAULT_MAX_BODY_BYTES,
+    show_default=True,
+    help="Larger request bodies get 413.",
+)
+@click.option(
+    "--max-response-bytes",
+    type=click.IntRange(1),
+    default=DEFAULT_MAX_RESPONSE_BYTES,
+    show_default=True,
+    help="Largest inspected JSON response or SSE event.",
+)
+@click.option(
+    "--connect-timeout", type=DURATION, default="10s", show_default=True, help="Connecting to the upstream."
+)
+@click.option(
+    "--read-timeout",
+    type=DURATION,
+    default="5m",
+    show_default=True,
+    help="Silence allowed between two upstream chunks.",
+)
+@click.option(
+    "--graceful-timeout",
+    type=DURATION,
+    default="30s",
+    show_default=True,
+    help="On SIGTERM, time left to open requests.",
+)
+@click.option(
+    "--max-concurrent-requests",
+    type=click.IntRange(1),
+    help="Answer 503 beyond this many open requests (default: no limit).",
+)
+@click.option(
+    "--max-connections",
+    type=click.IntRange(1),
+    default=100,
+    show_default=True,
+    help="Upstream connection pool size.",
+)
+@click.option(
+    "--passthrough-path",
+    "passthrough_paths",
+    multiple=True,
+    metavar="PATH",
+    help="A path forwarded uninspected (e.g. a form-encoded OAuth endpoint); never the MCP path.",
+)
+@click.option(
+    "--log-level", type=click.Choice(["debug", "info", "warning", "error"]), default="info", show_default=True
+)
+def proxy_command(**params: Any) -> None:
+    """Reverse proxy sealing every requestState of an unprotected MCP server.
+
+    Clients talk to the proxy; the upstream receives only the plaintext states it issued
+    itself. Forged, tampered, expired, replayed and mis-bound states are answered with
+    -32602 "Invalid or expired requestState" and never reach the upstream.
+    """
+    principal = PrincipalOptions(
+        params.pop("principal_source").strip(),
+        params.pop("jwks"),
+        params.pop("issuer"),
+        params.pop("jwt_audience"),
+        params.pop("algorithms"),
+        params.pop("introspection"),
+    )
+    principal.check()
+    host, port = _listen(params.pop("listen"))
+    _configure_logging(params.pop("log_level"))
+    try:
+        _run(principal, host, port, **params)
+    except (click.exceptions.Exit, click.exceptions.Abort, click.ClickException, KeyboardInterrupt):
+        raise
+    except Exception as exc:
+        if os.environ.get("STATECODEC_DEBUG"):
+            raise
+        error = classify(exc)
+        click.echo(f"statecodec: error: {error.message}", err=True)
+        sys.exit(int(error.code))
+
+
+class _ProxyLogHandler(logging.StreamHandler):  # type: ignore[type-arg]
+    """One line per record on stderr; installed once even if the command runs twice in a process."""
+
+
+def _configure_logging(level: str) -> None:
+    lib = logging.getLogger("statecodec")
+    if not any(isinstance(h, _ProxyLogHandler) for h in lib.handlers):
+        handler = _ProxyLogHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
+        lib.addHandler(handler)
+    lib.setLevel(level.upper())
+
+
+def _run(
+    principal: PrincipalOptions,
+    host: str,
+    port: int,
+    *,
+    upstream: str,
+    keys_spec: str | None,
+    replay: str,
+    audience: str,
+    mode: str,
+    ttl: int,
+    namespace: str | None,
+    max_token_bytes: int,
+    max_body_bytes: int,
+    max_response_bytes: int,
+    connect_timeout: int,
+    read_timeout: int,
+    graceful_timeout: int,
+    max_concurrent_requests: int | None,
+    max_connections: int,
+    passthrough_paths: tuple[str, ...],
+) -> None:
+    from ..kms import KeyManager  # noqa: PLC0415 - loaded only for this command
+    from ..proxy import ProxyOptions, Timeouts, bind_socket, build_proxy, serve  # noqa: PLC0415
+    from ..replay import store_from_url  # noqa: PLC0415
+    from ..replay._url import redact  # noqa: PLC0415
+
+    if ttl <= 0:
+        raise click.BadParameter("must be positive", param_hint="'--ttl'")
+    principal_fn, closer = principal.build()
+    options = ProxyOptions(
+        upstream=upstream,
+        audience=audience,
+        max_body_bytes=max_body_bytes,
+        max_response_bytes=max_response_bytes,
+        timeouts=Timeouts(connect=connect_timeout, read=read_timeout),
+        max_connections=max_connections,
+        passthrough_paths=passthrough_paths,
+    )
+    manager = KeyManager(require_keys(keys_spec), max_ttl=max(float(ttl), 600.0))
+    manager.start()
+    try:
+        try:
+            store = store_from_url(replay)
+        except (ValueError, ImportError, OSError) as exc:
+            raise CliError(ExitCode.STORE, f"cannot open the replay store: {exc}") from None
+        codec = StateCodec(
+            manager,
+            mode=mode,
+            ttl=ttl,
+            max_token_bytes=max_token_bytes,
+            replay=store,
+            namespace=namespace or audience,
+        )
+        try:
+            app = build_proxy(codec, options, principal=principal_fn)
+        except ValueError as exc:
+            raise CliError(ExitCode.USAGE, str(exc)) from None
+        try:
+            sock = bind_socket(host, port)
+        except OSError as exc:
+            raise CliError(ExitCode.IO, f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
+
+        def ready(url: str) -> None:
+            logger.info(
+                "statecodec proxy: %s -> %s mode=%s audience=%r principal=%s replay=%s",
+                url, upstream, mode, audience, principal.describe(), redact(replay),
+            )  # fmt: skip
+            click.echo(f"listening on {url}")
+            sys.stdout.flush()
+
+        # uvicorn handles SIGINT/SIGTERM itself (graceful shutdown), then re-raises the
+        # signal to the handler it found: make that one a no-op, so shutdown ends here,
+        # with the store closed and exit code 0, rather than by the default handler.
+        previous = {sig: signal.signal(sig, _ignore) for sig in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            asyncio.run(
+                _serve_then_close(
+                    serve(
+                        app,
+                        sock,
+                        graceful_timeout=graceful_timeout,
+                        limit_concurrency=max_concurrent_requests,
+                        on_ready=ready,
+                    ),
+                    closer,
+                )
+            )
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+            sock.close()
+            store.close()
+    finally:
+        manager.stop()
+
+
+def _ignore(signum: int, frame: Any) -> None:
+    """Stand-in for the default handlers while uvicorn runs (see :func:`_run`)."""
+
+
+async def _serve_then_close(serving: Any, closer: Any) -> None:
+    try:
+        await serving
+    finally:
+        if closer is not None:
+            await closer.aclose()

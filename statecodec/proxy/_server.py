@@ -1,0 +1,99 @@
+"""Assemble the proxy (middleware around the forwarder) and run it under uvicorn."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import socket
+from collections.abc import Callable, Collection
+from dataclasses import dataclass, field
+
+import uvicorn
+
+from .._codec import StateCodec
+from ..adapters.asgi import (
+    DEFAULT_MAX_BODY_BYTES,
+    DEFAULT_MAX_RESPONSE_BYTES,
+    ASGIApp,
+    PrincipalFn,
+    RequestStateMiddleware,
+)
+from ._forward import Timeouts, UpstreamApp
+
+logger = logging.getLogger("statecodec.proxy")
+
+
+@dataclass(frozen=True)
+class ProxyOptions:
+    """Everything about the proxy but its keys, replay store and principal."""
+
+    upstream: str
+    audience: str
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES
+    timeouts: Timeouts = field(default_factory=Timeouts)
+    max_connections: int = 100
+    passthrough_paths: Collection[str] = ()
+
+
+def build_proxy(codec: StateCodec, options: ProxyOptions, *, principal: PrincipalFn | None = None) -> ASGIApp:
+    """The proxy as one ASGI application: ``RequestStateMiddleware(UpstreamApp(upstream))``.
+
+    Serve it with any ASGI server; its lifespan opens and closes the upstream connection pool.
+    """
+    if not options.audience:
+        raise ValueError("the proxy needs an audience (the protected service's name)")
+    upstream = UpstreamApp(
+        options.upstream, timeouts=options.timeouts, max_connections=options.max_connections
+    )
+    return RequestStateMiddleware(
+        upstream,
+        codec,
+        audience=options.audience,
+        principal=principal,
+        max_body_bytes=options.max_body_bytes,
+        max_response_bytes=options.max_response_bytes,
+        passthrough_paths=options.passthrough_paths,
+    )
+
+
+async def serve(
+    app: ASGIApp,
+    sock: socket.socket,
+    *,
+    graceful_timeout: int = 30,
+    limit_concurrency: int | None = None,
+    on_ready: Callable[[str], None] | None = None,
+) -> None:
+    """Run ``app`` on ``sock`` until SIGINT/SIGTERM, then drain for ``graceful_timeout`` seconds.
+
+    uvicorn's access log stays off: it would log every request path, and the proxy's own
+    log lines carry what an operator needs without any token. uvicorn's ``Server`` and
+    ``Date`` headers are off too, so the upstream's pass through unchanged.
+    """
+    config = uvicorn.Config(
+        app,
+        log_level="warning",
+        access_log=False,
+        lifespan="on",
+        server_header=False,
+        date_header=False,
+        proxy_headers=False,
+        timeout_graceful_shutdown=graceful_timeout,
+        limit_concurrency=limit_concurrency,
+    )
+    server = uvicorn.Server(config)
+
+    async def announce() -> None:
+        while not server.started:
+            await asyncio.sleep(0.02)
+        host, port = sock.getsockname()[:2]
+        url = f"http://{f'[{host}]' if ':' in host else host}:{port}"
+        if on_ready is not None:
+            on_ready(url)
+
+    announcer = asyncio.create_task(announce())
+    try:
+        await server.serve(sockets=[sock])
+    finally:
+        announcer.cancel()

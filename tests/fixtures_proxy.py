@@ -1,0 +1,347 @@
+"""Real unprotected MCP servers behind real ``statecodec proxy`` processes (nothing mocked).
+
+A *proxied service* is one upstream that has NO requestState protection of its own
+(the TypeScript SDK server, tests/node/ts_upstream_server.mjs, or the low-level Python
+``Server``, examples/unprotected_server.py), fronted by two ``statecodec proxy``
+processes that share a key ring file and a SQLite replay store, as two replicas behind a
+load balancer would. Both upstreams record every ``requestState`` they issued and every
+one they received (read from the raw HTTP body), so tests can prove that nothing but
+their own plaintext ever reached them.
+
+The proxies bind principals from bearer JWTs checked against a JWKS document served on
+loopback by :class:`JWKSServer` (an RSA key made per test session), so "alice" and "bob"
+are real, verified identities. Every process binds port 0 and reports its URL; all are
+stopped by their own PIDs.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import selectors
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import jwt
+import pytest
+from cryptography.hazmat.primitives.asymmetric import rsa
+
+from statecodec import Binding, KeyRing, StateCodec
+from statecodec.adapters import jsonrpc
+
+ROOT = Path(__file__).resolve().parent.parent
+NODE_DIR = ROOT / "tests" / "node"
+START_TIMEOUT = 60.0
+ISSUER = "https://idp.test"
+JWT_AUDIENCE = "https://deploy.test/mcp"
+CLIENT_ID = "deploy-cli"
+AUDIENCE = "deploy"
+TOOL = "deploy_production"
+PREFIX = {"sign": "sc1s.", "encrypt": "sc1e."}
+#: Which upstream runs in which mode (both modes covered without doubling the processes).
+SERVICES = {"python": "encrypt", "typescript": "sign"}
+
+
+# ------------------------------------------------------------------ identity provider
+class JWKSServer:
+    """An identity provider's JWKS endpoint on loopback, and the key to mint its JWTs."""
+
+    def __init__(self) -> None:
+        self.key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+        self.kid = "test-key-1"
+        public = json.loads(jwt.algorithms.RSAAlgorithm.to_jwk(self.key.public_key()))
+        document = json.dumps({"keys": [{**public, "kid": self.kid, "use": "sig", "alg": "RS256"}]}).encode()
+        self.hits = 0  # how often the JWKS was fetched
+        outer = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                outer.hits += 1
+                self.send_response(200)
+                self.send_header("content-type", "application/json")
+                self.send_header("content-length", str(len(document)))
+                self.end_headers()
+                self.wfile.write(document)
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self._server.server_address[1]}/jwks.json"
+        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+        self._thread.start()
+
+    def mint(self, subject: str, *, lifetime: int = 600, key: Any = None, **claims: Any) -> str:
+        now = int(time.time())
+        payload = {
+            "iss": ISSUER,
+            "aud": JWT_AUDIENCE,
+            "sub": subject,
+            "client_id": CLIENT_ID,
+            "iat": now,
+            "exp": now + lifetime,
+            **claims,
+        }
+        return jwt.encode(payload, key or self.key, algorithm="RS256", headers={"kid": self.kid})
+
+    def close(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+
+
+def principal(subject: str) -> str:
+    """The principal string the proxy derives from a JWT minted by :class:`JWKSServer`."""
+    return jsonrpc.principal_string(CLIENT_ID, ISSUER, subject)
+
+
+@pytest.fixture(scope="session")
+def jwks_server() -> Iterator[JWKSServer]:
+    server = JWKSServer()
+    try:
+        yield server
+    finally:
+        server.close()
+
+
+# ------------------------------------------------------------------ processes
+def spawn(command: Sequence[str], log_path: Path, cwd: Path = ROOT) -> subprocess.Popen[str]:
+    env = dict(os.environ, PYTHONUNBUFFERED="1", NODE_NO_WARNINGS="1")
+    with log_path.open("w", encoding="utf-8") as log:
+        return subprocess.Popen(
+            list(command),
+            stdout=subprocess.PIPE,
+            stderr=log,
+            stdin=subprocess.DEVNULL,
+            text=True,
+            env=env,
+            cwd=cwd,
+        )
+
+
+def await_line(proc: subprocess.Popen[str], prefix: str, log_path: Path) -> str:
+    """The rest of the first stdout line starting with ``prefix``; stops the process on failure."""
+    assert proc.stdout is not None
+    deadline = time.monotonic() + START_TIMEOUT
+    with selectors.DefaultSelector() as selector:
+        selector.register(proc.stdout, selectors.EVENT_READ)
+        while time.monotonic() < deadline:
+            if not selector.select(timeout=0.2):
+                if proc.poll() is not None:
+                    break
+                continue
+            line = proc.stdout.readline()
+            if line.startswith(prefix):
+                return line[len(prefix) :].strip()
+            if not line and proc.poll() is not None:
+                break
+    stop(proc)
+    log = log_path.read_text(encoding="utf-8", errors="replace")
+    raise RuntimeError(f"{proc.args!r} did not start (exit {proc.returncode}):\n{log[-3000:]}")
+
+
+def stop(proc: subprocess.Popen[str]) -> int | None:
+    """Stop one process we started, by its PID: SIGTERM, then SIGKILL. Returns the exit code."""
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=10)
+    if proc.stdout is not None:
+        proc.stdout.close()
+    return proc.returncode
+
+
+def node_or_skip() -> str:
+    node = shutil.which("node")
+    if node is None or shutil.which("npm") is None:
+        pytest.skip("node/npm are not installed: the TypeScript SDK tests need Node 20+")
+    if not (NODE_DIR / "node_modules" / "@modelcontextprotocol" / "server").is_dir():
+        pytest.skip("tests/node/node_modules is missing: run `npm ci` in tests/node (scripts/test does)")
+    return node
+
+
+@dataclass
+class Upstream:
+    """An MCP server without protection, and the file it records requestState values in."""
+
+    kind: str
+    url: str
+    proc: subprocess.Popen[str]
+    record: Path
+    log_path: Path
+
+    def entries(self) -> list[dict[str, Any]]:
+        if not self.record.exists():
+            return []
+        return [json.loads(line) for line in self.record.read_text(encoding="utf-8").splitlines() if line]
+
+    def issued(self) -> list[str]:
+        return [e["issued"] for e in self.entries() if "issued" in e]
+
+    def received(self) -> list[Any]:
+        return [e["received"] for e in self.entries() if "received" in e]
+
+
+@dataclass
+class Proxy:
+    name: str
+    base: str
+    proc: subprocess.Popen[str]
+    log_path: Path
+
+    @property
+    def url(self) -> str:
+        return self.base + "/mcp"
+
+    def log(self) -> str:
+        return self.log_path.read_text(encoding="utf-8", errors="replace")
+
+    def wait_for_log(self, needle: str, timeout: float = 10.0) -> str:
+        deadline = time.monotonic() + timeout
+        while True:
+            text = self.log()
+            if needle in text or time.monotonic() > deadline:
+                return text
+            time.sleep(0.05)
+
+
+@dataclass
+class Service:
+    """One unprotected upstream behind two proxy instances sharing keys and a replay store."""
+
+    kind: str
+    mode: str
+    keys_path: Path
+    replay_url: str
+    upstream: Upstream
+    proxies: list[Proxy] = field(default_factory=list)
+    #: Plaintext states a test sealed itself as a legitimate server would (see :meth:`seal`).
+    vouched: set[str] = field(default_factory=set)
+
+    @property
+    def a(self) -> Proxy:
+        return self.proxies[0]
+
+    @property
+    def b(self) -> Proxy:
+        return self.proxies[1]
+
+    def bases(self) -> dict[str, str]:
+        return {p.name: p.base for p in self.proxies}
+
+    def codec(self) -> StateCodec:
+        """A codec with the service's keys and no replay store: for minting test tokens."""
+        ring = KeyRing.from_json(self.keys_path.read_text(encoding="utf-8"))
+        return StateCodec(ring, mode=self.mode)
+
+    def binding(self, subject: str | None, version: str = "1.2.3") -> Binding:
+        """What the proxies bind a deploy_production call of ``subject`` to."""
+        return jsonrpc.binding_for(
+            "tools/call",
+            {"name": TOOL, "arguments": {"version": version}},
+            principal=principal(subject) if subject else None,
+            audience=AUDIENCE,
+        )
+
+    def seal(self, plaintext: str, subject: str | None, version: str = "1.2.3") -> str:
+        """A valid token for ``plaintext``, as if the upstream had issued it through a proxy."""
+        self.vouched.add(plaintext)
+        return self.codec().seal(plaintext.encode(), self.binding(subject, version))
+
+    def foreign_states(self) -> list[Any]:
+        """Every requestState the upstream received that neither it nor a test's :meth:`seal` issued."""
+        issued = set(self.upstream.issued()) | self.vouched
+        return [state for state in self.upstream.received() if state not in issued]
+
+
+def upstream_command(kind: str, record: Path) -> tuple[list[str], Path]:
+    if kind == "typescript":
+        return [node_or_skip(), str(NODE_DIR / "ts_upstream_server.mjs"), "--record", str(record)], NODE_DIR
+    example = ROOT / "examples" / "unprotected_server.py"
+    return [sys.executable, str(example), "--port", "0", "--record", str(record)], ROOT
+
+
+def proxy_command(
+    upstream: str, *, keys: Path, replay: str, mode: str, jwks: str, extra: Sequence[str] = ()
+) -> list[str]:
+    return [
+        sys.executable, "-m", "statecodec.cli", "proxy",
+        "--upstream", upstream,
+        "--listen", "127.0.0.1:0",
+        "--keys", f"file:{keys}",
+        "--replay", replay,
+        "--audience", AUDIENCE,
+        "--mode", mode,
+        "--principal-from", "jwt-sub",
+        "--jwks", jwks,
+        "--issuer", ISSUER,
+        "--jwt-audience", JWT_AUDIENCE,
+        "--graceful-timeout", "5s",
+        *extra,
+    ]  # fmt: skip
+
+
+def start_proxies(
+    tmp: Path,
+    upstream: str,
+    *,
+    keys: Path,
+    replay: str,
+    mode: str,
+    jwks: str,
+    names: Sequence[str] = ("A", "B"),
+) -> list[Proxy]:
+    started = []
+    for name in names:  # start all, then wait: their imports run in parallel
+        log_path = tmp / f"proxy-{name}.log"
+        command = proxy_command(upstream, keys=keys, replay=replay, mode=mode, jwks=jwks)
+        started.append((name, spawn(command, log_path), log_path))
+    proxies = []
+    try:
+        for name, proc, log_path in started:
+            proxies.append(Proxy(name, await_line(proc, "listening on ", log_path), proc, log_path))
+    except BaseException:
+        for _, proc, _ in started:
+            stop(proc)
+        raise
+    return proxies
+
+
+@pytest.fixture(scope="module", params=sorted(SERVICES), ids=lambda kind: f"{kind}-upstream")
+def proxied(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory, jwks_server: JWKSServer
+) -> Iterator[Service]:
+    """An unprotected upstream (TypeScript SDK or lowlevel Python Server) behind two proxies."""
+    kind: str = request.param
+    mode = SERVICES[kind]
+    tmp = tmp_path_factory.mktemp(f"proxied-{kind}")
+    keys = tmp / "keys.json"
+    keys.write_text(KeyRing.generate().to_json(), encoding="utf-8")
+    keys.chmod(0o600)
+    record = tmp / "states.jsonl"
+    command, cwd = upstream_command(kind, record)
+    log_path = tmp / "upstream.log"
+    proc = spawn(command, log_path, cwd)
+    try:
+        upstream = Upstream(kind, await_line(proc, "READY ", log_path), proc, record, log_path)
+        service = Service(kind, mode, keys, f"sqlite:{tmp / 'replay.sqlite3'}", upstream)
+        service.proxies = start_proxies(
+            tmp, upstream.url, keys=keys, replay=service.replay_url, mode=mode, jwks=jwks_server.url
+        )
+        try:
+            yield service
+        finally:
+            for proxy in service.proxies:
+                stop(proxy.proc)
+    finally:
+        stop(proc)

@@ -1,0 +1,164 @@
+// The deploy scenario on the REAL TypeScript SDK server (@modelcontextprotocol/server, see
+// package.json) with NO requestState protection: no `requestState.verify` is configured, so
+// `ctx.mcpReq.requestState()` returns the raw wire string and the tool trusts it as its own
+// plan. This is the upstream the statecodec proxy tests put behind `statecodec proxy`.
+//
+// The tool `deploy_production(version)` plans a deployment, asks `confirm_deploy` and
+// `change_ticket` in ONE input_required round with the plan as plaintext JSON in
+// requestState, and on the retry deploys the plan it reads back.
+//
+// --record PATH appends one JSON line per requestState the server issued ({"issued": ...})
+// and per requestState found in any JSON-RPC message of any POST body ({"received": ...,
+// "method": ...}), read from the raw HTTP body before the SDK sees it.
+//
+// usage: node ts_upstream_server.mjs [--port 0] [--record PATH] [--response-mode auto|sse|json]
+// prints "READY http://127.0.0.1:PORT/mcp" once listening; stops on SIGTERM.
+import { appendFileSync } from 'node:fs';
+import { createServer } from 'node:http';
+import { randomBytes } from 'node:crypto';
+import { parseArgs } from 'node:util';
+import { McpServer, acceptedContent, createMcpHandler, inputRequired } from '@modelcontextprotocol/server';
+import { z } from 'zod';
+
+const { values } = parseArgs({
+    options: {
+        host: { type: 'string', default: '127.0.0.1' },
+        port: { type: 'string', default: '0' },
+        record: { type: 'string' },
+        instance: { type: 'string', default: 'T' },
+        'response-mode': { type: 'string', default: 'auto' }
+    }
+});
+
+function record(entry) {
+    if (values.record) {
+        appendFileSync(values.record, JSON.stringify(entry) + '\n');
+    }
+}
+
+function form(message, field, schema) {
+    return inputRequired.elicit({
+        message,
+        requestedSchema: { type: 'object', properties: { [field]: schema }, required: [field] }
+    });
+}
+
+function ask(plan) {
+    const state = JSON.stringify(plan);
+    record({ issued: state });
+    return inputRequired({
+        inputRequests: {
+            confirm_deploy: form(`Deploy ${plan.version} to production?`, 'confirm', { type: 'boolean', title: 'Confirm' }),
+            change_ticket: form('Change ticket for the deployment', 'ticket', { type: 'string', title: 'Ticket' })
+        },
+        requestState: state
+    });
+}
+
+function deploy(version, ctx) {
+    const state = ctx.mcpReq.requestState();
+    if (state === undefined) {
+        return ask({
+            version,
+            plan_id: randomBytes(4).toString('hex'),
+            planned_on: values.instance,
+            steps: [`canary ${version} in eu-west-1`, `roll ${version} to all regions`, 'verify health checks']
+        });
+    }
+    const plan = JSON.parse(state); // trusted as it is: that is the point of this server
+    const confirm = acceptedContent(ctx.mcpReq.inputResponses, 'confirm_deploy');
+    const ticket = acceptedContent(ctx.mcpReq.inputResponses, 'change_ticket');
+    if (confirm === undefined || ticket === undefined) {
+        return ask(plan);
+    }
+    const outcome = {
+        deployed: confirm.confirm === true ? plan.version : null,
+        plan_id: plan.plan_id,
+        steps: plan.steps,
+        ticket: String(ticket.ticket),
+        planned_on: plan.planned_on,
+        deployed_on: values.instance
+    };
+    const text = outcome.deployed ? `deployed ${outcome.deployed} (plan ${outcome.plan_id})` : 'cancelled';
+    return { content: [{ type: 'text', text }], structuredContent: outcome };
+}
+
+function factory() {
+    const server = new McpServer({ name: 'deploy', version: '1.0.0' });
+    server.registerTool(
+        'deploy_production',
+        { description: 'Deploy a release to production', inputSchema: z.object({ version: z.string() }) },
+        async ({ version }, ctx) => deploy(version, ctx)
+    );
+    return server;
+}
+
+const handler = createMcpHandler(factory, { responseMode: values['response-mode'] });
+
+function noteStates(body) {
+    let document;
+    try {
+        document = JSON.parse(body.toString('utf8'));
+    } catch {
+        return;
+    }
+    for (const message of Array.isArray(document) ? document : [document]) {
+        const params = message && typeof message === 'object' ? message.params : undefined;
+        if (params && typeof params === 'object' && 'requestState' in params) {
+            record({ received: params.requestState, method: message.method ?? null });
+        }
+    }
+}
+
+async function readBody(req) {
+    const chunks = [];
+    for await (const chunk of req) {
+        chunks.push(chunk);
+    }
+    return Buffer.concat(chunks);
+}
+
+const http = createServer(async (req, res) => {
+    try {
+        const body = req.method === 'POST' ? await readBody(req) : undefined;
+        if (body !== undefined) {
+            noteStates(body);
+        }
+        const headers = new Headers();
+        for (const [name, value] of Object.entries(req.headers)) {
+            headers.set(name, Array.isArray(value) ? value.join(', ') : value);
+        }
+        const abort = new AbortController();
+        res.on('close', () => abort.abort());
+        const request = new Request(`http://${req.headers.host ?? 'localhost'}${req.url}`, {
+            method: req.method,
+            headers,
+            body: body && body.length ? body : undefined,
+            signal: abort.signal
+        });
+        const response = await handler.fetch(request);
+        res.writeHead(response.status, Object.fromEntries(response.headers.entries()));
+        if (response.body) {
+            for await (const chunk of response.body) {
+                res.write(chunk);
+            }
+        }
+        res.end();
+    } catch (err) {
+        process.stderr.write(`ts_upstream_server: ${err?.stack ?? err}\n`);
+        if (!res.headersSent) {
+            res.writeHead(500, { 'content-type': 'text/plain' });
+        }
+        res.end();
+    }
+});
+
+http.listen(Number(values.port), values.host, () => {
+    const { port } = http.address();
+    process.stdout.write(`READY http://${values.host}:${port}/mcp\n`);
+});
+
+process.on('SIGTERM', () => {
+    handler.close().finally(() => http.close(() => process.exit(0)));
+    setTimeout(() => process.exit(0), 2000).unref();
+});
