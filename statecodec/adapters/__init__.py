@@ -7,5 +7,8 @@ Import the one you need; each imports its framework only when imported itself:
 - :mod:`statecodec.adapters.mcp`: ``protect()`` for the official ``mcp`` SDK's lowlevel
   ``Server`` and ``MCPServer``, and ``sdk_codec()`` for the SDK's own boundary
   (``statecodec[mcp]``);
-- :mod:`statecodec.adapters.fastmcp`: ``protect()`` for FastMCP (``statecodec[fastmcp]``).
+- :mod:`statecodec.adapters.fastmcp`: ``protect()`` for FastMCP (``statecodec[fastmcp]``);
+- :mod:`statecodec.adapters.asgi`: ``RequestStateMiddleware`` around any ASGI MCP app
+  (Streamable HTTP, JSON and SSE), the core of ``statecodec proxy`` for servers written
+  in other languages (``statecodec[proxy]``).
 """
