@@ -8,7 +8,7 @@ environment, Vault/OpenBao), ``statecodec.adapters`` (mcp, fastmcp, ASGI),
 """
 
 from ._binding import UNBOUND, Binding, argument_digest, canonical_json
-from ._codec import OpenedState, Mode, StateCodec
+from ._codec import Mode, OpenedState, StateCodec
 from ._errors import (
     REASONS,
     WIRE_ERROR_CODE,

@@ -134,8 +134,18 @@ class Binding:
     """
 
     __slots__ = (
-        "_encoded", "_frozen", "_tags", "argument_digest", "audience", "extra", "method", "principal", "target",
+        "_encoded", "_frozen", "_tags",
+        "argument_digest", "audience", "extra", "method", "principal", "target",
     )
+    principal: str | None
+    audience: str | None
+    method: str | None
+    target: str | None
+    argument_digest: bytes | None
+    extra: Mapping[str, str]
+    _encoded: bytes
+    _tags: dict[bytes, bytes]
+    _frozen: bool
 
     def __init__(
         self,
@@ -154,15 +164,18 @@ class Binding:
             argument_digest = _digest(arguments)
         elif argument_digest is not None and len(argument_digest) != 32:
             raise ValueError("argument_digest must be 32 bytes (SHA-256)")
-        self.principal = principal
-        self.audience = audience
-        self.method = method
-        self.target = target
-        self.argument_digest = argument_digest
-        self.extra: Mapping[str, str] = MappingProxyType(dict(extra) if extra else {})
-        self._encoded = self._encode()  # type-checks every field on the way
-        self._tags: dict[bytes, bytes] = {}
-        self._frozen = True
+        # Straight to object.__setattr__: going through __setattr__ below for each field
+        # would cost more than encoding them, and this runs once per request.
+        init = object.__setattr__
+        init(self, "principal", principal)
+        init(self, "audience", audience)
+        init(self, "method", method)
+        init(self, "target", target)
+        init(self, "argument_digest", argument_digest)
+        init(self, "extra", MappingProxyType(dict(extra) if extra else {}))
+        init(self, "_encoded", self._encode())  # type-checks every field on the way
+        init(self, "_tags", {})
+        init(self, "_frozen", True)
 
     def __setattr__(self, name: str, value: Any) -> None:
         # Immutable: the tag covers the fields as they were at construction, so a field

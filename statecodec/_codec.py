@@ -226,33 +226,32 @@ class StateCodec:
             raise InvalidState("internal_error", f"unexpected {type(exc).__name__} while unsealing") from None
 
     def _open(self, token: str, binding: Binding | None, now: float, check_binding: bool) -> OpenedState:
-        parsed = _format.parse(token, self.max_token_bytes)
-        kid = parsed.kid
-        tid = parsed.token_id.hex()
-        if parsed.mode != self._mode_char:
+        fields = _format.split(token, self.max_token_bytes)
+        _, mode, kid, iat, exp, token_id, bind_tag, header, body, mac = fields
+        tid = token_id.hex()
+        if mode != self._mode_char:
             raise InvalidState(
                 "wrong_mode",
-                f"token is a {_CHAR_MODE[parsed.mode].value.upper()} token, this codec is {self.mode.value.upper()}",
+                f"token is a {_CHAR_MODE[mode].value.upper()} token, this codec is {self.mode.value.upper()}",
                 kid=kid,
             )
         key = self._verification_key(kid, now)
 
         if self.mode is Mode.SIGN:
-            expected = key.mac(self._prefix_b + parsed.header + parsed.body)
-            if not hmac.compare_digest(expected, parsed.mac):
+            expected = key.mac(self._prefix_b + header + body)
+            if not hmac.compare_digest(expected, mac):
                 raise InvalidState("tampered", "MAC does not match: the token was modified or forged", kid=kid)
-            payload = parsed.body
+            payload = body
         else:
-            nonce, sealed = parsed.body[: _format.NONCE_LEN], parsed.body[_format.NONCE_LEN :]
+            nonce, sealed = body[: _format.NONCE_LEN], body[_format.NONCE_LEN :]
             try:
-                payload = _aead.decrypt(sealed, self._prefix_b + parsed.header, nonce, key.aead_key)
+                payload = _aead.decrypt(sealed, self._prefix_b + header, nonce, key.aead_key)
             except CryptoError:
                 raise InvalidState(
                     "tampered", "AEAD tag does not verify: the token was modified or forged", kid=kid
                 ) from None
 
-        # From here on the header is authentic.
-        iat, exp = parsed.issued_at, parsed.expires_at
+        # From here on the header (kid, iat, exp, token_id, bind_tag) is authentic.
         if exp < iat:
             raise InvalidState("malformed", "expires before it was issued", kid=kid, token_id=tid)
         if now >= exp + self.leeway:
@@ -269,7 +268,7 @@ class StateCodec:
             )
         if check_binding:
             expected_tag = (binding or UNBOUND).tag_for(key)
-            if not hmac.compare_digest(expected_tag, parsed.bind_tag):
+            if not hmac.compare_digest(expected_tag, bind_tag):
                 raise InvalidState(
                     "binding_mismatch",
                     "the token was sealed for a different principal, audience, method, target, "

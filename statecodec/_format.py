@@ -29,7 +29,7 @@ import base64
 import binascii
 import re
 import struct
-from typing import Final, NamedTuple
+from typing import Final, NamedTuple, TypeAlias
 
 from ._errors import InvalidState
 
@@ -160,11 +160,25 @@ def parse(token: str, max_token_bytes: int) -> ParsedToken:
 
     The size cap comes first, before any decoding, so a huge input costs nothing.
     """
+    return ParsedToken(*split(token, max_token_bytes))
+
+
+#: :func:`split`'s result: the fields of :class:`ParsedToken`, in its order.
+Fields: TypeAlias = tuple[str, str, str, int, int, bytes, bytes, bytes, bytes, bytes]
+
+
+def split(token: str, max_token_bytes: int) -> Fields:
+    """:func:`parse` as a plain tuple, for the codec, which parses on every unseal."""
     if not isinstance(token, str):
         raise InvalidState("malformed", f"token must be str, not {type(token).__name__}")
     if len(token) > max_token_bytes:
         raise InvalidState("too_large", f"token is {len(token)} characters, the limit is {max_token_bytes}")
-    prefix, mode = _split_prefix(token)
+    if token.startswith(PREFIX_SIGN):
+        prefix, mode = PREFIX_SIGN, "s"
+    elif token.startswith(PREFIX_ENCRYPT):
+        prefix, mode = PREFIX_ENCRYPT, "e"
+    else:
+        prefix, mode = _split_prefix(token)  # raises with the precise reason
     try:
         raw = b64decode(token[len(prefix) :])
     except ValueError as exc:
@@ -179,9 +193,12 @@ def parse(token: str, max_token_bytes: int) -> ParsedToken:
     if len(raw) < header_len + trailer:
         raise InvalidState("malformed", "token is truncated")
     kid_b = raw[1 : 1 + kid_len]
-    kid = kid_b.decode("ascii", "replace")
-    if not valid_kid(kid):
-        raise InvalidState("malformed", "kid has characters outside [A-Za-z0-9._:-]")
+    if kid_b.isalnum():  # ASCII letters and digits only (bytes.isalnum is ASCII-only): valid
+        kid = kid_b.decode("ascii")
+    else:
+        kid = kid_b.decode("ascii", "replace")
+        if not valid_kid(kid):
+            raise InvalidState("malformed", "kid has characters outside [A-Za-z0-9._:-]")
     pos = 1 + kid_len
     issued_at, expires_at = _TIMES.unpack_from(raw, pos)
     pos += 8
@@ -191,6 +208,4 @@ def parse(token: str, max_token_bytes: int) -> ParsedToken:
         body, mac = raw[header_len:-MAC_LEN], raw[-MAC_LEN:]
     else:
         body, mac = raw[header_len:], b""
-    return ParsedToken(
-        prefix, mode, kid, issued_at, expires_at, token_id, bind_tag, raw[:header_len], body, mac
-    )
+    return prefix, mode, kid, issued_at, expires_at, token_id, bind_tag, raw[:header_len], body, mac

@@ -445,24 +445,26 @@ class _Exchange:
         params = message.get("params")
         # carries_state also catches aliases such as "request_state", which some
         # upstreams (FastMCP, Go's case-insensitive decoding) would read unverified.
-        carries = isinstance(params, dict) and jsonrpc.carries_state(params)
+        stated: dict[str, Any] | None = (
+            params if isinstance(params, dict) and jsonrpc.carries_state(params) else None
+        )
         if "id" not in message:
-            if not carries:
+            if stated is None:
                 return message
             # A notification cannot be answered; never let its state through unverified.
             logger.warning("statecodec: dropped a %s notification carrying a requestState", method)
             self.changed = True
             return _MISSING
-        if carries:
+        if stated is not None:
             try:  # cheap checks (aliases, type, size cap) before the argument digest
-                jsonrpc.check_state_shape(middleware.codec, method, params)
+                jsonrpc.check_state_shape(middleware.codec, method, stated)
             except InvalidState:
                 self.answers.append(_error(message["id"], jsonrpc.invalid_state_error()))
                 self.changed = True
                 return _MISSING
         binding = await self._bind(middleware, principal, method, params)
         self.pending[_id_key(message["id"])] = binding
-        if not carries:
+        if stated is None:
             return message
         try:
             if isinstance(binding, Exception):
@@ -472,7 +474,7 @@ class _Exchange:
                 )
                 jsonrpc.log_rejection(middleware.codec, method, params, exc)
                 raise exc
-            plaintext = await jsonrpc.unseal_params(middleware.codec, method, params, binding)
+            plaintext = await jsonrpc.unseal_params(middleware.codec, method, stated, binding)
         except InvalidState:
             self.pending.pop(_id_key(message["id"]), None)
             self.answers.append(_error(message["id"], jsonrpc.invalid_state_error()))

@@ -1,0 +1,743 @@
+"""Seal+unseal cost and token size of statecodec next to its primitives and its peers.
+
+    .venv/bin/python benchmarks/bench_codec.py            # full run, writes benchmarks/results/
+    .venv/bin/python benchmarks/bench_codec.py --quick    # a fast look, writes *-quick files
+
+Everything runs in one process and the candidates are interleaved: every repeat runs
+each candidate once, in a fresh random order, so a slow phase of a noisy shared machine
+hits all of them alike. Time is the CPU time of the benchmarking thread
+(``time.thread_time_ns``): every candidate is CPU-bound and single-threaded, and CPU time
+leaves out the slices the scheduler gives to other processes. A candidate's figure is the
+median over repeats of the mean time of one seal+unseal pair; a ratio is the median over
+repeats of the per-repeat ratio to the floor. See benchmarks/README.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import gc
+import hashlib
+import hmac
+import io
+import json
+import os
+import platform
+import random
+import shutil
+import ssl
+import statistics
+import subprocess
+import sys
+import time
+import tracemalloc
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+from mcp.shared.exceptions import MCPError
+from nacl.bindings import crypto_aead_xchacha20poly1305_ietf_decrypt as xc_decrypt
+from nacl.bindings import crypto_aead_xchacha20poly1305_ietf_encrypt as xc_encrypt
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import _peers
+
+from statecodec import Binding, InvalidState, KeyRing, StateCodec, _aead
+from statecodec.replay.memory import MemoryReplayStore
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "benchmarks" / "results"
+DOCS_CHART = ROOT / "docs" / "img" / "bench-codec.png"
+
+# One MCP request, as every candidate sees it.
+PRINCIPAL = "https://auth.example.com|weather-client|user:8f14e45f"
+AUDIENCE = "weather-svc"
+METHOD = "tools/call"
+TARGET = "get_forecast"
+ARGS: dict[str, Any] = {"city": "Lisbon", "days": 3, "units": "metric"}
+OTHER_ARGS: dict[str, Any] = {"city": "Porto", "days": 3, "units": "metric"}
+XC_DIRECT_FLOOR = "floor: XChaCha20-Poly1305 via libsodium directly + b64url"
+STATE_BYTES = 300
+SWEEP_BYTES = (64, 256, 1024, 2048, 4096, 8192)
+TTL = 600
+
+
+def compact(value: Any) -> bytes:
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+
+
+def make_state(size: int) -> bytes:
+    """A JSON object of exactly ``size`` bytes, shaped like a multi-round tool's state."""
+    state: dict[str, Any] = {
+        "v": 1,
+        "step": 2,
+        "pending": "confirm_booking",
+        "cart": [{"sku": "A-1029", "qty": 2}, {"sku": "B-77", "qty": 1}],
+        "ctx": {"city": "Lisbon", "days": 3, "units": "metric"},
+        "note": "",
+    }
+    if len(compact(state)) > size:
+        state = {"step": 2, "note": ""}
+    state["note"] = "n" * (size - len(compact(state)))
+    raw = compact(state)
+    assert len(raw) == size, (len(raw), size)
+    return raw
+
+
+def b64url(raw: bytes) -> str:
+    return base64.urlsafe_b64encode(raw).rstrip(b"=").decode("ascii")
+
+
+def b64url_decode(text: str) -> bytes:
+    return base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
+
+
+def bind_string(request: dict[str, Any]) -> str:
+    """What a TS ``bind(ctx)`` callback or a PASETO implicit assertion would carry."""
+    return json.dumps(
+        [request["principal"], request["audience"], request["method"], request["target"], request["args"]],
+        sort_keys=True,
+        separators=(",", ":"),
+    )
+
+
+# ------------------------------------------------------------------------ candidates
+@dataclass
+class Candidate:
+    name: str
+    group: str  # floor | statecodec | peer | reference
+    op: Callable[[], object]  # one seal + unseal
+    token: Callable[[], str | bytes]  # a fresh token for the size column
+    check: Callable[[], None]  # raises AssertionError when the round trip or a rejection fails
+    protection: str
+    samples: list[float] = field(default_factory=list)
+
+
+def _expect_reject(fn: Callable[[], object], *errors: type[BaseException]) -> None:
+    try:
+        fn()
+    except errors:
+        return
+    raise AssertionError("a token was accepted where it must be rejected")
+
+
+def floors(payload: bytes, secret: bytes) -> list[Candidate]:
+    mac = hmac.new(secret, digestmod=hashlib.sha256)  # the fastest stdlib HMAC: keyed once, copied
+
+    def hmac_seal() -> str:
+        h = mac.copy()
+        h.update(payload)
+        return b64url(payload + h.digest())
+
+    def hmac_unseal(token: str) -> bytes:
+        raw = b64url_decode(token)
+        body = raw[:-32]
+        h = mac.copy()
+        h.update(body)
+        if not hmac.compare_digest(h.digest(), raw[-32:]):
+            raise ValueError("bad mac")
+        return body
+
+    def xc_seal() -> str:
+        nonce = os.urandom(24)
+        return b64url(nonce + xc_encrypt(payload, None, nonce, secret))
+
+    def xc_unseal(token: str) -> bytes:
+        raw = b64url_decode(token)
+        return bytes(xc_decrypt(raw[24:], None, raw[:24], secret))
+
+    def xc_direct_seal() -> str:
+        nonce = os.urandom(24)
+        return b64url(nonce + _aead.encrypt(payload, b"", nonce, secret))
+
+    def xc_direct_unseal(token: str) -> bytes:
+        raw = b64url_decode(token)
+        return _aead.decrypt(raw[24:], b"", raw[:24], secret)
+
+    def check_hmac() -> None:
+        assert hmac_unseal(hmac_seal()) == payload
+        t = hmac_seal()
+        _expect_reject(lambda: hmac_unseal(t[:-2] + ("A" if t[-2] != "A" else "B") + t[-1]), ValueError)
+
+    def check_xc() -> None:
+        assert xc_unseal(xc_seal()) == payload
+        assert xc_direct_unseal(xc_direct_seal()) == payload
+
+    return [
+        Candidate(
+            "floor: HMAC-SHA256 + b64url",
+            "floor",
+            lambda: hmac_unseal(hmac_seal()),
+            hmac_seal,
+            check_hmac,
+            "integrity only",
+        ),
+        Candidate(
+            "floor: XChaCha20-Poly1305 + b64url",
+            "floor",
+            lambda: xc_unseal(xc_seal()),
+            xc_seal,
+            check_xc,
+            "integrity + confidentiality",
+        ),
+        # statecodec calls libsodium without PyNaCl's per-call wrapper (statecodec/_aead.py);
+        # this stricter floor does the same, so that advantage is visible, not hidden.
+        Candidate(
+            XC_DIRECT_FLOOR,
+            "floor",
+            lambda: xc_direct_unseal(xc_direct_seal()),
+            xc_direct_seal,
+            check_xc,
+            "integrity + confidentiality",
+        ),
+    ]
+
+
+def statecodec_candidates(payload: bytes, ring: KeyRing, *, variants: bool = True) -> list[Candidate]:
+    out = []
+    reused = Binding(PRINCIPAL, AUDIENCE, METHOD, TARGET, ARGS)
+    wrong = Binding(PRINCIPAL, AUDIENCE, METHOD, TARGET, OTHER_ARGS)
+    for mode in ("sign", "encrypt"):
+        label = mode.upper()
+        for replay in (False, True) if variants else (False,):
+            store = MemoryReplayStore(max_entries=10_000_000) if replay else None
+            codec = StateCodec(ring, mode=mode, replay=store, max_token_bytes=16384)
+
+            def fresh(codec: StateCodec = codec) -> bytes:
+                # A request builds its Binding once and uses it for its unseal and its seal.
+                b = Binding(PRINCIPAL, AUDIENCE, METHOD, TARGET, ARGS)
+                return codec.unseal(codec.seal(payload, b), b).payload
+
+            def check(codec: StateCodec = codec) -> None:
+                assert fresh(codec) == payload
+                t = codec.seal(payload, reused)
+                _expect_reject(lambda: codec.unseal(t, wrong), InvalidState)
+                if codec.replay is not None:
+                    codec.unseal(t, reused)
+                    _expect_reject(lambda: codec.unseal(t, reused), InvalidState)
+
+            name = f"statecodec {label}" + (" + memory replay store" if replay else "")
+            prot = (
+                "integrity" if mode == "sign" else "integrity + confidentiality"
+            ) + ", expiry, binding, kid"
+            out.append(
+                Candidate(
+                    name,
+                    "statecodec",
+                    fresh,
+                    lambda c=codec: c.seal(payload, reused),
+                    check,
+                    prot + (", single use" if replay else ""),
+                )
+            )
+            if variants and not replay:
+
+                def reuse(codec: StateCodec = codec) -> bytes:
+                    return codec.unseal(codec.seal(payload, reused), reused).payload
+
+                out.append(
+                    Candidate(
+                        f"statecodec {label} (Binding reused across requests)",
+                        "statecodec",
+                        reuse,
+                        lambda c=codec: c.seal(payload, reused),
+                        lambda: None,
+                        prot,
+                    )
+                )
+    return out
+
+
+def peer_candidates(
+    payload: bytes, secret: bytes, ring: KeyRing, *, references: bool = True
+) -> list[Candidate]:
+    state_obj = json.loads(payload)
+    state_str = payload.decode("utf-8")
+    request = {"principal": PRINCIPAL, "audience": AUDIENCE, "method": METHOD, "target": TARGET, "args": ARGS}
+    other = {**request, "args": OTHER_ARGS}
+    out = []
+
+    sdk = _peers.McpSdkBoundary(
+        secret, principal=PRINCIPAL, audience=AUDIENCE, method=METHOD, name=TARGET, arguments=ARGS
+    )
+    sdk.unseal(sdk.seal(state_str))  # one round first, so every timed seal reuses its request's binding
+
+    def check_sdk() -> None:
+        assert sdk.unseal(sdk.seal(state_str)) == state_str
+        elsewhere = _peers.McpSdkBoundary(
+            secret, principal=PRINCIPAL, audience=AUDIENCE, method=METHOD, name=TARGET, arguments=OTHER_ARGS
+        )
+        t = sdk.seal(state_str)
+        _expect_reject(lambda: elsewhere.unseal(t), MCPError)
+
+    out.append(
+        Candidate(
+            "MCP Python SDK: AES-GCM codec + claims envelope",
+            "peer",
+            lambda: sdk.unseal(sdk.seal(state_str)),
+            lambda: sdk.seal(state_str),
+            check_sdk,
+            "integrity + confidentiality, expiry, binding, kid",
+        )
+    )
+
+    ts = _peers.TsV1Codec(secret, ttl_seconds=TTL, bind=bind_string)
+
+    def check_ts() -> None:
+        assert ts.verify(ts.mint(state_obj, request), request) == state_obj
+        t = ts.mint(state_obj, request)
+        _expect_reject(lambda: ts.verify(t, other), ValueError)
+
+    out.append(
+        Candidate(
+            "TS SDK v1 codec (Python port) + bind tag",
+            "peer",
+            lambda: ts.verify(ts.mint(state_obj, request), request),
+            lambda: ts.mint(state_obj, request),
+            check_ts,
+            "integrity, expiry, binding",
+        )
+    )
+
+    pseal, punseal = _peers.pyseto_v4_local(secret, TTL)
+
+    def paseto() -> object:
+        assertion = bind_string(request).encode("utf-8")  # once per request, for both directions
+        return punseal(pseal({"s": state_obj}, assertion), assertion)
+
+    def check_paseto() -> None:
+        assert paseto()["s"] == state_obj  # type: ignore[index]
+        t = pseal({"s": state_obj}, bind_string(request).encode())
+        _expect_reject(lambda: punseal(t, bind_string(other).encode()), Exception)
+
+    out.append(
+        Candidate(
+            "pyseto v4.local + implicit assertion + exp",
+            "peer",
+            paseto,
+            lambda: pseal({"s": state_obj}, bind_string(request).encode()),
+            check_paseto,
+            "integrity + confidentiality, expiry, binding",
+        )
+    )
+
+    fseal, funseal = _peers.fernet(secret, TTL)
+
+    def check_fernet() -> None:
+        assert funseal(fseal(payload)) == payload
+
+    out.append(
+        Candidate(
+            "cryptography Fernet (ttl)",
+            "peer",
+            lambda: funseal(fseal(payload)),
+            lambda: fseal(payload),
+            check_fernet,
+            "integrity + confidentiality, expiry; no binding",
+        )
+    )
+
+    iseal, iunseal = _peers.itsdangerous_timed(secret, TTL)
+
+    def check_its() -> None:
+        assert iunseal(iseal(state_obj)) == state_obj
+
+    out.append(
+        Candidate(
+            "itsdangerous URLSafeTimedSerializer (max_age)",
+            "peer",
+            lambda: iunseal(iseal(state_obj)),
+            lambda: iseal(state_obj),
+            check_its,
+            "integrity (HMAC-SHA1), expiry; no binding",
+        )
+    )
+
+    if references:
+        codec = sdk.codec_only()
+        key = ring.primary
+
+        def binding_only() -> bytes:
+            return Binding(PRINCIPAL, AUDIENCE, METHOD, TARGET, ARGS).tag_for(key)
+
+        out.append(
+            Candidate(
+                "reference: statecodec Binding(...) + its tag, alone",
+                "reference",
+                binding_only,
+                lambda: b"",
+                lambda: None,
+                "(the per-request binding work in the statecodec rows)",
+            )
+        )
+        out.append(
+            Candidate(
+                "reference: MCP SDK AES-GCM codec alone (no envelope)",
+                "reference",
+                lambda: codec.unseal(codec.seal(payload)),
+                lambda: codec.seal(payload),
+                lambda: None,
+                "integrity + confidentiality",
+            )
+        )
+        out.append(
+            Candidate(
+                "reference: json.dumps + json.loads of the state",
+                "reference",
+                lambda: json.loads(compact(state_obj)),
+                lambda: b"",
+                lambda: None,
+                "(the JSON work inside the object-based rows)",
+            )
+        )
+    return out
+
+
+# ------------------------------------------------------------------------- timing
+def calibrate(op: Callable[[], object], target_s: float) -> int:
+    n, t0 = 0, time.thread_time()
+    while time.thread_time() - t0 < target_s / 4 or n < 3:
+        op()
+        n += 1
+    per_op = (time.thread_time() - t0) / n
+    return max(1, int(target_s / per_op))
+
+
+def run_interleaved(cands: list[Candidate], repeats: int, target_s: float, seed: int) -> None:
+    loops = {c.name: calibrate(c.op, target_s) for c in cands}  # doubles as the warm-up
+    rng = random.Random(seed)
+    order = list(cands)
+    for _ in range(repeats):
+        rng.shuffle(order)
+        for c in order:
+            op, n = c.op, loops[c.name]
+            gc.collect()
+            gc.disable()
+            try:
+                t0 = time.thread_time_ns()
+                for _ in range(n):
+                    op()
+                t1 = time.thread_time_ns()
+            finally:
+                gc.enable()
+            c.samples.append((t1 - t0) / n / 1000.0)  # microseconds per seal+unseal
+
+
+def paired_ratio(c: Candidate, floor: Candidate) -> float:
+    return statistics.median(a / b for a, b in zip(c.samples, floor.samples, strict=True))
+
+
+def quartiles(xs: list[float]) -> tuple[float, float]:
+    q = statistics.quantiles(xs, n=4)
+    return q[0], q[2]
+
+
+def peak_alloc(op: Callable[[], object]) -> int:
+    """High-water mark of Python heap allocations during one op (OpenSSL/libsodium not seen)."""
+    op()
+    tracemalloc.start()
+    try:
+        op()
+        base = tracemalloc.get_traced_memory()[0]
+        tracemalloc.reset_peak()
+        op()
+        return max(0, tracemalloc.get_traced_memory()[1] - base)
+    finally:
+        tracemalloc.stop()
+
+
+# ----------------------------------------------------------------------- reporting
+def machine() -> dict[str, Any]:
+    model = "unknown"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    try:
+        commit = subprocess.run(
+            ["git", "describe", "--always", "--dirty"], cwd=ROOT, capture_output=True, text=True, check=False
+        ).stdout.strip()
+    except OSError:
+        commit = ""
+    versions = {}
+    for dist in ("statecodec", "cryptography", "pynacl", "mcp", "pyseto", "itsdangerous"):
+        try:
+            versions[dist] = metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            versions[dist] = None
+    versions["openssl"] = ssl.OPENSSL_VERSION
+    return {
+        "nproc": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
+        "cpu": model,
+        "python": platform.python_version(),
+        "implementation": platform.python_implementation(),
+        "platform": platform.platform(),
+        "git_commit": commit,
+        "versions": versions,
+    }
+
+
+def table(rows: list[dict[str, Any]]) -> str:
+    head = (
+        "| candidate | median µs | IQR µs | vs floor | token chars | overhead | peak alloc B |\n"
+        "|---|---:|---:|---:|---:|---:|---:|"
+    )
+    lines = [head]
+    for r in rows:
+        ratio = f"{r['ratio']:.2f}x {r['ratio_to'].split(':')[1].split('+')[0].strip()}" if r["ratio"] else ""
+        size = str(r["token_chars"]) if r["token_chars"] else ""
+        over = str(r["overhead_chars"]) if r["token_chars"] else ""
+        lines.append(
+            f"| {r['name']} | {r['median_us']:.1f} | {r['iqr_us'][0]:.1f}-{r['iqr_us'][1]:.1f} | "
+            f"{ratio} | {size} | {over} | {r['peak_alloc_bytes']} |"
+        )
+    return "\n".join(lines)
+
+
+def goals(rows: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
+    sign, enc = rows["statecodec SIGN"], rows["statecodec ENCRYPT"]
+    sdk = rows["MCP Python SDK: AES-GCM codec + claims envelope"]
+    ts = rows["TS SDK v1 codec (Python port) + bind tag"]
+    paseto = rows["pyseto v4.local + implicit assertion + exp"]
+    same_protection = [sdk, ts, paseto]
+    out = []
+
+    def goal(text: str, ok: bool, value: str) -> None:
+        out.append({"goal": text, "met": ok, "value": value})
+
+    for r, limit in ((sign, 2.0), (enc, 2.0)):
+        goal(
+            f"{r['name']} <= {limit}x its floor (target 1.5x), Binding built per request",
+            r["ratio"] <= limit,
+            f"{r['ratio']:.2f}x",
+        )
+        reused = rows[r["name"] + " (Binding reused across requests)"]
+        goal(
+            f"{reused['name']} <= {limit}x its floor (target 1.5x)",
+            reused["ratio"] <= limit,
+            f"{reused['ratio']:.2f}x",
+        )
+    for r in (enc, rows["statecodec ENCRYPT (Binding reused across requests)"]):
+        goal(
+            f"(stricter) {r['name']} <= 2.0x libsodium called directly",
+            r["ratio_direct_floor"] <= 2.0,
+            f"{r['ratio_direct_floor']:.2f}x",
+        )
+    for r in (sign, enc):
+        slowest_win = min(p["median_us"] / r["median_us"] for p in same_protection)
+        goal(
+            f"{r['name']} faster than the SDK envelope, the TS v1 port and pyseto v4.local",
+            all(r["median_us"] < p["median_us"] for p in same_protection),
+            f"closest peer is {slowest_win:.2f}x slower",
+        )
+    goal("SIGN overhead <= 120 chars", sign["overhead_chars"] <= 120, str(sign["overhead_chars"]))
+    goal("ENCRYPT overhead <= 140 chars", enc["overhead_chars"] <= 140, str(enc["overhead_chars"]))
+    for r in (sign, enc):
+        goal(
+            f"{r['name']} token shorter than both SDKs' tokens",
+            r["token_chars"] < min(sdk["token_chars"], ts["token_chars"]),
+            f"{r['token_chars']} vs SDK {sdk['token_chars']}, TS {ts['token_chars']}",
+        )
+    return out
+
+
+SHORT = {  # legend labels of the size sweep
+    "floor: HMAC-SHA256 + b64url": "floor HMAC-SHA256",
+    "floor: XChaCha20-Poly1305 + b64url": "floor XChaCha20 (PyNaCl)",
+    XC_DIRECT_FLOOR: "floor XChaCha20 (libsodium direct)",
+    "MCP Python SDK: AES-GCM codec + claims envelope": "MCP Python SDK envelope",
+    "TS SDK v1 codec (Python port) + bind tag": "TS SDK v1 port + bind",
+    "pyseto v4.local + implicit assertion + exp": "pyseto v4.local",
+    "cryptography Fernet (ttl)": "Fernet",
+    "itsdangerous URLSafeTimedSerializer (max_age)": "itsdangerous",
+}
+
+
+def chart(result: dict[str, Any], path: Path) -> None:
+    import matplotlib  # noqa: PLC0415 - only needed for the chart, and slow to import
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt  # noqa: PLC0415
+    from PIL import Image  # noqa: PLC0415 - a matplotlib dependency
+
+    colors = {"floor": "#9e9e9e", "statecodec": "#1f77b4", "peer": "#ff7f0e", "reference": "#c7c7c7"}
+    rows = [r for r in result["results"] if r["group"] != "reference"]
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(13, 5), gridspec_kw={"width_ratios": [1.2, 1]})
+    names = [r["name"].replace(" (Binding reused across requests)", " (reused Binding)") for r in rows]
+    ax1.barh(range(len(rows)), [r["median_us"] for r in rows], color=[colors[r["group"]] for r in rows])
+    ax1.set_yticks(range(len(rows)), names, fontsize=7)
+    ax1.invert_yaxis()
+    for i, r in enumerate(rows):
+        ax1.text(r["median_us"], i, f" {r['median_us']:.0f}", va="center", fontsize=7)
+    ax1.set_xlabel("µs per seal+unseal (median), 300-byte state")
+    ax1.set_title("One seal + unseal, full binding", fontsize=9)
+    ax1.margins(x=0.12)
+    palette = {  # greys for floors, blues for statecodec, warm colours for peers
+        "floor": iter(["#444444", "#888888", "#bbbbbb"]),
+        "statecodec": iter(["#1f77b4", "#17becf"]),
+        "peer": iter(["#d62728", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2"]),
+    }
+    for name, series in result["sweep"]["series"].items():
+        group = (
+            "floor" if name.startswith("floor") else "statecodec" if name.startswith("statecodec") else "peer"
+        )
+        style = {"floor": ":", "statecodec": "-", "peer": "--"}[group]
+        ax2.plot(
+            result["sweep"]["sizes"],
+            series,
+            style,
+            color=next(palette[group], None),
+            marker="o",
+            markersize=3,
+            label=SHORT.get(name, name),
+            linewidth=1.4 if group == "statecodec" else 1.1,
+        )
+    ax2.set_xscale("log", base=2)
+    ax2.set_yscale("log")
+    ax2.set_xlabel("payload bytes")
+    ax2.set_ylabel("µs per seal+unseal (median)")
+    ax2.set_title("Cost growth with payload size", fontsize=9)
+    ax2.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.02, 0.5), frameon=False)
+    ax2.grid(True, which="both", alpha=0.25)
+    fig.suptitle(
+        f"statecodec benchmark, {result['machine']['cpu']}, {result['machine']['nproc']} cores, "
+        f"Python {result['machine']['python']}",
+        fontsize=9,
+    )
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=80)
+    plt.close(fig)
+    # A 64-colour palette keeps the committed chart small (well under 100 KB).
+    Image.open(buf).convert("RGB").quantize(colors=64).save(path, optimize=True)
+
+
+# ---------------------------------------------------------------------------- main
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="fewer, shorter repeats (a look, not a result)")
+    ap.add_argument("--out", type=Path, default=RESULTS, help="directory for the JSON and the PNG")
+    ap.add_argument("--seed", type=int, default=8, help="seed of the interleaving order")
+    args = ap.parse_args(argv)
+    repeats, target = (7, 0.01) if args.quick else (41, 0.02)
+    sweep_repeats = 5 if args.quick else 21
+
+    secret = os.urandom(32)
+    ring = KeyRing.generate()  # a generated kid: "k" + 8 hex digits, the common case
+    payload = make_state(STATE_BYTES)
+    cands = (
+        floors(payload, secret)
+        + statecodec_candidates(payload, ring)
+        + peer_candidates(payload, secret, ring)
+    )
+    for c in cands:
+        c.check()
+    print(
+        f"checks passed for {len(cands)} candidates; timing {repeats} interleaved repeats...", file=sys.stderr
+    )
+    run_interleaved(cands, repeats, target, args.seed)
+
+    by_name = {c.name: c for c in cands}
+    hmac_floor, xc_floor = (
+        by_name["floor: HMAC-SHA256 + b64url"],
+        by_name["floor: XChaCha20-Poly1305 + b64url"],
+    )
+    b64_len = len(b64url(payload))
+    rows = []
+    for c in cands:
+        floor = xc_floor if ("ENCRYPT" in c.name or "confidentiality" in c.protection) else hmac_floor
+        tok = c.token()
+        rows.append(
+            {
+                "name": c.name,
+                "group": c.group,
+                "protection": c.protection,
+                "median_us": statistics.median(c.samples),
+                "iqr_us": quartiles(c.samples),
+                "ratio": None
+                if c.group == "floor" or c.name.endswith("alone") or "json" in c.name
+                else paired_ratio(c, floor),
+                "ratio_to": floor.name,
+                # statecodec ENCRYPT against the stricter floor that also skips PyNaCl's wrapper
+                "ratio_direct_floor": paired_ratio(c, by_name[XC_DIRECT_FLOOR])
+                if c.name.startswith("statecodec ENCRYPT")
+                else None,
+                "token_chars": len(tok),
+                "overhead_chars": len(tok) - b64_len if tok else None,
+                "peak_alloc_bytes": peak_alloc(c.op),
+                "samples_us": [round(s, 3) for s in c.samples],
+            }
+        )
+    result: dict[str, Any] = {
+        "command": "python benchmarks/bench_codec.py" + (" --quick" if args.quick else ""),
+        "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "machine": machine(),
+        "config": {
+            "state_bytes": STATE_BYTES,
+            "b64url_state_chars": b64_len,
+            "repeats": repeats,
+            "target_seconds_per_sample": target,
+            "seed": args.seed,
+            "kid": ring.primary.kid,
+            "binding": {
+                "principal": PRINCIPAL,
+                "audience": AUDIENCE,
+                "method": METHOD,
+                "target": TARGET,
+                "arguments": ARGS,
+            },
+        },
+        "results": rows,
+    }
+    result["goals"] = goals({r["name"]: r for r in rows})
+
+    # Cost growth: the per-request rows only, one interleaved run per payload size.
+    print("payload-size sweep...", file=sys.stderr)
+    series: dict[str, list[float]] = {}
+    for size in SWEEP_BYTES:
+        p = make_state(size)
+        sweep = (
+            floors(p, secret)
+            + statecodec_candidates(p, ring, variants=False)
+            + peer_candidates(p, secret, ring, references=False)
+        )
+        run_interleaved(sweep, sweep_repeats, target, args.seed + size)
+        for c in sweep:
+            series.setdefault(c.name, []).append(round(statistics.median(c.samples), 3))
+    result["sweep"] = {"sizes": list(SWEEP_BYTES), "repeats": sweep_repeats, "series": series}
+
+    stem = "codec-quick" if args.quick else "codec"
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / f"{stem}.json").write_text(json.dumps(result, indent=1) + "\n")
+    chart(result, args.out / f"{stem}.png")
+    if not args.quick and args.out == RESULTS:  # for docs/performance.md: mkdocs serves docs/ only
+        DOCS_CHART.parent.mkdir(exist_ok=True)
+        shutil.copyfile(args.out / f"{stem}.png", DOCS_CHART)
+
+    m = result["machine"]
+    print(
+        f"\n{m['cpu']}, {m['nproc']} cores, Python {m['python']}, {repeats} repeats, "
+        f"{STATE_BYTES}-byte state ({b64_len} chars of base64url)\n"
+    )
+    print(table(rows))
+    print("\n| payload bytes | " + " | ".join(str(s) for s in SWEEP_BYTES) + " |")
+    print("|---|" + "---:|" * len(SWEEP_BYTES))
+    for name, values in series.items():
+        print(f"| {name} | " + " | ".join(f"{v:.1f}" for v in values) + " |")
+    print()
+    for g in result["goals"]:
+        print(f"{'MET ' if g['met'] else 'MISS'}  {g['goal']}: {g['value']}")
+    print(f"\nwrote {args.out / (stem + '.json')} and {args.out / (stem + '.png')}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,311 @@
+"""What ``statecodec proxy`` adds to an MCP round trip, on loopback.
+
+    .venv/bin/python benchmarks/bench_proxy.py            # writes benchmarks/results/proxy.json
+    .venv/bin/python benchmarks/bench_proxy.py --quick    # a fast look, writes proxy-quick.json
+
+Starts the unprotected deploy server (examples/unprotected_server.py, or the TypeScript
+SDK server with ``--upstream typescript``) and one ``statecodec proxy`` process in front
+of it (SQLite replay store, ENCRYPT by default), then drives the two-round deploy flow
+with raw JSON-RPC over HTTP/1.1 keep-alive (no MCP client in the measurement):
+
+* latency: one flow at a time, direct and proxied flows interleaved in random order so
+  a noisy phase of a shared machine hits both alike; per round (round 1 = the call that
+  gets ``input_required``, round 2 = the retry with the state), p50 and p99 of wall time,
+  and the added latency as proxied minus direct;
+* throughput: ``--concurrency`` flows in flight, direct then proxied, completed flows per
+  second.
+
+Both phases stop at ``--flows`` or ``--seconds``, whichever comes first. Every process
+runs on the same machine, so the figures include the proxy competing with the client and
+the upstream for CPU: on a 2-core machine they are an upper bound of the proxy's cost.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import random
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "benchmarks" / "results"
+sys.path.insert(0, str(ROOT))
+
+from statecodec import KeyRing  # noqa: E402
+
+TOOL = "deploy_production"
+MODERN = "2026-07-28"
+META = {
+    "io.modelcontextprotocol/protocolVersion": MODERN,
+    "io.modelcontextprotocol/clientInfo": {"name": "bench", "version": "1"},
+    "io.modelcontextprotocol/clientCapabilities": {"elicitation": {"form": {}}},
+}
+HEADERS = {
+    "content-type": "application/json",
+    "accept": "application/json, text/event-stream",
+    "mcp-protocol-version": MODERN,
+    "mcp-method": "tools/call",
+    "mcp-name": TOOL,
+}
+ANSWERS = {
+    "confirm_deploy": {"action": "accept", "content": {"confirm": True}},
+    "change_ticket": {"action": "accept", "content": {"ticket": "CHG-1"}},
+}
+
+
+# ------------------------------------------------------------------ processes
+def start(
+    command: Sequence[str], prefix: str, log: Path, cwd: Path = ROOT
+) -> tuple[subprocess.Popen[str], str]:
+    with log.open("w") as err:
+        proc = subprocess.Popen(
+            list(command), stdout=subprocess.PIPE, stderr=err, stdin=subprocess.DEVNULL, text=True, cwd=cwd,
+            env=dict(os.environ, PYTHONUNBUFFERED="1", NODE_NO_WARNINGS="1"),
+        )  # fmt: skip
+    assert proc.stdout is not None
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        line = proc.stdout.readline()
+        if line.startswith(prefix):
+            return proc, line[len(prefix) :].strip()
+        if not line and proc.poll() is not None:
+            break
+    proc.kill()
+    raise SystemExit(f"{command[:3]} did not start:\n{log.read_text()[-2000:]}")
+
+
+def stop(proc: subprocess.Popen[str]) -> None:
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+    if proc.stdout is not None:
+        proc.stdout.close()
+
+
+def upstream_command(kind: str) -> tuple[list[str], Path]:
+    if kind == "typescript":
+        node = shutil.which("node")
+        if node is None:
+            raise SystemExit("--upstream typescript needs node (and npm ci in tests/node)")
+        return [node, str(ROOT / "tests" / "node" / "ts_upstream_server.mjs")], ROOT / "tests" / "node"
+    return [sys.executable, str(ROOT / "examples" / "unprotected_server.py"), "--port", "0"], ROOT
+
+
+# ------------------------------------------------------------------ one flow
+def result_of(response: httpx.Response) -> dict[str, Any]:
+    """The JSON-RPC response in a JSON body or an SSE stream."""
+    response.raise_for_status()
+    if response.headers.get("content-type", "").startswith("text/event-stream"):
+        for line in response.text.splitlines():
+            if line.startswith("data:") and '"result"' in line:
+                return json.loads(line[5:])  # type: ignore[no-any-return]
+        raise RuntimeError("no result in the SSE stream")
+    return response.json()  # type: ignore[no-any-return]
+
+
+async def flow(http: httpx.AsyncClient, url: str, n: int) -> tuple[int, int]:
+    """Both rounds of one deploy; returns their wall times in nanoseconds."""
+    params: dict[str, Any] = {"name": TOOL, "arguments": {"version": "1.2.3"}, "_meta": META}
+    t0 = time.perf_counter_ns()
+    first = result_of(
+        await http.post(
+            url,
+            json={"jsonrpc": "2.0", "id": 2 * n, "method": "tools/call", "params": params},
+            headers=HEADERS,
+        )
+    )
+    t1 = time.perf_counter_ns()
+    state = first["result"]["requestState"]
+    retry = {**params, "inputResponses": ANSWERS, "requestState": state}
+    second = result_of(
+        await http.post(
+            url,
+            json={"jsonrpc": "2.0", "id": 2 * n + 1, "method": "tools/call", "params": retry},
+            headers=HEADERS,
+        )
+    )
+    t2 = time.perf_counter_ns()
+    if second["result"]["structuredContent"]["deployed"] != "1.2.3":
+        raise RuntimeError(f"the flow did not complete: {second}")
+    return t1 - t0, t2 - t1
+
+
+# ------------------------------------------------------------------ phases
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+
+
+def summary_ms(values: list[int]) -> dict[str, float]:
+    ms = [v / 1e6 for v in values]
+    return {"p50": round(statistics.median(ms), 3), "p99": round(percentile(ms, 0.99), 3), "n": len(ms)}
+
+
+async def latency(targets: dict[str, str], flows: int, seconds: float) -> dict[str, Any]:
+    rounds: dict[str, list[list[int]]] = {name: [[], []] for name in targets}
+    deadline = time.monotonic() + seconds
+    async with httpx.AsyncClient(timeout=60) as http:
+        for url in targets.values():  # warm up connections and code paths
+            for i in range(5):
+                await flow(http, url, 10_000 + i)
+        done = 0
+        while done < flows and time.monotonic() < deadline:
+            for name in random.sample(list(targets), len(targets)):
+                r1, r2 = await flow(http, targets[name], done)
+                rounds[name][0].append(r1)
+                rounds[name][1].append(r2)
+            done += 1
+    out: dict[str, Any] = {}
+    for index, label in enumerate(("round1", "round2")):
+        direct, proxied = summary_ms(rounds["direct"][index]), summary_ms(rounds["proxy"][index])
+        out[label] = {
+            "direct": direct,
+            "proxy": proxied,
+            "added_p50": round(proxied["p50"] - direct["p50"], 3),
+            "added_p99": round(proxied["p99"] - direct["p99"], 3),
+        }
+    out["flows"] = done
+    return out
+
+
+async def throughput(url: str, flows: int, seconds: float, concurrency: int) -> dict[str, float]:
+    started = time.perf_counter()
+    deadline = time.monotonic() + seconds
+    counter = iter(range(flows))
+    completed = 0
+
+    async def worker(http: httpx.AsyncClient) -> None:
+        nonlocal completed
+        for n in counter:
+            if time.monotonic() > deadline:
+                return
+            await flow(http, url, 100_000 + n)
+            completed += 1
+
+    limits = httpx.Limits(max_connections=concurrency)
+    async with httpx.AsyncClient(timeout=60, limits=limits) as http:
+        await asyncio.gather(*(worker(http) for _ in range(concurrency)))
+    elapsed = time.perf_counter() - started
+    return {"flows": completed, "seconds": round(elapsed, 2), "flows_per_s": round(completed / elapsed, 1)}
+
+
+# ------------------------------------------------------------------ main
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="fewer flows, shorter phases")
+    parser.add_argument("--flows", type=int, help="flows per phase and target (default 300, quick 60)")
+    parser.add_argument(
+        "--seconds", type=float, help="time limit per phase and target (default 60, quick 15)"
+    )
+    parser.add_argument("--concurrency", type=int, default=4, help="flows in flight in the throughput phase")
+    parser.add_argument("--upstream", choices=["python", "typescript"], default="python")
+    parser.add_argument("--mode", choices=["sign", "encrypt"], default="encrypt")
+    args = parser.parse_args()
+    args.flows = args.flows or (60 if args.quick else 300)
+    args.seconds = args.seconds or (15.0 if args.quick else 60.0)
+    return args
+
+
+async def measure(args: argparse.Namespace, direct: str, proxy: str, proxy_pid: int) -> dict[str, Any]:
+    targets = {"direct": direct, "proxy": proxy}
+    report: dict[str, Any] = {"latency_ms": await latency(targets, args.flows, args.seconds)}
+    report["throughput"] = {"direct": await throughput(direct, args.flows, args.seconds, args.concurrency)}
+    # CPU time is what the proxy costs whatever else runs on the machine: wall-clock
+    # latency on a shared 2-core box is mostly waiting for a core.
+    before = cpu_seconds(proxy_pid)
+    report["throughput"]["proxy"] = await throughput(proxy, args.flows, args.seconds, args.concurrency)
+    rounds = 2 * report["throughput"]["proxy"]["flows"]
+    report["proxy_cpu_ms_per_round"] = round((cpu_seconds(proxy_pid) - before) * 1000 / rounds, 2)
+    report["throughput"]["ratio"] = round(
+        report["throughput"]["proxy"]["flows_per_s"] / report["throughput"]["direct"]["flows_per_s"], 3
+    )
+    return report
+
+
+def table(report: dict[str, Any]) -> str:
+    rows = [
+        "| round | direct p50 / p99 (ms) | proxied p50 / p99 (ms) | added p50 / p99 (ms) |",
+        "|---|---|---|---|",
+    ]
+    for label in ("round1", "round2"):
+        r = report["latency_ms"][label]
+        direct, proxied = r["direct"], r["proxy"]
+        rows.append(
+            f"| {label[-1]} | {direct['p50']} / {direct['p99']} | {proxied['p50']} / {proxied['p99']} "
+            f"| {r['added_p50']} / {r['added_p99']} |"
+        )
+    t = report["throughput"]
+    rows += [
+        "",
+        f"Throughput ({report['settings']['concurrency']} flows in flight): "
+        f"direct {t['direct']['flows_per_s']} flows/s, proxied {t['proxy']['flows_per_s']} flows/s "
+        f"(ratio {t['ratio']}). Proxy CPU: {report['proxy_cpu_ms_per_round']} ms per round.",
+    ]
+    return "\n".join(rows)
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a process (Linux /proc), in seconds."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def main() -> None:
+    args = parse_args()
+    with tempfile.TemporaryDirectory(prefix="bench-proxy-") as tmp_dir:
+        tmp = Path(tmp_dir)
+        keys = tmp / "keys.json"
+        keys.write_text(KeyRing.generate().to_json())
+        keys.chmod(0o600)
+        command, cwd = upstream_command(args.upstream)
+        upstream, upstream_url = start(command, "READY ", tmp / "upstream.log", cwd)
+        proxy = None
+        try:
+            replay = f"sqlite:{tmp / 'replay.db'}"
+            proxy, proxy_base = start(
+                [sys.executable, "-m", "statecodec.cli", "proxy", "--upstream", upstream_url,
+                 "--listen", "127.0.0.1:0", "--keys", f"file:{keys}", "--replay", replay,
+                 "--audience", "deploy", "--mode", args.mode, "--log-level", "warning"],
+                "listening on ", tmp / "proxy.log",
+            )  # fmt: skip
+            report = asyncio.run(measure(args, upstream_url, proxy_base + "/mcp", proxy.pid))
+        finally:
+            if proxy is not None:
+                stop(proxy)
+            stop(upstream)
+    report["settings"] = {
+        "upstream": args.upstream,
+        "mode": args.mode,
+        "flows": args.flows,
+        "seconds": args.seconds,
+        "concurrency": args.concurrency,
+        "replay": "sqlite",
+        "python": platform.python_version(),
+        "machine": f"{platform.machine()}, {os.cpu_count()} CPUs",
+    }
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    name = f"proxy-{args.upstream}{'-quick' if args.quick else ''}.json"
+    (RESULTS / name).write_text(json.dumps(report, indent=2) + "\n")
+    print(table(report))
+    print(f"\nwritten to benchmarks/results/{name}")
+
+
+if __name__ == "__main__":
+    main()
