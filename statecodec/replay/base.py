@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import abc
 import asyncio
+from typing import Self
 
 
 class ReplayStore(abc.ABC):
@@ -41,10 +42,22 @@ class ReplayStore(abc.ABC):
         """Release connections or files."""
 
     async def aclose(self) -> None:
+        """Async :meth:`close`; stores with async connections override it."""
         self.close()
 
-    def __enter__(self) -> ReplayStore:
+    def __bool__(self) -> bool:
+        # A store is a service, not a container: an empty one must not be falsy, or
+        # ``replay=store or fallback`` and ``if codec.replay:`` would skip it.
+        return True
+
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()

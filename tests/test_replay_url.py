@@ -1,0 +1,185 @@
+"""store_from_url: every accepted form builds the right store, every bad one says what to write."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import redis
+from fixtures_valkey import ValkeyServer
+
+import statecodec.replay as replay
+from statecodec.replay import MemoryReplayStore, RedisReplayStore, SQLiteReplayStore, store_from_url
+
+
+def test_memory_forms() -> None:
+    plain = store_from_url("memory:")
+    assert isinstance(plain, MemoryReplayStore) and plain.max_entries == 100_000
+    bounded = store_from_url("memory:?max_entries=7")
+    assert isinstance(bounded, MemoryReplayStore) and bounded.max_entries == 7
+    assert isinstance(store_from_url("MEMORY:"), MemoryReplayStore)
+    assert store_from_url("memory:?max_entries=7", max_entries=9).max_entries == 9
+
+
+def test_sqlite_relative_path_is_relative_to_the_working_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "data").mkdir()
+    store = store_from_url("sqlite:data/replay.db")
+    assert isinstance(store, SQLiteReplayStore)
+    assert store.path == str(tmp_path / "data" / "replay.db")
+    assert store.consume("k", time.time() + 60)
+    assert (tmp_path / "data" / "replay.db").exists()
+    store.close()
+
+
+@pytest.mark.parametrize("form", ["sqlite:{p}", "sqlite://{p}", "sqlite:///{p}"])
+def test_sqlite_absolute_forms(tmp_path: Path, form: str) -> None:
+    path = tmp_path / "abs.db"
+    # {p} starts with "/": sqlite:/abs, sqlite:///abs (URI style, empty host) and
+    # sqlite:////abs (SQLAlchemy's absolute form) all name the same file.
+    store = store_from_url(form.format(p=str(path)))
+    assert isinstance(store, SQLiteReplayStore)
+    assert store.path == str(path)
+    store.close()
+
+
+def test_sqlite_options_and_percent_decoding(tmp_path: Path) -> None:
+    (tmp_path / "with space").mkdir()
+    url = f"sqlite://{tmp_path}/with%20space/r.db?busy_timeout=0.5&purge_interval=10&synchronous=full"
+    store = store_from_url(url)
+    assert isinstance(store, SQLiteReplayStore)
+    assert store.path == str(tmp_path / "with space" / "r.db")
+    assert (store.busy_timeout, store.purge_interval, store.synchronous) == (0.5, 10.0, "FULL")
+    store.close()
+    override = store_from_url(url, busy_timeout=3)
+    assert override.busy_timeout == 3
+    override.close()
+
+
+def test_sqlite_home_directory(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HOME", str(tmp_path))
+    store = store_from_url("sqlite:~/r.db")
+    assert store.path == str(tmp_path / "r.db")
+    store.close()
+
+
+@pytest.mark.parametrize("scheme", ["redis", "valkey", "REDIS"])
+def test_redis_forms(valkey_server: ValkeyServer, scheme: str) -> None:
+    port = valkey_server.port
+    store = store_from_url(f"{scheme}://127.0.0.1:{port}/0?prefix=myapp:&socket_timeout=1&retries=0")
+    assert isinstance(store, RedisReplayStore)
+    assert store.prefix == "myapp:"
+    key = f"k-{time.time_ns()}"
+    assert store.consume(key, time.time() + 60) is True
+    assert store.consume(key, time.time() + 60) is False
+    store.close()
+
+
+def test_redis_db_and_redis_py_options_pass_through(valkey_server: ValkeyServer) -> None:
+    port = valkey_server.port
+    store = store_from_url(f"redis://127.0.0.1:{port}/3?client_name=replay-test&health_check_interval=5")
+    key = f"k-{time.time_ns()}"
+    assert store.consume(key, time.time() + 60)
+    raw = redis.Redis(port=port, db=3)
+    assert raw.exists(f"statecodec:replay:{key}") == 1
+    assert any(c["name"] == "replay-test" for c in raw.client_list())
+    raw.close()
+    store.close()
+
+
+def test_rediss_builds_a_tls_store_without_connecting() -> None:
+    store = store_from_url("rediss://:pw@cache.internal:6380/0?ssl_cert_reqs=required")
+    assert isinstance(store, RedisReplayStore)
+    assert "pw" not in repr(store)
+
+
+@pytest.mark.parametrize(
+    ("url", "says"),
+    [
+        ("", "no scheme"),
+        ("replay.db", "no scheme"),
+        ("postgres://db/replay", "unknown scheme 'postgres'"),
+        ("memory://host", "takes no host"),
+        ("memory:?max_entries=0", "bad value '0' for max_entries"),
+        ("memory:?max_entries=lots", "bad value 'lots' for max_entries"),
+        ("memory:?size=10", "unknown option 'size'; accepted: max_entries"),
+        ("memory:?max_entries=1&max_entries=2", "given twice"),
+        ("memory:?max_entries", "name=value"),
+        ("sqlite:", "path is missing"),
+        ("sqlite:?busy_timeout=1", "path is missing"),
+        ("sqlite::memory:", "use memory:"),
+        ("sqlite://host/replay.db", "would be a host"),
+        ("sqlite:r.db#frag", "%23"),
+        ("sqlite:r.db?busy_timeout=-1", "bad value '-1' for busy_timeout"),
+        ("sqlite:r.db?busy_timeout=nan", "bad value 'nan' for busy_timeout"),
+        ("sqlite:r.db?synchronous=OFF", "bad value 'OFF' for synchronous"),
+        ("sqlite:r.db?wal=1", "unknown option 'wal'"),
+        ("redis://", "host is missing"),
+        ("redis://localhost:99999/0", "port"),
+        ("redis://localhost:6379/zero", "database must be a number"),
+        ("redis://localhost:6379/0?retries=-1", "bad value '-1' for retries"),
+        ("redis://localhost:6379/0?pool=big", "unknown option 'pool'"),
+        ("redis://[::1/0", "Invalid IPv6"),
+    ],
+)
+def test_bad_urls_name_the_accepted_forms(url: str, says: str) -> None:
+    with pytest.raises(ValueError) as info:
+        store_from_url(url)
+    message = str(info.value)
+    assert says in message
+    assert "memory:" in message and "sqlite:PATH" in message and "redis://HOST:PORT/DB" in message
+
+
+def test_bad_urls_never_echo_a_password() -> None:
+    with pytest.raises(ValueError) as info:
+        store_from_url("redis://user:s3cret@localhost:6379/zero")
+    assert "s3cret" not in str(info.value)
+    assert "user:***@localhost" in str(info.value)
+    with pytest.raises(ValueError) as info:
+        store_from_url("redis://:s3cret@[::1/0")
+    assert "s3cret" not in str(info.value)
+
+
+def test_not_a_string() -> None:
+    with pytest.raises(TypeError, match="must be a string"):
+        store_from_url(None)  # type: ignore[arg-type]
+
+
+def test_importing_replay_does_not_import_redis() -> None:
+    # A fresh interpreter: this test process has imported redis already.
+    code = (
+        "import sys, statecodec, statecodec.replay as r; "
+        "r.store_from_url('memory:'); "
+        "assert 'redis' not in sys.modules, 'redis imported'; "
+        "r.RedisReplayStore; assert 'redis' in sys.modules"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
+
+
+def test_unknown_attribute() -> None:
+    with pytest.raises(AttributeError):
+        replay.NoSuchStore  # noqa: B018
+    assert "RedisReplayStore" in dir(replay)
+
+
+def test_without_the_redis_package_the_error_says_what_to_install() -> None:
+    # A fresh interpreter in which `import redis` fails, as without the extra.
+    code = (
+        "import sys; sys.modules['redis'] = None\n"
+        "import statecodec.replay as r\n"
+        "assert r.store_from_url('memory:') is not None\n"
+        "for attempt in (lambda: r.store_from_url('redis://:pw@localhost/0'), lambda: r.RedisReplayStore):\n"
+        "    try:\n"
+        "        attempt()\n"
+        "    except ModuleNotFoundError as exc:\n"
+        "        assert \"pip install 'statecodec[redis]'\" in str(exc), exc\n"
+        "        assert 'pw' not in str(exc), exc\n"
+        "    else:\n"
+        "        raise AssertionError('no error')\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
