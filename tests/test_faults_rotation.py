@@ -1,7 +1,7 @@
 """Rotation under load: 10,000 complete MRTR flows across two servers while keys rotate.
 
-Two processes of the deploy example (examples/deploy_server.py, lowlevel flavour) sit
-behind an alternating router: round 1 of flow *i* goes to instance *i mod 2*, round 2
+Two processes of the deploy scenario (statecodec._demo, lowlevel flavour) sit behind
+an alternating router: round 1 of flow *i* goes to instance *i mod 2*, round 2
 (with the sealed ``requestState``) to the other one. Unlike the adapter tests, their
 keys come from a :class:`~statecodec.kms.KeyManager` on an OpenBao transit key (the
 example itself loads a fixed ring, so this module doubles as the small launcher that
@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import importlib.util
 import logging
 import os
 import sys
@@ -61,14 +60,6 @@ ANSWERS = {
 
 
 # ------------------------------------------------------------ the server process
-def _deploy_example() -> Any:
-    spec = importlib.util.spec_from_file_location("deploy_server", ROOT / "examples" / "deploy_server.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def serve(argv: list[str]) -> None:
     """The deploy example with its keys from a KeyManager (VAULT_ADDR/VAULT_TOKEN in the env)."""
     from statecodec import StateCodec  # noqa: PLC0415 - only in the server process
@@ -79,7 +70,9 @@ def serve(argv: list[str]) -> None:
     for name in ("--keys", "--replay", "--instance", "--mode"):
         parser.add_argument(name, required=True)
     args = parser.parse_args(argv)
-    deploy = _deploy_example()
+    from statecodec._demo._serve import serve_http  # noqa: PLC0415
+    from statecodec._demo._servers import build_lowlevel  # noqa: PLC0415
+
     manager = KeyManager(args.keys, **TIMING).start()
     codec = StateCodec(
         manager,
@@ -89,14 +82,14 @@ def serve(argv: list[str]) -> None:
         replay=store_from_url(args.replay),
         namespace="deploy",
     )
-    http_app, _ = deploy.build_lowlevel(codec, args.instance, auth=True)
+    http_app, _ = build_lowlevel(codec, args.instance, auth=True)
     logging.basicConfig(
         level=logging.INFO, stream=sys.stderr, force=True,
         format=f"[{args.instance}] %(levelname)s %(name)s: %(message)s",
     )  # fmt: skip
     logging.getLogger("deploy").setLevel(logging.WARNING)  # 20,000 round lines would only slow us
     try:
-        asyncio.run(deploy.serve_http(http_app(), "127.0.0.1", 0))
+        asyncio.run(serve_http(http_app(), "127.0.0.1", 0))
     finally:
         manager.stop()
 
