@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+import httpx
 import mcp_types as types
 import pytest
 from fastmcp import Context, FastMCP
@@ -21,6 +22,7 @@ from mcp.shared.exceptions import MCPError
 import statecodec as sc
 from statecodec.adapters import fastmcp as fastmcp_adapter
 from statecodec.adapters import jsonrpc
+from statecodec.adapters.asgi import RequestStateMiddleware
 from statecodec.adapters.mcp import protect
 from statecodec.replay import MemoryReplayStore
 
@@ -107,10 +109,6 @@ async def test_oversized_token_is_refused_before_the_digest(caplog: pytest.LogCa
 
 @pytest.mark.parametrize("key", ["requestState", "request_state", "Request-State"])
 async def test_asgi_middleware_refuses_state_aliases_before_a_fastmcp_upstream(key: str) -> None:
-    import httpx
-
-    from statecodec.adapters.asgi import RequestStateMiddleware
-
     server: FastMCP[Any] = FastMCP("deploy")
     seen: list[str | None] = []
 

@@ -11,9 +11,11 @@ import asyncio
 import math
 
 import pytest
+from click.testing import CliRunner
 
 import statecodec as sc
 from statecodec._binding import MAX_JCS_NODES
+from statecodec.cli import main
 from statecodec.replay import MemoryReplayStore, ReplayStore
 
 NOW = 1_800_000_000
@@ -122,10 +124,6 @@ def test_jcs_path_has_a_smaller_budget_than_the_fast_path() -> None:
 
 
 def test_inspect_json_output_is_ascii_only() -> None:
-    from click.testing import CliRunner
-
-    from statecodec.cli import main
-
     token = _codec().seal("evil \x9b31m \u202e txt \x1b[2J".encode())
     result = CliRunner().invoke(main, ["inspect", "--json", token])
     assert result.exit_code == 0, result.output
