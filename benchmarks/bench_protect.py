@@ -3,21 +3,45 @@
     .venv/bin/python benchmarks/bench_protect.py            # full run, writes benchmarks/results/
     .venv/bin/python benchmarks/bench_protect.py --quick
 
-A lowlevel ``mcp`` Server answers ``tools/call`` with an ``InputRequiredResult`` carrying a
-300-byte JSON ``requestState``; the official ``mcp.client.Client`` echoes it back in the
-next request, round after round. Every timed round is therefore one full steady-state
-MRTR round: client request building, the SDK's dispatch, validation and middleware chain,
-the handler, the result on the way back, and (when protected) one unseal, one replay
-store consume and one seal. State-only rounds keep the SDK's own work small, which makes
-the relative overhead of ``protect`` look as large as it can.
+One timed round is one complete multi-round-trip exchange, as a client makes it:
 
-Transports: ``direct`` is what ``Client(server)`` does for an in-process server on the
-2026-07-28 protocol (the SDK's DirectDispatcher pair, no JSON-RPC framing); ``memory`` is
-``Client(InMemoryTransport(server))``, JSON-RPC messages over in-memory streams.
+1. ``tools/call`` with the tool's arguments; the server answers ``input_required`` with
+   one elicitation and a 300-byte JSON ``requestState`` (protected: one seal);
+2. the same ``tools/call`` again with ``inputResponses`` and the byte-exact
+   ``requestState``; the server checks the state it gets back and completes with a
+   ``CallToolResult`` (protected: one unseal and one replay-store consume).
+
+Both requests go through the official ``mcp.client.Client`` and the SDK's whole server
+path (dispatch, validation, the middleware chain with its OpenTelemetry layer, the
+handler, result serialisation). Transports: ``direct`` is what ``Client(server)`` does for
+an in-process server on the 2026-07-28 protocol (the SDK's DirectDispatcher pair, no
+JSON-RPC framing); ``memory`` is ``Client(InMemoryTransport(server))``, JSON-RPC messages
+over in-memory streams.
+
+Variants, on the same lowlevel ``Server``:
+
+- ``unprotected``: no boundary at all (the handler's plaintext travels as it is);
+- ``MCP SDK RequestStateBoundary (AES-GCM)``: the SDK's own boundary, what ``MCPServer``
+  installs by default, with the same principal bound (the fair baseline);
+- ``statecodec SIGN/ENCRYPT + memory replay store``: ``protect(server, codec)``;
+- ``reference: codec calls only``: a bare middleware that makes exactly the codec calls
+  ``protect`` makes (one ``Binding`` per request, ``aunseal`` with the replay store,
+  ``seal``, the same copy of the request context) and nothing else: no shape checks, no
+  logging, no metrics, no error mapping.
+  ``protect`` minus this row is the adapter's own cost; this row minus ``unprotected`` is
+  what the codec costs inside the SDK's request path.
+
+Besides the rounds, the same process times, with no SDK in between:
+
+- the codec work of one round on its own (``Binding`` twice, seal, unseal with the
+  replay store), to compare with what the same calls cost inside the SDK's path;
+- both requests of a round through ``protect``'s middleware and through the reference
+  middleware, called directly with a ``call_next`` that returns the wire dicts the SDK's
+  runner would: the paired difference is the adapter's own work without the SDK's noise.
 
 Variants run interleaved, each repeat in a fresh random order, timed in process CPU time
-(see bench_codec.py for why); the overhead is the median over repeats of the per-repeat
-ratio to the unprotected server on the same transport.
+(see bench_codec.py for why); an overhead is the median over repeats of the per-repeat
+ratio to the baseline on the same transport.
 """
 
 from __future__ import annotations
@@ -31,6 +55,7 @@ import random
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from contextlib import AsyncExitStack
 from pathlib import Path
 from typing import Any
@@ -38,7 +63,7 @@ from typing import Any
 import mcp_types as types
 from mcp.client import Client
 from mcp.client._memory import InMemoryTransport
-from mcp.server.context import ServerRequestContext
+from mcp.server.context import CallNext, HandlerResult, ServerRequestContext
 from mcp.server.lowlevel import Server
 from mcp.server.request_state import RequestStateBoundary, RequestStateSecurity
 
@@ -47,96 +72,256 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench_codec import ARGS, PRINCIPAL, RESULTS, TARGET, machine, make_state
 
-from statecodec import KeyRing, StateCodec
-from statecodec.adapters.mcp import protect
+from statecodec import Binding, KeyRing, StateCodec
+from statecodec.adapters.mcp import StateCodecMiddleware, _with_params, protect
 from statecodec.replay.memory import MemoryReplayStore
 
 Ctx = ServerRequestContext[Any, Any]
 STATE = make_state(300).decode("utf-8")
+AUDIENCE = "forecast"  # the server's name: protect()'s default audience
+QUESTION = types.ElicitRequest(
+    params=types.ElicitRequestFormParams(
+        message="Book the cheapest flight?",
+        requested_schema={"type": "object", "properties": {"confirm": {"type": "boolean"}}},
+    )
+)
+ANSWERS: dict[str, types.InputResponse] = {
+    "confirm": types.ElicitResult(action="accept", content={"confirm": True})
+}
+DONE = types.CallToolResult(content=[types.TextContent(type="text", text="booked")])
+
+UNPROTECTED = "unprotected"
+SDK = "MCP SDK RequestStateBoundary (AES-GCM)"
+SIGN = "statecodec SIGN + memory replay store"
+ENCRYPT = "statecodec ENCRYPT + memory replay store"
+REF_SIGN = "reference: codec calls only, SIGN"
+REF_ENCRYPT = "reference: codec calls only, ENCRYPT"
+VARIANTS = (UNPROTECTED, SDK, SIGN, ENCRYPT, REF_SIGN, REF_ENCRYPT)
+
+
+def codec_for(variant: str, ring: KeyRing) -> StateCodec:
+    mode = "sign" if "SIGN" in variant else "encrypt"
+    return StateCodec(ring, mode=mode, replay=MemoryReplayStore(max_entries=10_000_000))
+
+
+def codec_calls_only(codec: StateCodec) -> Callable[[Ctx, CallNext], Any]:
+    """The reference middleware: ``protect``'s codec calls and not one check more.
+
+    Never use this shape in a server: it skips the state-shape checks, the fail-closed
+    error mapping, logging and metrics. It exists to split ``protect``'s cost into the
+    codec's and the adapter's.
+    """
+
+    async def middleware(ctx: Ctx, call_next: CallNext) -> HandlerResult:
+        if ctx.method != "tools/call":
+            return await call_next(ctx)
+        params: Any = ctx.params
+        binding = Binding(PRINCIPAL, AUDIENCE, ctx.method, params["name"], params.get("arguments") or {})
+        token = params.get("requestState")
+        if token is not None:
+            opened = await codec.aunseal(token, binding)
+            # The same context copy as protect's, so that the difference is the adapter's own work.
+            ctx = _with_params(ctx, {**params, "requestState": opened.payload.decode("utf-8")})
+        result: Any = await call_next(ctx)
+        if result.get("resultType") == "input_required":
+            result = {**result, "requestState": codec.seal(result["requestState"].encode("utf-8"), binding)}
+        return result  # type: ignore[no-any-return]
+
+    return middleware
 
 
 def make_server(variant: str, ring: KeyRing, secret: bytes) -> tuple[Server[Any], list[str | None]]:
-    """A server whose ``plan`` tool always asks for more input; ``seen`` records its states."""
+    """A server whose ``book`` tool asks once, then completes; ``seen`` records round-2 states."""
     seen: list[str | None] = []
 
     async def list_tools(ctx: Ctx, params: Any) -> types.ListToolsResult:
         return types.ListToolsResult(tools=[types.Tool(name=TARGET, input_schema={"type": "object"})])
 
     async def call_tool(ctx: Ctx, params: types.CallToolRequestParams) -> Any:
-        if len(seen) < 4:
+        if params.request_state is None:
+            return types.InputRequiredResult(input_requests={"confirm": QUESTION}, request_state=STATE)
+        # The handler must get back exactly the plaintext it minted, and the answers.
+        if params.request_state != STATE or not params.input_responses:
             seen.append(params.request_state)
-        return types.InputRequiredResult(request_state=STATE)
+            raise ValueError("the handler did not get its own state back")
+        return DONE
 
-    server: Server[Any] = Server("forecast", on_list_tools=list_tools, on_call_tool=call_tool)
-    if variant.startswith("statecodec"):
-        mode = "sign" if "SIGN" in variant else "encrypt"
-        codec = StateCodec(ring, mode=mode, replay=MemoryReplayStore(max_entries=10_000_000))
-        protect(server, codec, principal=lambda ctx: PRINCIPAL)
-    elif variant.startswith("MCP SDK"):
+    server: Server[Any] = Server(AUDIENCE, on_list_tools=list_tools, on_call_tool=call_tool)
+    if variant in (SIGN, ENCRYPT):
+        protect(server, codec_for(variant, ring), principal=lambda ctx: PRINCIPAL)
+    elif variant in (REF_SIGN, REF_ENCRYPT):
+        server.middleware.append(codec_calls_only(codec_for(variant, ring)))
+    elif variant == SDK:
         security = RequestStateSecurity(keys=[secret], bind_principal=lambda ctx: PRINCIPAL)
-        server.middleware.append(RequestStateBoundary(security, default_audience="forecast"))
+        server.middleware.append(RequestStateBoundary(security, default_audience=AUDIENCE))
     return server, seen
 
 
-VARIANTS = (
-    "unprotected",
-    "statecodec SIGN + memory replay store",
-    "statecodec ENCRYPT + memory replay store",
-    "MCP SDK RequestStateBoundary (AES-GCM)",
-)
+async def one_round(client: Client) -> str:
+    """Request 1 (``input_required``) and request 2 (the retry); returns the wire state."""
+    session = client.session
+    first = await session.call_tool(TARGET, ARGS, allow_input_required=True)
+    state = first.request_state  # type: ignore[union-attr]
+    second = await session.call_tool(
+        TARGET, ARGS, input_responses=ANSWERS, request_state=state, allow_input_required=True
+    )
+    if not isinstance(second, types.CallToolResult) or second.is_error:
+        raise AssertionError(f"round did not complete: {second!r}")
+    return state  # type: ignore[return-value]
 
 
-async def first_state(client: Client) -> str:
-    result = await client.session.call_tool(TARGET, ARGS, allow_input_required=True)
-    assert isinstance(result, types.InputRequiredResult) and result.request_state
-    return result.request_state
-
-
-async def run_rounds(client: Client, state: str, n: int) -> tuple[str, int]:
-    """``n`` rounds; returns the last state and the CPU nanoseconds they took."""
+async def run_rounds(client: Client, n: int) -> int:
+    """``n`` rounds; returns the CPU nanoseconds they took (GC paused, as for every variant)."""
     session = client.session
     gc.collect()
     gc.disable()
     try:
         t0 = time.process_time_ns()
         for _ in range(n):
-            result = await session.call_tool(TARGET, ARGS, request_state=state, allow_input_required=True)
-            state = result.request_state  # type: ignore[union-attr]
+            first = await session.call_tool(TARGET, ARGS, allow_input_required=True)
+            await session.call_tool(
+                TARGET,
+                ARGS,
+                input_responses=ANSWERS,
+                request_state=first.request_state,  # type: ignore[union-attr]
+                allow_input_required=True,
+            )
         t1 = time.process_time_ns()
     finally:
         gc.enable()
-    return state, t1 - t0
+    return t1 - t0
+
+
+async def check(variant: str, client: Client, seen: list[str | None]) -> None:
+    """The round must complete, the handler see its plaintext, and the wire carry a token."""
+    wire = await one_round(client)
+    assert not seen, (variant, seen)
+    if variant == UNPROTECTED:
+        assert wire == STATE
+    else:
+        assert wire != STATE and STATE not in wire, variant
+
+
+async def codec_alone(ring: KeyRing, mode: str, n: int) -> float:
+    """µs of one round's codec work with no SDK around it: 2 Bindings, seal, unseal."""
+    codec = codec_for(mode, ring)
+    payload = STATE.encode("utf-8")
+    gc.collect()
+    gc.disable()
+    try:
+        t0 = time.process_time_ns()
+        for _ in range(n):
+            token = codec.seal(payload, Binding(PRINCIPAL, AUDIENCE, "tools/call", TARGET, dict(ARGS)))
+            binding = Binding(PRINCIPAL, AUDIENCE, "tools/call", TARGET, dict(ARGS))
+            (await codec.aunseal(token, binding)).payload.decode("utf-8")
+        t1 = time.process_time_ns()
+    finally:
+        gc.enable()
+    return (t1 - t0) / n / 1000.0
+
+
+def context(params: dict[str, Any]) -> Ctx:
+    """A request context as the SDK's runner builds it (no session: nothing here uses one)."""
+    return ServerRequestContext(
+        session=None,  # type: ignore[arg-type]
+        lifespan_context={},
+        protocol_version="2026-07-28",
+        method="tools/call",
+        params=params,
+        request_id=1,
+    )
+
+
+def wire(model: Any) -> dict[str, Any]:
+    return model.model_dump(by_alias=True, mode="json", exclude_none=True)  # type: ignore[no-any-return]
+
+
+ASKED = wire(types.InputRequiredResult(input_requests={"confirm": QUESTION}, request_state=STATE))
+COMPLETED = wire(DONE)
+ANSWERED = {key: wire(value) for key, value in ANSWERS.items()}
+
+
+async def ask(ctx: Ctx) -> HandlerResult:
+    return dict(ASKED)  # the runner hands every middleware a fresh dict
+
+
+async def complete(ctx: Ctx) -> HandlerResult:
+    if ctx.params is None or ctx.params["requestState"] != STATE:
+        raise AssertionError("the handler did not get its own state back")
+    return dict(COMPLETED)
+
+
+async def middleware_rounds(middleware: Callable[[Ctx, CallNext], Any], n: int) -> float:
+    """µs per round of both requests through ``middleware`` alone, no SDK around it."""
+    gc.collect()
+    gc.disable()
+    try:
+        t0 = time.process_time_ns()
+        for _ in range(n):
+            first = await middleware(context({"name": TARGET, "arguments": dict(ARGS)}), ask)
+            retry = {"name": TARGET, "arguments": dict(ARGS), "inputResponses": ANSWERED}
+            await middleware(context({**retry, "requestState": first["requestState"]}), complete)
+        t1 = time.process_time_ns()
+    finally:
+        gc.enable()
+    return (t1 - t0) / n / 1000.0
+
+
+async def alone(repeats: int, rounds: int, seed: int) -> dict[str, Any]:
+    """The codec's work and the adapter's own work, each without the SDK around them."""
+    ring = KeyRing.generate()
+    middlewares: dict[str, Callable[[Ctx, CallNext], Any]] = {}
+    for full, ref in ((SIGN, REF_SIGN), (ENCRYPT, REF_ENCRYPT)):
+        middlewares[full] = StateCodecMiddleware(
+            codec_for(full, ring), audience=AUDIENCE, principal=lambda ctx: PRINCIPAL
+        )
+        middlewares[ref] = codec_calls_only(codec_for(ref, ring))
+    for middleware in middlewares.values():
+        await middleware_rounds(middleware, rounds)  # warm-up
+    codec: dict[str, list[float]] = {"SIGN": [], "ENCRYPT": []}
+    direct: dict[str, list[float]] = {name: [] for name in middlewares}
+    rng = random.Random(seed)
+    for _ in range(repeats):
+        for name in rng.sample(list(direct), len(direct)):
+            direct[name].append(await middleware_rounds(middlewares[name], rounds))
+        for mode, times in codec.items():
+            times.append(await codec_alone(ring, mode, rounds))
+    return {
+        "repeats": repeats,
+        "rounds_per_sample": rounds,
+        "codec_us_per_round": {mode: statistics.median(times) for mode, times in codec.items()},
+        "middleware_us_per_round": {name: statistics.median(times) for name, times in direct.items()},
+        "adapter_own_us_per_round": {
+            mode: statistics.median(a - b for a, b in zip(direct[full], direct[ref], strict=True))
+            for mode, full, ref in (("SIGN", SIGN, REF_SIGN), ("ENCRYPT", ENCRYPT, REF_ENCRYPT))
+        },
+    }
+
+
+def overhead(samples: list[float], base: list[float]) -> float:
+    return 100 * (statistics.median(a / b for a, b in zip(samples, base, strict=True)) - 1)
 
 
 async def bench(transport: str, repeats: int, rounds: int, seed: int) -> dict[str, Any]:
     ring, secret = KeyRing.generate(), os.urandom(32)
     async with AsyncExitStack() as stack:
         clients: dict[str, Client] = {}
-        states: dict[str, str] = {}
         for variant in VARIANTS:
             server, seen = make_server(variant, ring, secret)
             target: Any = InMemoryTransport(server) if transport == "memory" else server
             client = await stack.enter_async_context(Client(target))
+            await client.session.list_tools()  # fills the client's output-schema cache
+            await check(variant, client, seen)
             clients[variant] = client
-            states[variant] = await first_state(client)
-            states[variant], _ = await run_rounds(client, states[variant], 3)
-            # The handler must see its own plaintext; the wire must carry a token (or not).
-            assert seen[1:] == [STATE] * (len(seen) - 1), (variant, seen)
-            wire = states[variant]
-            if variant == "unprotected":
-                assert wire == STATE
-            else:
-                assert wire != STATE and STATE not in wire, variant
-            for _ in range(max(3, rounds // 4)):  # warm-up
-                states[variant], _ = await run_rounds(client, states[variant], 1)
+            await run_rounds(client, max(3, rounds // 4))  # warm-up
         samples: dict[str, list[float]] = {v: [] for v in VARIANTS}
         rng, order = random.Random(seed), list(VARIANTS)
         for _ in range(repeats):
             rng.shuffle(order)
             for variant in order:
-                states[variant], ns = await run_rounds(clients[variant], states[variant], rounds)
+                ns = await run_rounds(clients[variant], rounds)
                 samples[variant].append(ns / rounds / 1000.0)  # µs per round
-    base = samples["unprotected"]
+    base, sdk = samples[UNPROTECTED], samples[SDK]
     rows = []
     for variant in VARIANTS:
         s = samples[variant]
@@ -145,13 +330,23 @@ async def bench(transport: str, repeats: int, rounds: int, seed: int) -> dict[st
                 "variant": variant,
                 "median_us_per_round": statistics.median(s),
                 "rounds_per_s": 1e6 / statistics.median(s),
-                "overhead_pct": None
-                if variant == "unprotected"
-                else 100 * (statistics.median(a / b for a, b in zip(s, base, strict=True)) - 1),
+                "added_us": statistics.median(a - b for a, b in zip(s, base, strict=True)),
+                "overhead_pct": None if variant == UNPROTECTED else overhead(s, base),
+                "vs_sdk_pct": None if variant in (UNPROTECTED, SDK) else overhead(s, sdk),
                 "samples_us": [round(x, 2) for x in s],
             }
         )
-    return {"transport": transport, "repeats": repeats, "rounds_per_sample": rounds, "rows": rows}
+    own = {
+        mode: statistics.median(a - b for a, b in zip(samples[full], samples[ref], strict=True))
+        for mode, full, ref in (("SIGN", SIGN, REF_SIGN), ("ENCRYPT", ENCRYPT, REF_ENCRYPT))
+    }
+    return {
+        "transport": transport,
+        "repeats": repeats,
+        "rounds_per_sample": rounds,
+        "rows": rows,
+        "protect_minus_reference_us_per_round": own,
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -165,22 +360,37 @@ def main(argv: list[str] | None = None) -> int:
         "command": "python benchmarks/bench_protect.py" + (" --quick" if args.quick else ""),
         "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "machine": machine(),
+        "load_average_before": os.getloadavg(),
         "state_bytes": len(STATE.encode()),
+        "round": "request 1 -> input_required (seal); request 2 with inputResponses + requestState "
+        "-> CallToolResult (unseal + replay consume)",
         "transports": [asyncio.run(bench(t, repeats, rounds, args.seed)) for t in ("direct", "memory")],
+        "without_sdk": asyncio.run(alone(3 * repeats, rounds, args.seed)),
     }
+    result["load_average_after"] = os.getloadavg()
     stem = "protect-quick" if args.quick else "protect"
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / f"{stem}.json").write_text(json.dumps(result, indent=1) + "\n")
 
-    print("| transport | variant | µs per round | rounds/s | overhead vs unprotected |")
-    print("|---|---|---:|---:|---:|")
+    print("| transport | variant | µs per round | rounds/s | added µs | vs unprotected | vs SDK boundary |")
+    print("|---|---|---:|---:|---:|---:|---:|")
     for t in result["transports"]:
         for r in t["rows"]:
             over = "" if r["overhead_pct"] is None else f"{r['overhead_pct']:+.1f}%"
+            vs_sdk = "" if r["vs_sdk_pct"] is None else f"{r['vs_sdk_pct']:+.1f}%"
             print(
                 f"| {t['transport']} | {r['variant']} | {r['median_us_per_round']:.0f} | "
-                f"{r['rounds_per_s']:.0f} | {over} |"
+                f"{r['rounds_per_s']:.0f} | {r['added_us']:.1f} | {over} | {vs_sdk} |"
             )
+    for t in result["transports"]:
+        own = ", ".join(f"{m} {v:+.1f}" for m, v in t["protect_minus_reference_us_per_round"].items())
+        print(f"{t['transport']}: protect minus the reference (µs per round): {own}")
+    w = result["without_sdk"]
+    print("without the SDK (µs per round):")
+    for name, v in (*w["codec_us_per_round"].items(), *w["middleware_us_per_round"].items()):
+        print(f"  {name}: {v:.1f}" if name in VARIANTS else f"  codec work alone, {name}: {v:.1f}")
+    own = ", ".join(f"{m} {v:+.1f}" for m, v in w["adapter_own_us_per_round"].items())
+    print(f"  adapter's own work (protect minus the reference): {own}")
     print(f"\nwrote {args.out / (stem + '.json')}")
     return 0
 

@@ -1,79 +1,119 @@
 """OpenTelemetry metrics for the adapters, or nothing at all.
 
 Metrics go through ``opentelemetry-api`` only: the application decides whether an SDK
-and an exporter are installed, and without one the API's own no-op meter swallows every
-call. When the API itself is missing (``statecodec[otel]`` not installed) the
-instruments here are plain no-ops, so the adapters never need it.
+and an exporter are installed, and without one the API's own proxy meter swallows every
+call. When the API itself is missing (``statecodec[otel]`` not installed) both recorders
+become a function that does nothing, so the adapters never need it.
 
 What is counted is safe to export: the mode, the outcome (``"ok"`` or one of the stable
 :data:`statecodec.REASONS`) and the MCP method. Never a token, a kid, a principal or a
 target, which could be user data or grow the metric cardinality without bound.
+
+The recorders run on every MRTR request, so they cost as little as the API allows:
+:data:`record_seal` and :data:`record_unseal` start as stubs that, on their first call,
+import the API (importing ``statecodec`` stays free of it), create the instruments and
+rebind both module names to the final functions, a no-op when the API is missing.
+Callers look them up as ``_metrics.record_seal`` at call time, so they get the final
+function from then on. The attribute dicts come from a small cache: every key is drawn
+from fixed vocabularies (two modes, three methods, the reasons), and the cache is capped
+in case a caller ever passes something else.
 """
 
 from __future__ import annotations
 
 import threading
-from typing import Any, Final
+from collections.abc import Callable, Mapping
+from typing import Any, Final, TypeAlias
 
 METER_NAME: Final = "statecodec"
 SEALS: Final = "statecodec.seals"
 UNSEALS: Final = "statecodec.unseals"
 TOKEN_SIZE: Final = "statecodec.token.size"  # noqa: S105 - a metric name, not a secret
 
+#: ``record(mode, method, outcome, size)``: ``outcome`` is ``"ok"`` or the reason;
+#: ``size`` is the token length (``None`` when there is no token, e.g. a failed seal).
+Recorder: TypeAlias = Callable[[str, str, str, "int | None"], None]
 
-class _Instruments:
-    """The three instruments, created on first use so importing stays free."""
-
-    __slots__ = ("seals", "size", "unseals")
-
-    def __init__(self, meter: Any) -> None:
-        self.seals = meter.create_counter(SEALS, unit="{token}", description="requestState tokens sealed")
-        self.unseals = meter.create_counter(
-            UNSEALS, unit="{token}", description="requestState tokens unsealed, by outcome reason"
-        )
-        self.size = meter.create_histogram(
-            TOKEN_SIZE, unit="By", description="size of requestState tokens on the wire"
-        )
-
+_ATTRIBUTES_CACHED: Final = 256
+_Attributes: TypeAlias = tuple[Mapping[str, str], Mapping[str, str]]
+_AttributeCache: TypeAlias = dict[tuple[str, str, str], _Attributes]
 
 _lock = threading.Lock()
-_instruments: _Instruments | None = None
-_unavailable = False
+_unavailable = False  # True once the first call found opentelemetry-api missing
 
 
-def _get() -> _Instruments | None:
-    global _instruments, _unavailable  # noqa: PLW0603 - one lazily built module-wide singleton
-    if _instruments is not None or _unavailable:
-        return _instruments
+def _noop(mode: str, method: str, outcome: str, size: int | None) -> None:
+    """What both recorders are without ``opentelemetry-api``."""
+
+
+def _otel_recorders(meter: Any) -> tuple[Recorder, Recorder]:
+    """The two recorders over ``meter``'s instruments.
+
+    The API's proxy meter follows a MeterProvider installed later, so creating the
+    instruments once, at the first call, still reaches an SDK configured afterwards.
+    """
+    seals = meter.create_counter(SEALS, unit="{token}", description="requestState tokens sealed").add
+    unseals = meter.create_counter(
+        UNSEALS, unit="{token}", description="requestState tokens unsealed, by outcome reason"
+    ).add
+    size_of = meter.create_histogram(
+        TOKEN_SIZE, unit="By", description="size of requestState tokens on the wire"
+    ).record
+    # (outcome attributes, size attributes) per (mode, method, outcome), one cache per
+    # direction. Shared dicts: never mutated here, and the OpenTelemetry SDK only reads them.
+    sealed: _AttributeCache = {}
+    unsealed: _AttributeCache = {}
+
+    def new_attributes(cache: _AttributeCache, direction: str, key: tuple[str, str, str]) -> _Attributes:
+        mode, method, outcome = key
+        made = {"mode": mode, "method": method, "outcome": outcome}, {"mode": mode, "direction": direction}
+        if len(cache) < _ATTRIBUTES_CACHED:
+            cache[key] = made
+        return made
+
+    def record_seal(mode: str, method: str, outcome: str, size: int | None) -> None:
+        key = (mode, method, outcome)
+        counted, sized = sealed.get(key) or new_attributes(sealed, "seal", key)
+        seals(1, counted)
+        if size is not None:
+            size_of(size, sized)
+
+    def record_unseal(mode: str, method: str, outcome: str, size: int | None) -> None:
+        key = (mode, method, outcome)
+        counted, sized = unsealed.get(key) or new_attributes(unsealed, "unseal", key)
+        unseals(1, counted)
+        if size is not None:
+            size_of(size, sized)
+
+    return record_seal, record_unseal
+
+
+def _resolve() -> None:
+    """Bind both recorders for good: to the instruments, or to the no-op."""
+    global _unavailable, record_seal, record_unseal  # noqa: PLW0603 - rebound once, see the module doc
     with _lock:
-        if _instruments is None and not _unavailable:
-            try:
-                from opentelemetry import metrics  # noqa: PLC0415 - optional dependency
-            except ImportError:
-                _unavailable = True
-                return None
-            # The API's proxy meter follows a MeterProvider installed later, so creating
-            # the instruments once, early, still reaches an SDK configured afterwards.
-            _instruments = _Instruments(metrics.get_meter(METER_NAME))
-    return _instruments
+        if record_seal is not _first_seal:  # another thread got here first
+            return
+        try:
+            from opentelemetry import metrics  # noqa: PLC0415 - optional dependency, imported on first use
+        except ImportError:
+            _unavailable = True
+            record_seal, record_unseal = _noop, _noop
+            return
+        record_seal, record_unseal = _otel_recorders(metrics.get_meter(METER_NAME))
 
 
-def record_seal(mode: str, method: str, outcome: str, size: int | None) -> None:
-    """Count one seal attempt; ``size`` is the token length when it succeeded."""
-    instruments = _get()
-    if instruments is None:
-        return
-    attributes = {"mode": mode, "method": method, "outcome": outcome}
-    instruments.seals.add(1, attributes)
-    if size is not None:
-        instruments.size.record(size, {"mode": mode, "direction": "seal"})
+def _first_seal(mode: str, method: str, outcome: str, size: int | None) -> None:
+    _resolve()
+    record_seal(mode, method, outcome, size)
 
 
-def record_unseal(mode: str, method: str, outcome: str, size: int | None) -> None:
-    """Count one unseal attempt; ``outcome`` is ``"ok"`` or the rejection reason."""
-    instruments = _get()
-    if instruments is None:
-        return
-    instruments.unseals.add(1, {"mode": mode, "method": method, "outcome": outcome})
-    if size is not None:
-        instruments.size.record(size, {"mode": mode, "direction": "unseal"})
+def _first_unseal(mode: str, method: str, outcome: str, size: int | None) -> None:
+    _resolve()
+    record_unseal(mode, method, outcome, size)
+
+
+#: Count one seal attempt; ``size`` is the token length when it succeeded.
+record_seal: Recorder = _first_seal
+#: Count one unseal attempt; ``outcome`` is ``"ok"`` or the rejection reason.
+record_unseal: Recorder = _first_unseal

@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Mapping
+from functools import lru_cache
 from typing import Any, Final
 
 from .._binding import Binding
@@ -48,6 +49,10 @@ INVALID_STATE_ERROR: Final[Mapping[str, Any]] = {
 SEAL_FAILED_ERROR: Final[Mapping[str, Any]] = {"code": INTERNAL_ERROR_CODE, "message": INTERNAL_ERROR_MESSAGE}
 
 _LOG_TARGET_MAX = 120
+#: Params keys of the MRTR requests (2026-07-28) that are not aliases of ``requestState``:
+#: a request holding only these skips the per-key normalisation in :func:`state_aliases`.
+#: None of them normalises to ``requeststate``; any other key is normalised and checked.
+_PLAIN_KEYS: Final = frozenset({"name", "arguments", "uri", "inputResponses", REQUEST_STATE, "_meta", "task"})
 
 
 class SealFailed(StateCodecError):  # noqa: N818 - mirrors InvalidState
@@ -109,7 +114,19 @@ def principal_string(client_id: str | None, issuer: str | None, subject: str | N
     The same (client, issuer, subject) triple the MCP SDK uses for its own binding, so two
     users of one OAuth client differ whenever the verifier supplies a subject. JSON keeps
     the three fields unambiguous whatever characters they contain.
+
+    The strings are cached: a server sees the same few principals request after
+    request. ``typed`` keeps equal keys of different types (``1``, ``1.0``, ``True``)
+    apart, as JSON does.
     """
+    try:
+        return _principal_json(client_id, issuer, subject)
+    except TypeError:  # an unhashable component from a custom verifier: not cached
+        return _principal_json.__wrapped__(client_id, issuer, subject)
+
+
+@lru_cache(maxsize=1024, typed=True)
+def _principal_json(client_id: str | None, issuer: str | None, subject: str | None) -> str:
     return json.dumps([client_id, issuer, subject], separators=(",", ":"), ensure_ascii=False)
 
 
@@ -121,13 +138,10 @@ def binding_for(
     Raises ``ValueError`` or ``TypeError`` when the params cannot be bound (no target,
     arguments that are not canonical JSON such as integers beyond 2**53).
     """
-    return Binding(
-        principal=principal,
-        audience=audience,
-        method=method,
-        target=request_target(method, params),
-        arguments=digested_arguments(method, params),
-    )
+    # Positional (principal, audience, method, target, arguments): this runs on every
+    # request, and keyword arguments cost a little more.
+    target, arguments = request_target(method, params), digested_arguments(method, params)
+    return Binding(principal, audience, method, target, arguments)
 
 
 def state_aliases(params: Mapping[str, Any]) -> list[str]:
@@ -138,6 +152,8 @@ def state_aliases(params: Mapping[str, Any]) -> list[str]:
     unverified on legacy protocol versions. Any key that normalises to the same name
     (case-folded, ``_`` and ``-`` removed) is therefore refused outright.
     """
+    if params.keys() <= _PLAIN_KEYS:  # the usual request: no key to normalise
+        return []
     return [
         key
         for key in params
@@ -152,12 +168,13 @@ def carries_state(params: Mapping[str, Any]) -> bool:
     return params.get(REQUEST_STATE) is not None or bool(state_aliases(params))
 
 
-def check_state_shape(codec: StateCodec, method: str, params: Mapping[str, Any]) -> None:
+def check_state_shape(codec: StateCodec, method: str, params: Mapping[str, Any]) -> str:
     """The cheap checks, run before anything costly such as the argument digest.
 
     Refuses state aliases, a ``requestState`` that is not a string, and one over the
     codec's size cap, so a hostile request cannot make the server digest megabytes of
-    arguments for a token that was never going to pass. Logs and raises InvalidState.
+    arguments for a token that was never going to pass. Logs and raises InvalidState;
+    returns the token that passed, for :func:`unseal_checked`.
     """
     try:
         aliases = state_aliases(params)
@@ -173,6 +190,7 @@ def check_state_shape(codec: StateCodec, method: str, params: Mapping[str, Any])
     except InvalidState as exc:
         log_rejection(codec, method, params, exc)
         raise
+    return token
 
 
 async def unseal_params(
@@ -187,9 +205,17 @@ async def unseal_params(
     """
     if not carries_state(params):
         return dict(params)
-    check_state_shape(codec, method, params)
-    token: str = params[REQUEST_STATE]
-    mode = codec.mode.value
+    return await unseal_checked(codec, method, params, check_state_shape(codec, method, params), binding)
+
+
+async def unseal_checked(
+    codec: StateCodec, method: str, params: Mapping[str, Any], token: str, binding: Binding
+) -> dict[str, Any]:
+    """:func:`unseal_params` for the ``token`` that :func:`check_state_shape` returned.
+
+    For callers that ran the cheap checks themselves before computing the binding, so
+    the checks do not run twice per request. Same errors, logs and metrics.
+    """
     try:
         opened = await codec.aunseal(token, binding)
         try:
@@ -201,7 +227,7 @@ async def unseal_params(
     except InvalidState as exc:
         log_rejection(codec, method, params, exc)
         raise
-    _metrics.record_unseal(mode, method, "ok", len(token))
+    _metrics.record_unseal(codec.mode.value, method, "ok", len(token))
     return {**params, REQUEST_STATE: plaintext}
 
 
@@ -240,6 +266,15 @@ def seal_result(codec: StateCodec, result: Mapping[str, Any], binding: Binding) 
     state = result.get(REQUEST_STATE)
     if state is None:
         return result
+    return {**result, REQUEST_STATE: seal_state(codec, state, binding)}
+
+
+def seal_state(codec: StateCodec, state: object, binding: Binding) -> str:
+    """The token for the plaintext ``requestState`` of an ``input_required`` result.
+
+    The core of :func:`seal_result`, for callers that already looked at the result.
+    Anything but a ``str`` that encodes as UTF-8 raises :class:`SealFailed`, logged.
+    """
     method = binding.method or "-"
     mode = codec.mode.value
     try:
@@ -258,7 +293,7 @@ def seal_result(codec: StateCodec, result: Mapping[str, Any], binding: Binding) 
         )
         raise SealFailed(f"{type(exc).__name__} while sealing requestState on {method}") from None
     _metrics.record_seal(mode, method, "ok", len(token))
-    return {**result, REQUEST_STATE: token}
+    return token
 
 
 def _target_for_log(method: str, params: Mapping[str, Any] | None) -> str:

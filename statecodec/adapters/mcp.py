@@ -25,7 +25,8 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Mapping, MutableSequence
 from dataclasses import replace
-from typing import Any, TypeAlias
+from types import MappingProxyType
+from typing import Any, Final, TypeAlias
 
 from mcp.server.auth.middleware.auth_context import get_access_token
 from mcp.server.auth.provider import principal_components
@@ -62,6 +63,8 @@ PrincipalFn: TypeAlias = Callable[[Context], "str | None"]
 AudienceFn: TypeAlias = Callable[[Context], "str | None"]
 #: ``binding(ctx, default) -> Binding``: the last word on what a token is bound to.
 BindingFn: TypeAlias = Callable[[Context, Binding], Binding]
+
+_NO_PARAMS: Final[Mapping[str, Any]] = MappingProxyType({})
 
 
 def authenticated_principal(ctx: Context) -> str | None:
@@ -104,27 +107,36 @@ class StateCodecMiddleware:
         return f"StateCodecMiddleware(codec={self.codec!r}, audience={self.audience!r})"
 
     async def __call__(self, ctx: Context, call_next: CallNext) -> HandlerResult:
+        # This runs on every request of the server, so the common cases take the fewest
+        # steps (see docs/performance.md); no check is skipped on any path.
         method = ctx.method
-        if not jsonrpc.is_mrtr(method):
+        if method not in jsonrpc.MRTR_METHODS:
             return await call_next(ctx)
-        params: Mapping[str, Any] = ctx.params or {}
+        params: Mapping[str, Any] = ctx.params or _NO_PARAMS
         # One binding per request, for the inbound check and the outbound seal alike:
         # the next round's token is bound to exactly what this round was. It is computed
         # only when needed (a state arrives, or one leaves), never for plain calls.
         binding: Binding | Exception | None = None
-        if jsonrpc.carries_state(params):
+        if params.get(jsonrpc.REQUEST_STATE) is not None or jsonrpc.state_aliases(params):
             binding, plain = await self._unseal(ctx, method, params)
-            ctx = replace(ctx, params=plain)
-        return self._seal(ctx, await call_next(ctx), binding)
+            ctx = _with_params(ctx, plain)
+        result = await call_next(ctx)
+        if type(result) is dict and result.get("resultType") != jsonrpc.INPUT_REQUIRED:
+            return result  # the runner's wire form of a complete result: nothing to seal
+        return self._seal(ctx, result, binding)
 
     def _bind(self, ctx: Context) -> Binding | Exception:
         """The request's binding, or the exception that prevented computing it."""
+        audience, principal, custom = self.audience, self.principal, self.binding
         try:
-            audience = self.audience(ctx) if callable(self.audience) else self.audience
-            principal = self.principal(ctx) if self.principal is not None else None
-            binding = jsonrpc.binding_for(ctx.method, ctx.params, principal=principal, audience=audience)
-            if self.binding is not None:
-                binding = self.binding(ctx, binding)
+            binding = jsonrpc.binding_for(
+                ctx.method,
+                ctx.params,
+                principal=None if principal is None else principal(ctx),
+                audience=audience(ctx) if callable(audience) else audience,
+            )
+            if custom is not None:
+                binding = custom(ctx, binding)
                 if not isinstance(binding, Binding):
                     raise TypeError(f"the binding callback returned {type(binding).__name__}, not a Binding")
         except Exception as exc:  # deny on error: a raising callback never yields an unbound token
@@ -134,28 +146,36 @@ class StateCodecMiddleware:
     async def _unseal(
         self, ctx: Context, method: str, params: Mapping[str, Any]
     ) -> tuple[Binding, dict[str, Any]]:
+        codec = self.codec
         try:
-            jsonrpc.check_state_shape(self.codec, method, params)  # cheap checks before the digest
+            token = jsonrpc.check_state_shape(codec, method, params)  # cheap checks before the digest
             binding = self._bind(ctx)
             if isinstance(binding, Exception):
                 exc = InvalidState(
                     "malformed", f"the request cannot be bound: {type(binding).__name__}: {binding}"
                 )
-                jsonrpc.log_rejection(self.codec, method, params, exc)
+                jsonrpc.log_rejection(codec, method, params, exc)
                 raise exc
-            return binding, await jsonrpc.unseal_params(self.codec, method, params, binding)
+            return binding, await jsonrpc.unseal_checked(codec, method, params, token, binding)
         except InvalidState:
             raise _rejected() from None
 
-    def _seal(self, ctx: Context, result: HandlerResult, binding: Binding | Exception | None) -> HandlerResult:
-        method = ctx.method
-        if isinstance(result, BaseModel) and getattr(result, "result_type", None) == jsonrpc.INPUT_REQUIRED:
-            # A middleware further in may short-circuit with a model; the runner's own
-            # results are already wire dicts.
-            result = result.model_dump(by_alias=True, mode="json", exclude_none=True)
-        if not isinstance(result, Mapping) or result.get("resultType") != jsonrpc.INPUT_REQUIRED:
+    def _seal(
+        self, ctx: Context, result: HandlerResult, binding: Binding | Exception | None
+    ) -> HandlerResult:
+        if not isinstance(result, dict):  # the runner's own results are wire dicts
+            # A middleware further in may short-circuit with a model.
+            if (
+                isinstance(result, BaseModel)
+                and getattr(result, "result_type", None) == jsonrpc.INPUT_REQUIRED
+            ):
+                result = result.model_dump(by_alias=True, mode="json", exclude_none=True)
+            if not isinstance(result, Mapping):
+                return result
+        if result.get("resultType") != jsonrpc.INPUT_REQUIRED:
             return result
-        if result.get(jsonrpc.REQUEST_STATE) is None:
+        state = result.get(jsonrpc.REQUEST_STATE)
+        if state is None:
             return result
         if binding is None:
             binding = self._bind(ctx)
@@ -163,14 +183,41 @@ class StateCodecMiddleware:
             if isinstance(binding, Exception):
                 logger.error(
                     "statecodec: could not bind requestState on %s: %s: %s",
-                    method,
+                    ctx.method,
                     type(binding).__name__,
                     binding,
                 )
                 raise jsonrpc.SealFailed("no binding")
-            return dict(jsonrpc.seal_result(self.codec, result, binding))
+            return {**result, jsonrpc.REQUEST_STATE: jsonrpc.seal_state(self.codec, state, binding)}
         except jsonrpc.SealFailed:
             raise MCPError(code=jsonrpc.INTERNAL_ERROR_CODE, message=jsonrpc.INTERNAL_ERROR_MESSAGE) from None
+
+
+def _with_params(ctx: Context, params: dict[str, Any]) -> Context:
+    """A copy of ``ctx`` with other ``params``, as ``dataclasses.replace`` makes it.
+
+    ``replace`` runs the generated ``__init__`` again, field by field (about 3 µs a
+    request); for the SDK's own context class, a plain dataclass (instance dictionary,
+    not frozen, no ``__post_init__``), copying the instance dictionary makes the same
+    object for a third of that. Anything else, a subclass included, goes through
+    ``replace``. The original is never mutated: the middleware further out
+    (OpenTelemetry, the user's) keeps the wire form.
+    """
+    if not _PLAIN_CONTEXT or type(ctx) is not ServerRequestContext:
+        return replace(ctx, params=params)
+    copy: Context = object.__new__(ServerRequestContext)
+    copy.__dict__.update(ctx.__dict__)
+    copy.params = params
+    return copy
+
+
+# Checked once, against the SDK actually installed, so an SDK release that changes the
+# class (slots, frozen, a __post_init__) falls back to replace() rather than breaking.
+_PLAIN_CONTEXT: Final = (
+    "__slots__" not in vars(ServerRequestContext)
+    and not hasattr(ServerRequestContext, "__post_init__")
+    and getattr(getattr(ServerRequestContext, "__dataclass_params__", None), "frozen", True) is False
+)
 
 
 def _rejected() -> MCPError:
