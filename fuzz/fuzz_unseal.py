@@ -115,8 +115,10 @@ def _minted() -> Iterator[tuple[str, Minted]]:
                     for payload in payloads:
                         n += 1
                         rnd = hashlib.sha256(b"fuzz nonce %d" % n).digest()
-                        token_id, nonce = rnd[:16], (rnd + rnd)[:24] if mode is Mode.ENCRYPT else b""
-                        token = codec._seal(payload, binding, key, iat, TTL, token_id, nonce)
+                        token_id, suffix = rnd[:16], rnd[16:24] if mode is Mode.ENCRYPT else b""
+                        token = codec._seal(
+                            payload, binding, key, iat, TTL, token_id=token_id, nonce_suffix=suffix
+                        )
                         valid = key.verifies_at(NOW) and label in valid_times
                         yield token, Minted(mode, key.kid, label, payload, binding, valid)
 
@@ -197,9 +199,11 @@ def _reseal(parsed: _format.ParsedToken, key: Key) -> tuple[str, bytes]:
         body = parsed.body
         mac = hmac.digest(key.mac_key, prefix_b + parsed.header + body, "sha256")
         return _format.encode(parsed.prefix, parsed.header + body + mac), body
-    nonce, plaintext = parsed.body[: _format.NONCE_LEN], parsed.body[_format.NONCE_LEN :]
+    # ENCRYPT: the nonce is the token id followed by the 8-byte suffix after the header.
+    suffix, plaintext = parsed.body[: _format.NONCE_SUFFIX_LEN], parsed.body[_format.NONCE_SUFFIX_LEN :]
+    nonce = parsed.token_id + suffix
     sealed = _xc_encrypt(plaintext, prefix_b + parsed.header, nonce, key.aead_key)
-    return _format.encode(parsed.prefix, parsed.header + nonce + sealed), plaintext
+    return _format.encode(parsed.prefix, parsed.header + suffix + sealed), plaintext
 
 
 def _check_reseal_oracle(parsed: _format.ParsedToken) -> None:

@@ -18,7 +18,7 @@ import json
 import struct
 from collections.abc import Mapping
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Any, Final, Generic, NoReturn, TypeVar, cast, overload
 
 import rfc8785
 
@@ -34,10 +34,18 @@ MAX_JCS_NODES: Final = 10_000
 _SAFE_INT: Final = 2**53 - 1
 _DOMAIN: Final = b"statecodec/v1/binding\x00"
 _U32 = struct.Struct(">I")
+_PRESENT = struct.Struct(">BI")  # 0x01 and the u32 length of a present field
 _TEXT_FIELDS: Final = ("principal", "audience", "method", "target")
+_T = TypeVar("_T")
 # Built once: json.dumps() with non-default options constructs a new encoder per call,
 # which costs more than encoding a typical tools/call argument dict.
 _JSON: Final = json.JSONEncoder(ensure_ascii=False, sort_keys=True, separators=(",", ":"))
+# The function _JSON itself applies to every str (json.encoder picks it for
+# ensure_ascii=False): the flat fast path quotes text exactly as the encoder would.
+_quote: Final = json.encoder.encode_basestring
+# Copied per digest: hashlib.sha256(data) looks the algorithm up in OpenSSL on every call.
+_SHA256: Final = hashlib.sha256()
+_NO_EXTRA: Final[Mapping[str, str]] = MappingProxyType({})
 
 
 class _Walk:
@@ -87,13 +95,59 @@ class _Walk:
             self.needs_jcs = True
 
 
+def _flat_json(arguments: dict[Any, Any]) -> bytes | None:
+    """Canonical JSON of a flat object of plain scalars, or None to take the general path.
+
+    The usual ``tools/call`` arguments (``{"city": "Lisbon", "days": 3}``) in one loop,
+    without the recursive walk and without building the encoder's state. It accepts only
+    what the walk accepts without needing JCS (str keys and text below U+D800, integers
+    within +-(2**53-1), bools, None; fewer than MAX_ARGUMENT_NODES members) and writes the
+    bytes the C encoder would (tests hold it to rfc8785). Anything else, including every
+    value the walk refuses, returns None so the walk decides, with its precise error.
+    """
+    if len(arguments) >= MAX_ARGUMENT_NODES:  # the object itself is one more node
+        return None
+    try:
+        names = sorted(arguments)
+    except TypeError:  # keys of mixed types: the walk names the culprit
+        return None
+    members = []
+    for name in names:
+        # Below U+D800, code-point order is UTF-16 order and no lone surrogate can hide,
+        # so the json module and JCS agree (see _Walk._text).
+        if type(name) is not str or not (name.isascii() or max(name) < "\ud800"):
+            return None
+        value = arguments[name]
+        kind = type(value)  # exact types: subclasses (IntEnum, str subclasses) take the walk
+        if kind is str:
+            if not (value.isascii() or max(value) < "\ud800"):
+                return None
+            members.append(f"{_quote(name)}:{_quote(value)}")
+        elif kind is int:
+            if not -_SAFE_INT <= value <= _SAFE_INT:
+                return None
+            members.append(f"{_quote(name)}:{value}")
+        elif kind is bool:
+            members.append(f"{_quote(name)}:{'true' if value else 'false'}")
+        elif value is None:
+            members.append(f"{_quote(name)}:null")
+        else:
+            return None
+    return ("{" + ",".join(members) + "}").encode("utf-8")
+
+
 def canonical_json(arguments: Any) -> bytes:
     """RFC 8785 canonical JSON of ``arguments``, or ``TypeError``/``ValueError``.
 
     Plain data (str keys, strings below U+D800, safe integers, bools, None) is encoded by
-    the C ``json`` encoder, which yields the same bytes as JCS for that subset (a test
-    holds the two against each other); anything else goes through ``rfc8785``.
+    the C ``json`` encoder, or for a flat object by :func:`_flat_json`, which yield the
+    same bytes as JCS for that subset (tests hold them against each other); anything else
+    goes through ``rfc8785``.
     """
+    if type(arguments) is dict:
+        flat = _flat_json(arguments)
+        if flat is not None:
+            return flat
     walk = _Walk()
     walk.visit(arguments, 0)
     if walk.needs_jcs:
@@ -112,14 +166,92 @@ def canonical_json(arguments: Any) -> bytes:
 
 def argument_digest(arguments: Any) -> bytes:
     """SHA-256 of the canonical JSON of ``arguments`` (32 bytes)."""
-    return hashlib.sha256(canonical_json(arguments)).digest()
+    h = _SHA256.copy()
+    h.update(canonical_json(arguments))
+    return h.digest()
 
 
 _digest = argument_digest  # Binding's keyword argument shadows the name
 
 
-def _field(value: bytes | None) -> bytes:
-    return b"\x00" if value is None else b"\x01" + _U32.pack(len(value)) + value
+def _field(value: bytes) -> bytes:
+    return _PRESENT.pack(1, len(value)) + value
+
+
+def _encode(
+    texts: tuple[Any, Any, Any, Any], argument_digest: bytes | None, extra: Mapping[str, str]
+) -> bytes:
+    """The binding encoding of docs/format.md: every field 0x00 (absent) or 0x01 || u32 || bytes.
+
+    One flat list, no helper call per text field: this runs once per request.
+    """
+    parts = [_DOMAIN]
+    append = parts.append
+    for text in texts:
+        if text is None:
+            append(b"\x00")
+        elif isinstance(text, str):
+            raw = text.encode("utf-8", "surrogatepass")
+            append(_PRESENT.pack(1, len(raw)))
+            append(raw)
+        else:
+            raise _type_error(texts)
+    append(b"\x00" if argument_digest is None else _field(argument_digest))
+    append(_U32.pack(len(extra)))
+    for key in sorted(extra):
+        value = extra[key]
+        if not isinstance(key, str) or not isinstance(value, str):
+            raise TypeError("binding extra must map str to str")
+        append(_field(key.encode("utf-8", "surrogatepass")))
+        append(_field(value.encode("utf-8", "surrogatepass")))
+    return b"".join(parts)
+
+
+def _type_error(texts: tuple[Any, ...]) -> TypeError:
+    for name, value in zip(_TEXT_FIELDS, texts, strict=True):
+        if value is not None and not isinstance(value, str):
+            return TypeError(f"binding {name} must be str or None, not {type(value).__name__}")
+    return TypeError("binding fields must be str or None")  # unreachable
+
+
+class _ReadOnly(Generic[_T]):
+    """A public, read-only field of :class:`Binding`, stored in the private slot ``_<name>``.
+
+    Binding is immutable, but forbidding assignment with a ``__setattr__`` override
+    would turn each field assignment in ``__init__`` into an ``object.__setattr__`` call,
+    which cost more than encoding the fields (and this runs once per request). So
+    ``__init__`` fills private slots with plain assignments, and the public names are
+    these descriptors: reading one reads the slot, assigning to one raises.
+    """
+
+    __slots__ = ("_name", "_slot")
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self._name = name
+        self._slot: Any = owner.__dict__["_" + name]  # the slot's member descriptor
+
+    @overload
+    def __get__(self, obj: None, owner: type | None = None) -> _ReadOnly[_T]: ...
+    @overload
+    def __get__(self, obj: object, owner: type | None = None) -> _T: ...
+    def __get__(self, obj: object | None, owner: type | None = None) -> _T | _ReadOnly[_T]:
+        return self if obj is None else cast(_T, self._slot.__get__(obj, owner))
+
+    def __set__(self, obj: object, value: object) -> NoReturn:
+        # The tag covers the fields as they were at construction, so a field changed
+        # afterwards would silently bind to something other than what it says.
+        raise AttributeError(f"Binding is immutable; use binding.replace({self._name}=...)")
+
+    def __delete__(self, obj: object) -> NoReturn:
+        raise AttributeError("Binding is immutable")
+
+
+def _restore(
+    texts: tuple[str | None, str | None, str | None, str | None],
+    argument_digest: bytes | None,
+    extra: dict[str, str],
+) -> Binding:
+    return Binding(*texts, argument_digest=argument_digest, extra=extra)
 
 
 class Binding:
@@ -134,18 +266,16 @@ class Binding:
     """
 
     __slots__ = (
-        "_encoded", "_frozen", "_tags",
-        "argument_digest", "audience", "extra", "method", "principal", "target",
+        "_argument_digest", "_audience", "_encoded", "_extra", "_method", "_principal", "_tags", "_target",
     )
-    principal: str | None
-    audience: str | None
-    method: str | None
-    target: str | None
-    argument_digest: bytes | None
-    extra: Mapping[str, str]
+    principal: _ReadOnly[str | None] = _ReadOnly()
+    audience: _ReadOnly[str | None] = _ReadOnly()
+    method: _ReadOnly[str | None] = _ReadOnly()
+    target: _ReadOnly[str | None] = _ReadOnly()
+    argument_digest: _ReadOnly[bytes | None] = _ReadOnly()
+    extra: _ReadOnly[Mapping[str, str]] = _ReadOnly()
     _encoded: bytes
     _tags: dict[bytes, bytes]
-    _frozen: bool
 
     def __init__(
         self,
@@ -158,60 +288,34 @@ class Binding:
         argument_digest: bytes | None = None,
         extra: Mapping[str, str] | None = None,
     ) -> None:
-        if arguments is not None and argument_digest is not None:
-            raise ValueError("pass arguments or argument_digest, not both")
         if arguments is not None:
+            if argument_digest is not None:
+                raise ValueError("pass arguments or argument_digest, not both")
             argument_digest = _digest(arguments)
         elif argument_digest is not None and len(argument_digest) != 32:
             raise ValueError("argument_digest must be 32 bytes (SHA-256)")
-        # Straight to object.__setattr__: going through __setattr__ below for each field
-        # would cost more than encoding them, and this runs once per request.
-        init = object.__setattr__
-        init(self, "principal", principal)
-        init(self, "audience", audience)
-        init(self, "method", method)
-        init(self, "target", target)
-        init(self, "argument_digest", argument_digest)
-        init(self, "extra", MappingProxyType(dict(extra) if extra else {}))
-        init(self, "_encoded", self._encode())  # type-checks every field on the way
-        init(self, "_tags", {})
-        init(self, "_frozen", True)
+        frozen_extra = MappingProxyType(dict(extra)) if extra else _NO_EXTRA
+        # The encoding first: it type-checks every field, so a Binding is complete or absent.
+        self._encoded = _encode((principal, audience, method, target), argument_digest, frozen_extra)
+        self._principal = principal
+        self._audience = audience
+        self._method = method
+        self._target = target
+        self._argument_digest = argument_digest
+        self._extra = frozen_extra
+        self._tags = {}
 
-    def __setattr__(self, name: str, value: Any) -> None:
-        # Immutable: the tag covers the fields as they were at construction, so a field
-        # changed afterwards would silently bind to something other than what it says.
-        if getattr(self, "_frozen", False):
-            raise AttributeError(f"Binding is immutable; use binding.replace({name}=...)")
-        object.__setattr__(self, name, value)
+    def __copy__(self) -> Binding:
+        return self  # immutable: a copy is the same value
 
-    def _encode(self) -> bytes:
-        # Each field is 0x00 (absent) or 0x01 || u32 length || bytes. Built flat in one
-        # list (no helper call per field): this runs once per request.
-        parts = [_DOMAIN]
-        for text in (self.principal, self.audience, self.method, self.target):
-            if text is None:
-                parts.append(b"\x00")
-            elif isinstance(text, str):
-                raw = text.encode("utf-8", "surrogatepass")
-                parts += (b"\x01", _U32.pack(len(raw)), raw)
-            else:
-                raise self._type_error()
-        parts.append(_field(self.argument_digest))
-        parts.append(_U32.pack(len(self.extra)))
-        for key in sorted(self.extra):
-            value = self.extra[key]
-            if not isinstance(key, str) or not isinstance(value, str):
-                raise TypeError("binding extra must map str to str")
-            parts.append(_field(key.encode("utf-8", "surrogatepass")))
-            parts.append(_field(value.encode("utf-8", "surrogatepass")))
-        return b"".join(parts)
+    def __deepcopy__(self, memo: dict[int, Any]) -> Binding:
+        return self
 
-    def _type_error(self) -> TypeError:
-        for name in _TEXT_FIELDS:
-            value = getattr(self, name)
-            if value is not None and not isinstance(value, str):
-                return TypeError(f"binding {name} must be str or None, not {type(value).__name__}")
-        return TypeError("binding fields must be str or None")  # unreachable
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Rebuilt from its fields, so the tag cache never travels: it is keyed by secret
+        # binding subkeys.
+        texts = (self.principal, self.audience, self.method, self.target)
+        return (_restore, (texts, self.argument_digest, dict(self.extra)))
 
     @property
     def encoded(self) -> bytes:

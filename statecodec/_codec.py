@@ -37,15 +37,12 @@ DEFAULT_LEEWAY: Final = 60
 DEFAULT_MAX_TOKEN_BYTES: Final = 8192
 
 
-class Mode(str, enum.Enum):
+class Mode(enum.StrEnum):
     """SIGN: payload readable by the client, integrity-protected (HMAC-SHA256).
     ENCRYPT: payload confidential and integrity-protected (XChaCha20-Poly1305)."""
 
     SIGN = "sign"
     ENCRYPT = "encrypt"
-
-    def __str__(self) -> str:
-        return self.value
 
 
 _PREFIX: Final = {Mode.SIGN: _format.PREFIX_SIGN, Mode.ENCRYPT: _format.PREFIX_ENCRYPT}
@@ -131,18 +128,30 @@ class StateCodec:
     ) -> str:
         key = self.keys.signing_key()
         if self.mode is Mode.ENCRYPT:
-            fresh = os.urandom(_format.TOKEN_ID_LEN + _format.NONCE_LEN)  # one call for both
-            token_id, nonce = fresh[: _format.TOKEN_ID_LEN], fresh[_format.TOKEN_ID_LEN :]
+            # One call for the whole 24-byte nonce: its first 16 bytes are the token id.
+            fresh = os.urandom(_format.NONCE_LEN)
+            token_id, nonce_suffix = fresh[: _format.TOKEN_ID_LEN], fresh[_format.TOKEN_ID_LEN :]
         else:
-            token_id, nonce = os.urandom(_format.TOKEN_ID_LEN), b""
+            token_id, nonce_suffix = os.urandom(_format.TOKEN_ID_LEN), b""
         ttl = self.ttl if ttl is None else ttl
-        return self._seal(payload, binding or UNBOUND, key, int(now), ttl, token_id, nonce)
+        return self._seal(
+            payload, binding or UNBOUND, key, int(now), ttl, token_id=token_id, nonce_suffix=nonce_suffix
+        )
 
     def _seal(
-        self, payload: bytes, binding: Binding, key: Key, iat: int, ttl: int, token_id: bytes, nonce: bytes
+        self,
+        payload: bytes,
+        binding: Binding,
+        key: Key,
+        iat: int,
+        ttl: int,
+        *,
+        token_id: bytes,
+        nonce_suffix: bytes,
     ) -> str:
         # Randomness arrives as arguments so the test-vector generator can fix it;
         # the public methods always draw it from os.urandom, never from the caller.
+        # ENCRYPT's nonce is token_id || nonce_suffix (8 bytes); SIGN takes no suffix.
         if not isinstance(payload, bytes):
             if not isinstance(payload, bytearray | memoryview):
                 raise TypeError(f"payload must be bytes, not {type(payload).__name__}")
@@ -151,14 +160,18 @@ class StateCodec:
             raise ValueError("ttl must be a positive number of seconds")
         header = _format.pack_header(key.kid_field, iat, iat + ttl, token_id, binding.tag_for(key))
         if self.mode is Mode.SIGN:
+            if nonce_suffix:
+                raise ValueError("SIGN tokens carry no nonce")
             signed = header + payload
-            raw = signed + key.mac(self._prefix_b + signed)
+            raw = signed + key.sign_mac(signed)
         else:
-            raw = header + nonce + _aead.encrypt(payload, self._prefix_b + header, nonce, key.aead_key)
+            nonce = _format.aead_nonce(token_id, nonce_suffix)
+            raw = header + nonce_suffix + _aead.encrypt(payload, self._prefix_b + header, nonce, key.aead_key)
         token = self._prefix + _format.b64encode(raw)
         if len(token) > self.max_token_bytes:
             raise ValueError(
-                f"sealed token would be {len(token)} characters, over max_token_bytes={self.max_token_bytes}; "
+                f"sealed token would be {len(token)} characters, over "
+                f"max_token_bytes={self.max_token_bytes}; "
                 "keep less in requestState or raise the limit on every instance"
             )
         return token
@@ -177,7 +190,7 @@ class StateCodec:
         return self._unseal(token, binding, now, consume)
 
     def _unseal(self, token: str, binding: Binding | None, now: float | None, consume: bool) -> OpenedState:
-        opened = self._guarded_open(token, binding, now, check_binding=True)
+        opened = self._guarded_open(token, binding, now, True)
         if consume and self.replay is not None:
             try:
                 first = self.replay.consume(self._replay_key(opened), self._forget_at(opened))
@@ -186,9 +199,11 @@ class StateCodec:
             self._judge_replay(opened, first)
         return opened
 
-    async def aunseal(self, token: str, binding: Binding | None = None, *, consume: bool = True) -> OpenedState:
+    async def aunseal(
+        self, token: str, binding: Binding | None = None, *, consume: bool = True
+    ) -> OpenedState:
         """:meth:`unseal` for async servers: the replay store is awaited, never blocking the loop."""
-        opened = self._guarded_open(token, binding, None, check_binding=True)
+        opened = self._guarded_open(token, binding, None, True)
         if consume and self.replay is not None:
             try:
                 first = await self.replay.aconsume(self._replay_key(opened), self._forget_at(opened))
@@ -203,11 +218,11 @@ class StateCodec:
         For debugging tools (``statecodec verify`` without binding options). Never use
         this to accept a token in a server: the binding is what ties it to the user.
         """
-        return self._guarded_open(token, None, now, check_binding=False)
+        return self._guarded_open(token, None, now, False)
 
     # -------------------------------------------------------------- internals
     def _guarded_open(
-        self, token: str, binding: Binding | None, now: float | None, *, check_binding: bool
+        self, token: str, binding: Binding | None, now: float | None, check_binding: bool
     ) -> OpenedState:
         try:
             # The clock runs inside the guard too: a clock that raises or returns NaN
@@ -238,12 +253,16 @@ class StateCodec:
         key = self._verification_key(kid, now)
 
         if self.mode is Mode.SIGN:
-            expected = key.mac(self._prefix_b + header + body)
-            if not hmac.compare_digest(expected, mac):
-                raise InvalidState("tampered", "MAC does not match: the token was modified or forged", kid=kid)
+            if not hmac.compare_digest(key.sign_mac(header + body), mac):
+                raise InvalidState(
+                    "tampered", "MAC does not match: the token was modified or forged", kid=kid
+                )
             payload = body
         else:
-            nonce, sealed = body[: _format.NONCE_LEN], body[_format.NONCE_LEN :]
+            # The token id is half of the nonce and part of the associated data: a changed
+            # tid fails the tag twice over.
+            nonce = _format.aead_nonce(token_id, body[: _format.NONCE_SUFFIX_LEN])
+            sealed = body[_format.NONCE_SUFFIX_LEN :]
             try:
                 payload = _aead.decrypt(sealed, self._prefix_b + header, nonce, key.aead_key)
             except CryptoError:
@@ -285,8 +304,8 @@ class StateCodec:
             have = ", ".join(ring.kids) or "no keys"
             raise InvalidState("unknown_key", f"unknown key id {kid} - the ring has {have}", kid=kid)
         if not key.verifies_at(now):
-            raise InvalidState("unknown_key", f"key {kid} was retired {duration(now - (key.retires_at or 0))} ago",
-                               kid=kid)
+            retired = duration(now - (key.retires_at or 0))
+            raise InvalidState("unknown_key", f"key {kid} was retired {retired} ago", kid=kid)
         return key
 
     def _replay_key(self, opened: OpenedState) -> str:
@@ -325,5 +344,8 @@ class StateCodec:
             )
         if not first:
             raise InvalidState(
-                "replayed", "this token was already redeemed (single use)", kid=opened.kid, token_id=opened.token_id
+                "replayed",
+                "this token was already redeemed (single use)",
+                kid=opened.kid,
+                token_id=opened.token_id,
             )

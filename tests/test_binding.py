@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import copy
 import datetime
 import decimal
 import enum
 import hashlib
 import hmac
 import json
+import pickle
 import struct
 from typing import Any
 
@@ -112,6 +114,86 @@ class _Color(enum.IntEnum):
 
 class _Str(str):
     pass
+
+
+# ------------------------------------------------------------------ the flat-object fast path
+# Most tools/call arguments are one flat object of plain scalars; _flat_json encodes those
+# without the recursive walk. Anything else in the object sends it down the general path.
+plain_scalar = st.none() | st.booleans() | st.integers(-SAFE, SAFE) | fast_text
+flat_objects = st.dictionaries(fast_text, plain_scalar, max_size=8)
+odd_scalar = (
+    plain_scalar
+    | st.integers()  # beyond +-(2**53-1) too
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | any_text
+    | st.text(alphabet=st.characters(min_codepoint=0xD800, max_codepoint=0xDFFF), min_size=1, max_size=2)
+    | st.lists(plain_scalar, max_size=2)
+    | st.sampled_from([_Color.RED, _Str("s"), b"bytes", 1.5])
+)
+odd_keys = any_text | st.integers() | st.sampled_from([_Str("k"), "\ud800", "\U0001f600"])
+odd_objects = st.dictionaries(odd_keys, odd_scalar, max_size=6)
+
+
+def _general_path(value: Any) -> bytes:
+    # canonical_json of a one-element list never takes the flat path: strip the brackets.
+    return sc.canonical_json([value])[1:-1]
+
+
+@given(flat_objects)
+def test_flat_fast_path_equals_rfc8785(value: dict[str, Any]) -> None:
+    assert _binding._flat_json(value) is not None, "plain flat objects take the fast path"
+    assert sc.canonical_json(value) == rfc8785.dumps(value) == _general_path(value)
+
+
+@given(odd_objects)
+def test_flat_objects_with_anything_decide_like_the_general_path(value: dict[Any, Any]) -> None:
+    # Same bytes or the same kind of error, whatever is in the object.
+    try:
+        expected: bytes | type[Exception] = _general_path(value)
+    except (TypeError, ValueError) as exc:
+        expected = type(exc)
+    try:
+        got: bytes | type[Exception] = sc.canonical_json(value)
+    except (TypeError, ValueError) as exc:
+        got = type(exc)
+    assert got == expected
+    flat = _binding._flat_json(value)
+    assert flat is None or flat == rfc8785.dumps(value)
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        {"\U0001f600": 1},  # astral key: JCS orders keys by UTF-16 code units
+        {"a": "\U0001f600"},
+        {"\ue000": 1},
+        {"a": 2**53},
+        {"a": -(2**53)},
+        {"a": 1.5},
+        {"a": [1]},
+        {"a": {}},
+        {"a": _Color.RED},
+        {"a": _Str("x")},
+        {_Str("k"): 1},
+        {1: "int key"},
+        {"a": 1, 2: "mixed key types"},
+        {"a": "\ud800"},
+    ],
+)
+def test_flat_fast_path_declines_what_it_does_not_cover(value: dict[Any, Any]) -> None:
+    assert _binding._flat_json(value) is None
+
+
+def test_flat_fast_path_covers_plain_text_below_the_surrogates() -> None:
+    value = {"caf\u00e9": "\u2603", "b": True, "a": None, "c": -SAFE, "\x7f": "\x00\"\\"}
+    assert _binding._flat_json(value) == rfc8785.dumps(value)
+
+
+def test_flat_node_limit() -> None:
+    ok = {str(i): 0 for i in range(MAX_ARGUMENT_NODES - 1)}  # plus the object itself
+    assert sc.canonical_json(ok) == rfc8785.dumps(ok)
+    with pytest.raises(ValueError, match="more than"):
+        sc.canonical_json({**ok, "one more": 0})
 
 
 @pytest.mark.parametrize(
@@ -275,6 +357,46 @@ def test_tag_is_keyed_and_cached_per_key() -> None:
         key = bytes([i]) * 32
         assert b.tag(key) == hmac.digest(key, b.encoded, "sha256")[:16]
     assert len(b.tag(bytes(32))) == 16
+
+
+@given(
+    st.one_of(st.none(), any_text),
+    st.one_of(st.none(), any_text),
+    st.dictionaries(any_text, any_text, max_size=3),
+    st.binary(min_size=32, max_size=64),
+)
+def test_tag_for_a_key_is_the_spec_hmac(
+    principal: str | None, target: str | None, extra: dict[str, str], secret: bytes
+) -> None:
+    key = sc.Key("k1", secret)
+    b = sc.Binding(principal, "svc", "tools/call", target, arguments={"n": 1}, extra=extra)
+    expected = hmac.digest(key.bind_key, b.encoded, "sha256")[:16]
+    assert b.tag_for(key) == expected
+    assert b.tag_for(key) == expected == b.tag(key.bind_key)  # cached, and one cache for both
+
+
+@pytest.mark.parametrize("name", ["principal", "audience", "method", "target", "argument_digest", "extra"])
+def test_every_field_is_read_only(name: str) -> None:
+    b = sc.Binding("alice", "svc", "tools/call", "t", arguments={"x": 1}, extra={"k": "v"})
+    before = b.encoded
+    with pytest.raises(AttributeError, match=f"immutable; use binding.replace\\({name}="):
+        setattr(b, name, None)
+    with pytest.raises(AttributeError, match="immutable"):
+        delattr(b, name)
+    with pytest.raises(AttributeError):
+        b.new_field = 1  # type: ignore[attr-defined]
+    assert b.encoded == before and getattr(b, name) is not None
+
+
+def test_copies_are_the_same_value_and_pickles_carry_no_tag_cache() -> None:
+    b = sc.Binding("alice", "svc", "tools/call", "t", arguments={"x": 1}, extra={"k": "v"})
+    assert copy.copy(b) is b and copy.deepcopy(b) is b
+    key = sc.Key("k1", bytes(range(32)))
+    tag = b.tag_for(key)
+    data = pickle.dumps(b)
+    assert key.bind_key not in data and tag not in data  # the cache is keyed by a secret subkey
+    again = pickle.loads(data)
+    assert again == b and again.describe() == b.describe() and again.tag_for(key) == tag
 
 
 def test_replace_and_describe() -> None:

@@ -24,7 +24,7 @@ def _raw(
 ) -> bytes:
     header = fmt.build_header(kid, iat, exp, TID, BTAG)
     trailer = b"\xaa" * 32 if mode == "s" else b""
-    return header + (body if mode == "s" else b"\x01" * 24 + body + b"\x02" * 16) + trailer
+    return header + (body if mode == "s" else b"\x01" * fmt.NONCE_SUFFIX_LEN + body + b"\x02" * 16) + trailer
 
 
 def _reason(token: object, cap: int = 8192) -> str:
@@ -133,16 +133,16 @@ def test_parse_splits_every_field(mode: str) -> None:
     if mode == "s":
         assert (parsed.body, parsed.mac) == (b"hello", b"\xaa" * 32)
     else:
-        assert parsed.body == b"\x01" * 24 + b"hello" + b"\x02" * 16
+        assert parsed.body == b"\x01" * 8 + b"hello" + b"\x02" * 16
         assert parsed.mac == b""
 
 
 @pytest.mark.parametrize("mode", ["s", "e"])
 def test_parse_accepts_minimal_bodies(mode: str) -> None:
-    # An empty payload is legal: SIGN = header || mac, ENCRYPT = header || nonce || tag.
+    # An empty payload is legal: SIGN = header || mac, ENCRYPT = header || nonce_suffix || tag.
     raw = _raw(body=b"", mode=mode)
     parsed = fmt.parse(fmt.encode(fmt.PREFIXES[mode], raw), 8192)
-    assert parsed.body == (b"" if mode == "s" else b"\x01" * 24 + b"\x02" * 16)
+    assert parsed.body == (b"" if mode == "s" else b"\x01" * 8 + b"\x02" * 16)
     with pytest.raises(InvalidState, match="truncated"):
         fmt.parse(fmt.encode(fmt.PREFIXES[mode], raw[:-1]), 8192)
 

@@ -155,7 +155,7 @@ def test_internal_errors_from_the_crypto_library_do_not_echo_keys(
 
     codec = StateCodec(RING, mode=Mode.SIGN)
     token = codec.seal(b"x")
-    monkeypatch.setattr(Key, "mac", slipped_mac)
+    monkeypatch.setattr(Key, "sign_mac", slipped_mac)
     exc = seen.expect_invalid(lambda: codec.unseal(token), "internal_error")
     assert "unexpected TypeError" in exc.detail
     assert any(r.exc_info for r in seen.caplog.records), "the traceback should be logged server-side"

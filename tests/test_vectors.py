@@ -175,7 +175,8 @@ def _ref_open(token: str, ring: dict[str, Any], mode: str, binding: dict[str, An
         expected_mac = hmac.digest(mac_key, prefix.encode() + header + payload, "sha256")
         assert hmac.compare_digest(mac, expected_mac)
     else:
-        nonce, sealed = raw[len(header) : len(header) + 24], raw[len(header) + 24 :]
+        # The 24-byte nonce is the token id followed by the 8 bytes after the header.
+        nonce, sealed = tid + raw[len(header) : len(header) + 8], raw[len(header) + 8 :]
         aead_key = _ref_hkdf(secret, "statecodec/v1/encrypt/xchacha20-poly1305")
         payload = crypto_aead_xchacha20poly1305_ietf_decrypt(
             sealed, prefix.encode() + header, nonce, aead_key
@@ -222,7 +223,8 @@ def test_reference_opener_from_the_spec(file: str, case: dict[str, Any]) -> None
         assert inter["canonical_arguments"].encode() == rfc8785.dumps(arguments)
         assert hashlib.sha256(rfc8785.dumps(arguments)).hexdigest() == case["binding"]["argument_digest"]
     if case["mode"] == "encrypt":
-        assert bytes.fromhex(inter["nonce"]) == _ref_b64decode(case["token"][5:])[len(got["header"]) :][:24]
+        suffix = _ref_b64decode(case["token"][5:])[len(got["header"]) :][:8]
+        assert bytes.fromhex(inter["nonce"]) == got["tid"] + suffix
 
 
 def test_derived_subkeys_follow_the_spec() -> None:

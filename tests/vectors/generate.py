@@ -5,12 +5,13 @@ Run ``python tests/vectors/generate.py`` to rewrite ``sign.json``, ``encrypt.jso
 calls :func:`build` and asserts that the committed files are byte-identical, so any change
 to the format shows up as a diff of the vectors, never silently.
 
-Everything random in a real token is fixed here: key secrets, token ids and nonces are
-SHA-256 of a label, and every case names its own clock. Tokens are minted through the
-codec's private ``StateCodec._seal``, which takes the token id and nonce as arguments
-precisely so that this file can pin them (the public API always draws them from
-``os.urandom``). Negative cases are mutations of valid tokens; the few that must carry an
-*authentic* but impossible header (expiry before issue) are MACed here by hand.
+Everything random in a real token is fixed here: key secrets, token ids and nonce suffixes
+are SHA-256 of a label, and every case names its own clock. Tokens are minted through the
+codec's private ``StateCodec._seal``, which takes the token id and the 8-byte nonce suffix
+(the XChaCha20 nonce is ``tid || suffix``) as arguments precisely so that this file can
+pin them (the public API always draws them from ``os.urandom``). Negative cases are
+mutations of valid tokens; the few that must carry an *authentic* but impossible header
+(expiry before issue) are MACed here by hand.
 
 Vector file layout (see also docs/format.md, "Test vectors")::
 
@@ -181,11 +182,12 @@ class _Builder:
         max_token_bytes: int = 8192,
     ) -> str:
         codec = StateCodec(RINGS[ring], mode=mode, ttl=ttl, max_token_bytes=max_token_bytes)
-        nonce = _fixed("nonce/" + label, 24) if mode == "encrypt" else b""
-        b = binding_from_json(_binding_json(binding))
-        return codec._seal(
-            payload, b or Binding(), RINGS[ring].require(kid), iat, ttl, _fixed("tid/" + label, 16), nonce
-        )
+        # ENCRYPT's nonce is tid || an 8-byte suffix; only the suffix is drawn separately.
+        nonce_suffix = _fixed("nonce/" + label, 8) if mode == "encrypt" else b""
+        b = binding_from_json(_binding_json(binding)) or Binding()
+        token_id = _fixed("tid/" + label, 16)
+        key = RINGS[ring].require(kid)
+        return codec._seal(payload, b, key, iat, ttl, token_id=token_id, nonce_suffix=nonce_suffix)
 
     def positive(
         self,
@@ -226,7 +228,7 @@ class _Builder:
         if binding is not None and "arguments" in binding:
             intermediate["canonical_arguments"] = canonical_json(binding["arguments"]).decode("utf-8")
         if mode == "encrypt":
-            intermediate["nonce"] = _fixed("nonce/" + name, 24).hex()
+            intermediate["nonce"] = (_fixed("tid/" + name, 16) + _fixed("nonce/" + name, 8)).hex()
         case = self._case(name, description, mode, ring, ttl, leeway, max_token_bytes, now, bjson, token)
         case["expected"] = {
             "payload_hex": payload.hex(),
@@ -470,7 +472,7 @@ def _positives(g: _Builder) -> None:
         "e-at-size-cap",
         "token exactly max_token_bytes (128) characters long",
         mode="encrypt",
-        payload=b"q" * 10,
+        payload=b"q" * 26,
         binding=UNBOUND_SPEC,
         iat=iat,
         now=NOW,
@@ -482,7 +484,8 @@ def _positives(g: _Builder) -> None:
 def _negatives(g: _Builder) -> None:
     iat = NOW - 100
     base = {
-        m: g.seal(f"base-{m}", mode=m, payload=b"state:1", binding=FULL, iat=iat) for m in ("sign", "encrypt")
+        m: g.seal(f"base-{m}", mode=m, payload=p, binding=FULL, iat=iat)
+        for m, p in (("sign", b"state:1"), ("encrypt", b"state:12"))
     }
     s, e = base["sign"], base["encrypt"]
     # Body lengths 3 and 2 (mod 4): both kinds of unused trailing bits get a case.
@@ -548,9 +551,9 @@ def _negatives(g: _Builder) -> None:
     neg("truncated-header", "cut inside the header", "malformed", s[: 5 + 40], mode="sign", binding=FULL)
     neg(
         "truncated-encrypt",
-        "shorter than header + nonce + tag",
+        "shorter than header + nonce suffix + tag",
         "malformed",
-        _replace_raw(e, hl + 30, 10_000, b""),
+        _replace_raw(e, hl + 20, 10_000, b""),
         mode="encrypt",
         binding=FULL,
     )
@@ -765,7 +768,7 @@ def _negatives(g: _Builder) -> None:
     )
     neg(
         "encrypt-flip-nonce",
-        "flipped bit in the nonce",
+        "flipped bit in the nonce suffix (the nonce's other 16 bytes are the token id)",
         "tampered",
         _flip(e, hl + 5),
         mode="encrypt",
@@ -775,7 +778,7 @@ def _negatives(g: _Builder) -> None:
         "encrypt-flip-ciphertext",
         "flipped bit in the ciphertext",
         "tampered",
-        _flip(e, hl + 24),
+        _flip(e, hl + 8),
         mode="encrypt",
         binding=FULL,
     )
