@@ -111,6 +111,11 @@ class StateCodec:
         self._prefix = _PREFIX[self.mode]
         self._prefix_b = self._prefix.encode("ascii")
         self._mode_char = _MODE_CHAR[self.mode]
+        # Replay entries: "<namespace>:<token id hex>", kept until exp + 2 * leeway. Every
+        # instance sharing a store must use the same leeway (the comment above _store_down).
+        self._replay_prefix = namespace + ":"
+        self._retention = 2 * self.leeway
+        self._store_failing = False  # log a store outage once, not once per request
 
     def __repr__(self) -> str:
         return (
@@ -193,7 +198,9 @@ class StateCodec:
         opened = self._guarded_open(token, binding, now, True)
         if consume and self.replay is not None:
             try:
-                first = self.replay.consume(self._replay_key(opened), self._forget_at(opened))
+                first = self.replay.consume(
+                    self._replay_prefix + opened.token_id, opened.expires_at + self._retention
+                )
             except Exception as exc:  # deny on error: an unchecked token is never accepted
                 raise self._store_down(opened, exc) from None
             self._judge_replay(opened, first)
@@ -206,7 +213,9 @@ class StateCodec:
         opened = self._guarded_open(token, binding, None, True)
         if consume and self.replay is not None:
             try:
-                first = await self.replay.aconsume(self._replay_key(opened), self._forget_at(opened))
+                first = await self.replay.aconsume(
+                    self._replay_prefix + opened.token_id, opened.expires_at + self._retention
+                )
             except Exception as exc:  # deny on error: an unchecked token is never accepted
                 raise self._store_down(opened, exc) from None
             self._judge_replay(opened, first)
@@ -308,22 +317,21 @@ class StateCodec:
             raise InvalidState("unknown_key", f"key {kid} was retired {retired} ago", kid=kid)
         return key
 
-    def _replay_key(self, opened: OpenedState) -> str:
-        return f"{self.namespace}:{opened.token_id}"
-
-    def _forget_at(self, opened: OpenedState) -> float:
-        # Keep the entry while ANY instance may still accept the token. This one rejects
-        # it from exp + leeway on its own clock, but an instance whose clock is behind by
-        # up to the leeway accepts until exp + 2 * leeway on this clock: forgetting
-        # earlier would let that instance redeem the token a second time
-        # (tests/test_faults_clock.py replays exactly that).
-        return float(opened.expires_at + 2 * self.leeway)
+    # Why exp + 2 * leeway (self._retention): keep the entry while ANY instance may still
+    # accept the token. This one rejects it from exp + leeway on its own clock, but an
+    # instance whose clock is behind by up to the leeway accepts until exp + 2 * leeway on
+    # this clock: forgetting earlier would let that instance redeem the token a second
+    # time (tests/test_faults_clock.py replays exactly that).
 
     def _store_down(self, opened: OpenedState, exc: BaseException) -> InvalidState:
         kind = getattr(self.replay, "kind", type(self.replay).__name__)
         cause = str(exc) if isinstance(exc, ReplayStoreError) else f"{type(exc).__name__}: {exc}"
-        logger.warning("statecodec: %s replay store unavailable, token %s rejected unconsumed: %s",
-                       kind, opened.token_id[:8], cause)
+        # One WARNING when an outage starts (and one when it ends, in _judge_replay), not
+        # one per request: under load a dead store would otherwise flood the log.
+        log = logger.debug if self._store_failing else logger.warning
+        self._store_failing = True
+        log("statecodec: %s replay store unavailable, token %s rejected unconsumed: %s",
+            kind, opened.token_id[:8], cause)
         return InvalidState(
             "store_unavailable",
             f"{kind} replay store did not answer ({cause}); the token was not consumed, retry later",
@@ -331,17 +339,16 @@ class StateCodec:
             token_id=opened.token_id,
         )
 
-    @staticmethod
-    def _judge_replay(opened: OpenedState, first: object) -> None:
+    def _judge_replay(self, opened: OpenedState, first: object) -> None:
         # Only a real bool counts: a buggy custom store returning a coroutine or any other
         # truthy object must fail closed, not switch single use off.
         if first is not True and first is not False:
-            raise InvalidState(
-                "store_unavailable",
-                f"replay store answered {type(first).__name__}, not bool",
-                kid=opened.kid,
-                token_id=opened.token_id,
-            )
+            answer = TypeError(f"replay store answered {type(first).__name__}, not bool")
+            raise self._store_down(opened, answer)
+        if self._store_failing:
+            self._store_failing = False
+            kind = getattr(self.replay, "kind", "custom")
+            logger.warning("statecodec: %s replay store answers again", kind)
         if not first:
             raise InvalidState(
                 "replayed",

@@ -8,6 +8,7 @@ pure-Python canonical-JSON path as a CPU sink.
 from __future__ import annotations
 
 import asyncio
+import logging
 import math
 
 import pytest
@@ -129,3 +130,36 @@ def test_inspect_json_output_is_ascii_only() -> None:
     assert result.exit_code == 0, result.output
     assert result.output.isascii()
     assert "\\u202e" in result.output and "\\u009b" in result.output
+
+
+class _Flaky(ReplayStore):
+    """A store that is down until ``up`` is set: a stand-in for an outage of any backend."""
+
+    kind = "flaky"
+
+    def __init__(self) -> None:
+        self.up = False
+        self.inner = MemoryReplayStore(clock=lambda: NOW)
+
+    def consume(self, key: str, expires_at: float) -> bool:
+        if not self.up:
+            raise sc.ReplayStoreError("connection refused")
+        return self.inner.consume(key, expires_at)
+
+
+def test_a_store_outage_is_logged_once_and_its_end_once(caplog: pytest.LogCaptureFixture) -> None:
+    store = _Flaky()
+    codec = _codec(replay=store)
+    tokens = [codec.seal(b"x") for _ in range(20)]
+    with caplog.at_level(logging.DEBUG, logger="statecodec"):
+        for token in tokens:
+            with pytest.raises(sc.InvalidState) as info:
+                codec.unseal(token)
+            assert info.value.reason == "store_unavailable"
+        store.up = True
+        for token in tokens:  # not consumed during the outage: each redeems once now
+            assert codec.unseal(token).payload == b"x"
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 2, warnings
+    assert "unavailable" in warnings[0] and "answers again" in warnings[1]
+    assert sum("unavailable" in r.getMessage() for r in caplog.records) == 20  # the rest at DEBUG
