@@ -3,8 +3,9 @@
 A store answers one question atomically: "is this the first time anyone consumed this
 key?" The codec asks it only after a token has passed every other check, so a forged,
 expired or mis-bound token can never burn the real one. Entries must disappear by
-themselves after ``expires_at`` (the token's expiry plus the codec's leeway): by then
-the codec rejects the token as expired anyway, so nothing needs remembering.
+themselves after ``expires_at`` (the token's expiry plus twice the codec's leeway, so
+that an instance whose clock lags by the leeway still finds the entry): by then every
+instance rejects the token as expired, so nothing needs remembering.
 
 Write your own store by subclassing :class:`ReplayStore` and implementing
 :meth:`consume` (and :meth:`aconsume` when a native async client exists; the default
