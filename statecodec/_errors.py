@@ -9,7 +9,7 @@ the wire: clients always see the same uniform JSON-RPC error.
 
 from __future__ import annotations
 
-from typing import Final, Literal
+from typing import Final, Literal, get_args
 
 Reason = Literal[
     "malformed",
@@ -26,20 +26,7 @@ Reason = Literal[
     "internal_error",
 ]
 
-REASONS: Final[tuple[Reason, ...]] = (
-    "malformed",
-    "too_large",
-    "unsupported_version",
-    "wrong_mode",
-    "unknown_key",
-    "tampered",
-    "expired",
-    "not_yet_valid",
-    "binding_mismatch",
-    "replayed",
-    "store_unavailable",
-    "internal_error",
-)
+REASONS: Final[tuple[Reason, ...]] = get_args(Reason)
 
 #: What the adapters answer on the wire for every rejected token (the SDKs' convention).
 WIRE_ERROR_CODE: Final = -32602

@@ -17,8 +17,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
-import selectors
 import subprocess
 import sys
 import time
@@ -35,14 +33,13 @@ import pytest
 from mcp.client import Client
 from mcp.client.session import ClientRequestContext
 from mcp.client.streamable_http import streamable_http_client
+from processes import ROOT, await_line, spawn, stop
 
 from statecodec import KeyRing, StateCodec
 
-ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "examples" / "deploy_server.py"
 FLAVORS = ("lowlevel", "mcpserver", "fastmcp")
 MODES = ("sign", "encrypt")
-START_TIMEOUT = 60.0
 TOOL = "deploy_production"
 ISSUER = "https://idp.example"
 CLIENT_ID = "deploy-cli"
@@ -66,7 +63,7 @@ class Instance:
         return self.log_path.read_text(encoding="utf-8", errors="replace")
 
     def stop(self) -> None:
-        stop_process(self.proc)
+        stop(self.proc)
 
 
 @dataclass
@@ -121,48 +118,6 @@ def server_command(
     ]  # fmt: skip
 
 
-def _spawn(command: Sequence[str], log_path: Path) -> subprocess.Popen[str]:
-    env = dict(os.environ, PYTHONUNBUFFERED="1")
-    with log_path.open("w", encoding="utf-8") as log:
-        return subprocess.Popen(
-            list(command), stdout=subprocess.PIPE, stderr=log, stdin=subprocess.DEVNULL, text=True, env=env,
-            cwd=ROOT,
-        )  # fmt: skip
-
-
-def _await_ready(proc: subprocess.Popen[str], log_path: Path) -> str:
-    assert proc.stdout is not None
-    deadline = time.monotonic() + START_TIMEOUT
-    with selectors.DefaultSelector() as selector:
-        selector.register(proc.stdout, selectors.EVENT_READ)
-        while time.monotonic() < deadline:
-            if not selector.select(timeout=0.2):
-                if proc.poll() is not None:
-                    break
-                continue
-            line = proc.stdout.readline()
-            if line.startswith("READY "):
-                return line.split(" ", 1)[1].strip()
-            if not line and proc.poll() is not None:
-                break
-    stop_process(proc)
-    log = log_path.read_text(encoding="utf-8", errors="replace")
-    raise RuntimeError(f"server did not become ready (exit {proc.returncode}):\n{log[-3000:]}")
-
-
-def stop_process(proc: subprocess.Popen[str]) -> None:
-    """Stop one server we started, by its PID: SIGTERM, then SIGKILL."""
-    if proc.poll() is None:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=10)
-    if proc.stdout is not None:
-        proc.stdout.close()
-
-
 def start_cluster(tmp: Path, flavor: str, mode: str, names: Sequence[str] = ("A", "B")) -> Cluster:
     tmp.mkdir(parents=True, exist_ok=True)
     keys = tmp / "keys.json"
@@ -172,13 +127,13 @@ def start_cluster(tmp: Path, flavor: str, mode: str, names: Sequence[str] = ("A"
     for name in names:  # start all, then wait: the imports of both run in parallel
         log_path = tmp / f"{name}.log"
         command = server_command(flavor=flavor, mode=mode, keys=keys, replay=cluster.replay_url, name=name)
-        procs.append((name, _spawn(command, log_path), log_path))
+        procs.append((name, spawn(command, log_path), log_path))
     try:
         for name, proc, log_path in procs:
-            cluster.instances.append(Instance(name, _await_ready(proc, log_path), proc, log_path))
+            cluster.instances.append(Instance(name, await_line(proc, "READY ", log_path), proc, log_path))
     except BaseException:
         for _, proc, _ in procs:
-            stop_process(proc)
+            stop(proc)
         raise
     return cluster
 

@@ -17,8 +17,6 @@ stopped by their own PIDs.
 from __future__ import annotations
 
 import json
-import os
-import selectors
 import shutil
 import subprocess
 import sys
@@ -33,13 +31,12 @@ from typing import Any
 import jwt
 import pytest
 from cryptography.hazmat.primitives.asymmetric import rsa
+from processes import ROOT, await_line, spawn, stop
 
 from statecodec import Binding, KeyRing, StateCodec
 from statecodec.adapters import jsonrpc
 
-ROOT = Path(__file__).resolve().parent.parent
 NODE_DIR = ROOT / "tests" / "node"
-START_TIMEOUT = 60.0
 ISSUER = "https://idp.test"
 JWT_AUDIENCE = "https://deploy.test/mcp"
 CLIENT_ID = "deploy-cli"
@@ -111,54 +108,6 @@ def jwks_server() -> Iterator[JWKSServer]:
         server.close()
 
 
-# ------------------------------------------------------------------ processes
-def spawn(command: Sequence[str], log_path: Path, cwd: Path = ROOT) -> subprocess.Popen[str]:
-    env = dict(os.environ, PYTHONUNBUFFERED="1", NODE_NO_WARNINGS="1")
-    with log_path.open("w", encoding="utf-8") as log:
-        return subprocess.Popen(
-            list(command),
-            stdout=subprocess.PIPE,
-            stderr=log,
-            stdin=subprocess.DEVNULL,
-            text=True,
-            env=env,
-            cwd=cwd,
-        )
-
-
-def await_line(proc: subprocess.Popen[str], prefix: str, log_path: Path) -> str:
-    """The rest of the first stdout line starting with ``prefix``; stops the process on failure."""
-    assert proc.stdout is not None
-    deadline = time.monotonic() + START_TIMEOUT
-    with selectors.DefaultSelector() as selector:
-        selector.register(proc.stdout, selectors.EVENT_READ)
-        while time.monotonic() < deadline:
-            if not selector.select(timeout=0.2):
-                if proc.poll() is not None:
-                    break
-                continue
-            line = proc.stdout.readline()
-            if line.startswith(prefix):
-                return line[len(prefix) :].strip()
-            if not line and proc.poll() is not None:
-                break
-    stop(proc)
-    log = log_path.read_text(encoding="utf-8", errors="replace")
-    raise RuntimeError(f"{proc.args!r} did not start (exit {proc.returncode}):\n{log[-3000:]}")
-
-
-def stop(proc: subprocess.Popen[str]) -> int | None:
-    """Stop one process we started, by its PID: SIGTERM, then SIGKILL. Returns the exit code."""
-    if proc.poll() is None:
-        proc.terminate()
-        try:
-            proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=10)
-    if proc.stdout is not None:
-        proc.stdout.close()
-    return proc.returncode
 
 
 def node_or_skip() -> str:

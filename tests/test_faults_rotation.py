@@ -194,7 +194,8 @@ class Load:
 async def test_rotation_under_load_zero_failed_flows_zero_replays(
     vault_env: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from fixtures_mcp import Instance, _await_ready, _spawn, stop_process  # noqa: PLC0415
+    from fixtures_mcp import Instance  # noqa: PLC0415
+    from processes import await_line, spawn, stop  # noqa: PLC0415
 
     from statecodec.kms import init_keys  # noqa: PLC0415
 
@@ -207,12 +208,12 @@ async def test_rotation_under_load_zero_failed_flows_zero_replays(
         command = [sys.executable, __file__, "serve", "--keys", url, "--replay", replay, "--instance", name,
                    "--mode", "sign"]  # fmt: skip
         log_path = tmp_path / f"{name}.log"
-        procs.append((name, _spawn(command, log_path), log_path))
+        procs.append((name, spawn(command, log_path), log_path))
     rotator = Rotator(url)
     try:
         for name, proc, log_path in procs:
             instances.append(
-                Instance(name, await asyncio.to_thread(_await_ready, proc, log_path), proc, log_path)
+                Instance(name, await asyncio.to_thread(await_line, proc, "READY ", log_path), proc, log_path)
             )
         rotator.start()
         load = Load([i.url for i in instances])
@@ -220,7 +221,7 @@ async def test_rotation_under_load_zero_failed_flows_zero_replays(
     finally:
         rotator.stop_event.set()
         for _, proc, _ in procs:
-            stop_process(proc)
+            stop(proc)
         rotator.join(timeout=30)
 
     logs = "\n".join(i.log() for i in instances)
