@@ -193,7 +193,8 @@ class KeyRing:
 
     @classmethod
     def from_dict(cls, doc: Mapping[str, Any]) -> KeyRing:
-        if doc.get("statecodec_keyring") != KEYRING_FORMAT:
+        marker = doc.get("statecodec_keyring")
+        if type(marker) is not int or marker != KEYRING_FORMAT:  # not True, not 1.0
             raise ValueError("not a statecodec key ring (missing \"statecodec_keyring\": 1)")
         entries = doc.get("keys", [])
         if not isinstance(entries, list):

@@ -163,3 +163,13 @@ def test_a_store_outage_is_logged_once_and_its_end_once(caplog: pytest.LogCaptur
     assert len(warnings) == 2, warnings
     assert "unavailable" in warnings[0] and "answers again" in warnings[1]
     assert sum("unavailable" in r.getMessage() for r in caplog.records) == 20  # the rest at DEBUG
+
+
+@pytest.mark.parametrize("marker", [True, 1.0, "1"])
+def test_key_ring_format_marker_must_be_the_integer_1(marker: object) -> None:
+    doc = sc.KeyRing.generate().to_dict()
+    doc["statecodec_keyring"] = marker
+    with pytest.raises(ValueError, match="not a statecodec key ring"):
+        sc.KeyRing.from_dict(doc)
+    doc["statecodec_keyring"] = 1
+    assert len(sc.KeyRing.from_dict(doc)) == 1
