@@ -111,6 +111,8 @@ class StateCodec:
         self._prefix = _PREFIX[self.mode]
         self._prefix_b = self._prefix.encode("ascii")
         self._mode_char = _MODE_CHAR[self.mode]
+        # Tested on every seal and unseal: an attribute read, not an enum comparison.
+        self._signs = self.mode is Mode.SIGN
         # Replay entries: "<namespace>:<token id hex>", kept until exp + 2 * leeway. Every
         # instance sharing a store must use the same leeway (the comment above _store_down).
         self._replay_prefix = namespace + ":"
@@ -132,7 +134,7 @@ class StateCodec:
         self, payload: bytes, binding: Binding | None, now: float, *, ttl: int | None = None
     ) -> str:
         key = self.keys.signing_key()
-        if self.mode is Mode.ENCRYPT:
+        if not self._signs:
             # One call for the whole 24-byte nonce: its first 16 bytes are the token id.
             fresh = os.urandom(_format.NONCE_LEN)
             token_id, nonce_suffix = fresh[: _format.TOKEN_ID_LEN], fresh[_format.TOKEN_ID_LEN :]
@@ -164,7 +166,7 @@ class StateCodec:
         if not 0 < ttl < 2**31:
             raise ValueError("ttl must be a positive number of seconds")
         header = _format.pack_header(key.kid_field, iat, iat + ttl, token_id, binding.tag_for(key))
-        if self.mode is Mode.SIGN:
+        if self._signs:
             if nonce_suffix:
                 raise ValueError("SIGN tokens carry no nonce")
             signed = header + payload
@@ -261,7 +263,7 @@ class StateCodec:
             )
         key = self._verification_key(kid, now)
 
-        if self.mode is Mode.SIGN:
+        if self._signs:
             if not hmac.compare_digest(key.sign_mac(header + body), mac):
                 raise InvalidState(
                     "tampered", "MAC does not match: the token was modified or forged", kid=kid
@@ -304,7 +306,9 @@ class StateCodec:
                     kid=kid,
                     token_id=tid,
                 )
-        return OpenedState(payload, kid, iat, exp, tid, self.mode)
+        # tuple.__new__ directly: OpenedState(...) goes through a Python-level __new__
+        # that only forwards its arguments, on every unseal.
+        return tuple.__new__(OpenedState, (payload, kid, iat, exp, tid, self.mode))
 
     def _verification_key(self, kid: str, now: float) -> Key:
         ring: KeyRing = self.keys.keyring()

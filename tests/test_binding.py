@@ -274,6 +274,45 @@ def test_encoding_matches_the_spec_byte_for_byte() -> None:
     assert b.tag(key) == hmac.digest(key, b.encoded, "sha256")[:16]
 
 
+class _AlwaysEqual(str):
+    """A str subclass that claims to equal any text with the same hash as "alice"."""
+
+    def __eq__(self, other: object) -> bool:
+        return True
+
+    def __hash__(self) -> int:
+        return hash("alice")
+
+
+def _expected_texts(*texts: str | None) -> bytes:
+    return b"statecodec/v1/binding\x00" + b"".join(
+        _field(None if t is None else t.encode("utf-8", "surrogatepass")) for t in texts
+    )
+
+
+def test_text_field_cache_never_changes_the_encoding() -> None:
+    # Text fields are encoded through a cache (a speed-up, _binding._FIELD_CACHE): a miss,
+    # a hit, a lone surrogate, text too long to cache and a str subclass all encode as the
+    # spec says.
+    long_text = "t" * (_binding._FIELD_CACHE_TEXT_MAX + 1)
+    for _ in range(2):  # the second pass reads what the first one cached
+        b = sc.Binding("alice", "\ud800", "tools/call", long_text)
+        assert b.encoded.startswith(_expected_texts("alice", "\ud800", "tools/call", long_text))
+    assert long_text not in _binding._FIELD_CACHE
+    # A subclass may lie about equality: it must never be served another text's bytes.
+    assert "alice" in _binding._FIELD_CACHE
+    sneaky = sc.Binding(_AlwaysEqual("mallory"))
+    assert sneaky.encoded.startswith(_expected_texts("mallory"))
+    assert sneaky != sc.Binding("alice")
+
+
+def test_text_field_cache_is_bounded() -> None:
+    for i in range(_binding._FIELD_CACHE_MAX + 10):
+        b = sc.Binding(f"user-{i}")
+        assert b.encoded.startswith(_expected_texts(f"user-{i}"))
+        assert len(_binding._FIELD_CACHE) <= _binding._FIELD_CACHE_MAX
+
+
 def test_unbound_encoding() -> None:
     assert sc.UNBOUND.encoded == b"statecodec/v1/binding\x00" + b"\x00" * 5 + b"\x00\x00\x00\x00"
     assert sc.Binding() == sc.UNBOUND

@@ -84,6 +84,7 @@ def test_round_trip(mode: sc.Mode, payload: bytes, binding: sc.Binding | None) -
     codec = CODECS[mode]
     token = codec.seal_at_time(payload, binding, T0)
     opened = codec.unseal_at_time(token, binding, T0 + 1)
+    assert type(opened) is sc.OpenedState and len(opened) == len(sc.OpenedState._fields)
     assert opened.payload == payload
     assert (opened.kid, opened.issued_at, opened.expires_at, opened.mode) == ("k1", T0, T0 + 600, mode)
     assert len(bytes.fromhex(opened.token_id)) == 16
