@@ -43,8 +43,9 @@ class VaultSettings:
 
     ``timeout`` bounds every HTTP call (hvac's default of 30 s would stall a refresh);
     idempotent reads are retried ``retries`` times with exponential backoff from
-    ``backoff`` seconds. Writes are never retried: a rotation that timed out may have
-    happened, and the next scheduled run decides again from what Vault says.
+    ``backoff`` seconds. Writes are never retried blindly: a rotation that timed out may
+    have happened. Transit writes re-read the key after a failure and are tried again
+    only when it shows they did not happen (OpenBao fails one of two racing writes).
     """
 
     addr: str | None = None

@@ -177,10 +177,11 @@ class TransitSource(KeySource):
         )
 
     def _rotate_once(self, seen_latest: int, notes: list[str]) -> tuple[dict[str, Any], str]:
-        self.session.write(
+        self._write_until(
             f"rotating {self.mount}/keys/{self.name}",
             lambda c: c.secrets.transit.rotate_key(self.name, mount_point=self.mount),
-            missing=self._missing(),
+            done=lambda meta: int(meta["latest_version"]) > seen_latest,
+            notes=notes,
         )
         # Transit has no check-and-set: two jobs that both read the old latest version
         # both rotate. Re-reading shows it; the extra version is harmless (it verifies
@@ -205,13 +206,50 @@ class TransitSource(KeySource):
             return []
         target = max(old_enough)
         if not dry_run:
-            self.session.write(
+            self._write_until(
                 f"updating {self.mount}/keys/{self.name}/config",
                 lambda c: c.secrets.transit.update_key_configuration(
                     self.name, min_decryption_version=target, mount_point=self.mount
                 ),
+                done=lambda meta: int(meta["min_decryption_version"]) >= target,
+                notes=[],
             )
         return [self.kid(v) for v in range(current, target) if v in times]
+
+    def _write_until(
+        self,
+        what: str,
+        call: Callable[[Any], object],
+        *,
+        done: Callable[[dict[str, Any]], bool],
+        notes: list[str],
+    ) -> None:
+        """Write; when Vault fails the write, re-read and try again only if it did not happen.
+
+        A write is never blindly retried (it might have happened and its reply been lost).
+        But OpenBao answers 500 ("transaction commit failed", "archive version not
+        up-to-date") to a transit write that races another one on the same key, as two
+        scheduled rotation jobs do. Re-reading the key tells whether the goal was met
+        (by this write or the concurrent one); if not, nothing changed and trying again is safe.
+        """
+        attempts = 1 + max(0, self.session.settings.retries)
+        for attempt in range(1, attempts + 1):
+            try:
+                self.session.write(what, call, missing=self._missing())
+                return
+            except KeySourceError as exc:
+                if exc.kind != "unreachable":
+                    raise
+                if done(self._metadata()):
+                    notes.append(
+                        f"Vault failed {what} ({exc.message.splitlines()[0]}), but the key shows it done, "
+                        "by this job or a concurrent one"
+                    )
+                    return
+                if attempt == attempts:
+                    raise
+                logger.info("statecodec.kms: %s: %s failed and did not happen; trying again", self.url, what)
+                self.session.pause(attempt)
 
     def _dated(self, meta: dict[str, Any]) -> dict[int, int]:
         times = {int(v): int(t) for v, t in (meta.get("keys") or {}).items() if isinstance(t, int)}

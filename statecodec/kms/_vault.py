@@ -80,8 +80,7 @@ class VaultSession:
                 attempt += 1
                 if attempt >= attempts:
                     raise self._error(self._unreachable(exc), "unreachable") from None
-                delay = self.settings.backoff * 3 ** (attempt - 1)
-                time.sleep(delay * random.uniform(0.5, 1.5))  # nosec B311 - jitter, not a secret
+                self.pause(attempt)
             except hx.InvalidPath:
                 raise self._error(missing or f"not found: {what}", "missing") from None
             except hx.InvalidRequest as exc:
@@ -92,6 +91,11 @@ class VaultSession:
                 raise self._error(f"unexpected answer {what}: {_message(exc)}", "internal") from None
             except requests.exceptions.RequestException as exc:
                 raise self._error(f"{what}: {type(exc).__name__}", "unreachable") from None
+
+    def pause(self, attempt: int) -> None:
+        """Sleep before retry number ``attempt`` (1, 2, ...): exponential backoff with jitter."""
+        delay = self.settings.backoff * 3 ** (attempt - 1)
+        time.sleep(delay * random.uniform(0.5, 1.5))  # nosec B311 - jitter, not a secret
 
     def close(self) -> None:
         with self._lock:
