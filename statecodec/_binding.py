@@ -14,12 +14,12 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-import json
 import struct
 from collections.abc import Mapping
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Final, Generic, NoReturn, TypeVar, cast, overload
 
+import orjson
 import rfc8785
 
 if TYPE_CHECKING:
@@ -37,12 +37,6 @@ _U32 = struct.Struct(">I")
 _PRESENT = struct.Struct(">BI")  # 0x01 and the u32 length of a present field
 _TEXT_FIELDS: Final = ("principal", "audience", "method", "target")
 _T = TypeVar("_T")
-# Built once: json.dumps() with non-default options constructs a new encoder per call,
-# which costs more than encoding a typical tools/call argument dict.
-_JSON: Final = json.JSONEncoder(ensure_ascii=False, sort_keys=True, separators=(",", ":"))
-# The function _JSON itself applies to every str (json.encoder picks it for
-# ensure_ascii=False): the flat fast path quotes text exactly as the encoder would.
-_quote: Final = json.encoder.encode_basestring
 # Copied per digest: hashlib.sha256(data) looks the algorithm up in OpenSSL on every call.
 _SHA256: Final = hashlib.sha256()
 _NO_EXTRA: Final[Mapping[str, str]] = MappingProxyType({})
@@ -95,73 +89,57 @@ class _Walk:
             self.needs_jcs = True
 
 
-def _flat_json(arguments: dict[Any, Any]) -> bytes | None:
-    """Canonical JSON of a flat object of plain scalars, or None to take the general path.
+def _plain_flat(arguments: dict[Any, Any]) -> bool:
+    """True for a flat object of plain scalars, which needs neither the walk nor JCS.
 
-    The usual ``tools/call`` arguments (``{"city": "Lisbon", "days": 3}``) in one loop,
-    without the recursive walk and without building the encoder's state. It accepts only
-    what the walk accepts without needing JCS (str keys and text below U+D800, integers
-    within +-(2**53-1), bools, None; fewer than MAX_ARGUMENT_NODES members) and writes the
-    bytes the C encoder would (tests hold it to rfc8785). Anything else, including every
-    value the walk refuses, returns None so the walk decides, with its precise error.
+    The usual ``tools/call`` arguments (``{"city": "Lisbon", "days": 3}``), checked in one
+    loop instead of the recursive walk. It accepts only what the walk accepts without
+    needing JCS (str keys and text below U+D800, integers within +-(2**53-1), bools, None;
+    fewer than MAX_ARGUMENT_NODES members). Anything else, including every value the walk
+    refuses, returns False so the walk decides, with its precise error.
     """
     if len(arguments) >= MAX_ARGUMENT_NODES:  # the object itself is one more node
-        return None
-    try:
-        names = sorted(arguments)
-    except TypeError:  # keys of mixed types: the walk names the culprit
-        return None
-    members = []
-    for name in names:
+        return False
+    for name, value in arguments.items():
         # Below U+D800, code-point order is UTF-16 order and no lone surrogate can hide,
-        # so the json module and JCS agree (see _Walk._text).
+        # so orjson's sorted keys and JCS agree (see _Walk._text).
         if type(name) is not str or not (name.isascii() or max(name) < "\ud800"):
-            return None
-        value = arguments[name]
+            return False
         kind = type(value)  # exact types: subclasses (IntEnum, str subclasses) take the walk
         if kind is str:
             if not (value.isascii() or max(value) < "\ud800"):
-                return None
-            members.append(f"{_quote(name)}:{_quote(value)}")
+                return False
         elif kind is int:
             if not -_SAFE_INT <= value <= _SAFE_INT:
-                return None
-            members.append(f"{_quote(name)}:{value}")
-        elif kind is bool:
-            members.append(f"{_quote(name)}:{'true' if value else 'false'}")
-        elif value is None:
-            members.append(f"{_quote(name)}:null")
-        else:
-            return None
-    return ("{" + ",".join(members) + "}").encode("utf-8")
+                return False
+        elif kind is not bool and value is not None:
+            return False
+    return True
 
 
 def canonical_json(arguments: Any) -> bytes:
     """RFC 8785 canonical JSON of ``arguments``, or ``TypeError``/``ValueError``.
 
     Plain data (str keys, strings below U+D800, safe integers, bools, None) is encoded by
-    the C ``json`` encoder, or for a flat object by :func:`_flat_json`, which yield the
-    same bytes as JCS for that subset (tests hold them against each other); anything else
-    goes through ``rfc8785``.
+    orjson with sorted keys, which yields the same bytes as JCS for that subset: UTF-8
+    output, the same escapes, keys in code-point order (tests hold it to ``rfc8785``).
+    Anything else (floats, astral-plane text) goes through ``rfc8785``.
     """
-    if type(arguments) is dict:
-        flat = _flat_json(arguments)
-        if flat is not None:
-            return flat
-    walk = _Walk()
-    walk.visit(arguments, 0)
-    if walk.needs_jcs:
-        if walk.nodes > MAX_JCS_NODES:
-            raise ValueError(
-                f"arguments with floats or astral-plane text are limited to {MAX_JCS_NODES} JSON values"
-            )
-        try:
-            return rfc8785.dumps(arguments)
-        except rfc8785.CanonicalizationError as exc:
-            raise TypeError(f"arguments cannot be canonical JSON: {exc}") from None
-        except UnicodeEncodeError:  # rfc8785 sorts keys as UTF-16 before it checks them
-            raise TypeError("arguments cannot be canonical JSON: a key holds a lone surrogate") from None
-    return _JSON.encode(arguments).encode("utf-8")
+    if type(arguments) is not dict or not _plain_flat(arguments):
+        walk = _Walk()
+        walk.visit(arguments, 0)
+        if walk.needs_jcs:
+            if walk.nodes > MAX_JCS_NODES:
+                raise ValueError(
+                    f"arguments with floats or astral-plane text are limited to {MAX_JCS_NODES} JSON values"
+                )
+            try:
+                return rfc8785.dumps(arguments)
+            except rfc8785.CanonicalizationError as exc:
+                raise TypeError(f"arguments cannot be canonical JSON: {exc}") from None
+            except UnicodeEncodeError:  # rfc8785 sorts keys as UTF-16 before it checks them
+                raise TypeError("arguments cannot be canonical JSON: a key holds a lone surrogate") from None
+    return orjson.dumps(arguments, option=orjson.OPT_SORT_KEYS)
 
 
 def argument_digest(arguments: Any) -> bytes:
@@ -169,9 +147,6 @@ def argument_digest(arguments: Any) -> bytes:
     h = _SHA256.copy()
     h.update(canonical_json(arguments))
     return h.digest()
-
-
-_digest = argument_digest  # Binding's keyword argument shadows the name
 
 
 def _field(value: bytes) -> bytes:
@@ -219,13 +194,15 @@ def _encode(
     One join of ready-made parts: this runs once per request.
     """
     principal, audience, method, target = texts
+    cached = _FIELD_CACHE.get
     try:
+        # The cache is looked up here for exact str (a hit skips a call per field).
         parts = [
             _DOMAIN,
-            _text_field(principal),
-            _text_field(audience),
-            _text_field(method),
-            _text_field(target),
+            (type(principal) is str and cached(principal)) or _text_field(principal),
+            (type(audience) is str and cached(audience)) or _text_field(audience),
+            (type(method) is str and cached(method)) or _text_field(method),
+            (type(target) is str and cached(target)) or _text_field(target),
         ]
     except TypeError:
         raise _type_error(texts) from None
@@ -333,7 +310,9 @@ class Binding:
         if arguments is not None:
             if argument_digest is not None:
                 raise ValueError("pass arguments or argument_digest, not both")
-            argument_digest = _digest(arguments)
+            h = _SHA256.copy()  # argument_digest(), inline: this runs once per request
+            h.update(canonical_json(arguments))
+            argument_digest = h.digest()
         elif argument_digest is not None and len(argument_digest) != 32:
             raise ValueError("argument_digest must be 32 bytes (SHA-256)")
         frozen_extra = MappingProxyType(dict(extra)) if extra else _NO_EXTRA
@@ -374,10 +353,12 @@ class Binding:
 
     def tag_for(self, key: Key) -> bytes:
         """:meth:`tag` under ``key.bind_key``, computed with the key's pre-keyed HMAC (faster)."""
-        tag = self._tags.get(key.bind_key)
+        tags = self._tags
+        tag = tags.get(key.bind_key)
         if tag is None:
             tag = key.binding_tag(self._encoded)
-            self._remember(key.bind_key, tag)
+            if len(tags) < 8:  # as in _remember, inline: this runs on every seal and unseal
+                tags[key.bind_key] = tag
         return tag
 
     def _remember(self, bind_key: bytes, tag: bytes) -> None:

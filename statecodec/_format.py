@@ -29,10 +29,12 @@ last 8 travel after the header (see :func:`aead_nonce` and docs/format.md).
 
 from __future__ import annotations
 
-import binascii
 import re
 import struct
 from typing import Final, NamedTuple, TypeAlias
+
+from pybase64 import b64decode as _b64decode
+from pybase64 import b64encode_as_string
 
 from ._errors import InvalidState
 
@@ -57,15 +59,11 @@ _AEAD_TRAILER: Final = NONCE_SUFFIX_LEN + AEAD_TAG_LEN
 _HEADER_FIELDS: Final = {
     n: struct.Struct(f">{n}sII{TOKEN_ID_LEN}s{BIND_TAG_LEN}s") for n in range(1, KID_MAX + 1)
 }
-# base64 to base64url, for the encoder (binascii writes the standard alphabet).
-_TO_URLSAFE: Final = bytes.maketrans(b"+/", b"-_")
 _KID_RE: Final = re.compile(r"[A-Za-z0-9._:-]{1,32}")
 _B64_RE: Final = re.compile(r"[A-Za-z0-9_-]*")
 # ASCII digits only: a Unicode digit is not a version number, just a malformed token.
 _PREFIX_RE: Final = re.compile(r"sc([0-9]{1,3})([a-z])\.")
-# base64url to the standard alphabet for binascii; "+", "/" and "=" become invalid.
-_TO_STANDARD: Final = bytes.maketrans(b"-_+/=", b"+/!!!")
-_PADDING: Final = (b"", b"", b"==", b"=")  # by len % 4 (1 is impossible)
+_PADDING: Final = ("", "", "==", "=")  # by len % 4 (1 is impossible)
 # For canonical base64url: the value of each alphabet character, to test the unused low
 # bits of the last character (non-zero bits would give two spellings of one token).
 _B64_VALUE: Final = {
@@ -93,8 +91,8 @@ def valid_kid(kid: str) -> bool:
 
 
 def b64encode(raw: bytes) -> str:
-    # base64.urlsafe_b64encode() is exactly this, behind two Python calls.
-    return binascii.b2a_base64(raw, newline=False).translate(_TO_URLSAFE).rstrip(b"=").decode("ascii")
+    # pybase64 (SIMD base64 in C) writes the URL-safe alphabet itself; only "=" goes.
+    return b64encode_as_string(raw, altchars=b"-_").rstrip("=")
 
 
 def b64decode(text: str) -> bytes:
@@ -106,13 +104,13 @@ def b64decode(text: str) -> bytes:
     if not isinstance(text, str):
         raise TypeError(f"base64url text must be str, not {type(text).__name__}")
     rem = len(text) % 4
-    if rem != 1 and text.isascii():
-        # One pass in C: the translation maps "+", "/" and "=" to "!", so strict mode
-        # rejects them together with every other character outside the alphabet.
+    # pybase64 with altchars "-_" and validate=True refuses every character outside
+    # the alphabet, but also takes "+" and "/" (as 62 and 63) and "=" in padding
+    # positions: those three are refused first, so only the URL-safe spelling decodes.
+    if rem != 1 and "=" not in text and "+" not in text and "/" not in text:
         try:
-            raw = binascii.a2b_base64(text.encode("ascii").translate(_TO_STANDARD) + _PADDING[rem],
-                                      strict_mode=True)
-        except binascii.Error:
+            raw = _b64decode(text + _PADDING[rem], altchars=b"-_", validate=True)
+        except ValueError:  # binascii.Error, also for non-ASCII text
             pass
         else:
             if rem and _B64_VALUE[text[-1]] & (0x0F if rem == 2 else 0x03):

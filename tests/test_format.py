@@ -84,6 +84,28 @@ def test_b64_rejects_non_canonical_text(text: str) -> None:
         fmt.b64decode(text)
 
 
+_URLSAFE = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_"
+
+
+def _canonical_by_definition(text: str) -> bool:
+    """The spec's rule, written independently of the decoder: alphabet, length, zero trailing bits."""
+    if any(c not in _URLSAFE for c in text) or len(text) % 4 == 1:
+        return False
+    unused = {0: 0, 2: 0x0F, 3: 0x03}[len(text) % 4]
+    return not text or _URLSAFE.index(text[-1]) & unused == 0
+
+
+@given(st.text(alphabet=_URLSAFE + "+/= \n.\u0661\xe9", max_size=40))
+def test_b64_accepts_exactly_the_canonical_spellings(text: str) -> None:
+    try:
+        raw = fmt.b64decode(text)
+    except ValueError:
+        assert not _canonical_by_definition(text)
+    else:
+        assert _canonical_by_definition(text)
+        assert fmt.b64encode(raw) == text
+
+
 def test_b64_empty_is_empty() -> None:
     assert fmt.b64decode("") == b""
 
