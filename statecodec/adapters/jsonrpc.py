@@ -25,7 +25,7 @@ from functools import lru_cache
 from typing import Any, Final
 
 from .._binding import Binding
-from .._codec import StateCodec
+from .._codec import Mode, StateCodec
 from .._errors import WIRE_ERROR_CODE, WIRE_ERROR_DATA, WIRE_ERROR_MESSAGE, InvalidState, StateCodecError
 from . import _metrics
 
@@ -47,6 +47,10 @@ INVALID_STATE_ERROR: Final[Mapping[str, Any]] = {
 }
 #: The JSON-RPC ``error`` member when a result cannot be sealed. Says nothing more.
 SEAL_FAILED_ERROR: Final[Mapping[str, Any]] = {"code": INTERNAL_ERROR_CODE, "message": INTERNAL_ERROR_MESSAGE}
+
+#: The metrics label of each mode: what ``codec.mode.value`` says, without the enum
+#: property's Python-level lookup on every request.
+_MODE_LABEL: Final[Mapping[Mode, str]] = {mode: mode.value for mode in Mode}
 
 _LOG_TARGET_MAX = 120
 #: Params keys of the MRTR requests (2026-07-28) that are not aliases of ``requestState``:
@@ -227,7 +231,7 @@ async def unseal_checked(
     except InvalidState as exc:
         log_rejection(codec, method, params, exc)
         raise
-    _metrics.record_unseal(codec.mode.value, method, "ok", len(token))
+    _metrics.record_unseal(_MODE_LABEL.get(codec.mode) or codec.mode.value, method, "ok", len(token))
     return {**params, REQUEST_STATE: plaintext}
 
 
@@ -276,7 +280,7 @@ def seal_state(codec: StateCodec, state: object, binding: Binding) -> str:
     Anything but a ``str`` that encodes as UTF-8 raises :class:`SealFailed`, logged.
     """
     method = binding.method or "-"
-    mode = codec.mode.value
+    mode = _MODE_LABEL.get(codec.mode) or codec.mode.value
     try:
         if not isinstance(state, str):
             raise TypeError(f"requestState must be a str, not {type(state).__name__}")
