@@ -38,6 +38,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+import pybase64
 from mcp.shared.exceptions import MCPError
 from nacl.bindings import crypto_aead_xchacha20poly1305_ietf_decrypt as xc_decrypt
 from nacl.bindings import crypto_aead_xchacha20poly1305_ietf_encrypt as xc_encrypt
@@ -61,8 +62,8 @@ METHOD = "tools/call"
 TARGET = "get_forecast"
 ARGS: dict[str, Any] = {"city": "Lisbon", "days": 3, "units": "metric"}
 OTHER_ARGS: dict[str, Any] = {"city": "Porto", "days": 3, "units": "metric"}
-XC_DIRECT_FLOOR = "floor: XChaCha20-Poly1305 via libsodium directly + b64url"
-HMAC_DIRECT_FLOOR = "floor: HMAC-SHA256 via OpenSSL's HMAC object directly + b64url"
+XC_DIRECT_FLOOR = "floor: XChaCha20-Poly1305 via libsodium directly + pybase64"
+HMAC_DIRECT_FLOOR = "floor: HMAC-SHA256 via OpenSSL's HMAC object directly + pybase64"
 # The stricter floor of each mode: the primitive called the way statecodec calls it.
 DIRECT_FLOOR = {"SIGN": HMAC_DIRECT_FLOOR, "ENCRYPT": XC_DIRECT_FLOOR}
 STATE_BYTES = 300
@@ -98,6 +99,16 @@ def b64url(raw: bytes) -> str:
 
 def b64url_decode(text: str) -> bytes:
     return base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
+
+
+# statecodec encodes with pybase64 (SIMD base64 in C) rather than the standard library;
+# the stricter floors do the same, so that advantage is visible, not hidden.
+def fast_b64url(raw: bytes) -> str:
+    return pybase64.b64encode_as_string(raw, altchars=b"-_").rstrip("=")
+
+
+def fast_b64url_decode(text: str) -> bytes:
+    return pybase64.b64decode(text + "=" * (-len(text) % 4), altchars=b"-_", validate=True)
 
 
 def bind_string(request: dict[str, Any]) -> str:
@@ -156,10 +167,10 @@ def floors(payload: bytes, secret: bytes) -> list[Candidate]:
 
     def xc_direct_seal() -> str:
         nonce = os.urandom(24)
-        return b64url(nonce + _aead.encrypt(payload, b"", nonce, secret))
+        return fast_b64url(nonce + _aead.encrypt(payload, b"", nonce, secret))
 
     def xc_direct_unseal(token: str) -> bytes:
-        raw = b64url_decode(token)
+        raw = fast_b64url_decode(token)
         return _aead.decrypt(raw[24:], b"", raw[:24], secret)
 
     # statecodec copies OpenSSL's HMAC object without hmac.HMAC's Python wrapper
@@ -169,10 +180,10 @@ def floors(payload: bytes, secret: bytes) -> list[Candidate]:
     def hmac_direct_seal() -> str:
         h = direct.copy()
         h.update(payload)
-        return b64url(payload + h.digest())
+        return fast_b64url(payload + h.digest())
 
     def hmac_direct_unseal(token: str) -> bytes:
-        raw = b64url_decode(token)
+        raw = fast_b64url_decode(token)
         body = raw[:-32]
         h = direct.copy()
         h.update(body)
