@@ -9,6 +9,7 @@ import socket
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -284,23 +285,17 @@ def test_transit_write_that_failed_and_did_not_happen_is_tried_again(
 ) -> None:
     # A real OpenBao; the 500 is injected (OpenBao gives one only under a race we cannot
     # schedule): the first rotate call fails before reaching the server.
-    name = unique()
-    url = f"vault-transit:transit/{name}"
-    init_keys(url)
     calls: list[str] = []
-    real = hvac.api.secrets_engines.Transit.rotate_key
 
-    def flaky(self: Any, *args: Any, **kwargs: Any) -> Any:
+    def flaky(real: Callable[[], Any]) -> Any:
         calls.append("rotate")
         if len(calls) == 1:
             raise hvac.exceptions.InternalServerError("transaction commit failed")
-        return real(self, *args, **kwargs)
+        return real()
 
-    monkeypatch.setattr(hvac.api.secrets_engines.Transit, "rotate_key", flaky)
-    report = rotate(url, min_age=0, retire_after=DAY)
+    name, report = _rotate_with_fault(vault_env, monkeypatch, flaky)
     assert calls == ["rotate", "rotate"]
     assert report.rotated and report.new_kid == f"{name}-v2"
-    assert vault_env.client().secrets.transit.read_key(name)["data"]["latest_version"] == 2
 
 
 def test_transit_write_whose_reply_was_lost_is_not_repeated(
@@ -308,20 +303,34 @@ def test_transit_write_whose_reply_was_lost_is_not_repeated(
 ) -> None:
     # The rotate reaches OpenBao and happens, then the reply is lost (injected): the job
     # must see the new version on re-reading and not rotate a second time.
+    def lost_reply(real: Callable[[], Any]) -> Any:
+        real()
+        raise hvac.exceptions.InternalServerError("reply lost")
+
+    name, report = _rotate_with_fault(vault_env, monkeypatch, lost_reply)
+    assert report.rotated and report.new_kid == f"{name}-v2"
+    assert any("shows it done" in n for n in report.notes)
+
+
+def _rotate_with_fault(
+    server: OpenBao, monkeypatch: pytest.MonkeyPatch, fault: Callable[[Callable[[], Any]], Any]
+) -> tuple[str, Any]:
+    """Rotate a fresh transit key with every rotate call going through ``fault(real_call)``.
+
+    Returns the key's name and the report; asserts that exactly one version was added.
+    """
     name = unique()
     url = f"vault-transit:transit/{name}"
     init_keys(url)
     real = hvac.api.secrets_engines.Transit.rotate_key
 
-    def lost_reply(self: Any, *args: Any, **kwargs: Any) -> Any:
-        real(self, *args, **kwargs)
-        raise hvac.exceptions.InternalServerError("reply lost")
+    def patched(self: Any, *args: Any, **kwargs: Any) -> Any:
+        return fault(lambda: real(self, *args, **kwargs))
 
-    monkeypatch.setattr(hvac.api.secrets_engines.Transit, "rotate_key", lost_reply)
+    monkeypatch.setattr(hvac.api.secrets_engines.Transit, "rotate_key", patched)
     report = rotate(url, min_age=0, retire_after=DAY)
-    assert report.rotated and report.new_kid == f"{name}-v2"
-    assert any("shows it done" in n for n in report.notes)
-    assert vault_env.client().secrets.transit.read_key(name)["data"]["latest_version"] == 2
+    assert server.client().secrets.transit.read_key(name)["data"]["latest_version"] == 2
+    return name, report
 
 
 # ---------------------------------------------------------------------------- policies
