@@ -65,8 +65,6 @@ AudienceFn: TypeAlias = Callable[[Context], "str | None"]
 BindingFn: TypeAlias = Callable[[Context, Binding], Binding]
 
 _NO_PARAMS: Final[Mapping[str, Any]] = MappingProxyType({})
-#: The MRTR params keys that cannot alias requestState: one definition, in jsonrpc.
-_PLAIN_KEYS: Final = jsonrpc._PLAIN_KEYS
 
 
 def authenticated_principal(ctx: Context) -> str | None:
@@ -110,9 +108,7 @@ class StateCodecMiddleware:
 
     async def __call__(self, ctx: Context, call_next: CallNext) -> HandlerResult:
         # This runs on every request of the server, so the common cases take the fewest
-        # steps (see docs/performance.md); no check is skipped on any path. Steps matter
-        # more here than a microbenchmark shows: in a real round each one runs with cold
-        # caches, amid the SDK's own work, at about three times its hot-loop cost.
+        # steps (see docs/performance.md); no check is skipped on any path.
         method = ctx.method
         if method not in jsonrpc.MRTR_METHODS:
             return await call_next(ctx)
@@ -121,21 +117,12 @@ class StateCodecMiddleware:
         # the next round's token is bound to exactly what this round was. It is computed
         # only when needed (a state arrives, or one leaves), never for plain calls.
         binding: Binding | Exception | None = None
-        token = params.get(jsonrpc.REQUEST_STATE)
-        # Params holding only the protocol's own keys hold no alias of requestState: the
-        # test state_aliases makes first, made here once for the inbound checks too.
-        usual_keys = params.keys() <= _PLAIN_KEYS
-        if token is not None or (not usual_keys and jsonrpc.state_aliases(params)):
-            binding, plain = await self._unseal(ctx, method, params, token if usual_keys else None)
+        if params.get(jsonrpc.REQUEST_STATE) is not None or jsonrpc.state_aliases(params):
+            binding, plain = await self._unseal(ctx, method, params)
             ctx = _with_params(ctx, plain)
         result = await call_next(ctx)
-        if type(result) is dict:  # the runner's wire form
-            if result.get("resultType") != jsonrpc.INPUT_REQUIRED:
-                return result  # a complete result: nothing to seal
-            state = result.get(jsonrpc.REQUEST_STATE)
-            if state is None:
-                return result
-            return {**result, jsonrpc.REQUEST_STATE: self._seal_state(ctx, state, binding)}
+        if type(result) is dict and result.get("resultType") != jsonrpc.INPUT_REQUIRED:
+            return result  # the runner's wire form of a complete result: nothing to seal
         return self._seal(ctx, result, binding)
 
     def _bind(self, ctx: Context) -> Binding | Exception:
@@ -157,19 +144,11 @@ class StateCodecMiddleware:
         return binding
 
     async def _unseal(
-        self, ctx: Context, method: str, params: Mapping[str, Any], token: Any
+        self, ctx: Context, method: str, params: Mapping[str, Any]
     ) -> tuple[Binding, dict[str, Any]]:
-        """The binding and the params with the plaintext, or the uniform -32602 error.
-
-        ``token`` is the ``requestState`` when ``params`` hold only the protocol's own
-        keys, else ``None``; a ``str`` within the size cap is then exactly what
-        :func:`~statecodec.adapters.jsonrpc.check_state_shape` would return, and anything
-        else goes through it.
-        """
         codec = self.codec
         try:
-            if type(token) is not str or len(token) > codec.max_token_bytes:
-                token = jsonrpc.check_state_shape(codec, method, params)  # cheap checks before the digest
+            token = jsonrpc.check_state_shape(codec, method, params)  # cheap checks before the digest
             binding = self._bind(ctx)
             if isinstance(binding, Exception):
                 exc = InvalidState(
@@ -184,9 +163,8 @@ class StateCodecMiddleware:
     def _seal(
         self, ctx: Context, result: HandlerResult, binding: Binding | Exception | None
     ) -> HandlerResult:
-        """A result other than the runner's wire dict: a model or mapping from a middleware
-        further in that short-circuited."""
-        if not isinstance(result, dict):
+        if not isinstance(result, dict):  # the runner's own results are wire dicts
+            # A middleware further in may short-circuit with a model.
             if (
                 isinstance(result, BaseModel)
                 and getattr(result, "result_type", None) == jsonrpc.INPUT_REQUIRED
@@ -199,10 +177,6 @@ class StateCodecMiddleware:
         state = result.get(jsonrpc.REQUEST_STATE)
         if state is None:
             return result
-        return {**result, jsonrpc.REQUEST_STATE: self._seal_state(ctx, state, binding)}
-
-    def _seal_state(self, ctx: Context, state: object, binding: Binding | Exception | None) -> str:
-        """The token for ``state``, or the uniform -32603 error: never the plaintext."""
         if binding is None:
             binding = self._bind(ctx)
         try:
@@ -214,7 +188,7 @@ class StateCodecMiddleware:
                     binding,
                 )
                 raise jsonrpc.SealFailed("no binding")
-            return jsonrpc.seal_state(self.codec, state, binding)
+            return {**result, jsonrpc.REQUEST_STATE: jsonrpc.seal_state(self.codec, state, binding)}
         except jsonrpc.SealFailed:
             raise MCPError(code=jsonrpc.INTERNAL_ERROR_CODE, message=jsonrpc.INTERNAL_ERROR_MESSAGE) from None
 
