@@ -163,7 +163,7 @@ class TransitSource(KeySource):
             else:
                 meta, new_kid = self._rotate_once(latest, notes)
                 times = self._dated(meta)
-        retired = self._retire(meta, times, retire_after, now, dry_run)
+        retired = self._retire(meta, times, retire_after, now, dry_run=dry_run, notes=notes)
         newest = int(meta["latest_version"]) if new_kid is None or not dry_run else latest + 1
         return RotationReport(
             source=self.describe(),
@@ -196,7 +196,14 @@ class TransitSource(KeySource):
         return meta, self.kid(latest)
 
     def _retire(
-        self, meta: dict[str, Any], times: dict[int, int], retire_after: float, now: float, dry_run: bool
+        self,
+        meta: dict[str, Any],
+        times: dict[int, int],
+        retire_after: float,
+        now: float,
+        *,
+        dry_run: bool,
+        notes: list[str],
     ) -> list[str]:
         # Version v may stop verifying once v+1 is retire_after old; raising the minimum
         # to the newest version that old retires everything below it in one step.
@@ -212,7 +219,7 @@ class TransitSource(KeySource):
                     self.name, min_decryption_version=target, mount_point=self.mount
                 ),
                 done=lambda meta: int(meta["min_decryption_version"]) >= target,
-                notes=[],
+                notes=notes,
             )
         return [self.kid(v) for v in range(current, target) if v in times]
 
