@@ -11,7 +11,6 @@ from __future__ import annotations
 import functools
 import json
 import logging
-import math
 from collections.abc import Callable
 from typing import Any, Final, ParamSpec, TypeVar
 
@@ -26,7 +25,14 @@ DEFAULT_MAX_TOKEN_BYTES: Final = 65536
 #: Secrets shorter than this are refused: all three SDKs ask for at least 32 bytes.
 MIN_SECRET_BYTES: Final = 32
 
-b64encode = _format.b64encode
+
+class _Unchecked:
+    def __repr__(self) -> str:
+        return "UNCHECKED"
+
+
+#: A binding field that is not compared (``statecodec verify`` without that option).
+UNCHECKED: Final[Any] = _Unchecked()
 
 _P = ParamSpec("_P")
 _R = TypeVar("_R")
@@ -99,12 +105,6 @@ def displayable_time(value: object) -> float | None:
         return None  # checked before float(), which overflows on huge integers
     number = float(value)
     return number if _MIN_TIME <= number <= _MAX_TIME else None
-
-
-def positive_seconds(value: float, name: str) -> float:
-    if not is_number(value) or not math.isfinite(value) or value <= 0:
-        raise ValueError(f"{name} must be a positive finite number of seconds, got {value!r}")
-    return value
 
 
 def fail_closed(what: str) -> Callable[[Callable[_P, _R]], Callable[_P, _R]]:
