@@ -124,6 +124,17 @@ def test_absurd_times_are_not_passed_on_as_datetimes() -> None:
     json.dumps(dict(ok.claims), allow_nan=False)
 
 
+def test_an_expiry_of_minus_infinity_is_expired_not_an_internal_error() -> None:
+    # A key holder can write exp = -1e999; "expired ... ago" must not overflow on it.
+    signed = "v1." + b64encode(b'{"p":1,"exp":-1e999}')
+    ts_token_ = signed + "." + b64encode(hmac.digest(SECRET, signed.encode(), hashlib.sha256))
+    py_token_ = mcp_py_v1_cipher_seal([SECRET], b'{"v":1,"iat":0,"exp":-1e999,"s":"x"}')
+    for fmt, token in (("ts-v1", ts_token_), ("mcp-py-v1", py_token_)):
+        with pytest.raises(InvalidState) as err:
+            verify(fmt, token, [SECRET], now=NOW)
+        assert err.value.reason == "expired", (fmt, err.value)
+
+
 def test_detect_never_raises_on_non_text() -> None:
     for thing in (None, b"v1.abc", 42, ["v1."]):
         info = detect(thing)

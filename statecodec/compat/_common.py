@@ -11,11 +11,13 @@ from __future__ import annotations
 import functools
 import json
 import logging
+import math
 from collections.abc import Callable
 from typing import Any, Final, ParamSpec, TypeVar
 
 from .. import _format
 from .._errors import InvalidState
+from .._humanize import duration
 
 logger = logging.getLogger("statecodec.compat")
 
@@ -105,6 +107,11 @@ def displayable_time(value: object) -> float | None:
         return None  # checked before float(), which overflows on huge integers
     number = float(value)
     return number if _MIN_TIME <= number <= _MAX_TIME else None
+
+
+def ago(seconds: float) -> str:
+    """How long ago a token expired; a key holder's ``exp = -1e999`` is unbounded, not a crash."""
+    return duration(seconds) if math.isfinite(seconds) else "an unbounded time"
 
 
 def fail_closed(what: str) -> Callable[[Callable[_P, _R]], Callable[_P, _R]]:

@@ -47,10 +47,10 @@ from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
 from .._errors import InvalidState
 from .._format import b64encode
-from .._humanize import duration
 from ._common import (
     DEFAULT_MAX_TOKEN_BYTES,
     UNCHECKED,
+    ago,
     b64decode,
     check_token,
     fail_closed,
@@ -230,7 +230,7 @@ def _unseal(
             "not_yet_valid", f"minted in the future (beyond the {FUTURE_SKEW:.0f}s skew)", kid=kid
         )
     if not (is_number(exp) and now < exp):
-        detail = f"expired {duration(now - exp)} ago" if is_number(exp) else "exp is not a number"
+        detail = f"expired {ago(now - exp)} ago" if is_number(exp) else "exp is not a number"
         raise InvalidState("expired", detail, kid=kid)
     expect.check(claims, kid)
     return OpenedMcpPyV1(state, kid, iat, exp, claims)

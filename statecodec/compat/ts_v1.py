@@ -38,10 +38,10 @@ from typing import Any, Final, NamedTuple
 
 from .._errors import InvalidState
 from .._format import b64encode
-from .._humanize import duration
 from ._common import (
     DEFAULT_MAX_TOKEN_BYTES,
     UNCHECKED,
+    ago,
     b64decode,
     check_token,
     fail_closed,
@@ -147,7 +147,7 @@ def _unseal(token: str, key: bytes, now: float, bind: str | None, max_token_byte
     envelope = read_envelope(parsed.body)
     exp = envelope["exp"]
     if exp < math.floor(now):
-        raise InvalidState("expired", f"expired {duration(math.floor(now) - exp)} ago (no leeway in TS v1)")
+        raise InvalidState("expired", f"expired {ago(math.floor(now) - exp)} ago (no leeway in TS v1)")
     tag = envelope.get("b", _ABSENT)
     if bind is not UNCHECKED:
         _check_bind_tag(key, tag, bind)
