@@ -11,7 +11,6 @@ Nothing here consumes a token: this is for looking, not for accepting.
 
 from __future__ import annotations
 
-import json
 import math
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -24,7 +23,7 @@ from .._errors import InvalidState
 from .._keys import KeyProvider
 from . import mcp_py_v1, rs1, ts_v1
 from ._common import UNCHECKED, displayable_time
-from ._detect import MCP_PY_V1, RS1, SC1, TS_V1
+from ._detect import MCP_PY_V1, RS1, SC1, TS_V1, ts_v1_facts
 
 #: What to verify with: a statecodec key provider (``KeyRing``, ``KeyManager``) or raw
 #: secrets. (Not a :class:`statecodec.kms.KeySource`, which is where a ring comes from.)
@@ -141,13 +140,9 @@ def _verify_ts_v1(token: str, keys: VerifyKeys, options: VerifyOptions, now: flo
 
     def open_one(secret: bytes | str) -> Verified:
         opened = ts_v1.unseal(token, secret, now=now, bind=bind)
-        payload = json.dumps(opened.payload, ensure_ascii=False).encode("utf-8", "surrogatepass")
+        payload, exp, claims = ts_v1_facts(opened.payload, opened.expires_at, opened.bound)
         checked = () if bind is UNCHECKED else ("bind",)
         unchecked = ("bind",) if bind is UNCHECKED and opened.bound else ()
-        exp = displayable_time(opened.expires_at)
-        claims: dict[str, Any] = {"bound": opened.bound}
-        if exp is None:
-            claims["exp_out_of_range"] = str(opened.expires_at)
         return Verified("ts-v1", TS_V1, payload, exp, claims=claims, checked=checked, unchecked=unchecked)
 
     return _try_each(_secrets(keys, now), open_one, "the MAC")
