@@ -337,12 +337,16 @@ class Misbehaving:
     state comes back unchanged, and misbehave on any other state: ``hang-calls``,
     ``flood`` (a 5 MiB body), ``garbage`` (not JSON), ``close`` (the connection drops),
     ``bad-result`` (an invalid result), ``escapes`` (terminal escapes in its error).
+
+    It also lists a tool ``other`` that refuses every call, answers 401 to the bearer token
+    ``bad``, and records the params of every ``tools/call`` in :attr:`calls`.
     """
 
     def __init__(self, mode: str) -> None:
         self.mode = mode
         self.stop = threading.Event()
         self.issued: set[str] = set()
+        self.calls: list[dict[str, Any]] = []
         outer = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -350,6 +354,11 @@ class Misbehaving:
 
             def do_POST(self) -> None:
                 body = json.loads(self.rfile.read(int(self.headers.get("content-length", "0"))) or b"{}")
+                if self.headers.get("authorization") == "Bearer bad":
+                    self.send_response(401)
+                    self.send_header("content-length", "0")
+                    self.end_headers()
+                    return
                 outer.answer(self, body)
 
             def do_GET(self) -> None:
@@ -414,7 +423,12 @@ class Misbehaving:
                 h,
                 rid,
                 dump(
-                    types.ListToolsResult(tools=[types.Tool(name="deploy", input_schema={"type": "object"})])
+                    types.ListToolsResult(
+                        tools=[
+                            types.Tool(name="deploy", input_schema={"type": "object"}),
+                            types.Tool(name="other", input_schema={"type": "object"}),
+                        ]
+                    )
                 ),
             )
         elif method == "tools/call":
@@ -423,8 +437,11 @@ class Misbehaving:
             self.error(h, rid, -32601, "Method not found")
 
     def call(self, h: BaseHTTPRequestHandler, rid: Any, params: dict[str, Any]) -> None:
+        self.calls.append(params)
         state = params.get("requestState")
-        if self.mode == "at-once":
+        if params.get("name") == "other":
+            self.error(h, rid, -32602, "other needs other arguments")
+        elif self.mode == "at-once":
             self.reply(
                 h, rid, dump(types.CallToolResult(content=[types.TextContent(type="text", text="done")]))
             )
@@ -482,9 +499,22 @@ def misbehaving(request: pytest.FixtureRequest) -> Iterator[Misbehaving]:
         server.close()
 
 
+def timeout_for(server: Misbehaving) -> str:
+    """Short where the server hangs (that deadline is under test), generous on a loaded machine otherwise."""
+    return "2s" if server.mode.startswith("hang") else "30s"
+
+
 def probe(server: Misbehaving, *extra: str) -> tuple[dict[str, Any], float]:
     started = time.monotonic()
-    doc = run_json(server.url, "--tool", "deploy", "--timeout", "2s", "--i-understand-side-effects", *extra)
+    doc = run_json(
+        server.url,
+        "--tool",
+        "deploy",
+        "--timeout",
+        timeout_for(server),
+        "--i-understand-side-effects",
+        *extra,
+    )
     return doc, time.monotonic() - started
 
 
@@ -504,7 +534,9 @@ def test_a_server_the_probe_cannot_use_is_a_one_line_error(misbehaving: Misbehav
     assert doc["exit_code"] == 8 and doc["error"]["class"] == "server", doc
     assert message in doc["error"]["message"]
     assert "checks" not in doc and elapsed < 20
-    human = run(misbehaving.url, "--tool", "deploy", "--timeout", "2s", "--only", "readable")
+    human = run(
+        misbehaving.url, "--tool", "deploy", "--timeout", timeout_for(misbehaving), "--only", "readable"
+    )
     assert human.exit_code == 8 and human.stdout == "" and message in human.stderr
 
 
@@ -519,7 +551,9 @@ def test_an_unreachable_server_and_an_unknown_tool() -> None:
         doc = run_json(server.url, "--tool", "nope", "--only", "readable")
     finally:
         server.close()
-    assert doc["exit_code"] == 8 and "lists no tool 'nope' (it lists: deploy)" in doc["error"]["message"]
+    assert (
+        doc["exit_code"] == 8 and "lists no tool 'nope' (it lists: deploy, other)" in doc["error"]["message"]
+    )
 
 
 @pytest.mark.parametrize(
@@ -555,3 +589,43 @@ def test_terminal_escapes_from_the_server_are_shown_not_obeyed(misbehaving: Misb
     assert "\x1b" not in result.output and "\x9b" not in result.output and "\x07" not in result.output
     assert "\\x1b[2J" in result.output
     assert "rejected, though not with the uniform -32602" in result.output
+
+
+@pytest.mark.parametrize("misbehaving", ["garbage"], indirect=True)
+def test_only_readable_sends_nothing_but_round_one(misbehaving: Misbehaving) -> None:
+    doc = run_json(misbehaving.url, "--tool", "deploy", "--only", "readable")
+    assert doc["exit_code"] == 0 and [c["check"] for c in doc["checks"]] == ["readable"]
+    assert doc["baseline"]["completed"] is False
+    assert len(misbehaving.calls) == 1 and "requestState" not in misbehaving.calls[0]
+
+
+@pytest.mark.parametrize("misbehaving", ["garbage"], indirect=True)
+def test_answers_are_sent_as_given_and_defaults_fill_the_rest(misbehaving: Misbehaving) -> None:
+    declined = {"action": "decline"}
+    probe(misbehaving, "--only", "replay", "--answers", json.dumps({"confirm": declined}))
+    probe(misbehaving, "--only", "replay")
+    retries = [c["inputResponses"] for c in misbehaving.calls if "requestState" in c]
+    # Baseline round 2, then the replay, for each run.
+    assert (
+        retries
+        == [{"confirm": declined}] * 2 + [{"confirm": {"action": "accept", "content": {"ok": True}}}] * 2
+    )
+
+
+@pytest.mark.parametrize("misbehaving", ["garbage"], indirect=True)
+def test_a_check_is_skipped_when_its_control_call_is_refused(misbehaving: Misbehaving) -> None:
+    doc, _ = probe(
+        misbehaving, "--only", "cross-tool,cross-user", "--other-tool", "other",
+        "--other-header", "Authorization: Bearer bad",
+    )  # fmt: skip
+    checks = {c["check"]: c for c in doc["checks"]}
+    assert doc["exit_code"] == 0 and {c["verdict"] for c in checks.values()} == {"SKIP"}
+    control = checks["cross-tool"]["attempts"][0]
+    assert control["attempt"] == "control" and control["evidence"]["outcome"] == "rejected"
+    assert "other with these arguments was refused without any state" in control["note"]
+    assert "the second user could not connect" in checks["cross-user"]["attempts"][0]["note"]
+    assert not any(c.get("name") == "other" and "requestState" in c for c in misbehaving.calls)
+    doc, _ = probe(misbehaving, "--only", "cross-tool")
+    assert "this server also lists: other" in doc["checks"][0]["attempts"][0]["note"]
+    doc, _ = probe(misbehaving, "--only", "cross-tool", "--other-tool", "nope")
+    assert "lists no tool 'nope'" in doc["checks"][0]["attempts"][0]["note"]
