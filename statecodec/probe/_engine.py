@@ -94,7 +94,7 @@ async def probe(settings: Settings) -> Report:
     async with connect(settings.url, settings.headers, settings.timeout) as main:
         tools = await main.tool_names()
         if tools is not None and settings.tool not in tools:
-            listed = ", ".join(tools[:20]) or "none"
+            listed = ", ".join(clip(t, 60) for t in tools[:20]) or "none"
             raise ProbeError(f"the server lists no tool {settings.tool!r} (it lists: {listed})")
         run = _Run(settings, main, tools)
         baseline, checks = await run.checks()
@@ -288,7 +288,7 @@ class _Run:
             others = [t for t in self.tools or () if t != self.s.tool]
             why = (
                 "name the tool to send the state to with --other-tool "
-                f"(this server also lists: {', '.join(others[:10])})"
+                f"(this server also lists: {', '.join(clip(t, 60) for t in others[:10])})"
                 if others
                 else "the server lists no other tool"
                 if self.tools is not None

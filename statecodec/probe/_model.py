@@ -50,7 +50,7 @@ def clip(text: str, limit: int = MAX_TEXT) -> str:
 class Verdict(enum.StrEnum):
     """PASS: rejected as the spec asks. FAIL: not rejected. SKIP: not tried, and why."""
 
-    PASS = "PASS"  # noqa: S105 - a verdict, not a password
+    PASS = "PASS"  # noqa: S105  # nosec B105 - a verdict, not a password
     FAIL = "FAIL"
     SKIP = "SKIP"
 

@@ -122,7 +122,8 @@ class _Recorder(httpx2.AsyncBaseTransport):
             return httpx2.Response(502, request=request)
         exchange = Exchange(response.status_code, response.headers.get("content-type", "").lower())
         self.last = exchange
-        assert isinstance(response.stream, httpx2.AsyncByteStream)  # an async transport's stream
+        if not isinstance(response.stream, httpx2.AsyncByteStream):  # never, from an async transport
+            return response
         return httpx2.Response(
             response.status_code,
             headers=response.headers,
@@ -185,7 +186,7 @@ class Connection:
                     page = await self.client.session.list_tools(
                         params=types.PaginatedRequestParams(cursor=cursor) if cursor else None
                     )
-                names += [clip(tool.name, 120) for tool in page.tools]
+                names += [tool.name for tool in page.tools]
                 cursor = page.next_cursor
                 if not cursor:
                     break
