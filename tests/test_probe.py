@@ -328,6 +328,12 @@ def test_a_missing_mcp_extra_is_named() -> None:
 
 
 # ------------------------------------------------------------------ servers that misbehave
+class _QuietServer(ThreadingHTTPServer):
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """The probe hangs up on purpose (deadlines, cut-off bodies): no traceback on stderr,
+        where the CLI runner would read it as the probe's own."""
+
+
 class Misbehaving:
     """Real HTTP on loopback: enough MCP 2026-07-28 to start a flow, then ``mode``.
 
@@ -372,7 +378,7 @@ class Misbehaving:
             def log_message(self, *args: Any) -> None:
                 pass
 
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server = _QuietServer(("127.0.0.1", 0), Handler)
         self.server.daemon_threads = True
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}/mcp"
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
