@@ -50,7 +50,8 @@ def clip(text: str, limit: int = MAX_TEXT) -> str:
 class Verdict(enum.StrEnum):
     """PASS: rejected as the spec asks. FAIL: not rejected. SKIP: not tried, and why."""
 
-    PASS = "PASS"  # noqa: S105  # nosec B105 - a verdict, not a password
+    # A verdict, not a password (ruff S105, bandit B105).
+    PASS = "PASS"  # noqa: S105  # nosec B105
     FAIL = "FAIL"
     SKIP = "SKIP"
 
