@@ -15,10 +15,20 @@ if [ ! -x "$VENV/bin/python" ]; then
 fi
 _venv_pip=("$VENV/bin/python" -m pip install --quiet --disable-pip-version-check)
 "${_venv_pip[@]}" --upgrade 'pip>=25.1'
-_venv_args=(-e ".[$1]")
-for _venv_group in "${@:2}"; do _venv_args+=(--group "$_venv_group"); done
+# `. scripts/_venv.sh dev` (from when dev was an extra) still works: a dependency group named
+# where the extras go means every extra plus that group.
+_venv_extras=$1
+_venv_groups=("${@:2}")
+if "$PY" -c 'import sys, tomllib; p = tomllib.load(open("pyproject.toml", "rb"))
+sys.exit(sys.argv[1] in p["project"]["optional-dependencies"] or sys.argv[1] not in p["dependency-groups"])' "$1"; then
+  echo "scripts/_venv.sh: '$1' is a dependency group: installing .[all] --group $1" >&2
+  _venv_extras=all
+  _venv_groups=("$@")
+fi
+_venv_args=(-e ".[$_venv_extras]")
+for _venv_group in "${_venv_groups[@]}"; do _venv_args+=(--group "$_venv_group"); done
 if [ -n "${STATECODEC_CONSTRAINTS:-}" ]; then _venv_args+=(--constraint "$STATECODEC_CONSTRAINTS"); fi
 "${_venv_pip[@]}" "${_venv_args[@]}"
-unset _venv_pip _venv_args _venv_group
+unset _venv_pip _venv_args _venv_group _venv_groups _venv_extras
 case "$VENV" in /*) ;; *) VENV="$PWD/$VENV" ;; esac
 export PATH="$VENV/bin:$PATH"
