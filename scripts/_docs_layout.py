@@ -76,8 +76,12 @@ FIND_PROBLEMS = r"""() => {
       }
     }
   }
-  // A line break inside a table cell's code span is fine between words, not inside one.
+  // A line break inside a table cell's code span is fine between words, not inside one;
+  // the GitHub escape of a pipe in a cell (\|) must not show.
   for (const code of document.querySelectorAll("td code, th code")) {
+    if (code.textContent.includes("\\|")) {
+      found.push(`table cell shows the escape \\| in ${JSON.stringify(code.textContent)}`);
+    }
     if (code.getClientRects().length < 2) continue;
     let last = null;
     for (const g of glyphs(code)) {
