@@ -22,14 +22,11 @@ What is measured:
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
 import multiprocessing
 import os
-import platform
 import sqlite3
-import statistics
 import sys
 import tempfile
 import time
@@ -38,15 +35,14 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "tests"))  # for fixtures_valkey.ValkeyServer
+import _harness
+import redis
+import redis.utils
+from _harness import interleaved, spread
+from fixtures_valkey import ValkeyServer
 
-import redis  # noqa: E402
-import redis.utils  # noqa: E402
-from fixtures_valkey import ValkeyServer  # noqa: E402
-
-import statecodec as sc  # noqa: E402
-from statecodec.replay import MemoryReplayStore, RedisReplayStore, ReplayStore, SQLiteReplayStore  # noqa: E402
+import statecodec as sc
+from statecodec.replay import MemoryReplayStore, RedisReplayStore, ReplayStore, SQLiteReplayStore
 
 GOALS = {
     "memory_added_us_per_unseal": ("<", 1.0),
@@ -63,10 +59,6 @@ def rate(n: int, seconds: float) -> float:
     return n / seconds
 
 
-def summary(samples: list[float]) -> dict[str, float]:
-    return {"median": statistics.median(samples), "min": min(samples), "max": max(samples)}
-
-
 # ---------------------------------------------------------------- memory
 def bench_memory(blocks: int, n: int) -> dict[str, Any]:
     store = MemoryReplayStore(max_entries=blocks * n + 1)
@@ -79,9 +71,9 @@ def bench_memory(blocks: int, n: int) -> dict[str, Any]:
         wall.append((time.perf_counter() - w) / n * 1e6)
         cpu.append((time.process_time() - c) / n * 1e6)
     return {
-        "consume_us": summary(wall),
-        "consume_cpu_us": summary(cpu),
-        "per_s": summary([1e6 / us for us in wall]),
+        "consume_us": spread(wall),
+        "consume_cpu_us": spread(cpu),
+        "per_s": spread([1e6 / us for us in wall]),
     }
 
 
@@ -92,10 +84,10 @@ class _NoOpStore(ReplayStore):
         return True
 
 
-def bench_memory_unseal(blocks: int, n: int) -> dict[str, Any]:
+def bench_memory_unseal(blocks: int, n: int, seed: int) -> dict[str, Any]:
     """Paired blocks: the same kind of fresh tokens through codecs with and without a store.
 
-    Each block times n unseals of each codec back to back (rotating which goes first); a
+    Each block times n unseals of each codec back to back (in a fresh random order); a
     figure is the median over blocks of the per-block difference to the codec without a
     store, so a slow moment of the machine hits both sides of a pair alike. The no-op
     store shows the codec's own share (building the key, the call, the checks around it).
@@ -112,10 +104,10 @@ def bench_memory_unseal(blocks: int, n: int) -> dict[str, Any]:
     names = list(codecs)
     wall: dict[str, list[float]] = {name: [] for name in names}
     cpu: dict[str, list[float]] = {name: [] for name in names}
-    for i in range(blocks):
+    for order in interleaved(names, blocks, seed):
         tokens = {name: [codecs["without"].seal(b"state", binding) for _ in range(n)] for name in names}
         block_wall, block_cpu = {}, {}
-        for name in names[i % 3 :] + names[: i % 3]:
+        for name in order:
             codec = codecs[name]
             w, c = time.perf_counter(), time.process_time()
             for token in tokens[name]:
@@ -126,10 +118,10 @@ def bench_memory_unseal(blocks: int, n: int) -> dict[str, Any]:
             wall[name].append(block_wall[name] - (block_wall["without"] if name != "without" else 0))
             cpu[name].append(block_cpu[name] - (block_cpu["without"] if name != "without" else 0))
     return {
-        "added_us": summary(wall["memory"]),
-        "added_cpu_us": summary(cpu["memory"]),
-        "noop_added_us": summary(wall["no-op"]),
-        "unseal_us_without": summary(wall["without"]),
+        "added_us": spread(wall["memory"]),
+        "added_cpu_us": spread(cpu["memory"]),
+        "noop_added_us": spread(wall["no-op"]),
+        "unseal_us_without": spread(wall["without"]),
     }
 
 
@@ -183,7 +175,7 @@ def bench_sqlite(repeats: int, n: int, processes: int, synchronous: str = "NORMA
             for w in workers:
                 w.join()
             rates.append(rate(n // processes * processes, max(elapsed)))
-    return {"per_s": summary(rates), "processes": processes, "synchronous": synchronous}
+    return {"per_s": spread(rates), "processes": processes, "synchronous": synchronous}
 
 
 class _Now:
@@ -220,7 +212,7 @@ def bench_redis_async(url: str, repeats: int, n: int, concurrency: int) -> dict[
             return elapsed
 
         rates.append(rate(n, asyncio.run(run())))
-    return {"per_s": summary(rates), "concurrency": concurrency}
+    return {"per_s": spread(rates), "concurrency": concurrency}
 
 
 def bench_redis_sync(url: str, repeats: int, n: int) -> dict[str, Any]:
@@ -234,29 +226,16 @@ def bench_redis_sync(url: str, repeats: int, n: int) -> dict[str, Any]:
             store.consume(k, exp)
         rates.append(rate(n, time.perf_counter() - started))
         store.close()
-    return {"per_s": summary(rates)}
+    return {"per_s": spread(rates)}
 
 
 # ---------------------------------------------------------------- report
 def machine(server_version: str) -> dict[str, Any]:
-    cpu = "unknown"
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
     return {
-        "cpu": cpu,
-        "cores": os.cpu_count(),
-        "python": platform.python_version(),
+        **_harness.machine("redis", "hiredis"),
         "sqlite": sqlite3.sqlite_version,
         "server": server_version,
-        "redis_py": redis.__version__,
         "redis_parser": "hiredis" if redis.utils.HIREDIS_AVAILABLE else "Python",
-        "platform": platform.platform(),
-        "load_average": os.getloadavg(),
     }
 
 
@@ -279,10 +258,7 @@ def fmt_rate(entry: dict[str, float]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("--quick", action="store_true", help="fewer repeats and operations")
+    parser = _harness.parser(__doc__, out=False)
     parser.add_argument("--json", type=Path, help="also write the results as JSON to this file")
     args = parser.parse_args(argv)
     repeats, scale = (3, 0.25) if args.quick else (7, 1.0)
@@ -294,7 +270,7 @@ def main(argv: list[str] | None = None) -> int:
     results: dict[str, Any] = {}
     steps: list[tuple[str, Callable[[], dict[str, Any]]]] = [
         ("memory", lambda: bench_memory(blocks, n(20_000))),
-        ("memory_unseal", lambda: bench_memory_unseal(blocks, n(2_000))),
+        ("memory_unseal", lambda: bench_memory_unseal(blocks, n(2_000), args.seed)),
         ("memory_bytes", lambda: bench_memory_bytes(n(100_000))),
         ("sqlite_1", lambda: bench_sqlite(repeats, n(40_000), 1)),
         ("sqlite_4", lambda: bench_sqlite(max(3, repeats // 2), n(80_000), 4)),
@@ -316,7 +292,7 @@ def main(argv: list[str] | None = None) -> int:
 
     m = results["machine"]
     print(
-        f"machine: {m['cpu']}, {m['cores']} cores, Python {m['python']}, SQLite {m['sqlite']}, {m['server']}"
+        f"machine: {m['cpu']}, {m['nproc']} cores, Python {m['python']}, SQLite {m['sqlite']}, {m['server']}"
     )
     print(f"load average at start {m['load_average']}, at end {m['load_average_end']}")
     print(f"rates: medians of {repeats} repeats (min..max)\n")

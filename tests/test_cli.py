@@ -14,11 +14,12 @@ from typing import Any
 import jsonschema
 import pytest
 from click.testing import CliRunner, Result
+from compat_writers import mcp_py_v1_seal, rs1_token
 
 from statecodec import Key, KeyRing, StateCodec
 from statecodec.cli import main
 from statecodec.cli._exit import EXIT_CODES, ExitCode
-from statecodec.compat import McpPyV1Codec, Rs1Codec, TsV1Codec
+from statecodec.compat import ts_v1
 
 ROOT = Path(__file__).resolve().parent.parent
 SCHEMA = json.loads((ROOT / "docs" / "cli-schema.json").read_text())
@@ -176,9 +177,9 @@ def test_inspect_flags_a_token_over_the_default_limit(keys: str) -> None:
 
 def test_inspect_names_the_other_sdks_formats(ring: KeyRing) -> None:
     secret = ring.primary.secret
-    ts = TsV1Codec(secret, bind=lambda ctx: "user:alice").seal_at_time({"step": 1}, 1, T0)
-    py = McpPyV1Codec([secret]).seal_at_time("state", method="tools/call", target="t", now=T0)
-    rs = Rs1Codec(secret).seal_at_time(b"hello", b"", T0)
+    ts = ts_v1.seal(secret, {"step": 1}, now=T0, bind="user:alice")
+    py = mcp_py_v1_seal([secret], "state", now=T0, method="tools/call", target="t")
+    rs = rs1_token(secret, b"hello", now=T0)
     for token, fmt, name in (
         (ts, "ts-v1", "TypeScript SDK v1"),
         (py, "mcp-py-v1", "Python SDK v1"),
@@ -455,8 +456,7 @@ def test_a_key_file_readable_by_others_draws_a_warning(tmp_path: Path, ring: Key
 
 # ------------------------------------------------------------ other SDKs' formats
 def test_verify_typescript_sdk_tokens(keys: str, ring: KeyRing) -> None:
-    codec = TsV1Codec(ring.primary.secret, bind=lambda ctx: f"user:{ctx}")
-    token = codec.seal_at_time({"step": 1}, "alice", T0)
+    token = ts_v1.seal(ring.primary.secret, {"step": 1}, now=T0, bind="user:alice")
     unbound = run_json("verify", token, "--keys", keys, "--at", str(T0))
     assert unbound["format"] == "ts-v1" and unbound["binding_checked"] is False
     assert unbound["claims"]["payload"]["value"] == {"step": 1}
@@ -470,9 +470,15 @@ def test_verify_typescript_sdk_tokens(keys: str, ring: KeyRing) -> None:
 
 
 def test_verify_python_sdk_tokens(keys: str, ring: KeyRing) -> None:
-    codec = McpPyV1Codec([ring.primary.secret], audience="srv")
-    token = codec.seal_at_time(
-        '{"n": 1}', method="tools/call", target="book", arguments={"a": 1}, principal="alice", now=T0
+    token = mcp_py_v1_seal(
+        [ring.primary.secret],
+        '{"n": 1}',
+        now=T0,
+        audience="srv",
+        method="tools/call",
+        target="book",
+        arguments={"a": 1},
+        principal="alice",
     )
     bind = ["--method", "tools/call", "--target", "book", "--arguments", '{"a": 1}', "--principal", "alice"]
     doc = run_json("verify", token, "--keys", keys, "--at", str(T0), *bind)
@@ -486,7 +492,7 @@ def test_verify_python_sdk_tokens(keys: str, ring: KeyRing) -> None:
 
 
 def test_verify_rmcp_tokens(keys: str, ring: KeyRing) -> None:
-    token = Rs1Codec(ring.primary.secret).seal_at_time(b"hello", b"session-7", T0)
+    token = rs1_token(ring.primary.secret, b"hello", b"session-7", now=T0)
     ok = run_json("verify", token, "--keys", keys, "--at", str(T0), "--associated-data", "session-7")
     assert ok["valid"] and ok["claims"]["payload"]["value"] == "hello"
     missing = run("verify", token, "--keys", keys, "--at", str(T0))
@@ -494,7 +500,7 @@ def test_verify_rmcp_tokens(keys: str, ring: KeyRing) -> None:
 
 
 def test_consume_is_refused_for_formats_without_token_id(keys: str, ring: KeyRing) -> None:
-    token = Rs1Codec(ring.primary.secret).seal_at_time(b"x", b"", T0)
+    token = rs1_token(ring.primary.secret, b"x", now=T0)
     result = run("verify", token, "--keys", keys, "--replay", "memory:", "--consume")
     assert result.exit_code == ExitCode.USAGE and "--replay" in result.stderr
 

@@ -11,7 +11,6 @@ Nothing here consumes a token: this is for looking, not for accepting.
 
 from __future__ import annotations
 
-import json
 import math
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -23,11 +22,12 @@ from .._codec import Mode, StateCodec
 from .._errors import InvalidState
 from .._keys import KeyProvider
 from . import mcp_py_v1, rs1, ts_v1
-from ._common import displayable_time
-from ._detect import MCP_PY_V1, RS1, SC1, TS_V1
+from ._common import UNCHECKED, displayable_time
+from ._detect import MCP_PY_V1, RS1, SC1, TS_V1, ts_v1_facts
 
-#: A statecodec key provider (``KeyRing``, ``KeyManager``) or raw secrets.
-KeySource = KeyProvider | Sequence[bytes | str]
+#: What to verify with: a statecodec key provider (``KeyRing``, ``KeyManager``) or raw
+#: secrets. (Not a :class:`statecodec.kms.KeySource`, which is where a ring comes from.)
+VerifyKeys = KeyProvider | Sequence[bytes | str]
 
 _BINDING_FIELDS: Final = ("principal", "audience", "method", "target", "arguments")
 
@@ -70,13 +70,13 @@ class Verified:
 class CompatFormat:
     id: str
     name: str
-    verify: Callable[[str, KeySource, VerifyOptions, float], Verified]
+    verify: Callable[[str, VerifyKeys, VerifyOptions, float], Verified]
 
 
 def verify(
     format_id: str,
     token: str,
-    keys: KeySource,
+    keys: VerifyKeys,
     options: VerifyOptions | None = None,
     *,
     now: float | None = None,
@@ -89,7 +89,7 @@ def verify(
     return fmt.verify(token, keys, options or VerifyOptions(), time.time() if now is None else now)
 
 
-def _secrets(keys: KeySource, now: float) -> list[bytes | str]:
+def _secrets(keys: VerifyKeys, now: float) -> list[bytes | str]:
     if isinstance(keys, KeyProvider):
         return [k.secret for k in keys.keyring().keys if k.verifies_at(now)]
     if isinstance(keys, bytes | bytearray | str):
@@ -112,7 +112,7 @@ def _try_each(
     raise InvalidState("tampered", f"{what} does not verify under any of the {len(secrets)} key(s)")
 
 
-def _verify_sc1(token: str, keys: KeySource, options: VerifyOptions, now: float) -> Verified:
+def _verify_sc1(token: str, keys: VerifyKeys, options: VerifyOptions, now: float) -> Verified:
     if not isinstance(keys, KeyProvider):
         raise TypeError("sc1 tokens name their key by kid: pass a key ring, not raw secrets")
     mode = Mode.ENCRYPT if token.startswith("sc1e.") else Mode.SIGN
@@ -135,28 +135,21 @@ def _verify_sc1(token: str, keys: KeySource, options: VerifyOptions, now: float)
     )
 
 
-def _verify_ts_v1(token: str, keys: KeySource, options: VerifyOptions, now: float) -> Verified:
-    value = options.bind
+def _verify_ts_v1(token: str, keys: VerifyKeys, options: VerifyOptions, now: float) -> Verified:
+    bind = UNCHECKED if options.bind is None else options.bind
 
     def open_one(secret: bytes | str) -> Verified:
-        if value is None:
-            opened = ts_v1.TsV1Codec(secret).verify_unbound(token, now=now)
-        else:
-            opened = ts_v1.TsV1Codec(secret, bind=lambda _ctx: value).unseal_at_time(token, None, now)
-        payload = json.dumps(opened.payload, ensure_ascii=False).encode("utf-8", "surrogatepass")
-        checked = ("bind",) if value is not None else ()
-        unchecked = ("bind",) if value is None and opened.bound else ()
-        exp = displayable_time(opened.expires_at)
-        claims: dict[str, Any] = {"bound": opened.bound}
-        if exp is None:
-            claims["exp_out_of_range"] = str(opened.expires_at)
+        opened = ts_v1.unseal(token, secret, now=now, bind=bind)
+        payload, exp, claims = ts_v1_facts(opened.payload, opened.expires_at, opened.bound)
+        checked = () if bind is UNCHECKED else ("bind",)
+        unchecked = ("bind",) if bind is UNCHECKED and opened.bound else ()
         return Verified("ts-v1", TS_V1, payload, exp, claims=claims, checked=checked, unchecked=unchecked)
 
     return _try_each(_secrets(keys, now), open_one, "the MAC")
 
 
-def _verify_mcp_py_v1(token: str, keys: KeySource, options: VerifyOptions, now: float) -> Verified:
-    u = mcp_py_v1.UNCHECKED
+def _verify_mcp_py_v1(token: str, keys: VerifyKeys, options: VerifyOptions, now: float) -> Verified:
+    u = UNCHECKED
     expect = mcp_py_v1.Expected(
         u if options.method is None else options.method,
         u if options.target is None else options.target,
@@ -164,8 +157,7 @@ def _verify_mcp_py_v1(token: str, keys: KeySource, options: VerifyOptions, now: 
         u if options.audience is None else options.audience,
         u if options.principal is None else options.principal,
     )
-    codec = mcp_py_v1.McpPyV1Codec(_secrets(keys, now))
-    opened = codec.open(token, now=now, expect=expect)
+    opened = mcp_py_v1.unseal(token, _secrets(keys, now), now=now, expect=expect)
     # Non-finite numbers (a key holder can write 1e999) are not JSON: show them as text.
     claims = {
         k: str(v) if isinstance(v, float) and not math.isfinite(v) else v
@@ -173,7 +165,7 @@ def _verify_mcp_py_v1(token: str, keys: KeySource, options: VerifyOptions, now: 
         if k != "s"
     }
     names = ("method", "target", "arguments", "audience", "principal")
-    given = tuple(n for n, want in zip(names, expect, strict=True) if want is not u)
+    compared = tuple(n for n, want in zip(names, expect, strict=True) if want is not u)
     return Verified(
         "mcp-py-v1",
         MCP_PY_V1,
@@ -182,24 +174,18 @@ def _verify_mcp_py_v1(token: str, keys: KeySource, options: VerifyOptions, now: 
         displayable_time(opened.issued_at),
         opened.kid,
         claims,
-        checked=given,
-        unchecked=tuple(n for n in names if n not in given),
+        checked=compared,
+        unchecked=tuple(n for n in names if n not in compared),
     )
 
 
-def _verify_rs1(token: str, keys: KeySource, options: VerifyOptions, now: float) -> Verified:
+def _verify_rs1(token: str, keys: VerifyKeys, options: VerifyOptions, now: float) -> Verified:
     ad = options.associated_data or b""
 
     def open_one(secret: bytes | str) -> Verified:
-        opened = rs1.Rs1Codec(secret).unseal_at_time(token, ad, now)
-        exp = opened.expires_at
+        opened = rs1.unseal(token, secret, ad, now=now)
         return Verified(
-            "rs1",
-            RS1,
-            opened.payload,
-            None if exp is None else displayable_time(exp),
-            claims={"never_expires": exp is None},
-            checked=("associated_data",),
+            "rs1", RS1, opened.payload, displayable_time(opened.expires_at), checked=("associated_data",)
         )
 
     try:
