@@ -8,10 +8,7 @@ ring for a server to load.
 
 from __future__ import annotations
 
-import contextlib
 import functools
-import os
-import tempfile
 import time
 from pathlib import Path
 from typing import Any, cast
@@ -21,6 +18,7 @@ import click
 from .._humanize import duration
 from .._keys import KeyRing
 from ..kms import DEFAULT_KEY_TYPE, TRANSIT_KEY_TYPES, Timeline, init_keys, rotate, source_from_url
+from ..kms._local import write_key_file
 from . import _sources
 from ._describe import moment
 from ._exit import CliError, ExitCode
@@ -60,28 +58,11 @@ def generate_command(out: Output, *, output: Path | None, force: bool, kid: str 
 
 
 def _write_secret(path: Path, text: str, *, force: bool) -> None:
-    if not force:
-        try:
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        except FileExistsError:
-            raise CliError(
-                ExitCode.IO, f"{path} exists; pass --force to replace it (its keys are lost)"
-            ) from None
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(text)
-        return
-    # mkstemp creates the file 0600 and unique; the rename swaps it in whole.
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(text)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
+        write_key_file(path, text, replace=force)
+    except FileExistsError:
+        message = f"{path} exists; pass --force to replace it (its keys are lost)"
+        raise CliError(ExitCode.IO, message) from None
 
 
 # --------------------------------------------------------------- timeline
