@@ -266,13 +266,13 @@ def test_retire_on_transit_cuts_the_version_and_every_older_one(
     url = f"vault-transit:transit/{name}"
     root = vault_env.client()
     root.secrets.transit.create_key(name, key_type="chacha20-poly1305", exportable=True)
-    root.secrets.transit.rotate_key(name)  # v1 mints (no version is promoted yet), v2 pending
+    root.secrets.transit.rotate_key(name)  # v1 mints until v2 is promoted (3 s), then v2
     job = policy_token(vault_env, "statecodec-rotate.hcl", name)
     a, b, traffic = deployment(lambda: source_from_url(url))
     v1, v2, v3 = (f"{name}-v{n}" for n in (1, 2, 3))
 
     plan = retire(source_from_url(url, token=job), v2, timeline=TL, dry_run=True)
-    assert plan.retired == (v1, v2) and plan.primary == v1 and plan.new_key
+    assert plan.retired == (v1, v2) and plan.primary in plan.retired and plan.new_key
     assert any("min_decryption_version" in n and v1 in n for n in plan.notes)
     assert f"would retire {v2} and {v1}" in str(plan)
 
