@@ -144,10 +144,12 @@ class VaultSession:
             raise self._error(
                 "VAULT_ADDR is not set (export VAULT_ADDR=https://vault.example:8200)", "config"
             )
-        try:
-            session = tls_session(s)
-        except TLSConfigError as exc:
-            raise self._error(str(exc), "config") from None
+        session = None  # plain HTTP (a dev server, a local agent): no TLS to configure
+        if s.addr.lower().startswith("https://"):
+            try:
+                session = tls_session(s)
+            except TLSConfigError as exc:
+                raise self._error(str(exc), "config") from None
         # token="" keeps hvac from reading VAULT_TOKEN behind our back; _login sets it.
         self._client = hvac.Client(
             url=s.addr,
