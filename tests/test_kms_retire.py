@@ -297,7 +297,7 @@ def test_dry_run_changes_nothing_and_a_pending_key_takes_over(tmp_path: Path) ->
     assert plan.primary == "b" and plan.successor == "c" and not plan.new_key
     # c is promoted at its creation + 3 s; the cut waits for every clock to agree (+0.5 s).
     assert 0 < plan.wait <= c.created_at + 3.5 - now
-    assert "c takes over once every instance mints with it" in str(plan)
+    assert "b mints now: first c would take over, once every instance mints with it" in str(plan)
     assert path.read_text() == before
 
 

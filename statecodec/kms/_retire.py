@@ -74,16 +74,23 @@ class RetirementReport:
             "notes": list(self.notes),
         }
 
+    def _handover(self) -> str:
+        who = f"new key {self.successor}" if self.new_key and self.successor else "a new key"
+        wait = duration(self.wait)
+        if self.dry_run:
+            made = f"{self.successor} would take over"
+            if self.new_key:
+                made = f"{who} would be made and take over"
+            return f"mints now: first {made}, once every instance mints with it (a wait of {wait})"
+        made = f"{who} was made and took over" if self.new_key else f"{self.successor} took over"
+        return f"minted: first {made}, once every instance minted with it (waited {wait})"
+
     def __str__(self) -> str:
         would = "would " if self.dry_run else ""
         others = [k for k in self.retired if k != self.kid]
         lines = [f"{self.source}: {would}retire {self.kid}" + (f" and {', '.join(others)}" if others else "")]
         if self.new_key or self.successor is not None:
-            made = f"{would}create {self.successor or 'a new key'}, which" if self.new_key else self.successor
-            lines.append(
-                f"  {self.kid} is the primary: first {made} takes over once every instance mints with it "
-                f"({would}wait {duration(self.wait)})"
-            )
+            lines.append(f"  {self.primary} {self._handover()}")
         when = "once cut" if self.dry_run else "now cut"
         lines.append(
             f"  {when}, every instance rejects tokens of {', '.join(self.retired)} within "
