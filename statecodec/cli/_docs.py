@@ -67,8 +67,10 @@ of the ring that verifies now. They have no token id, so `--replay/--consume` do
 
 `mint` and `verify` use the keys as a server would at that time (`--at`): the primary is the newest
 key promoted by the rotation timeline, and replaced keys stop verifying when their window ends.
-`keys list` and `keys rotate` take the services' timeline options; every instance and the rotation
-job must agree on them.
+`keys list`, `keys rotate` and `keys retire` take the services' timeline options; every instance and
+the rotation job must agree on them. `keys retire KID` is the emergency cut after a leak (the runbook
+is in [keys.md](keys.md#emergency-a-key-leaked)); it shows its plan and asks before changing anything,
+unless `--yes`.
 
 `probe` audits a running MCP server's requestState from the outside (forged, tampered, replayed,
 mis-bound, oversized and expired states) and reports PASS, FAIL or SKIP per check with the evidence;
@@ -86,7 +88,7 @@ against it. Every document has:
 | field | meaning |
 |---|---|
 | `schema_version` | `{SCHEMA_VERSION}`; bumped only on an incompatible change |
-| `command` | `inspect`, `verify`, `mint`, `keys generate`/`list`/`init`/`rotate`, `demo` or `probe` |
+| `command` | `inspect`, `verify`, `mint`, `keys` with its subcommand (`keys list`, `keys retire`, ...), `demo` or `probe` |
 | `ok` | `true` exactly when `exit_code` is 0 |
 | `exit_code` | the process exit code (table above) |
 | `error` | when `ok` is false: `class`, `reason` and `message` (below) |

@@ -44,7 +44,7 @@ def rotate(
             f"{tl.promotion_delay}s + staleness limit {tl.staleness_limit:g}s + max ttl {tl.max_ttl:g}s "
             f"+ leeway {tl.leeway:g}s); raise it, or pass the timeline your services really use"
         )
-    return _with_source(
+    return with_source(
         source,
         lambda src: src.rotate(
             min_age=min_age,
@@ -64,12 +64,12 @@ def init_keys(source: KeySource | str, *, key_type: str = DEFAULT_KEY_TYPE, now:
     ``xchacha20-poly1305``, ``aes256-gcm96`` or ``hmac`` (transit only; hmac keys carry
     no creation times, so ``rotate()`` cannot manage them).
     """
-    return _with_source(
+    return with_source(
         source, lambda src: src.init(key_type=key_type, now=time.time() if now is None else now)
     )
 
 
-def _with_source(source: KeySource | str, action: Callable[[KeySource], T]) -> T:
+def with_source(source: KeySource | str, action: Callable[[KeySource], T]) -> T:
     src = source_from_url(source) if isinstance(source, str) else source
     try:
         return action(src)
