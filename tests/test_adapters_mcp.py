@@ -200,7 +200,9 @@ async def test_a_token_is_bound_to_its_method_target_and_arguments(caplog: pytes
         for method, variant in [("prompts/get", "a"), ("tools/call", "b")]:
             with pytest.raises(MCPError) as caught:
                 await call(client, method, token, variant=variant)
-            assert caught.value.error.model_dump(exclude_none=True) == jsonrpc.invalid_state_error()
+            assert (
+                caught.value.error.model_dump(exclude_none=True) == jsonrpc.WireError.invalid_state().error()
+            )
         assert caplog.text.count("reason=binding_mismatch") == 2
         # Rejections never burn the token: the rightful request still redeems it, once.
         assert (await call(client, "tools/call", token)).startswith("plan for deploy")
@@ -351,7 +353,7 @@ async def test_sdk_codec_under_the_sdk_boundary() -> None:
         assert isinstance(done, types.CallToolResult)
         with pytest.raises(MCPError) as replayed:  # single use, which the SDK alone lacks
             await client.session.call_tool("deploy", {"version": "1"}, request_state=token)
-        assert replayed.value.error.model_dump(exclude_none=True) == jsonrpc.invalid_state_error()
+        assert replayed.value.error.model_dump(exclude_none=True) == jsonrpc.WireError.invalid_state().error()
     assert seen == [None, "plan 1"]
 
 

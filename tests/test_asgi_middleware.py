@@ -271,82 +271,72 @@ async def test_a_principal_that_cannot_be_read_binds_nothing(codec: StateCodec) 
     assert app.states() == []
 
 
-# ------------------------------------------------------------------ batches
-@pytest.mark.parametrize("sse", [False, True], ids=["json", "sse"])
-async def test_batch_answers_bad_elements_and_forwards_the_rest(codec: StateCodec, sse: bool) -> None:
-    app = App(sse=sse)
-    good_binding = jsonrpc.binding_for("tools/call", call(1)["params"], principal=None, audience="svc")
-    good = codec.seal(b"good plaintext", good_binding)
-    batch = [
-        {"jsonrpc": "2.0", "id": "list", "method": "tools/list"},
-        call("good", good),
-        call("bad", "sc1e.forged"),
-        call("new"),
-        {"jsonrpc": "2.0", "method": "notifications/progress", "params": {"progressToken": 1, "progress": 1}},
-    ]
-    if sse:
-        app.headers = [(b"content-type", b"text/event-stream")]
+# ------------------------------------------------------------------ one message per POST
+@pytest.mark.parametrize(
+    "batch",
+    [
+        [{"jsonrpc": "2.0", "id": "list", "method": "tools/list"}, call("c", "sc1e.forged")],
+        [call("new")],
+        [],
+    ],
+    ids=["mixed", "one_call", "empty"],
+)
+async def test_batches_are_refused(codec: StateCodec, batch: list[Any]) -> None:
+    # MCP dropped batches in 2025-06-18 and MRTR exists only in 2026-07-28.
+    app = App()
     async with client(protect(app, codec)) as http:
         response = await http.post(URL, json=batch)
-    forwarded = json.loads(app.seen[-1].body)
-    assert [m.get("id") for m in forwarded] == ["list", "good", "new", None]
-    assert forwarded[1]["params"]["requestState"] == "good plaintext"
-    if sse:
-        answers = [json.loads(line[6:]) for line in response.text.splitlines() if line.startswith("data: ")]
-    else:
-        answers = response.json()
-        assert int(response.headers["content-length"]) == len(response.content)
-    by_id = {a["id"]: a for a in answers}
-    assert set(by_id) == {"list", "good", "new", "bad"}
-    assert by_id["bad"]["error"] == WIRE_ERROR
-    assert by_id["good"]["result"]["content"][0]["text"] == "good plaintext"
-    assert by_id["new"]["result"]["requestState"].startswith("sc1e.")
-
-
-async def test_batch_left_with_notifications_turns_202_into_the_answers(codec: StateCodec) -> None:
-    app = App()
-    notification = {
+    assert response.status_code == 400
+    assert response.json() == {
         "jsonrpc": "2.0",
-        "method": "notifications/progress",
-        "params": {"progressToken": 1, "progress": 1},
+        "id": None,
+        "error": {"code": -32600, "message": "JSON-RPC batches are not accepted"},
     }
-    async with client(protect(app, codec)) as http:
-        response = await http.post(URL, json=[notification, call(9, "sc1e.forged")])
-    assert len(app.seen) == 1 and json.loads(app.seen[0].body) == [notification]
-    assert response.status_code == 200 and response.json() == [
-        {"jsonrpc": "2.0", "id": 9, "error": WIRE_ERROR}
-    ]
+    assert app.seen == []
 
 
-async def test_request_rejected_alone_never_reaches_the_application(codec: StateCodec) -> None:
+async def test_request_rejected_never_reaches_the_application(codec: StateCodec) -> None:
     app = App()
     async with client(protect(app, codec)) as http:
-        single = await http.post(URL, json=call(1, "sc1e.forged"))
-        batch = await http.post(URL, json=[call(2, "sc1e.forged"), call(3, "forged too")])
-    assert single.json() == {"jsonrpc": "2.0", "id": 1, "error": WIRE_ERROR}
-    assert [a["id"] for a in batch.json()] == [2, 3]
+        forged = await http.post(URL, json=call(1, "sc1e.forged"))
+        not_a_token = await http.post(URL, json=call(2, 42))
+        alias = await http.post(URL, json=call(3, None, request_state="plan"))
+    assert forged.json() == {"jsonrpc": "2.0", "id": 1, "error": WIRE_ERROR}
+    assert not_a_token.json() == {"jsonrpc": "2.0", "id": 2, "error": WIRE_ERROR}
+    assert alias.json() == {"jsonrpc": "2.0", "id": 3, "error": WIRE_ERROR}
     assert app.seen == []
 
 
 async def test_lone_surrogates_are_forwarded_escaped_and_never_bound(codec: StateCodec) -> None:
     app = App()
+    token = codec.seal(
+        b"plan", jsonrpc.binding_for("tools/call", call(1)["params"], principal=None, audience="svc")
+    )
     listing = b'{"jsonrpc":"2.0","id":"l","method":"tools/list","params":{"cursor":"\\ud800"}}'
-    odd_call = b'{"jsonrpc":"2.0","id":"c","method":"tools/call","params":{"name":"deploy",'
-    odd_call += b'"arguments":{"v":"\\udfff"},"requestState":"sc1e.x"}}'
+    odd_arguments = b'{"jsonrpc":"2.0","id":"c","method":"tools/call","params":{"name":"deploy",'
+    odd_arguments += b'"arguments":{"v":"\\udfff"},"requestState":"sc1e.x"}}'
+    odd_meta = json.dumps(
+        {**call("m", token), "params": {**call("m", token)["params"], "_meta": {"x": "\udfff"}}}
+    )
     async with client(protect(app, codec)) as http:
-        response = await http.post(URL, content=b"[" + listing + b"," + odd_call + b"]")
-    assert response.status_code == 200
-    assert {a["id"]: a.get("error") for a in response.json()}["c"] == WIRE_ERROR  # cannot be bound
-    assert json.loads(app.seen[-1].body) == [{"jsonrpc": "2.0", "id": "l", "method": "tools/list",
-                                              "params": {"cursor": "\ud800"}}]  # fmt: skip
+        listed = await http.post(URL, content=listing)
+        unbindable = await http.post(URL, content=odd_arguments)
+        redeemed = await http.post(URL, content=odd_meta.encode())
+    assert listed.status_code == 200 and app.seen[0].body == listing  # byte for byte
+    assert unbindable.json()["error"] == WIRE_ERROR  # not canonical JSON: cannot be bound
+    assert redeemed.json()["result"]["content"][0]["text"] == "plan"
+    forwarded = json.loads(app.seen[-1].body)
+    assert forwarded["params"]["_meta"] == {"x": "\udfff"} and forwarded["params"]["requestState"] == "plan"
+    assert len(app.seen) == 2
 
 
-async def test_mrtr_notification_with_a_state_is_dropped(codec: StateCodec) -> None:
+async def test_mrtr_notification_with_a_state_is_refused(codec: StateCodec) -> None:
     app = App()
     notification = {"jsonrpc": "2.0", "method": "tools/call", "params": {"name": TOOL, "requestState": "x"}}
     async with client(protect(app, codec)) as http:
         response = await http.post(URL, json=notification)
-    assert response.status_code == 202 and app.seen == []
+    assert response.status_code == 400 and response.json()["error"]["code"] == -32600
+    assert app.seen == []
 
 
 # ------------------------------------------------------------------ SSE

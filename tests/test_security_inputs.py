@@ -231,9 +231,12 @@ async def test_jsonrpc_adapter_answers_hostile_request_state_with_the_uniform_er
     params = {"name": "t", "arguments": {"a": 1}}
     binding = jsonrpc.binding_for("tools/call", params, principal="alice", audience="aud")
     for state in ("sc1s." + "A" * MiB, "sc1s.\x00\r\n", 12, ["x"], {"a": "b"}, "sc1s.\udc80"):
-        with bounded(), pytest.raises(InvalidState):
-            await jsonrpc.unseal_params(codec, "tools/call", {**params, "requestState": state}, binding)
-    assert jsonrpc.invalid_state_error() == {
+        with bounded(), pytest.raises(jsonrpc.WireError) as caught:
+            await jsonrpc.judge_request(
+                codec, "tools/call", {**params, "requestState": state}, lambda: binding
+            )
+        assert caught.value.error() == jsonrpc.WireError.invalid_state().error()
+    assert jsonrpc.WireError.invalid_state().error() == {
         "code": -32602,
         "message": "Invalid or expired requestState",
         "data": {"reason": "invalid_request_state"},
