@@ -185,6 +185,47 @@ async def test_passthrough_paths_are_not_inspected(codec: StateCodec) -> None:
     assert response.content == b"ok" and app.seen[-1].body == b"grant_type=x&code=\xff"
 
 
+@pytest.mark.parametrize(
+    ("path", "form", "notification"),
+    [
+        (b"/oauth/token", 202, 202),  # the passthrough path as configured: both forwarded
+        (b"/oauth%2Ftoken", 400, 400),  # decodes to it, as a router may read it: refused
+        (b"/oauth/tok%65n", 400, 400),
+        (b"/mcp%2Fx", 400, 400),  # an encoded "/" or unreserved character has two readings
+        (b"/files/a%20b", 400, 202),  # other escapes: judged as MCP, where a form is no JSON
+    ],
+)
+async def test_passthrough_is_decided_on_the_path_as_sent(
+    codec: StateCodec, path: bytes, form: int, notification: int
+) -> None:
+    app = App(chunks=[])
+    async with client(protect(app, codec, passthrough_paths=["/oauth/token"])) as http:
+        url = httpx.URL("http://testserver").copy_with(raw_path=path)
+        answers = [
+            await http.post(
+                url, content=b"grant_type=x", headers={"content-type": "application/x-www-form-urlencoded"}
+            ),
+            await http.post(url, json={"jsonrpc": "2.0", "method": "notifications/initialized"}),
+        ]
+    assert [answer.status_code for answer in answers] == [form, notification]
+    assert len(app.seen) == [form, notification].count(202)
+
+
+async def test_a_compressed_answer_without_a_body_passes(codec: StateCodec) -> None:
+    app = App(headers=[(b"content-type", b"application/json"), (b"content-encoding", b"gzip")], chunks=[b""])
+    async with client(protect(app, codec)) as http:
+        response = await http.post(URL, json=call(1))
+    assert response.status_code == 200 and response.content == b""
+
+
+async def test_answers_nobody_can_read_as_json_stream_through(codec: StateCodec) -> None:
+    chunks = [b"\x89PNG\r\n\x1a\n", b"\x00" * 70, b"{not the start}"]
+    app = App(headers=[(b"content-type", b"application/json")], chunks=chunks)
+    async with client(protect(app, codec)) as http:
+        response = await http.get(URL)
+    assert response.content == b"".join(chunks)
+
+
 # ------------------------------------------------------------------ the round trip
 async def test_round_trip_seals_out_and_unseals_in(codec: StateCodec) -> None:
     app = App()
@@ -559,3 +600,45 @@ def test_configuration_errors() -> None:
         RequestStateMiddleware(App(), object(), audience="svc")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="positive"):
         RequestStateMiddleware(App(), codec, audience="svc", max_body_bytes=0)
+
+
+# ------------------------------------------------------------------ nothing fails after the consume
+@pytest.mark.parametrize("number", [b"1e400", b"-1e400", b"1E+309"])
+async def test_numbers_beyond_float_range_are_refused_before_the_consume(
+    codec: StateCodec, number: bytes
+) -> None:
+    app = App()
+    async with client(protect(app, codec)) as http:
+        state = await round_one(http)
+        body = json.dumps(call(2, state, _meta={"n": "N"})).encode()
+        refused = await http.post(URL, content=body.replace(b'"N"', number))
+        honest = await http.post(URL, content=body)
+    assert refused.status_code == 400 and refused.json()["error"]["code"] == -32700
+    assert honest.json()["result"]["content"][0]["text"].startswith('{"plan"')  # not burnt
+
+
+async def test_a_body_nested_near_the_recursion_limit_never_fails_after_the_consume(
+    codec: StateCodec,
+) -> None:
+    """Parsed at one stack depth, written back at a deeper one: never a 500, never a burnt token.
+
+    Each depth gets a fresh token; a refusal must leave it redeemable, an acceptance must
+    hand the application the body it was judged on.
+    """
+    app = App()
+    outcomes: set[int] = set()
+    async with client(protect(app, codec)) as http:
+        for depth in [*range(500, 1000, 10), 1500]:
+            state = await round_one(http, request_id=depth)
+            nested = b"[" * depth + b"1" + b"]" * depth
+            body = json.dumps(call(depth, state, _meta={"n": "N"})).encode()
+            response = await http.post(URL, content=body.replace(b'"N"', nested))
+            outcomes.add(response.status_code)
+            if response.status_code == 200:
+                assert "result" in response.json(), depth
+                assert json.dumps(app.states()[-1]).startswith('"{\\"plan\\"')
+            else:
+                assert response.status_code == 400, depth
+                honest = await http.post(URL, json=call(depth, state))
+                assert "result" in honest.json(), depth  # the refusal did not burn it
+    assert outcomes == {200, 400}  # both sides of the C parser's limit were tried

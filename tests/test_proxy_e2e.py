@@ -24,17 +24,10 @@ import mcp_types as types
 import pytest
 from cryptography.hazmat.primitives.asymmetric import rsa
 from fixtures_mcp import Balancer, connect, round_one, round_two
-from fixtures_proxy import NODE_DIR, PREFIX, TOOL, JWKSServer, Service, node_or_skip
+from fixtures_proxy import NODE_DIR, PREFIX, TOOL, JWKSServer, Service, messages, modern_request, node_or_skip
 from mcp.shared.exceptions import MCPError
 
 from statecodec.adapters.jsonrpc import WIRE_ERROR_CODE, WIRE_ERROR_DATA, WIRE_ERROR_MESSAGE
-
-MODERN = "2026-07-28"
-META = {
-    "io.modelcontextprotocol/protocolVersion": MODERN,
-    "io.modelcontextprotocol/clientInfo": {"name": "proxy-test", "version": "1"},
-    "io.modelcontextprotocol/clientCapabilities": {"elicitation": {"form": {}}},
-}
 
 
 def payload_of(token: str) -> bytes:
@@ -65,35 +58,6 @@ def assert_untouched(service: Service, *tokens: str) -> None:
     for token in tokens:
         assert token not in received
     assert service.foreign_states() == []
-
-
-def modern_request(method: str, params: dict[str, Any], request_id: int = 1) -> tuple[bytes, dict[str, str]]:
-    body = json.dumps(
-        {"jsonrpc": "2.0", "id": request_id, "method": method, "params": {**params, "_meta": META}}
-    )
-    headers = {
-        "content-type": "application/json",
-        "accept": "application/json, text/event-stream",
-        "mcp-protocol-version": MODERN,
-        "mcp-method": method,
-    }
-    if method == "tools/call":
-        headers["mcp-name"] = params["name"]
-    return body.encode(), headers
-
-
-def messages(response: httpx.Response) -> list[dict[str, Any]]:
-    """The JSON-RPC messages of a JSON or SSE response."""
-    if response.headers.get("content-type", "").startswith("text/event-stream"):
-        found = []
-        for block in response.text.replace("\r\n", "\n").split("\n\n"):
-            data = "\n".join(line[5:].lstrip(" ") for line in block.split("\n") if line.startswith("data:"))
-            if data:
-                document = json.loads(data)
-                found.extend(document if isinstance(document, list) else [document])
-        return found
-    document = response.json()
-    return document if isinstance(document, list) else [document]
 
 
 # ------------------------------------------------------------------ happy paths

@@ -143,7 +143,11 @@ def _listen(value: str) -> tuple[str, int]:
     show_default=True,
     help="Lifetime of sealed states.",
 )
-@click.option("--namespace", help="Replay-store namespace (default: the audience).")
+@click.option(
+    "--namespace",
+    help="Replay-store namespace (default: \"default\", as for every statecodec codec); "
+    "every server accepting the same tokens must use the same one.",
+)
 @click.option(
     "--max-token-bytes",
     type=click.IntRange(128),
@@ -321,13 +325,11 @@ def _run(
             store = store_from_url(replay)
         except (ValueError, ImportError, OSError) as exc:
             raise CliError(ExitCode.STORE, f"cannot open the replay store: {exc}") from None
+        # No namespace of its own: a proxy and a protect() server sharing keys, audience and
+        # store must share single use too, so both take the codec's default.
+        named: dict[str, Any] = {} if namespace is None else {"namespace": namespace}
         codec = StateCodec(
-            manager,
-            mode=mode,
-            ttl=ttl,
-            max_token_bytes=max_token_bytes,
-            replay=store,
-            namespace=namespace or audience,
+            manager, mode=mode, ttl=ttl, max_token_bytes=max_token_bytes, replay=store, **named
         )
         try:
             app = build_proxy(codec, options, principal=principal_fn)
