@@ -642,3 +642,25 @@ async def test_a_body_nested_near_the_recursion_limit_never_fails_after_the_cons
                 honest = await http.post(URL, json=call(depth, state))
                 assert "result" in honest.json(), depth  # the refusal did not burn it
     assert outcomes == {200, 400}  # both sides of the C parser's limit were tried
+
+
+async def test_the_application_gets_the_length_of_the_body_it_receives(codec: StateCodec) -> None:
+    app = App()
+    middleware = protect(app, codec)
+    async with client(middleware) as http:
+        state = await round_one(http)
+    body = json.dumps(call(2, state)).encode()
+    sent: list[dict[str, Any]] = []
+
+    async def receive() -> dict[str, Any]:
+        return {"type": "http.request", "body": body, "more_body": False}
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+    scope = {"type": "http", "method": "POST", "path": "/mcp", "raw_path": b"/mcp", "headers": headers}
+    await middleware(scope, receive, send)
+    assert len(app.seen[-1].body) < len(body)  # the plaintext is shorter than the token
+    assert app.seen[-1].headers["content-length"] == str(len(app.seen[-1].body))
+    assert sent[0]["status"] == 200

@@ -292,9 +292,7 @@ class RequestStateMiddleware:
                     request_id = request.message["id"]
                     judged, body = await self._judge(scope, headers, request, body)
         except WireError as refusal:
-            if refusal.code == jsonrpc.WIRE_ERROR_CODE:
-                pass  # judge_request has logged the precise reason
-            else:
+            if refusal.code != jsonrpc.WIRE_ERROR_CODE:  # a token's refusal is logged where judged
                 logger.warning(
                     "statecodec: refused a request with HTTP %d: %s", refusal.status, refusal.reason
                 )
@@ -334,9 +332,7 @@ class RequestStateMiddleware:
         key = _state_keys(document)
         if key is not None:
             logger.warning("statecodec: refused a JSON body carrying %r on a passthrough path", key[:40])
-            error = WireError.invalid_state("a requestState on a passthrough path")
-            error.status = 400
-            raise error
+            raise WireError.invalid_state("a requestState on a passthrough path", status=400)
 
     async def _read_body(self, headers: list[tuple[bytes, bytes]], receive: Receive) -> bytes | None:
         encoding = _header(headers, b"content-encoding")
@@ -435,15 +431,13 @@ class RequestStateMiddleware:
 
 def _forwarded(scope: Scope, body: bytes) -> Scope:
     """The scope the application gets: its body's length, and no compressed answer asked for."""
-    headers = list(scope.get("headers", ()))
-    stripped = _without(headers, b"accept-encoding")
-    declared = _header(headers, b"content-length")
-    if (body or declared is not None) and declared != str(len(body)).encode("ascii"):
-        stripped = _without(stripped, b"content-length", b"transfer-encoding")
-        stripped.append((b"content-length", str(len(body)).encode("ascii")))
-    if len(stripped) == len(headers):
-        return scope
-    return {**scope, "headers": stripped}
+    original: list[tuple[bytes, bytes]] = list(scope.get("headers", ()))
+    headers = _without(original, b"accept-encoding")
+    declared = _header(original, b"content-length")
+    length = str(len(body)).encode("ascii")
+    if (body or declared is not None) and declared != length:
+        headers = [*_without(headers, b"content-length", b"transfer-encoding"), (b"content-length", length)]
+    return scope if headers == original else {**scope, "headers": headers}
 
 
 def _replay(body: bytes, receive: Receive) -> Receive:

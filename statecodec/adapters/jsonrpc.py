@@ -128,9 +128,9 @@ class WireError(StateCodecError):
         self.reason = reason
 
     @classmethod
-    def invalid_state(cls, reason: str = "") -> WireError:
+    def invalid_state(cls, reason: str = "", *, status: int = 200) -> WireError:
         """The uniform -32602 for a token that failed any check."""
-        return cls(WIRE_ERROR_CODE, WIRE_ERROR_MESSAGE, data=WIRE_ERROR_DATA, reason=reason)
+        return cls(WIRE_ERROR_CODE, WIRE_ERROR_MESSAGE, data=WIRE_ERROR_DATA, status=status, reason=reason)
 
     @classmethod
     def internal(cls, reason: str = "", *, status: int = 200) -> WireError:
