@@ -9,7 +9,8 @@ whatever two parsers could read differently: a BOM, invalid UTF-8, duplicate key
 them as infinity, which no JSON can carry on to the application).
 
 An **answer** comes from the protected server, and the question is whether *any* client
-could find a result in it. :func:`read_answer` decodes as the most lenient client does:
+could find a state in it (:func:`may_hold_state` rules most answers out without parsing
+them). :func:`decode_answer` and :func:`read_answer` read it as the most lenient client does:
 UTF-16 and UTF-32 as ``httpx`` detects them, any number of leading byte-order marks,
 invalid UTF-8 replaced as ``fetch()`` does, ``NaN`` as Python's ``json`` reads it,
 duplicate keys with the last one winning (JavaScript's rule), and **no nesting limit**:
@@ -81,32 +82,61 @@ def loads_strict(data: bytes) -> Any:
 
 
 # ---------------------------------------------------------------- answers
+def _encoding(data: bytes) -> str:
+    """:func:`json.detect_encoding`, answering the usual UTF-8 document without its checks."""
+    if data[:1] in (b"{", b"[") and data[1:2] != b"\x00":
+        return "utf-8"  # what detect_encoding says for any ASCII first byte and non-null second
+    return json.detect_encoding(data)
+
+
 def decode_answer(data: bytes) -> str:
     """``data`` as text the way the most lenient client reads it, byte-order marks removed."""
-    return data.decode(json.detect_encoding(data), "replace").lstrip(_LEADING)
+    return data.decode(_encoding(data), "replace").lstrip(_LEADING)
 
 
-def read_answer(data: bytes) -> tuple[Any, bool]:
-    """An answer's JSON document, and whether it had duplicate keys; ``ValueError`` if none.
+def may_hold_state(text: str) -> bool:
+    """False only when no key of ``text`` can spell ``requestState``: then nothing needs reading.
 
-    Duplicate keys matter to the caller: the shadowed values are still in the bytes, so
-    an answer holding any must be written back from the document, never relayed.
+    A key is a state when it is ``requestState`` or normalises to it as
+    :func:`statecodec.adapters.jsonrpc.state_aliases` normalises (case-folded, ``_`` and
+    ``-`` removed). In ASCII text without ``\\u`` escapes such a key is written with
+    exactly those letters, in some case, with ``_`` and ``-`` between them, so the text
+    normalised the same way contains ``requeststate`` (a false alarm only costs a parse).
+    Any other text, where case folding or an escape could spell it otherwise (U+017F,
+    the long s, folds to ``s``), may hold one.
     """
-    duplicates = False
+    if not text.isascii() or "\\u" in text:
+        return True
+    return "requeststate" in text.lower().replace("_", "").replace("-", "")
+
+
+def read_answer(text: str) -> Any:
+    """The JSON document of an answer's text, at any depth, or ``ValueError``.
+
+    Duplicate keys keep the last value, as in JavaScript; the shadowed ones are still in
+    the bytes, so a caller about to relay the bytes must ask :func:`has_duplicate_keys`.
+    """
+    try:
+        return json.loads(text)
+    except RecursionError:
+        return loads_deep(text)
+
+
+def has_duplicate_keys(text: str) -> bool:
+    """Whether an object of the JSON ``text`` (which must parse) repeats a key."""
+    found = False
 
     def pairs_hook(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-        nonlocal duplicates
+        nonlocal found
         obj = dict(pairs)
-        if len(obj) != len(pairs):
-            duplicates = True
+        found = found or len(obj) != len(pairs)
         return obj
 
-    text = decode_answer(data)
     try:
-        document = json.JSONDecoder(object_pairs_hook=pairs_hook).decode(text)
+        json.loads(text, object_pairs_hook=pairs_hook)
     except RecursionError:
-        document = loads_deep(text, pairs_hook)
-    return document, duplicates
+        loads_deep(text, pairs_hook)
+    return found
 
 
 def loads_deep(text: str, pairs_hook: Callable[[list[tuple[str, Any]]], Any] = dict) -> Any:
@@ -182,7 +212,7 @@ def classify(data: bytes, *, final: bool) -> Kind | None:
     """
     if len(data) < 4 and not final:
         return None  # the encoding is not known yet
-    encoding = json.detect_encoding(data)
+    encoding = _encoding(data)
     head = data[:_SNIFF_BYTES].decode(encoding, "replace")
     start = head.lstrip(_LEADING)
     if not start and len(data) > _SNIFF_BYTES:  # a long run of whitespace: look at all of it

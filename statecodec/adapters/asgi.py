@@ -132,7 +132,7 @@ def _decode_header_value(raw: bytes) -> str | None:
         return None
 
 
-def _check_routing_headers(headers: list[tuple[bytes, bytes]], message: Mapping[str, Any]) -> None:
+def _check_routing_headers(index: Mapping[bytes, bytes], message: Mapping[str, Any]) -> None:
     """``Mcp-Method`` and ``Mcp-Name`` must say what the body says.
 
     MCP 2026-07-28 mirrors the method and the tool/prompt name or resource URI into
@@ -140,8 +140,8 @@ def _check_routing_headers(headers: list[tuple[bytes, bytes]], message: Mapping[
     header while this middleware judged the body could run a request whose state was
     never verified, or a target other than the bound one: refuse any disagreement.
     """
-    method_header = _header(headers, b"mcp-method")
-    name_header = _header(headers, b"mcp-name")
+    method_header = index.get(b"mcp-method")
+    name_header = index.get(b"mcp-name")
     if (method_header is None and name_header is None) or "method" not in message:
         return
     method = message["method"]
@@ -176,16 +176,13 @@ def _error(request_id: Any, error: Mapping[str, Any]) -> dict[str, Any]:
     return {"jsonrpc": "2.0", "id": request_id, "error": dict(error)}
 
 
-def _media_type(headers: list[tuple[bytes, bytes]]) -> str:
-    value = _header(headers, b"content-type")
-    return "" if value is None else value.decode("latin-1").split(";", 1)[0].strip().lower()
+def _media_type(content_type: bytes | None) -> str:
+    return "" if content_type is None else content_type.decode("latin-1").split(";", 1)[0].strip().lower()
 
 
-def _header(headers: list[tuple[bytes, bytes]], wanted: bytes) -> bytes | None:
-    for name, value in headers:
-        if name.lower() == wanted:
-            return value
-    return None
+def _index(headers: list[tuple[bytes, bytes]]) -> dict[bytes, bytes]:
+    """Each header by its lower-case name, the first of repeated ones; built once per message."""
+    return {name.lower(): value for name, value in reversed(headers)}
 
 
 def _without(headers: list[tuple[bytes, bytes]], *names: bytes) -> list[tuple[bytes, bytes]]:
@@ -280,14 +277,15 @@ class RequestStateMiddleware:
         request_id: Any = None
         try:
             passthrough = self._passthrough(request_path(scope))
-            body = await self._read_body(headers, receive)
+            index = _index(headers)
+            body = await self._read_body(index, receive)
             if body is None:
                 return  # the client went away while sending
             judged: Judged | None = None
             if passthrough:
                 self._check_passthrough(body)
             elif body:
-                request = self._parse(headers, body)
+                request = self._parse(index, body)
                 if request is not None:
                     request_id = request.message["id"]
                     judged, body = await self._judge(scope, headers, request, body)
@@ -299,7 +297,7 @@ class RequestStateMiddleware:
             await _respond(send, refusal.status, _error(request_id, refusal.error()))
             return
         outbound = _Outbound(self, send, judged, request_id)
-        await self.app(_forwarded(scope, body), _replay(body, receive), outbound.send)
+        await self.app(_forwarded(scope, headers, index, body), _replay(body, receive), outbound.send)
 
     def _passthrough(self, raw_path: bytes) -> bool:
         """Whether ``raw_path`` is a passthrough path; refuses a path with two readings.
@@ -325,8 +323,11 @@ class RequestStateMiddleware:
         """
         if _json.classify(body, final=True) != "json":
             return
+        text = _json.decode_answer(body)
+        if not _json.may_hold_state(text):
+            return
         try:
-            document, _ = _json.read_answer(body)
+            document = _json.read_answer(text)
         except ValueError:
             raise _refusal(400, PARSE_ERROR_CODE, "Parse error") from None
         key = _state_keys(document)
@@ -334,12 +335,12 @@ class RequestStateMiddleware:
             logger.warning("statecodec: refused a JSON body carrying %r on a passthrough path", key[:40])
             raise WireError.invalid_state("a requestState on a passthrough path", status=400)
 
-    async def _read_body(self, headers: list[tuple[bytes, bytes]], receive: Receive) -> bytes | None:
-        encoding = _header(headers, b"content-encoding")
+    async def _read_body(self, index: Mapping[bytes, bytes], receive: Receive) -> bytes | None:
+        encoding = index.get(b"content-encoding")
         if encoding is not None and encoding.strip().lower() not in (b"", b"identity"):
             # The application might decompress what this middleware cannot read.
             raise _refusal(415, INVALID_REQUEST_CODE, "compressed request bodies are not accepted")
-        declared = _header(headers, b"content-length")
+        declared = index.get(b"content-length")
         if declared is not None:
             try:
                 length = int(declared)
@@ -358,7 +359,7 @@ class RequestStateMiddleware:
             if not message.get("more_body", False):
                 return bytes(body)
 
-    def _parse(self, headers: list[tuple[bytes, bytes]], body: bytes) -> _Request | None:
+    def _parse(self, index: Mapping[bytes, bytes], body: bytes) -> _Request | None:
         """The MRTR request in ``body`` (None for any other message), or a refusal."""
         try:
             message = loads_strict(body)
@@ -371,7 +372,7 @@ class RequestStateMiddleware:
         if not isinstance(message, dict):
             raise _refusal(400, INVALID_REQUEST_CODE, "the body is not a JSON-RPC message")
         _check_keys(message, _FOLDED_ENVELOPE, "JSON-RPC")
-        _check_routing_headers(headers, message)
+        _check_routing_headers(index, message)
         method, params = message.get("method"), message.get("params")
         if not isinstance(method, str) or not jsonrpc.is_mrtr(method):
             return None  # forwarded byte for byte; its answers are watched all the same
@@ -429,15 +430,16 @@ class RequestStateMiddleware:
         return principal
 
 
-def _forwarded(scope: Scope, body: bytes) -> Scope:
+def _forwarded(
+    scope: Scope, original: list[tuple[bytes, bytes]], index: Mapping[bytes, bytes], body: bytes
+) -> Scope:
     """The scope the application gets: its body's length, and no compressed answer asked for."""
-    original: list[tuple[bytes, bytes]] = list(scope.get("headers", ()))
-    headers = _without(original, b"accept-encoding")
-    declared = _header(original, b"content-length")
+    headers = _without(original, b"accept-encoding") if b"accept-encoding" in index else original
+    declared = index.get(b"content-length")
     length = str(len(body)).encode("ascii")
     if (body or declared is not None) and declared != length:
         headers = [*_without(headers, b"content-length", b"transfer-encoding"), (b"content-length", length)]
-    return scope if headers == original else {**scope, "headers": headers}
+    return scope if headers is original else {**scope, "headers": headers}
 
 
 def _replay(body: bytes, receive: Receive) -> Receive:
@@ -501,9 +503,9 @@ class _Outbound:
 
     async def _on_start(self, message: Message) -> None:
         self._start = message
-        headers: list[tuple[bytes, bytes]] = list(message.get("headers", ()))
-        media = _media_type(headers)
-        encoding = _header(headers, b"content-encoding")
+        index = _index(list(message.get("headers", ())))
+        media = _media_type(index.get(b"content-type"))
+        encoding = index.get(b"content-encoding")
         if encoding is not None and encoding.strip().lower() not in (b"", b"identity"):
             self._mode = "opaque"  # cannot be read, so cannot be sealed
         elif media == "text/event-stream":
@@ -560,13 +562,17 @@ class _Outbound:
         if not body:
             await self._relay(body)  # HEAD, 204, 304: nothing to read
             return
+        text = _json.decode_answer(body)
+        if not _json.may_hold_state(text):
+            await self._relay(body)  # the common answer: no key could spell a state
+            return
         try:
-            document, duplicates = _json.read_answer(body)
+            document = _json.read_answer(text)
         except ValueError as exc:
             await self._fail_closed(f"an answer that looks like JSON cannot be parsed ({str(exc)[:100]})")
             return
         document, changed = self._seal_document(document)
-        if not (changed or duplicates):  # duplicates: shadowed values are still in the bytes
+        if not changed and not _json.has_duplicate_keys(text):  # a shadowed value may be a state
             await self._relay(body)
             return
         self._mode = "done"
@@ -608,8 +614,11 @@ class _Outbound:
         data = event.data
         if not data or _json.classify(data, final=True) != "json":
             return event.raw  # priming events, keep-alives, comments, plain text
+        text = _json.decode_answer(data)
+        if not _json.may_hold_state(text):
+            return event.raw
         try:
-            document, duplicates = _json.read_answer(data)
+            document = _json.read_answer(text)
         except ValueError as exc:
             logger.error(
                 "statecodec: an SSE event that looks like JSON cannot be parsed (%s); replaced by -32603",
@@ -617,7 +626,7 @@ class _Outbound:
             )
             return _sse.encode(dumps(_error(None, WireError.internal().error())))
         document, changed = self._seal_document(document)
-        if not (changed or duplicates):
+        if not changed and not _json.has_duplicate_keys(text):
             return event.raw
         return event.with_data(dumps(document, allow_nan=True))
 
@@ -654,8 +663,8 @@ class _Outbound:
 
 def _utf8(headers: list[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
     """``headers`` for a body rewritten in UTF-8: a declared other charset would mislead."""
-    declared = _header(headers, b"content-type")
+    declared = _index(headers).get(b"content-type")
     if declared is None or b"charset" not in declared.lower():
         return headers
-    media = _media_type(headers).encode("latin-1") or b"application/json"
+    media = _media_type(declared).encode("latin-1") or b"application/json"
     return [*_without(headers, b"content-type"), (b"content-type", media)]

@@ -240,7 +240,7 @@ def state_aliases(params: Mapping[str, Any]) -> list[str]:
 
 
 def _aliases(mapping: Mapping[str, Any], plain: frozenset[str]) -> list[str]:
-    if mapping.keys() <= plain:  # the usual message: no key to normalise
+    if plain.issuperset(mapping):  # the usual message: no key to normalise
         return []
     return [
         key
