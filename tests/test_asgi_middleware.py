@@ -600,6 +600,9 @@ def test_configuration_errors() -> None:
         RequestStateMiddleware(App(), object(), audience="svc")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="positive"):
         RequestStateMiddleware(App(), codec, audience="svc", max_body_bytes=0)
+    for path in ("oauth/token", "/caf\u00e9", "/token?x=1"):
+        with pytest.raises(ValueError, match="as clients send it"):
+            RequestStateMiddleware(App(), codec, audience="svc", passthrough_paths=[path])
 
 
 # ------------------------------------------------------------------ nothing fails after the consume

@@ -257,6 +257,12 @@ class RequestStateMiddleware:
             raise TypeError(f"codec must be a statecodec.StateCodec, not {type(codec).__name__}")
         if max_body_bytes < 1 or max_response_bytes < 1:
             raise ValueError("max_body_bytes and max_response_bytes must be positive")
+        for path in passthrough_paths:
+            if not path.startswith("/") or not path.isascii() or "?" in path:
+                raise ValueError(
+                    f"passthrough path {path[:80]!r} must be a path as clients send it: "
+                    "starting with '/', ASCII (percent-encoded), without a query"
+                )
         self.app = app
         self.codec = codec
         self.audience = audience

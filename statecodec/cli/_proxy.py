@@ -231,7 +231,8 @@ def _listen(value: str) -> tuple[str, int]:
     "passthrough_paths",
     multiple=True,
     metavar="PATH",
-    help="A path forwarded uninspected (e.g. a form-encoded OAuth endpoint); never the MCP path.",
+    help="An exact path, as clients send it, not judged as MCP (e.g. a form-encoded OAuth "
+    "endpoint); a JSON body carrying a requestState there is refused. Never the MCP path.",
 )
 @click.option(
     "--log-level", type=click.Choice(["debug", "info", "warning", "error"]), default="info", show_default=True
