@@ -110,6 +110,13 @@ def test_mint_refuses_a_payload_too_big_for_a_token(keys: str) -> None:
         (["--arguments", str(2**60)], "interoperable range"),
         (["--extra", "novalue"], "KEY=VALUE"),
         (["--mode", "rot13"], "rot13"),
+        # Out of range: these were exit 6 ("times must satisfy...") or 70 ("a bug").
+        (["--ttl", "99999999999d"], "'99999999999d' is out of range; the longest duration is"),
+        (["--ttl", "9" * 5000], "is out of range"),
+        (["--at", "99999999999"], "'99999999999' is out of range; a time is between 1970-01-01 and 2106"),
+        (["--at", "9999-12-31T00:00:00Z"], "is out of range"),
+        (["--at", "+99999999999d"], "is out of range"),
+        (["--at", "4000000000", "--ttl", "1000000000"], "expire after 2106-02-07T06:28:15Z"),
     ],
 )
 def test_mint_usage_errors_exit_2_and_name_the_option(keys: str, args: list[str], needle: str) -> None:
@@ -400,6 +407,8 @@ def test_verify_store_unavailable_leaves_the_token_unconsumed(tmp_path: Path, ke
         (["--unbound", "--principal", "a"], "do not combine"),
         (["--at", "noon"], "not a time"),
         (["--leeway", "-5"], "not a duration"),
+        (["--leeway", "99999999999999d"], "Invalid value for '--leeway': '99999999999999d' is out of range"),
+        (["--at", "99999999999"], "Invalid value for '--at': '99999999999' is out of range"),
         (["--format", "jwt"], "jwt"),
         (["--bind-value", "x"], "--bind-value (ts-v1 only)"),
     ],

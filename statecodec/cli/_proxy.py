@@ -143,7 +143,11 @@ def _listen(value: str) -> tuple[str, int]:
     show_default=True,
     help="Lifetime of sealed states.",
 )
-@click.option("--namespace", help="Replay-store namespace (default: the audience).")
+@click.option(
+    "--namespace",
+    help="Replay-store namespace (default: \"default\", as for every statecodec codec); "
+    "every server accepting the same tokens must use the same one.",
+)
 @click.option(
     "--max-token-bytes",
     type=click.IntRange(128),
@@ -227,7 +231,8 @@ def _listen(value: str) -> tuple[str, int]:
     "passthrough_paths",
     multiple=True,
     metavar="PATH",
-    help="A path forwarded uninspected (e.g. a form-encoded OAuth endpoint); never the MCP path.",
+    help="An exact path, as clients send it, not judged as MCP (e.g. a form-encoded OAuth "
+    "endpoint); a JSON body carrying a requestState there is refused. Never the MCP path.",
 )
 @click.option(
     "--log-level", type=click.Choice(["debug", "info", "warning", "error"]), default="info", show_default=True
@@ -321,13 +326,11 @@ def _run(
             store = store_from_url(replay)
         except (ValueError, ImportError, OSError) as exc:
             raise CliError(ExitCode.STORE, f"cannot open the replay store: {exc}") from None
+        # No namespace of its own: a proxy and a protect() server sharing keys, audience and
+        # store must share single use too, so both take the codec's default.
+        named: dict[str, Any] = {} if namespace is None else {"namespace": namespace}
         codec = StateCodec(
-            manager,
-            mode=mode,
-            ttl=ttl,
-            max_token_bytes=max_token_bytes,
-            replay=store,
-            namespace=namespace or audience,
+            manager, mode=mode, ttl=ttl, max_token_bytes=max_token_bytes, replay=store, **named
         )
         try:
             app = build_proxy(codec, options, principal=principal_fn)

@@ -7,6 +7,10 @@
 // `change_ticket` in ONE input_required round with the plan as plaintext JSON in
 // requestState, and on the retry deploys the plan it reads back.
 //
+// The tool `nested_meta(depth)` asks the same way, with a fresh secret in requestState and
+// an `_meta` nested `depth` levels deep (as a server echoing a large request would): the
+// proxy must read an answer of any depth that a JavaScript client can read.
+//
 // --record PATH appends one JSON line per requestState the server issued ({"issued": ...})
 // and per requestState found in any JSON-RPC message of any POST body ({"received": ...,
 // "method": ...}), read from the raw HTTP body before the SDK sees it.
@@ -108,6 +112,23 @@ async function deploy(version, ctx, environment) {
     return { content: [{ type: 'text', text }], structuredContent: outcome };
 }
 
+function nestedMeta(depth, ctx) {
+    if (ctx.mcpReq.requestState() !== undefined) {
+        return { content: [{ type: 'text', text: 'done' }] };
+    }
+    let nested = 'bottom';
+    for (let i = 0; i < depth; i++) {
+        nested = [nested];
+    }
+    const state = JSON.stringify({ secret: `PLAINTEXT-${randomBytes(8).toString('hex')}`, depth });
+    record({ issued: state });
+    const asked = inputRequired({
+        inputRequests: { confirm: form('Continue?', 'confirm', { type: 'boolean', title: 'Confirm' }) },
+        requestState: state
+    });
+    return { ...asked, _meta: { 'example.test/echo': nested } };
+}
+
 function factory() {
     const options = codec ? { requestState: { verify: codec.verify } } : undefined;
     const server = new McpServer({ name: 'deploy', version: '1.0.0' }, options);
@@ -119,6 +140,11 @@ function factory() {
             async ({ version }, ctx) => deploy(version, ctx, environment)
         );
     }
+    server.registerTool(
+        'nested_meta',
+        { description: 'Ask, with a deeply nested _meta', inputSchema: z.object({ depth: z.number().int().min(0) }) },
+        async ({ depth }, ctx) => nestedMeta(depth, ctx)
+    );
     return server;
 }
 
