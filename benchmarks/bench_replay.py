@@ -72,10 +72,10 @@ def bench_memory(blocks: int, n: int) -> dict[str, Any]:
     store = MemoryReplayStore(max_entries=blocks * n + 1)
     wall, cpu = [], []
     for _ in range(blocks):
-        ks, exp = keys(n), time.time() + 600
+        ks, retention = keys(n), 600.0
         w, c = time.perf_counter(), time.process_time()
         for k in ks:
-            store.consume(k, exp)
+            store.consume(k, retention)
         wall.append((time.perf_counter() - w) / n * 1e6)
         cpu.append((time.process_time() - c) / n * 1e6)
     return {
@@ -88,7 +88,7 @@ def bench_memory(blocks: int, n: int) -> dict[str, Any]:
 class _NoOpStore(ReplayStore):
     """Records nothing: what a codec with a replay store costs before the store does any work."""
 
-    def consume(self, key: str, expires_at: float) -> bool:
+    def consume(self, key: str, retention: float) -> bool:
         return True
 
 
@@ -135,11 +135,11 @@ def bench_memory_unseal(blocks: int, n: int) -> dict[str, Any]:
 
 def bench_memory_bytes(n: int) -> dict[str, Any]:
     store = MemoryReplayStore(max_entries=n + 1)
-    exp = time.time() + 600
+    retention = 600.0
     tracemalloc.start()
     before = tracemalloc.get_traced_memory()[0]
     for k in keys(n):  # each key string lives on only inside the store, as with the codec
-        store.consume(k, exp + 0.0)  # a float object per entry, as the codec passes
+        store.consume(k, retention)  # the store keeps a float deadline per entry
     after = tracemalloc.get_traced_memory()[0]
     tracemalloc.stop()
     return {"bytes_per_entry": (after - before) / n, "entries": n}
@@ -148,12 +148,12 @@ def bench_memory_bytes(n: int) -> dict[str, Any]:
 # ---------------------------------------------------------------- SQLite
 def _sqlite_worker(path: str, n: int, start: Any, out: Any, synchronous: str) -> None:
     store = SQLiteReplayStore(path, synchronous=synchronous)  # type: ignore[arg-type]
-    ks, exp = keys(n), time.time() + 600
-    store.consume("warm-up:" + os.urandom(8).hex(), exp)
+    ks, retention = keys(n), 600.0
+    store.consume("warm-up:" + os.urandom(8).hex(), retention)
     start.wait()
     started = time.perf_counter()
     for k in ks:
-        if not store.consume(k, exp):
+        if not store.consume(k, retention):
             raise AssertionError("fresh key reported as replayed")
     out.put(time.perf_counter() - started)
     store.close()
@@ -205,12 +205,12 @@ def bench_redis_async(url: str, repeats: int, n: int, concurrency: int) -> dict[
         store = RedisReplayStore(url, prefix="bench:")
 
         async def run(store: RedisReplayStore = store) -> float:
-            ks, exp = iter(keys(n)), time.time() + 600
-            await store.aconsume("warm-up:" + os.urandom(8).hex(), exp)
+            ks, retention = iter(keys(n)), 600.0
+            await store.aconsume("warm-up:" + os.urandom(8).hex(), retention)
 
             async def caller() -> None:
                 for k in ks:  # the callers share one iterator: n consumes in all
-                    if not await store.aconsume(k, exp):
+                    if not await store.aconsume(k, retention):
                         raise AssertionError("fresh key reported as replayed")
 
             started = time.perf_counter()
@@ -227,11 +227,11 @@ def bench_redis_sync(url: str, repeats: int, n: int) -> dict[str, Any]:
     rates = []
     for _ in range(repeats):
         store = RedisReplayStore(url, prefix="bench:")
-        ks, exp = keys(n), time.time() + 600
-        store.consume("warm-up:" + os.urandom(8).hex(), exp)
+        ks, retention = keys(n), 600.0
+        store.consume("warm-up:" + os.urandom(8).hex(), retention)
         started = time.perf_counter()
         for k in ks:
-            store.consume(k, exp)
+            store.consume(k, retention)
         rates.append(rate(n, time.perf_counter() - started))
         store.close()
     return {"per_s": summary(rates)}

@@ -1,8 +1,8 @@
 """A replay store in Redis or Valkey: for many processes on many machines.
 
-A consume is one command on one key: ``SET <prefix><key> <nonce> NX GET PXAT <ms>``.
+A consume is one command on one key: ``SET <prefix><key> <nonce> NX GET PX <ms>``.
 ``NX`` makes it atomic on the server (exactly one of any number of concurrent
-consumers creates the key), ``PXAT`` makes the entry vanish by itself when the token
+consumers creates the key), ``PX`` makes the entry vanish by itself when the token
 can no longer be accepted anyway, and ``GET`` returns what was there before. The value
 is a nonce unique to the call, so that a retry of a command whose reply was lost (a
 timeout after the server executed it) recognises its own write instead of reporting
@@ -18,15 +18,17 @@ touches two keys. Pass a ``redis.cluster.RedisCluster`` (and a
 
 Needs Redis >= 7.0 or Valkey >= 7.2 (``SET`` with both ``NX`` and ``GET``).
 
-Expiry uses the server's clock (``PXAT`` is absolute): keep the Redis servers on NTP
-like the application servers. A Redis clock running ahead by more than the codec's
-leeway would forget entries before the tokens expire.
+Expiry is relative (``PX``, the retention the codec passes, rounded up to the next
+millisecond) and runs on the server's clock from the moment it executes the command, so
+the application servers' clocks and the server's may disagree by any amount without
+shortening it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import itertools
+import math
 import os
 import secrets
 import threading
@@ -42,7 +44,7 @@ from redis.retry import Retry
 
 from .._errors import ReplayStoreError
 from ._url import redact
-from .base import ReplayStore
+from .base import ReplayStore, invalid_retention
 
 SyncClient: TypeAlias = "redis.Redis | redis.cluster.RedisCluster"
 AsyncClient: TypeAlias = "redis.asyncio.Redis | redis.asyncio.cluster.RedisCluster"
@@ -130,21 +132,23 @@ class RedisReplayStore(ReplayStore):
         return f"RedisReplayStore({self._where!r}, prefix={self.prefix!r})"
 
     # ------------------------------------------------------------------ the contract
-    def consume(self, key: str, expires_at: float) -> bool:
+    def consume(self, key: str, retention: float) -> bool:
+        px = _ms(retention)
         nonce = _nonce()
         try:
-            previous = self._client.set(self.prefix + key, nonce, nx=True, get=True, pxat=_ms(expires_at))
+            previous = self._client.set(self.prefix + key, nonce, nx=True, get=True, px=px)
         except (redis.RedisError, OSError) as exc:
             raise self._error(exc) from None
         return _first(previous, nonce)
 
-    async def aconsume(self, key: str, expires_at: float) -> bool:
+    async def aconsume(self, key: str, retention: float) -> bool:
+        px = _ms(retention)
         sender = self._async_sender()
         if sender is None:
-            return await super().aconsume(key, expires_at)
+            return await super().aconsume(key, retention)
         nonce = _nonce()
         try:
-            previous = await sender.set_nx_get(self.prefix + key, nonce, _ms(expires_at))
+            previous = await sender.set_nx_get(self.prefix + key, nonce, px)
         except (redis.RedisError, OSError) as exc:
             raise self._error(exc) from None
         return _first(previous, nonce)
@@ -214,8 +218,12 @@ _nonce = _Nonces()
 os.register_at_fork(after_in_child=_nonce.reseed)
 
 
-def _ms(expires_at: float) -> int:
-    return int(expires_at * 1000)
+def _ms(retention: float) -> int:
+    # Rounded up: a key is never kept shorter than asked (and never for 0 ms, which the
+    # server would refuse).
+    if not 0.0 < retention < math.inf:  # also false for NaN
+        raise invalid_retention(retention)
+    return math.ceil(retention * 1000)
 
 
 def _first(previous: object, nonce: str) -> bool:
@@ -247,12 +255,12 @@ class _Sender:
         self._queue: list[tuple[str, str, int, asyncio.Future[object]]] = []
         self._flusher: asyncio.Task[None] | None = None
 
-    async def set_nx_get(self, name: str, nonce: str, pxat: int) -> object:
+    async def set_nx_get(self, name: str, nonce: str, px: int) -> object:
         if self._pool is None:
-            return await self.client.set(name, nonce, nx=True, get=True, pxat=pxat)
+            return await self.client.set(name, nonce, nx=True, get=True, px=px)
         loop = asyncio.get_running_loop()
         future: asyncio.Future[object] = loop.create_future()
-        self._queue.append((name, nonce, pxat, future))
+        self._queue.append((name, nonce, px, future))
         if self._flusher is None:
             # Started, not awaited: the calls that are already runnable queue up first.
             self._flusher = loop.create_task(self._flush())
@@ -268,7 +276,7 @@ class _Sender:
             self._flusher = None
 
     async def _send(self, batch: list[tuple[str, str, int, asyncio.Future[object]]]) -> None:
-        commands = [("SET", name, nonce, "NX", "GET", "PXAT", pxat) for name, nonce, pxat, _ in batch]
+        commands = [("SET", name, nonce, "NX", "GET", "PX", px) for name, nonce, px, _ in batch]
         try:
             replies = await self._pipeline(commands)
         except BaseException as exc:
