@@ -22,6 +22,7 @@ import tempfile
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import TypeVar
 
 import pytest
 import redis
@@ -357,7 +358,10 @@ class ValkeySentinels:
                 if state["num-slaves"] < 1 or state["num-other-sentinels"] < 2:
                     return False
                 replicas = _admin(sentinel.port).sentinel_slaves(self.SERVICE)
-                if not any(r["port"] == replica.port and r["is_slave"] and "s_down" not in r["flags"] for r in replicas):
+                if not any(
+                    r["port"] == replica.port and r["is_slave"] and "s_down" not in r["flags"]
+                    for r in replicas
+                ):
                     return False
             return True
 
@@ -374,14 +378,17 @@ class ValkeySentinels:
         self.cleanup()
 
 
-def _started() -> ValkeyServer:
+_Started = TypeVar("_Started", ValkeyServer, ValkeyCluster, ValkeySentinels)
+
+
+def _started(make: Callable[[], _Started]) -> _Started:
     # A port picked by free_port() can be taken before the server binds it; try again.
     for attempt in range(3):
-        server = ValkeyServer()
+        made = make()
         try:
-            return server.start()
+            return made.start()
         except RuntimeError:
-            server.cleanup()
+            made.cleanup()
             if attempt == 2:
                 raise
     raise AssertionError("unreachable")
@@ -389,8 +396,11 @@ def _started() -> ValkeyServer:
 
 @pytest.fixture(scope="session")
 def valkey_server() -> Iterator[ValkeyServer]:
-    """One real server for the whole session. Tests must not stop it (use valkey_outage)."""
-    server = _started()
+    """One real server for the whole session, on a loopback port and a Unix socket.
+
+    Tests must not stop it (use valkey_outage).
+    """
+    server = _started(lambda: ValkeyServer(unix_socket=True))
     try:
         yield server
     finally:
@@ -406,8 +416,28 @@ def valkey_url(valkey_server: ValkeyServer) -> str:
 @pytest.fixture
 def valkey_outage() -> Iterator[ValkeyServer]:
     """A server of this test's own, which the test may stop() and restart() at will."""
-    server = _started()
+    server = _started(ValkeyServer)
     try:
         yield server
     finally:
         server.cleanup()
+
+
+@pytest.fixture(scope="session")
+def valkey_cluster() -> Iterator[ValkeyCluster]:
+    """A 3-primary, 3-replica cluster for the session. Tests must not stop its nodes."""
+    cluster = _started(ValkeyCluster)
+    try:
+        yield cluster
+    finally:
+        cluster.cleanup()
+
+
+@pytest.fixture(scope="session")
+def valkey_sentinels() -> Iterator[ValkeySentinels]:
+    """A Sentinel-managed primary and replica for the session. Tests must not fail it over."""
+    sentinels = _started(ValkeySentinels)
+    try:
+        yield sentinels
+    finally:
+        sentinels.cleanup()

@@ -146,7 +146,11 @@ def test_bad_urls_name_the_accepted_forms(url: str, says: str) -> None:
         store_from_url(url)
     message = str(info.value)
     assert says in message
-    assert "memory:" in message and "sqlite:PATH" in message and "redis://[USER:PASSWORD@]HOST:PORT/DB" in message
+    assert (
+        "memory:" in message
+        and "sqlite:PATH" in message
+        and "redis://[USER:PASSWORD@]HOST:PORT/DB" in message
+    )
 
 
 def test_bad_urls_never_echo_a_password() -> None:
