@@ -236,6 +236,23 @@ class ValkeyCluster:
             return sorted({int(shard[2][1]) for shard in shards})
         raise RuntimeError("no cluster node answers")
 
+    def owner(self, slot: int) -> int | None:
+        """The port of the primary serving ``slot``, as the first live node answering sees it."""
+        for node in self.nodes:
+            if node.process is None:
+                continue
+            try:
+                shards = _admin(node.port).execute_command("CLUSTER", "SLOTS")
+            except (OSError, redis.RedisError):
+                continue
+            return next((int(s[2][1]) for s in shards if int(s[0]) <= slot <= int(s[1])), None)
+        raise RuntimeError("no cluster node answers")
+
+    def slot_of(self, primary: int) -> int:
+        """One slot that ``primary`` serves."""
+        shards = _admin(primary).execute_command("CLUSTER", "SLOTS")
+        return next(int(s[0]) for s in shards if int(s[2][1]) == primary)
+
     def replica_of(self, primary: int) -> int:
         for node in self.nodes:
             if node.process is None or node.port == primary:
