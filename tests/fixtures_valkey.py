@@ -458,3 +458,24 @@ def valkey_sentinels() -> Iterator[ValkeySentinels]:
         yield sentinels
     finally:
         sentinels.cleanup()
+
+
+def in_sync(replica: ValkeyServer) -> bool:
+    """The replica's link to its primary is up (it has caught up and streams its writes)."""
+    return _admin(replica.port).info("replication").get("master_link_status") == "up"
+
+
+@pytest.fixture
+def valkey_primary_replica() -> Iterator[tuple[ValkeyServer, ValkeyServer]]:
+    """A primary and its replica of the test's own, in sync (the test may SIGSTOP the replica)."""
+    primary = _started(ValkeyServer)
+    replica = ValkeyServer(extra_args=["--replicaof", "127.0.0.1", str(primary.port)])
+    try:
+        replica.start()
+        wait_until(lambda: in_sync(replica), "the replica is in sync")
+        yield primary, replica
+    finally:
+        if replica.pid is not None:
+            os.kill(replica.pid, signal.SIGCONT)  # in case the test stopped it
+        replica.cleanup()
+        primary.cleanup()

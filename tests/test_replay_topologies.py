@@ -13,7 +13,6 @@ import os
 import signal
 import sys
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
 import mcp_types as types
@@ -25,7 +24,7 @@ import redis.cluster
 from click.testing import CliRunner
 from fixtures_mcp import Balancer, connect, round_one, round_two
 from fixtures_proxy import JWKSServer, proxy_command
-from fixtures_valkey import ValkeyCluster, ValkeySentinels, ValkeyServer, free_port, wait_until
+from fixtures_valkey import ValkeyCluster, ValkeySentinels, ValkeyServer, free_port, in_sync, wait_until
 from mcp.shared.exceptions import MCPError
 from processes import ROOT, await_line, spawn, stop
 
@@ -221,31 +220,11 @@ def test_wait_accepts_a_token_once_a_replica_holds_it(form: str, request: pytest
     store.close()
 
 
-@pytest.fixture
-def primary_and_replica() -> Iterator[tuple[ValkeyServer, ValkeyServer]]:
-    primary = ValkeyServer().start()
-    replica = ValkeyServer(extra_args=["--replicaof", "127.0.0.1", str(primary.port)])
-    try:
-        replica.start()
-        wait_until(lambda: replica_in_sync(replica), "the replica is in sync")
-        yield primary, replica
-    finally:
-        if replica.pid is not None:
-            os.kill(replica.pid, signal.SIGCONT)
-        replica.cleanup()
-        primary.cleanup()
-
-
-def replica_in_sync(replica: ValkeyServer) -> bool:
-    info = redis.Redis(port=replica.port, socket_timeout=2).info("replication")
-    return info.get("master_link_status") == "up"
-
-
 def test_wait_fails_closed_without_a_replica_and_the_token_survives(
-    primary_and_replica: tuple[ValkeyServer, ValkeyServer],
+    valkey_primary_replica: tuple[ValkeyServer, ValkeyServer],
 ) -> None:
     """A stopped replica never acknowledges: no token is accepted, none is burnt."""
-    primary, replica = primary_and_replica
+    primary, replica = valkey_primary_replica
     raw = redis.Redis(port=primary.port)
     waiting = store_from_url(with_options(primary.url, wait=1, wait_timeout=0.3, prefix="w:"))
     trusting = store_from_url(with_options(primary.url, prefix="t:"))
@@ -276,7 +255,7 @@ def test_wait_fails_closed_without_a_replica_and_the_token_survives(
         assert trusting.consume("k", 60) is True
     finally:
         os.kill(replica.pid, signal.SIGCONT)
-    wait_until(lambda: replica_in_sync(replica), "the replica is in sync again")
+    wait_until(lambda: in_sync(replica), "the replica is in sync again")
     assert waiting.consume("k", 60) is True
     assert codec.unseal(token, BINDING).payload == b"pay"
     with pytest.raises(sc.InvalidState, match="replayed"):
