@@ -56,7 +56,7 @@ def _ping(port: int, timeout: float = 0.2) -> bool:
     try:
         with socket.create_connection(("127.0.0.1", port), timeout=timeout) as sock:
             sock.sendall(b"PING\r\n")
-            return sock.recv(16).startswith(b"+PONG")
+            return sock.recv(16).startswith((b"+PONG", b"-NOAUTH"))  # up, with or without a password
     except OSError:
         return False
 
