@@ -181,7 +181,8 @@ def test_sentinel_failover_with_wait_accepts_no_token_twice(sentinels: ValkeySen
 
 # ---------------------------------------------------------------- Cluster
 def test_cluster_primary_killed_with_wait_accepts_no_token_twice(cluster: ValkeyCluster) -> None:
-    store = store_from_url(f"{cluster.url}?wait=1&wait_timeout=0.5&socket_timeout=2")
+    # retries=0: no retry hides a client that would not find the new owner by itself.
+    store = store_from_url(f"{cluster.url}?wait=1&wait_timeout=0.5&socket_timeout=2&retries=0")
     store.check()
     traffic = Traffic(sc.StateCodec(sc.KeyRing.generate("k1"), replay=store))
     try:

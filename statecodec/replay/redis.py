@@ -584,9 +584,14 @@ def _on_owner(
             failure: Exception = replies[0]
         except (*_ROUTING_ERRORS, *_TRANSPORT_ERRORS) as exc:
             failure = exc
+        # Refresh even when no retry is left: nothing else would (these commands bypass
+        # redis-py's own redirection handling), and the next call must find the new owner.
+        try:
+            client.nodes_manager.initialize()
+        except (RedisClusterException, *_TRANSPORT_ERRORS, redis.RedisError):
+            raise failure from None  # the whole cluster is unreachable: this call fails closed
         if attempt >= retries:
             raise failure
-        client.nodes_manager.initialize()
     raise AssertionError("unreachable")
 
 
@@ -814,10 +819,17 @@ class _Sender:
                 await self._settle([c for c, _ in kept], [r for _, r in kept], acks, release)
             if not redo:
                 return
-            if attempt >= self._retries:
-                _fail(redo, failure or redis.ConnectionError("the cluster did not route the keys"))
+            failure = failure or redis.ConnectionError("the cluster did not route the keys")
+            # Refresh even when no retry is left: nothing else would (these commands bypass
+            # redis-py's own redirection handling), and the next batch must find the new owner.
+            try:
+                await cluster.nodes_manager.initialize()
+                reachable = True
+            except (RedisClusterException, *_TRANSPORT_ERRORS, redis.RedisError):
+                reachable = False  # the whole cluster is unreachable: fail closed now
+            if not reachable or attempt >= self._retries:
+                _fail(redo, failure)
                 return
-            await cluster.nodes_manager.initialize()
             pending = redo
 
     async def _send_node(self, node: Any, calls: list[_Call]) -> tuple[list[object], object]:
