@@ -350,8 +350,23 @@ def test_verify_consume_checks_the_store_first(valkey_cluster: ValkeyCluster, tm
 
 
 # ---------------------------------------------------------------- the proxy
-async def test_two_proxies_share_a_cluster_named_by_statecodec_replay(
-    valkey_cluster: ValkeyCluster, jwks_server: JWKSServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+def stored_keys(form: str, request: pytest.FixtureRequest, prefix: str) -> int:
+    """How many keys with ``prefix`` the deployment behind ``form`` holds."""
+    if form.endswith("+cluster"):
+        return sum(keys_on(c, prefix) for c in primaries(request.getfixturevalue("valkey_cluster")).values())
+    if form.endswith("+sentinel"):
+        return keys_on(redis.Redis(port=request.getfixturevalue("valkey_sentinels").primary_port()), prefix)
+    server: ValkeyServer = request.getfixturevalue("valkey_server")
+    return keys_on(redis.Redis(port=server.port, db=2 if form == "unix" else 0), prefix)
+
+
+@pytest.mark.parametrize("form", ["valkey", "unix", "redis+cluster", "redis+sentinel"])
+async def test_two_proxies_share_a_store_named_by_statecodec_replay(
+    form: str,
+    request: pytest.FixtureRequest,
+    jwks_server: JWKSServer,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     keys = tmp_path / "keys.json"
     keys.write_text(sc.KeyRing.generate().to_json())
@@ -370,7 +385,7 @@ async def test_two_proxies_share_a_cluster_named_by_statecodec_replay(
         upstream_log,
     )
     prefix = f"proxy-{uuid.uuid4().hex[:8]}:"
-    monkeypatch.setenv("STATECODEC_REPLAY", with_options(valkey_cluster.url, prefix=prefix))
+    monkeypatch.setenv("STATECODEC_REPLAY", with_options(form_url(form, request), prefix=prefix))
     procs = []
     try:
         upstream_url = await_line(upstream, "READY ", upstream_log)
@@ -396,7 +411,7 @@ async def test_two_proxies_share_a_cluster_named_by_statecodec_replay(
         assert caught.value.code == -32602
         log_a = tmp_path / "proxy-A.log"
         wait_until(lambda: "reason=replayed " in log_a.read_text(), "proxy A logs the replay", 10)
-        assert sum(keys_on(client, prefix) for client in primaries(valkey_cluster).values()) == 1
+        assert stored_keys(form, request, prefix) == 1
     finally:
         for _, proc, _ in procs:
             stop(proc)
