@@ -252,15 +252,16 @@ class RedisReplayStore(ReplayStore):
 
     # ------------------------------------------------------------------ sync internals
     def _sync_client(self) -> SyncClient:
-        client = self._client
+        client, clients = self._client, self._clients
         if client is not None:
             return client
-        assert self._clients is not None  # only a store built from a URL drops its client
+        if clients is None:  # a client passed in is never dropped
+            raise RuntimeError("the store has no client")
         with self._lock:
             if self._client is None:
-                built = self._clients.sync()
+                built = clients.sync()
                 try:
-                    if self._clients.target.topology == "server":
+                    if clients.target.topology == "server":
                         _judge_hello(_sync_hello(built))
                 except BaseException:
                     built.close()
@@ -733,9 +734,10 @@ class _Sender:
                 del self._queue[: self._MAX_BATCH]
                 try:
                     await self._prepare()
-                    await (
-                        self._send_cluster(batch) if self._cluster is not None else self._send_server(batch)
-                    )
+                    if self._cluster is not None:
+                        await self._send_cluster(self._cluster, batch)
+                    else:
+                        await self._send_server(batch)
                 except BaseException as exc:
                     _fail(batch, exc)
                     if not isinstance(exc, Exception):
@@ -787,9 +789,7 @@ class _Sender:
         return replies
 
     # -- a cluster: one pipeline per primary, each on one connection of that node
-    async def _send_cluster(self, batch: list[_Call]) -> None:
-        cluster = self._cluster
-        assert cluster is not None  # _flush only calls this for a cluster
+    async def _send_cluster(self, cluster: redis.asyncio.cluster.RedisCluster, batch: list[_Call]) -> None:
         pending = batch
         for attempt in itertools.count():
             groups: dict[str, tuple[Any, list[_Call]]] = {}
