@@ -44,11 +44,6 @@ STEADY = 2.0
 PREFIX = "bench:"
 
 
-def ranges_of(cluster: ValkeyCluster, primary: int) -> list[tuple[int, int]]:
-    shards = redis.Redis(port=primary).execute_command("CLUSTER", "SLOTS")
-    return [(int(s[0]), int(s[1])) for s in shards if int(s[2][1]) == primary]
-
-
 def on_victim(key: str, ranges: list[tuple[int, int]]) -> bool:
     slot = redis.crc.key_slot((PREFIX + key).encode())
     return any(low <= slot <= high for low, high in ranges)
@@ -56,7 +51,8 @@ def on_victim(key: str, ranges: list[tuple[int, int]]) -> bool:
 
 def trial(cluster: ValkeyCluster, wait: int) -> dict[str, Any]:
     victim = cluster.primaries()[0]
-    heir, ranges = cluster.replica_of(victim), ranges_of(cluster, victim)
+    heir = cluster.replica_of(victim)
+    ranges = [(low, high) for low, high, owner in cluster.slot_map() if owner == victim]
     url = f"{cluster.url}?wait={wait}&wait_timeout=0.5&retries=0"
     accepted: list[tuple[str, float]] = []  # (key, when the caller saw it accepted)
     failed_closed = 0

@@ -13,6 +13,7 @@ and :class:`ValkeySentinels` (a primary, a replica and three sentinels). The ben
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -20,12 +21,14 @@ import socket
 import subprocess
 import tempfile
 import time
+import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TypeVar
 
 import pytest
 import redis
+import redis.crc
 
 
 def server_binary() -> str:
@@ -224,8 +227,8 @@ class ValkeyCluster:
     def node(self, port: int) -> ValkeyServer:
         return next(n for n in self.nodes if n.port == port)
 
-    def primaries(self) -> list[int]:
-        """Ports of the primaries that serve slots, as the live nodes see it."""
+    def slot_map(self) -> list[tuple[int, int, int]]:
+        """(first slot, last slot, primary port) of each range, as the first live node answering sees it."""
         for node in self.nodes:
             if node.process is None:
                 continue
@@ -233,25 +236,35 @@ class ValkeyCluster:
                 shards = _admin(node.port).execute_command("CLUSTER", "SLOTS")
             except (OSError, redis.RedisError):
                 continue
-            return sorted({int(shard[2][1]) for shard in shards})
+            return [(int(s[0]), int(s[1]), int(s[2][1])) for s in shards]
         raise RuntimeError("no cluster node answers")
 
+    def primaries(self) -> list[int]:
+        """Ports of the primaries that serve slots."""
+        return sorted({primary for _, _, primary in self.slot_map()})
+
     def owner(self, slot: int) -> int | None:
-        """The port of the primary serving ``slot``, as the first live node answering sees it."""
-        for node in self.nodes:
-            if node.process is None:
-                continue
-            try:
-                shards = _admin(node.port).execute_command("CLUSTER", "SLOTS")
-            except (OSError, redis.RedisError):
-                continue
-            return next((int(s[2][1]) for s in shards if int(s[0]) <= slot <= int(s[1])), None)
-        raise RuntimeError("no cluster node answers")
+        """The port of the primary serving ``slot``."""
+        return next((primary for low, high, primary in self.slot_map() if low <= slot <= high), None)
 
     def slot_of(self, primary: int) -> int:
         """One slot that ``primary`` serves."""
-        shards = _admin(primary).execute_command("CLUSTER", "SLOTS")
-        return next(int(s[0]) for s in shards if int(s[2][1]) == primary)
+        return next(low for low, _, owner in self.slot_map() if owner == primary)
+
+    def serves(self, primary: int, key: str) -> bool:
+        """Whether ``primary`` owns the slot of ``key`` (the full key, prefix included)."""
+        return self.owner(redis.crc.key_slot(key.encode())) == primary
+
+    def keys_served_by(self, primary: int, prefix: str, count: int) -> list[str]:
+        """``count`` random keys (without ``prefix``) whose slot ``primary`` serves."""
+        ranges = [(low, high) for low, high, owner in self.slot_map() if owner == primary]
+        found: list[str] = []
+        while len(found) < count:
+            key = uuid.uuid4().hex
+            slot = redis.crc.key_slot((prefix + key).encode())
+            if any(low <= slot <= high for low, high in ranges):
+                found.append(key)
+        return found
 
     def replica_of(self, primary: int) -> int:
         for node in self.nodes:
@@ -411,17 +424,24 @@ def _started(make: Callable[[], _Started]) -> _Started:
     raise AssertionError("unreachable")
 
 
+@contextlib.contextmanager
+def running(make: Callable[[], _Started]) -> Iterator[_Started]:
+    """Servers made by ``make``, started (on fresh ports if one was taken), cleaned up after."""
+    made = _started(make)
+    try:
+        yield made
+    finally:
+        made.cleanup()
+
+
 @pytest.fixture(scope="session")
 def valkey_server() -> Iterator[ValkeyServer]:
     """One real server for the whole session, on a loopback port and a Unix socket.
 
     Tests must not stop it (use valkey_outage).
     """
-    server = _started(lambda: ValkeyServer(unix_socket=True))
-    try:
+    with running(lambda: ValkeyServer(unix_socket=True)) as server:
         yield server
-    finally:
-        server.cleanup()
 
 
 @pytest.fixture
@@ -433,31 +453,22 @@ def valkey_url(valkey_server: ValkeyServer) -> str:
 @pytest.fixture
 def valkey_outage() -> Iterator[ValkeyServer]:
     """A server of this test's own, which the test may stop() and restart() at will."""
-    server = _started(ValkeyServer)
-    try:
+    with running(ValkeyServer) as server:
         yield server
-    finally:
-        server.cleanup()
 
 
 @pytest.fixture(scope="session")
 def valkey_cluster() -> Iterator[ValkeyCluster]:
     """A 3-primary, 3-replica cluster for the session. Tests must not stop its nodes."""
-    cluster = _started(ValkeyCluster)
-    try:
+    with running(ValkeyCluster) as cluster:
         yield cluster
-    finally:
-        cluster.cleanup()
 
 
 @pytest.fixture(scope="session")
 def valkey_sentinels() -> Iterator[ValkeySentinels]:
     """A Sentinel-managed primary and replica for the session. Tests must not fail it over."""
-    sentinels = _started(ValkeySentinels)
-    try:
+    with running(ValkeySentinels) as sentinels:
         yield sentinels
-    finally:
-        sentinels.cleanup()
 
 
 def in_sync(replica: ValkeyServer) -> bool:

@@ -19,7 +19,6 @@ from pathlib import Path
 
 import pytest
 import redis
-import redis.crc
 from fixtures_valkey import ValkeyCluster, ValkeyServer, in_sync, wait_until
 
 from statecodec import ReplayStoreError
@@ -108,15 +107,6 @@ def every_operation(url: str, unreplicated_key: str, stop_replica: AbstractConte
     waiting.close()
 
 
-def key_served_by(primary: int) -> str:
-    shards = redis.Redis(port=primary).execute_command("CLUSTER", "SLOTS")
-    ranges = [(int(s[0]), int(s[1])) for s in shards if int(s[2][1]) == primary]
-    while True:
-        key = uuid.uuid4().hex
-        if any(low <= redis.crc.key_slot((PREFIX + key).encode()) <= high for low, high in ranges):
-            return key
-
-
 def test_a_primary_and_replica_with_the_minimal_acl(
     valkey_primary_replica: tuple[ValkeyServer, ValkeyServer],
 ) -> None:
@@ -141,7 +131,7 @@ def test_a_cluster_with_the_minimal_acl(valkey_cluster: ValkeyCluster) -> None:
     replica = valkey_cluster.node(valkey_cluster.replica_of(primary))
 
     def run() -> None:
-        every_operation(url, key_served_by(primary), stopped(replica.pid))
+        every_operation(url, valkey_cluster.keys_served_by(primary, PREFIX, 1)[0], stopped(replica.pid))
         wait_until(lambda: in_sync(replica), "the replica is in sync again")
 
     try:

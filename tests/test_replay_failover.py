@@ -20,8 +20,7 @@ from collections.abc import Callable, Iterator
 
 import pytest
 import redis
-import redis.crc
-from fixtures_valkey import ValkeyCluster, ValkeySentinels, _started, wait_until
+from fixtures_valkey import ValkeyCluster, ValkeySentinels, running, wait_until
 
 import statecodec as sc
 from statecodec import ReplayStoreError
@@ -37,20 +36,14 @@ BOUND = 90.0
 
 @pytest.fixture
 def cluster() -> Iterator[ValkeyCluster]:
-    made = _started(ValkeyCluster)
-    try:
+    with running(ValkeyCluster) as made:
         yield made
-    finally:
-        made.cleanup()
 
 
 @pytest.fixture
 def sentinels() -> Iterator[ValkeySentinels]:
-    made = _started(ValkeySentinels)
-    try:
+    with running(ValkeySentinels) as made:
         yield made
-    finally:
-        made.cleanup()
 
 
 def admin(port: int) -> redis.Redis:
@@ -152,6 +145,8 @@ def assert_exactly_once(traffic: Traffic) -> None:
         except sc.InvalidState as exc:
             replays[exc.reason] += 1
     assert replays == {"replayed": len(traffic.outcomes)}, replays
+    assert traffic.codec.replay is not None
+    traffic.codec.replay.close()
 
 
 def report(name: str, traffic: Traffic) -> None:
@@ -159,34 +154,37 @@ def report(name: str, traffic: Traffic) -> None:
     print(f"{name}: {tokens} tokens accepted once each; {failed} rounds failed closed during the failover")
 
 
-# ---------------------------------------------------------------- Sentinel
-def test_sentinel_failover_with_wait_accepts_no_token_twice(sentinels: ValkeySentinels) -> None:
-    store = store_from_url(f"{sentinels.url}?wait=1&wait_timeout=0.5&socket_timeout=2")
+def across(url: str, failover: Callable[[], None]) -> Traffic:
+    """Traffic through a store at ``url``: 100 acceptances, the failover, 100 more, then the retries."""
+    store = store_from_url(url)
     store.check()
     traffic = Traffic(sc.StateCodec(sc.KeyRing.generate("k1"), replay=store))
     try:
         wait_until(lambda: traffic.count("ok") >= 100, "100 tokens are accepted", BOUND)
-        old = sentinels.primary_port()
-        assert admin(sentinels.sentinels[0].port).execute_command("SENTINEL", "FAILOVER", sentinels.SERVICE)
-        wait_until(lambda: sentinels.primary_port() != old, "Sentinel names the new primary", BOUND)
-        sentinels.wait_healthy(BOUND)  # the old primary is now the new one's replica, in sync
+        failover()
         mark = traffic.count("ok")
         wait_until(lambda: traffic.count("ok") >= mark + 100, "100 more tokens are accepted", BOUND)
     finally:
         traffic.finish()
+    return traffic
+
+
+# ---------------------------------------------------------------- Sentinel
+def test_sentinel_failover_with_wait_accepts_no_token_twice(sentinels: ValkeySentinels) -> None:
+    def failover() -> None:
+        old = sentinels.primary_port()
+        assert admin(sentinels.sentinels[0].port).execute_command("SENTINEL", "FAILOVER", sentinels.SERVICE)
+        wait_until(lambda: sentinels.primary_port() != old, "Sentinel names the new primary", BOUND)
+        sentinels.wait_healthy(BOUND)  # the old primary is now the new one's replica, in sync
+
+    traffic = across(f"{sentinels.url}?wait=1&wait_timeout=0.5&socket_timeout=2", failover)
     report("sentinel", traffic)
     assert_exactly_once(traffic)
-    store.close()
 
 
 # ---------------------------------------------------------------- Cluster
 def test_cluster_primary_killed_with_wait_accepts_no_token_twice(cluster: ValkeyCluster) -> None:
-    # retries=0: no retry hides a client that would not find the new owner by itself.
-    store = store_from_url(f"{cluster.url}?wait=1&wait_timeout=0.5&socket_timeout=2&retries=0")
-    store.check()
-    traffic = Traffic(sc.StateCodec(sc.KeyRing.generate("k1"), replay=store))
-    try:
-        wait_until(lambda: traffic.count("ok") >= 100, "100 tokens are accepted", BOUND)
+    def failover() -> None:
         victim = cluster.primaries()[0]
         heir, slot = cluster.replica_of(victim), cluster.slot_of(victim)
         cluster.node(victim).kill()
@@ -195,27 +193,12 @@ def test_cluster_primary_killed_with_wait_accepts_no_token_twice(cluster: Valkey
         # its replica): until then wait=1 fails its slots closed, as it must.
         cluster.node(victim).start()
         cluster.wait_healthy(BOUND)
-        mark = traffic.count("ok")
-        wait_until(lambda: traffic.count("ok") >= mark + 100, "100 more tokens are accepted", BOUND)
-    finally:
-        traffic.finish()
+
+    # retries=0: no retry hides a client that would not find the new owner by itself.
+    traffic = across(f"{cluster.url}?wait=1&wait_timeout=0.5&socket_timeout=2&retries=0", failover)
     report("cluster", traffic)
     assert traffic.count("store_unavailable") > 0  # the killed primary's slots failed closed
     assert_exactly_once(traffic)
-    store.close()
-
-
-def keys_served_by(cluster: ValkeyCluster, primary: int, prefix: str, count: int) -> list[str]:
-    """Keys (without the prefix) whose slot ``primary`` serves."""
-    shards = admin(primary).execute_command("CLUSTER", "SLOTS")
-    ranges = [(int(s[0]), int(s[1])) for s in shards if int(s[2][1]) == primary]
-    found: list[str] = []
-    while len(found) < count:
-        key = uuid.uuid4().hex
-        slot = redis.crc.key_slot((prefix + key).encode())
-        if any(low <= slot <= high for low, high in ranges):
-            found.append(key)
-    return found
 
 
 def burst(store: ReplayStore, keys: list[str]) -> list[object]:
@@ -239,8 +222,8 @@ def test_lost_replication_accepts_tokens_twice_without_wait_and_never_with_it(cl
     waiting = store_from_url(f"{cluster.url}?prefix=b:&wait=1&wait_timeout=0.3")
     trusting.check()
     waiting.check()
-    a_keys = keys_served_by(cluster, victim, "a:", 30)
-    b_keys = keys_served_by(cluster, victim, "b:", 30)
+    a_keys = cluster.keys_served_by(victim, "a:", 30)
+    b_keys = cluster.keys_served_by(victim, "b:", 30)
     heir_pid = cluster.node(heir).pid
     assert heir_pid is not None
     os.kill(heir_pid, signal.SIGSTOP)
