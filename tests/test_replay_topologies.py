@@ -12,7 +12,9 @@ import json
 import os
 import signal
 import sys
+import threading
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 
 import mcp_types as types
@@ -262,6 +264,61 @@ def test_wait_fails_closed_without_a_replica_and_the_token_survives(
         codec.unseal(token, BINDING)
     waiting.close()
     trusting.close()
+
+
+@pytest.mark.parametrize("path", ["sync", "async"])
+def test_a_consume_cut_off_mid_wait_is_taken_back_before_the_retry(
+    path: str, valkey_primary_replica: tuple[ValkeyServer, ValkeyServer]
+) -> None:
+    """Its SET ran, the answer never came: the call fails closed, and the token stays redeemable.
+
+    The connection is killed while WAIT blocks (the replica is stopped), so the entry
+    stands on the primary with the failed call's nonce. Nobody accepted the token for it,
+    so the store deletes it (compare-and-delete) before its next command: the retry of the
+    same token is accepted, not told "replayed".
+    """
+    primary, replica = valkey_primary_replica
+    admin = redis.Redis(port=primary.port, decode_responses=True)
+    store = store_from_url(with_options(primary.url, wait=1, wait_timeout=1.5, socket_timeout=3, retries=0))
+    store.check()
+
+    def consume() -> object:
+        if path == "sync":
+            return store.consume("k", 60)
+
+        async def once() -> bool:
+            try:
+                return await store.aconsume("k", 60)
+            finally:
+                await store.aclose()
+
+        return asyncio.run(once())
+
+    outcome: list[object] = []
+    assert replica.pid is not None
+    os.kill(replica.pid, signal.SIGSTOP)
+    try:
+        worker = threading.Thread(target=lambda: outcome.append(_outcome(consume)))
+        worker.start()
+        blocked = lambda: [c for c in admin.client_list() if c["cmd"] == "wait" and "b" in c["flags"]]  # noqa: E731
+        wait_until(blocked, "the consume blocks in WAIT")
+        admin.client_kill_filter(_id=blocked()[0]["id"])
+        worker.join(timeout=30)
+        assert admin.exists("statecodec:replay:k") == 1  # the SET ran
+    finally:
+        os.kill(replica.pid, signal.SIGCONT)
+    assert isinstance(outcome[0], ReplayStoreError), outcome
+    wait_until(lambda: in_sync(replica), "the replica is in sync again")
+    assert consume() is True  # taken back first, then accepted once
+    assert consume() is False
+    store.close()
+
+
+def _outcome(call: Callable[[], object]) -> object:
+    try:
+        return call()
+    except ReplayStoreError as exc:
+        return exc
 
 
 # ---------------------------------------------------------------- TLS (configuration only)

@@ -21,6 +21,13 @@ replica copied it is lost, and the promoted replica would accept the token once 
 fewer the consume fails closed and the entry is taken back (compare-and-delete of this
 call's own nonce), so the token stays redeemable once the replicas are back.
 
+A call that fails closed after its ``SET`` may have run (the connection broke before the
+reply, a failover in the middle of ``WAIT``) reported the token as not consumed, so the
+store takes that entry back, with the same compare-and-delete, before its next command
+(see :class:`_Unsettled`): the client's retry then redeems the token instead of finding it
+"replayed". Deleting an entry that only this call wrote is always safe: nobody accepted
+the token on the strength of it.
+
 ``aconsume`` sends the commands of concurrent callers in batches (see :class:`_Sender`);
 each stays a separate atomic command.
 
@@ -41,8 +48,9 @@ import math
 import os
 import secrets
 import threading
+import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
-from typing import Any, Final, TypeAlias
+from typing import Any, Final, NamedTuple, TypeAlias
 
 import redis
 import redis.asyncio
@@ -153,6 +161,7 @@ class RedisReplayStore(ReplayStore):
         self._retries: int = settings["retries"]
         _check_settings(self.prefix, self._retries, self.wait, self.wait_timeout, settings["socket_timeout"])
         self._async_given = async_client
+        self._unsettled = _Unsettled()
         self._senders: dict[asyncio.AbstractEventLoop, _Sender] = {}
         self._lock = threading.Lock()
         self._target = target
@@ -192,11 +201,13 @@ class RedisReplayStore(ReplayStore):
         name, nonce = self.prefix + key, _nonce()
         try:
             client = self._sync_client()
+            self._take_back_unsettled(client, name)
             if self.wait:
                 previous = self._set_replicated(client, name, nonce, px)
             else:
                 previous = client.set(name, nonce, nx=True, get=True, px=px)
         except Exception as exc:  # deny on error, with the reason and no secret
+            self._unsettled.note(name, nonce, px, exc)
             raise self._error(exc) from None
         return _first(previous, nonce)
 
@@ -208,9 +219,11 @@ class RedisReplayStore(ReplayStore):
             raise self._error(exc) from None
         if sender is None:
             return await super().aconsume(key, retention)
+        name, nonce = self.prefix + key, _nonce()
         try:
-            previous, nonce = await sender.consume(self.prefix + key, px)
+            previous = await sender.consume(name, nonce, px)
         except Exception as exc:
+            self._unsettled.note(name, nonce, px, exc)
             raise self._error(exc) from None
         return _first(previous, nonce)
 
@@ -268,6 +281,19 @@ class RedisReplayStore(ReplayStore):
                     raise
                 self._client = built
             return self._client
+
+    def _take_back_unsettled(self, client: SyncClient, name: str) -> None:
+        """Take back what failed calls may have written, before a new SET of ``name``."""
+        for entry in self._unsettled.pending():
+            try:
+                client.eval(RELEASE_SCRIPT, 1, entry.name, entry.nonce)
+            except redis.ResponseError:
+                pass  # refused (an ACL without EVAL): nothing more this store can do
+            except Exception:
+                if any(e.name == name for e in self._unsettled.pending()):
+                    raise  # this very token may still hold a failed call's entry: fail closed
+                return  # unreachable still: next time
+            self._unsettled.settle([entry])
 
     def _set_replicated(self, client: SyncClient, name: str, nonce: str, px: int) -> object:
         """SET then WAIT on one connection of the key's primary; take the entry back if unreplicated."""
@@ -603,6 +629,7 @@ class _NotReplicated(Exception):  # noqa: N818 - a verdict, turned into ReplaySt
     """WAIT saw fewer replicas than asked for: the token is not accepted."""
 
     def __init__(self, acks: object, wanted: int, timeout: float, released: bool) -> None:
+        self.released = released
         count = acks if isinstance(acks, int) else 0
         after = (
             "its entry was taken back, so a retry can redeem it"
@@ -675,9 +702,62 @@ def _first(previous: object, nonce: str) -> bool:
 class _Call:
     __slots__ = ("future", "name", "nonce", "px")
 
-    def __init__(self, name: str, px: int, future: asyncio.Future[object]) -> None:
-        self.name, self.px, self.future = name, px, future
-        self.nonce = _nonce()
+    def __init__(self, name: str, nonce: str, px: int, future: asyncio.Future[object]) -> None:
+        self.name, self.nonce, self.px, self.future = name, nonce, px, future
+
+
+class _Entry(NamedTuple):
+    """An entry a failed-closed call may have written: key, that call's nonce, when it expires."""
+
+    name: str
+    nonce: str
+    deadline: float
+
+
+class _Unsettled:
+    """Entries that calls reported as not consumed may nonetheless hold: taken back when possible.
+
+    A call fails closed (``store_unavailable``: "the token was not consumed") when the fate
+    of its ``SET`` is unknown: the connection broke after sending it, or WAIT could not
+    confirm it and the compare-and-delete failed too. If the SET did run, the key holds
+    that call's nonce and nobody accepted the token for it, so deleting it is safe at any
+    time; until then a retry of the token would be told "replayed". The store sends the
+    compare-and-delete for each before its next commands. Per process, bounded, and only
+    until the entry would have expired anyway.
+    """
+
+    LIMIT: Final = 100_000
+
+    def __init__(self) -> None:
+        self._entries: dict[tuple[str, str], float] = {}
+        self._lock = threading.Lock()
+
+    def note(self, name: str, nonce: str, px: int, exc: BaseException) -> None:
+        """After a failed call: remember its entry unless it surely holds none."""
+        if isinstance(exc, redis.ResponseError | ReplayStoreError):
+            return  # refused by the server or before sending: nothing was written
+        if isinstance(exc, _NotReplicated) and exc.released:
+            return  # taken back already
+        with self._lock:
+            if len(self._entries) >= self.LIMIT:
+                del self._entries[next(iter(self._entries))]  # the oldest: it expires first
+            self._entries[(name, nonce)] = time.monotonic() + px / 1000
+
+    def pending(self) -> list[_Entry]:
+        """The entries still to take back; they stay listed until :meth:`settle`."""
+        if not self._entries:  # the common case, without the lock
+            return []
+        with self._lock:
+            now = time.monotonic()
+            for expired in [key for key, deadline in self._entries.items() if deadline <= now]:
+                del self._entries[expired]
+            return [_Entry(name, nonce, deadline) for (name, nonce), deadline in self._entries.items()]
+
+    def settle(self, entries: Iterable[_Entry]) -> None:
+        """Entries taken back (or refused for good): forget them."""
+        with self._lock:
+            for entry in entries:
+                self._entries.pop((entry.name, entry.nonce), None)
 
 
 class _Sender:
@@ -690,7 +770,8 @@ class _Sender:
     This changes nothing about atomicity: every ``SET NX`` is still a separate atomic
     command on the server, and no command depends on another's result. With ``wait=N``
     one ``WAIT`` closes each pipeline: it covers every write before it on that
-    connection. A failed batch fails each of its calls closed.
+    connection. Entries to take back (:class:`_Unsettled`) lead each pipeline, so they go
+    before any new SET of the same token. A failed batch fails each of its calls closed.
     """
 
     _MAX_BATCH: Final = 256
@@ -706,6 +787,7 @@ class _Sender:
         self.client = client
         self._wait, self._wait_ms, self._retries = store.wait, store._wait_ms, store._retries
         self._timeout = store.wait_timeout
+        self._unsettled = store._unsettled
         self._closers = closers
         self._cluster = client if isinstance(client, redis.asyncio.cluster.RedisCluster) else None
         self._pool = client.connection_pool if isinstance(client, redis.asyncio.Redis) else None
@@ -713,14 +795,14 @@ class _Sender:
         self._queue: list[_Call] = []
         self._flusher: asyncio.Task[None] | None = None
 
-    async def consume(self, name: str, px: int) -> tuple[object, str]:
+    async def consume(self, name: str, nonce: str, px: int) -> object:
         loop = asyncio.get_running_loop()
-        call = _Call(name, px, loop.create_future())
+        call = _Call(name, nonce, px, loop.create_future())
         self._queue.append(call)
         if self._flusher is None:
             # Started, not awaited: the calls that are already runnable queue up first.
             self._flusher = loop.create_task(self._flush())
-        return await call.future, call.nonce
+        return await call.future
 
     async def aclose(self) -> None:
         await self.client.aclose()
@@ -732,12 +814,14 @@ class _Sender:
             while self._queue:
                 batch = self._queue[: self._MAX_BATCH]
                 del self._queue[: self._MAX_BATCH]
+                entries = self._unsettled.pending()
                 try:
                     await self._prepare()
                     if self._cluster is not None:
-                        await self._send_cluster(self._cluster, batch)
+                        taken_back = await self._send_cluster(self._cluster, batch, entries)
                     else:
-                        await self._send_server(batch)
+                        taken_back = await self._send_server(batch, entries)
+                    self._unsettled.settle(taken_back)
                 except BaseException as exc:
                     _fail(batch, exc)
                     if not isinstance(exc, Exception):
@@ -758,15 +842,27 @@ class _Sender:
             _judge_hello((await self._server_roundtrip([("HELLO",)]))[0])
         self._prepared = True
 
-    # -- one server (or the primary Sentinel names)
-    async def _send_server(self, batch: list[_Call]) -> None:
-        commands = [_set_command(c.name, c.nonce, c.px) for c in batch]
-        if self._wait:
+    def _commands(self, calls: list[_Call], entries: list[_Entry]) -> list[_Command]:
+        commands = [_release_command(e.name, e.nonce) for e in entries]
+        commands += [_set_command(c.name, c.nonce, c.px) for c in calls]
+        if self._wait and calls:
             commands.append(("WAIT", self._wait, self._wait_ms))
-        replies = await self._server_roundtrip(commands)
-        await self._settle(
-            batch, replies[: len(batch)], replies[-1] if self._wait else None, self._server_release
-        )
+        return commands
+
+    def _split(
+        self, calls: list[_Call], entries: list[_Entry], replies: list[object]
+    ) -> tuple[list[object], object]:
+        """The SETs' replies and WAIT's, without the take-backs' (done, whatever they say)."""
+        replies = replies[len(entries) :]
+        return replies[: len(calls)], (replies[-1] if self._wait and calls else None)
+
+    # -- one server (or the primary Sentinel names)
+    async def _send_server(self, batch: list[_Call], entries: list[_Entry]) -> list[_Entry]:
+        """Send the batch after the take-backs; return the entries taken back."""
+        replies = await self._server_roundtrip(self._commands(batch, entries))
+        answers, acks = self._split(batch, entries, replies)
+        await self._settle(batch, answers, acks, self._server_release)
+        return entries
 
     async def _server_release(self, calls: list[_Call]) -> list[object]:
         return await self._server_roundtrip([_release_command(c.name, c.nonce) for c in calls])
@@ -789,40 +885,46 @@ class _Sender:
         return replies
 
     # -- a cluster: one pipeline per primary, each on one connection of that node
-    async def _send_cluster(self, cluster: redis.asyncio.cluster.RedisCluster, batch: list[_Call]) -> None:
-        pending = batch
+    async def _send_cluster(
+        self, cluster: redis.asyncio.cluster.RedisCluster, batch: list[_Call], entries: list[_Entry]
+    ) -> list[_Entry]:
+        """Send the batch after the take-backs, one pipeline per primary; return those taken back."""
+        calls, backlog = batch, entries
+        taken_back: list[_Entry] = []
         for attempt in itertools.count():
-            groups: dict[str, tuple[Any, list[_Call]]] = {}
-            for call in pending:
-                node: Any = cluster.get_node_from_key(call.name)  # raises if the slot has no owner
-                groups.setdefault(node.name, (node, []))[1].append(call)
+            groups = _by_node(cluster, calls, backlog)
             results = await asyncio.gather(
-                *(self._send_node(node, calls) for node, calls in groups.values()), return_exceptions=True
+                *(self._node_roundtrip(node, self._commands(c, e)) for node, c, e in groups),
+                return_exceptions=True,
             )
-            redo: list[_Call] = []
+            calls, backlog = [], []
             failure: BaseException | None = None
-            for (node, calls), result in zip(groups.values(), results, strict=True):
+            for (node, group_calls, group_entries), result in zip(groups, results, strict=True):
                 if isinstance(result, BaseException):
                     if not isinstance(result, _TRANSPORT_ERRORS):
                         raise result
-                    redo += calls  # safe to send again: each SET carries its caller's nonce
+                    calls += group_calls  # safe to send again: each SET carries its caller's nonce
+                    backlog += group_entries
                     failure = result
                     continue
-                replies, acks = result
-                moved = [c for c, r in zip(calls, replies, strict=True) if isinstance(r, _ROUTING_ERRORS)]
-                redo += moved
+                for entry, reply in zip(group_entries, result, strict=False):
+                    (backlog if isinstance(reply, _ROUTING_ERRORS) else taken_back).append(entry)
+                replies, acks = self._split(group_calls, group_entries, result)
+                moved = [
+                    c for c, r in zip(group_calls, replies, strict=True) if isinstance(r, _ROUTING_ERRORS)
+                ]
+                calls += moved
                 failure = next((r for r in replies if isinstance(r, _ROUTING_ERRORS)), failure)
-                kept = [(c, r) for c, r in zip(calls, replies, strict=True) if c not in moved]
+                kept = [(c, r) for c, r in zip(group_calls, replies, strict=True) if c not in moved]
 
-                async def release(calls: list[_Call], node: Any = node) -> list[object]:
+                async def release(unreplicated: list[_Call], node: Any = node) -> list[object]:
                     return await self._node_roundtrip(
-                        node, [_release_command(c.name, c.nonce) for c in calls]
+                        node, [_release_command(c.name, c.nonce) for c in unreplicated]
                     )
 
                 await self._settle([c for c, _ in kept], [r for _, r in kept], acks, release)
-            if not redo:
-                return
-            failure = failure or redis.ConnectionError("the cluster did not route the keys")
+            if not calls and not backlog:
+                return taken_back
             # Refresh even when no retry is left: nothing else would (these commands bypass
             # redis-py's own redirection handling), and the next batch must find the new owner.
             try:
@@ -830,17 +932,10 @@ class _Sender:
                 reachable = True
             except (RedisClusterException, *_TRANSPORT_ERRORS, redis.RedisError):
                 reachable = False  # the whole cluster is unreachable: fail closed now
-            if not reachable or attempt >= self._retries:
-                _fail(redo, failure)
-                return
-            pending = redo
-
-    async def _send_node(self, node: Any, calls: list[_Call]) -> tuple[list[object], object]:
-        commands = [_set_command(c.name, c.nonce, c.px) for c in calls]
-        if self._wait:
-            commands.append(("WAIT", self._wait, self._wait_ms))
-        replies = await self._node_roundtrip(node, commands)
-        return replies[: len(calls)], replies[-1] if self._wait else None
+            if not calls or not reachable or attempt >= self._retries:
+                _fail(calls, failure or redis.ConnectionError("the cluster did not route the keys"))
+                return taken_back  # the backlog stays listed for the next batch
+        raise AssertionError("unreachable")
 
     async def _node_roundtrip(self, node: Any, commands: list[_Command]) -> list[object]:
         conn = node.acquire_connection()
@@ -881,6 +976,23 @@ class _Sender:
         for call, ok in zip(unreplicated, released, strict=True):
             if not call.future.done():
                 call.future.set_exception(_NotReplicated(acks, self._wait, self._timeout, ok))
+
+
+def _by_node(
+    cluster: redis.asyncio.cluster.RedisCluster, calls: list[_Call], entries: list[_Entry]
+) -> list[tuple[Any, list[_Call], list[_Entry]]]:
+    """Calls and take-backs grouped by the primary that owns their slot (redis-py's slot map)."""
+    groups: dict[str, tuple[Any, list[_Call], list[_Entry]]] = {}
+
+    def group(name: str) -> tuple[Any, list[_Call], list[_Entry]]:
+        node: Any = cluster.get_node_from_key(name)  # raises if the slot has no owner
+        return groups.setdefault(node.name, (node, [], []))
+
+    for call in calls:
+        group(call.name)[1].append(call)
+    for entry in entries:
+        group(entry.name)[2].append(entry)
+    return list(groups.values())
 
 
 def _fail(calls: Iterable[_Call], exc: BaseException) -> None:
