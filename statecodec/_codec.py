@@ -113,10 +113,11 @@ class StateCodec:
         self._mode_char = _MODE_CHAR[self.mode]
         # Tested on every seal and unseal: an attribute read, not an enum comparison.
         self._signs = self.mode is Mode.SIGN
-        # Replay entries: "<namespace>:<token id hex>", kept until exp + 2 * leeway. Every
-        # instance sharing a store must use the same leeway (the comment above _store_down).
+        # Replay entries: "<namespace>:<token id hex>", kept until exp + 2 * leeway on this
+        # codec's clock, handed to the store as a retention from now (the comment above
+        # _store_down). Every instance sharing a store must use the same leeway.
         self._replay_prefix = namespace + ":"
-        self._retention = 2 * self.leeway
+        self._kept_after_expiry = 2 * self.leeway
         self._store_failing = False  # log a store outage once, not once per request
 
     def __repr__(self) -> str:
@@ -197,11 +198,12 @@ class StateCodec:
         return self._unseal(token, binding, now, consume)
 
     def _unseal(self, token: str, binding: Binding | None, now: float | None, consume: bool) -> OpenedState:
+        now = self._instant(now)
         opened = self._guarded_open(token, binding, now, True)
         if consume and self.replay is not None:
             try:
                 first = self.replay.consume(
-                    self._replay_prefix + opened.token_id, opened.expires_at + self._retention
+                    self._replay_prefix + opened.token_id, opened.expires_at + self._kept_after_expiry - now
                 )
             except Exception as exc:  # deny on error: an unchecked token is never accepted
                 raise self._store_down(opened, exc) from None
@@ -212,11 +214,12 @@ class StateCodec:
         self, token: str, binding: Binding | None = None, *, consume: bool = True
     ) -> OpenedState:
         """:meth:`unseal` for async servers: the replay store is awaited, never blocking the loop."""
-        opened = self._guarded_open(token, binding, None, True)
+        now = self._instant(None)
+        opened = self._guarded_open(token, binding, now, True)
         if consume and self.replay is not None:
             try:
                 first = await self.replay.aconsume(
-                    self._replay_prefix + opened.token_id, opened.expires_at + self._retention
+                    self._replay_prefix + opened.token_id, opened.expires_at + self._kept_after_expiry - now
                 )
             except Exception as exc:  # deny on error: an unchecked token is never accepted
                 raise self._store_down(opened, exc) from None
@@ -229,20 +232,27 @@ class StateCodec:
         For debugging tools (``statecodec verify`` without binding options). Never use
         this to accept a token in a server: the binding is what ties it to the user.
         """
-        return self._guarded_open(token, None, now, False)
+        return self._guarded_open(token, None, self._instant(now), False)
 
     # -------------------------------------------------------------- internals
-    def _guarded_open(
-        self, token: str, binding: Binding | None, now: float | None, check_binding: bool
-    ) -> OpenedState:
+    def _instant(self, now: float | None) -> float:
+        # The clock is guarded too: a clock that raises or returns NaN (every comparison
+        # with NaN is False, so no token would ever expire) must reject the token, not
+        # escape or accept it.
         try:
-            # The clock runs inside the guard too: a clock that raises or returns NaN
-            # (every comparison with NaN is False, so no token would ever expire) must
-            # reject the token, not escape or accept it.
             if now is None:
                 now = self.clock()
-            if not math.isfinite(now):
-                raise InvalidState("internal_error", f"the clock returned {now!r}, not a finite time")
+            if math.isfinite(now):
+                return now
+        except Exception as exc:
+            logger.exception("statecodec: the clock failed; token rejected")
+            raise InvalidState("internal_error", f"unexpected {type(exc).__name__} from the clock") from None
+        raise InvalidState("internal_error", f"the clock returned {now!r}, not a finite time")
+
+    def _guarded_open(
+        self, token: str, binding: Binding | None, now: float, check_binding: bool
+    ) -> OpenedState:
+        try:
             return self._open(token, binding, now, check_binding)
         except InvalidState:
             raise
@@ -321,11 +331,15 @@ class StateCodec:
             raise InvalidState("unknown_key", f"key {kid} was retired {retired} ago", kid=kid)
         return key
 
-    # Why exp + 2 * leeway (self._retention): keep the entry while ANY instance may still
-    # accept the token. This one rejects it from exp + leeway on its own clock, but an
+    # Why exp + 2 * leeway (self._kept_after_expiry): keep the entry while ANY instance may
+    # still accept the token. This one rejects it from exp + leeway on its own clock, but an
     # instance whose clock is behind by up to the leeway accepts until exp + 2 * leeway on
     # this clock: forgetting earlier would let that instance redeem the token a second
     # time (tests/test_faults_clock.py replays exactly that).
+    # Why a retention (that instant minus now) rather than the instant: the store measures
+    # it on its own clock, so a store whose clock disagrees with this codec's by any amount
+    # still remembers the entry exactly as long as needed. The retention is always positive
+    # here: the token passed the expiry check, so now < exp + leeway.
 
     def _store_down(self, opened: OpenedState, exc: BaseException) -> InvalidState:
         kind = getattr(self.replay, "kind", type(self.replay).__name__)

@@ -478,11 +478,11 @@ class _FlakyStore(MemoryReplayStore):
         self.down = False
         self.calls: list[tuple[str, float]] = []
 
-    def consume(self, key: str, expires_at: float) -> bool:
+    def consume(self, key: str, retention: float) -> bool:
         if self.down:
             raise ConnectionError("store unreachable")
-        self.calls.append((key, expires_at))
-        return super().consume(key, expires_at)
+        self.calls.append((key, retention))
+        return super().consume(key, retention)
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -490,9 +490,10 @@ def test_second_unseal_is_replayed(mode: sc.Mode) -> None:
     store = _FlakyStore()
     codec = _codec(mode, replay=store, namespace="deploy", leeway=60)
     token = codec.seal_at_time(b"x", FULL, T0)
-    opened = codec.unseal_at_time(token, FULL, T0)
-    # kept until exp + 2 * leeway: an instance whose clock lags by the leeway still accepts it till then
-    assert store.calls == [(f"deploy:{opened.token_id}", float(T0 + 600 + 2 * 60))]
+    opened = codec.unseal_at_time(token, FULL, T0 + 0.25)
+    # kept until exp + 2 * leeway: an instance whose clock lags by the leeway still accepts it
+    # till then; the store gets that as a retention from now, to measure on its own clock
+    assert store.calls == [(f"deploy:{opened.token_id}", 600 + 2 * 60 - 0.25)]
     with pytest.raises(sc.InvalidState) as info:
         codec.unseal_at_time(token, FULL, T0 + 1)
     assert info.value.reason == "replayed"

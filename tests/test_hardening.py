@@ -29,7 +29,7 @@ def _codec(**kw: object) -> sc.StateCodec:
 class _AsyncByMistake(ReplayStore):
     """A custom store whose author wrote ``async def consume``: it returns a coroutine."""
 
-    def consume(self, key: str, expires_at: float) -> bool:  # type: ignore[override]
+    def consume(self, key: str, retention: float) -> bool:  # type: ignore[override]
         async def answer() -> bool:
             return True
 
@@ -39,7 +39,7 @@ class _AsyncByMistake(ReplayStore):
 
 
 class _Truthy(ReplayStore):
-    def consume(self, key: str, expires_at: float) -> bool:
+    def consume(self, key: str, retention: float) -> bool:
         return 1  # type: ignore[return-value]
 
 
@@ -141,10 +141,10 @@ class _Flaky(ReplayStore):
         self.up = False
         self.inner = MemoryReplayStore(clock=lambda: NOW)
 
-    def consume(self, key: str, expires_at: float) -> bool:
+    def consume(self, key: str, retention: float) -> bool:
         if not self.up:
             raise sc.ReplayStoreError("connection refused")
-        return self.inner.consume(key, expires_at)
+        return self.inner.consume(key, retention)
 
 
 def test_a_store_outage_is_logged_once_and_its_end_once(caplog: pytest.LogCaptureFixture) -> None:

@@ -1,8 +1,9 @@
 """Replay stores through the codec: single use, check order, namespaces, fail-closed outages.
 
-Every store is real (memory, an SQLite file, a Valkey/Redis server) and the codec runs
-on real time, because the stores judge expiry on their own clocks (Redis on the
-server's).
+Every store is real (memory, an SQLite file, a Valkey/Redis server). The codec runs on
+real time, except where a test sets its clock a year away from the stores' own clocks
+(the machine's monotonic or wall clock, the Valkey server's) to show that single use
+does not depend on them agreeing.
 """
 
 from __future__ import annotations
@@ -19,7 +20,13 @@ import pytest
 from fixtures_valkey import ValkeyServer
 
 import statecodec as sc
-from statecodec.replay import MemoryReplayStore, RedisReplayStore, ReplayStore, SQLiteReplayStore
+from statecodec.replay import (
+    MemoryReplayStore,
+    RedisReplayStore,
+    ReplayStore,
+    SQLiteReplayStore,
+    store_from_url,
+)
 
 RING = sc.KeyRing.generate("k1")
 OTHER_RING = sc.KeyRing.generate("k1")  # same kid, different secret
@@ -147,9 +154,67 @@ def test_entries_outlive_the_token_and_then_go(tmp_path: Path) -> None:
     opened = codec.unseal(codec.seal(b"t", ALICE), ALICE)
     with sqlite3.connect(tmp_path / "r.db") as conn:
         (expires_at,) = conn.execute("SELECT expires_at FROM statecodec_replay").fetchone()
-    assert expires_at >= opened.expires_at + codec.leeway
-    assert expires_at <= opened.expires_at + 2 * codec.leeway
+    assert expires_at >= opened.expires_at + 2 * codec.leeway
+    # ...measured from the store's reading of the host clock, a moment after the codec's.
+    assert expires_at <= opened.expires_at + 2 * codec.leeway + 1
     store.close()
+
+
+# ------------------------------------------------------- the codec's clock is not the store's
+YEAR = 365 * 24 * 3600
+TTL, LEEWAY = 300, 60
+
+
+def _remembered_for(store: ReplayStore, key: str) -> float:
+    """How long the store will still hold ``key``, read from the store itself, in seconds."""
+    if isinstance(store, MemoryReplayStore):
+        return store._entries[key] - time.monotonic()
+    if isinstance(store, SQLiteReplayStore):
+        with sqlite3.connect(store.path) as conn:
+            (expires_at,) = conn.execute(
+                "SELECT expires_at FROM statecodec_replay WHERE key = ?", (key,)
+            ).fetchone()
+        return float(expires_at) - time.time()
+    assert isinstance(store, RedisReplayStore)
+    pttl = store._client.pttl(store.prefix + key)
+    assert isinstance(pttl, int) and pttl > 0
+    return pttl / 1000
+
+
+@pytest.mark.parametrize("offset", [-YEAR, YEAR], ids=["codec-a-year-behind", "codec-a-year-ahead"])
+async def test_single_use_does_not_depend_on_the_codec_and_store_clocks_agreeing(
+    store: ReplayStore, offset: int
+) -> None:
+    # The codec runs on an injected clock a year away from the clock the store keeps
+    # time with (the machine's, or the Valkey server's). A deadline computed on one and
+    # judged on the other was forgotten at once (codec behind: every token redeemed
+    # twice) or kept for a year (codec ahead). A retention from now is neither.
+    codec = sc.StateCodec(RING, replay=store, ttl=TTL, leeway=LEEWAY, clock=lambda: time.time() + offset)
+    for late in (0, TTL + LEEWAY - 1):  # redeemed at once, and in the last second it may be
+        now = time.time() + offset - late
+        token = codec.seal_at_time(b"once", ALICE, now)
+        opened = codec.unseal(token, ALICE)
+        assert _reason(codec.unseal, token, ALICE) == "replayed"
+        assert await _areason(codec, token, ALICE) == "replayed"
+        needed = opened.expires_at + 2 * LEEWAY - (time.time() + offset)  # until no instance accepts it
+        remembered = _remembered_for(store, f"default:{opened.token_id}")
+        assert needed - 1 <= remembered <= needed + 1
+    token = codec.seal(b"async", ALICE)
+    assert (await codec.aunseal(token, ALICE)).payload == b"async"
+    assert _reason(codec.unseal, token, ALICE) == "replayed"
+    assert await _areason(codec, token, ALICE) == "replayed"
+    await store.aclose()
+
+
+def test_the_reported_frozen_clock_cannot_redeem_twice(tmp_path: Path) -> None:
+    # The report: a codec on a frozen clock more than ~12 minutes behind the machine's
+    # accepted every token twice with memory: and sqlite: stores.
+    now = [time.time() - 3600]
+    for url in ("memory:", f"sqlite:{tmp_path / 'r.db'}"):
+        codec = sc.StateCodec(RING, replay=store_from_url(url), clock=lambda: now[0])
+        token = codec.seal(b"x")
+        codec.unseal(token)
+        assert _reason(codec.unseal, token) == "replayed", url
 
 
 def test_a_full_memory_store_fails_closed_and_consumes_nothing() -> None:

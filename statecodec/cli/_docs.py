@@ -88,7 +88,7 @@ against it. Every document has:
 | field | meaning |
 |---|---|
 | `schema_version` | `{SCHEMA_VERSION}`; bumped only on an incompatible change |
-| `command` | `inspect`, `verify`, `mint`, `keys` with its subcommand (`keys list`, `keys retire`, ...), `demo` or `probe` |
+| `command` | `inspect`, `verify`, `mint`, `keys` and its subcommand (`keys retire`...), `demo` or `probe` |
 | `ok` | `true` exactly when `exit_code` is 0 |
 | `exit_code` | the process exit code (table above) |
 | `error` | when `ok` is false: `class`, `reason` and `message` (below) |

@@ -304,8 +304,8 @@ def _run(
 ) -> None:
     from ..kms import KeyManager  # noqa: PLC0415 - loaded only for this command
     from ..proxy import ProxyOptions, Timeouts, bind_socket, build_proxy, serve  # noqa: PLC0415
-    from ..replay import store_from_url  # noqa: PLC0415
     from ..replay._url import redact  # noqa: PLC0415
+    from ._sources import open_store  # noqa: PLC0415
 
     if ttl <= 0:
         raise click.BadParameter("must be positive", param_hint="'--ttl'")
@@ -322,10 +322,7 @@ def _run(
     manager = KeyManager(require_keys(keys_spec), max_ttl=max(float(ttl), 600.0))
     manager.start()
     try:
-        try:
-            store = store_from_url(replay)
-        except (ValueError, ImportError, OSError) as exc:
-            raise CliError(ExitCode.STORE, f"cannot open the replay store: {exc}") from None
+        store = open_store(replay, check=True)  # exit 4 before listening if it cannot serve
         # No namespace of its own: a proxy and a protect() server sharing keys, audience and
         # store must share single use too, so both take the codec's default.
         named: dict[str, Any] = {} if namespace is None else {"namespace": namespace}
@@ -344,7 +341,7 @@ def _run(
         def ready(url: str) -> None:
             logger.info(
                 "statecodec proxy: %s -> %s mode=%s audience=%r principal=%s replay=%s",
-                url, upstream, mode, audience, principal.describe(), redact(replay),
+                url, redact(upstream), mode, audience, principal.describe(), redact(replay),
             )  # fmt: skip
             click.echo(f"listening on {url}")
             sys.stdout.flush()

@@ -24,7 +24,7 @@ from typing import Any, Final
 import anyio
 
 from .._codec import DEFAULT_LEEWAY as SC1_LEEWAY
-from .._errors import WIRE_ERROR_CODE, WIRE_ERROR_MESSAGE
+from ..adapters.jsonrpc import WIRE_ERROR_CODE, WIRE_ERROR_MESSAGE
 from ._model import (
     CHECKS,
     Attempt,

@@ -3,9 +3,17 @@
 A store answers one question atomically: "is this the first time anyone consumed this
 key?" The codec asks it only after a token has passed every other check, so a forged,
 expired or mis-bound token can never burn the real one. Entries must disappear by
-themselves after ``expires_at`` (the token's expiry plus twice the codec's leeway, so
-that an instance whose clock lags by the leeway still finds the entry): by then every
-instance rejects the token as expired, so nothing needs remembering.
+themselves once the token can no longer be accepted anywhere: by then every instance
+rejects it as expired, so nothing needs remembering.
+
+How long to remember is a *retention*, in seconds from now, not an instant. Single use
+must not depend on two clocks agreeing: an absolute deadline computed on the codec's
+clock and compared with the store's would be forgotten at once by a store whose clock
+runs ahead (or kept for a year by one that lags), and every token would redeem twice.
+Each store measures the retention on its own time base (a monotonic clock in memory,
+the host clock shared by the processes using a SQLite file, the server's clock in
+Redis). A store asked to remember a key for a non-positive or non-finite time cannot
+honour it and must raise (:func:`invalid_retention`), never record it for zero seconds.
 
 Write your own store by subclassing :class:`ReplayStore` and implementing
 :meth:`consume` (and :meth:`aconsume` when a native async client exists; the default
@@ -20,6 +28,8 @@ import abc
 import asyncio
 from typing import Self
 
+from .._errors import ReplayStoreError
+
 
 class ReplayStore(abc.ABC):
     """A set of consumed keys whose entries expire on their own."""
@@ -28,16 +38,27 @@ class ReplayStore(abc.ABC):
     kind: str = "custom"
 
     @abc.abstractmethod
-    def consume(self, key: str, expires_at: float) -> bool:
-        """Record ``key`` until Unix time ``expires_at``.
+    def consume(self, key: str, retention: float) -> bool:
+        """Record ``key`` for ``retention`` seconds from now, on the store's own clock.
 
         Return True if this call recorded it (first use), False if it was already there
-        (a replay). Must be atomic across every process that shares the store.
+        and not yet forgotten (a replay). Must be atomic across every process that shares
+        the store. Raise when ``retention`` is not a positive finite number
+        (``if not 0.0 < retention < math.inf: raise invalid_retention(retention)``) and
+        whenever the answer is unknown.
         """
 
-    async def aconsume(self, key: str, expires_at: float) -> bool:
+    async def aconsume(self, key: str, retention: float) -> bool:
         """Async :meth:`consume`; by default in a worker thread."""
-        return await asyncio.to_thread(self.consume, key, expires_at)
+        return await asyncio.to_thread(self.consume, key, retention)
+
+    def check(self) -> None:  # noqa: B027 - optional hook, empty by default
+        """Make sure, at start-up, that the store can answer; raise :class:`ReplayStoreError` if not.
+
+        Servers and ``statecodec proxy`` call it before accepting requests, so that an
+        unreachable or misconfigured store stops the start instead of failing every
+        request. The default does nothing (memory and SQLite stores open when built).
+        """
 
     def close(self) -> None:  # noqa: B027 - optional hook, empty by default
         """Release connections or files."""
@@ -62,3 +83,15 @@ class ReplayStore(abc.ABC):
 
     async def __aexit__(self, *exc: object) -> None:
         await self.aclose()
+
+
+def invalid_retention(retention: object) -> ReplayStoreError:
+    """The error for a retention no store can honour: zero, negative, NaN or infinite.
+
+    Failing closed matters here: "remember for -3 s" read as "forget at once" would
+    accept the token's next redemption too.
+    """
+    return ReplayStoreError(
+        f"asked to remember a token id for {retention!r} seconds; the retention must be a positive, "
+        "finite number of seconds (a codec bug or a custom caller's mistake: nothing was recorded)"
+    )

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import heapq
+import math
 import threading
 import time
 from collections.abc import Callable
 
 from .._errors import ReplayStoreError
-from .base import ReplayStore
+from .base import ReplayStore, invalid_retention
 
 
 class MemoryReplayStore(ReplayStore):
@@ -23,6 +24,9 @@ class MemoryReplayStore(ReplayStore):
     answer (the codec then fails closed with ``store_unavailable``) rather than forget a
     live entry, which would let that token be replayed.
 
+    Retentions run on ``clock``, the monotonic clock by default: setting the wall clock
+    (NTP, an operator, a test's injected codec clock) never shortens or stretches them.
+
     Entries live in this process only: two worker processes, or two machines, each
     with their own memory store, would each accept the same token once. Use
     :class:`~statecodec.replay.SQLiteReplayStore` or
@@ -31,12 +35,12 @@ class MemoryReplayStore(ReplayStore):
 
     kind = "memory"
 
-    def __init__(self, max_entries: int = 100_000, *, clock: Callable[[], float] = time.time) -> None:
+    def __init__(self, max_entries: int = 100_000, *, clock: Callable[[], float] = time.monotonic) -> None:
         if isinstance(max_entries, bool) or not isinstance(max_entries, int) or max_entries < 1:
             raise ValueError(f"max_entries must be a positive integer, got {max_entries!r}")
         self.max_entries = max_entries
         self._clock = clock
-        self._entries: dict[str, float] = {}
+        self._entries: dict[str, float] = {}  # key -> when it is forgotten, on self._clock
         self._buckets: dict[int, list[str]] = {}  # whole second of expiry -> keys
         self._bucket_heap: list[int] = []
         self._last_second: int | None = None  # the bucket the last insert used
@@ -46,18 +50,22 @@ class MemoryReplayStore(ReplayStore):
     def __repr__(self) -> str:
         return f"MemoryReplayStore(max_entries={self.max_entries})"
 
-    def consume(self, key: str, expires_at: float) -> bool:
+    def consume(self, key: str, retention: float) -> bool:
+        if not 0.0 < retention < math.inf:  # also false for NaN
+            raise invalid_retention(retention)
         # acquire/release rather than ``with``: this is the hot path of every unseal and
         # the context-manager protocol costs a measurable tenth of a microsecond.
         self._lock.acquire()
         try:
+            now = self._clock()
+            expires_at = now + retention
             entries = self._entries
             if key in entries:
                 # Present but expired (not purged yet) counts as absent: the contract is
-                # that entries vanish at expires_at, whatever the purge schedule.
-                if entries[key] > self._clock():
+                # that entries vanish when their retention ends, whatever the purge schedule.
+                if entries[key] > now:
                     return False
-            elif len(entries) >= self.max_entries and not self._make_room():
+            elif len(entries) >= self.max_entries and not self._make_room(now):
                 raise ReplayStoreError(
                     f"memory replay store is full ({self.max_entries} live entries); raise max_entries, "
                     "shorten the token ttl, or use a SQLite or Redis store"
@@ -67,33 +75,33 @@ class MemoryReplayStore(ReplayStore):
             if second == self._last_second:  # nearly always: tokens expire in time order
                 self._last_bucket.append(key)
             else:
-                self._bucket_for(second).append(key)
+                self._bucket_for(second, now).append(key)
             return True
         finally:
             self._lock.release()
 
-    async def aconsume(self, key: str, expires_at: float) -> bool:
+    async def aconsume(self, key: str, retention: float) -> bool:
         # No I/O: the lock is held for microseconds, so no worker thread is needed.
-        return self.consume(key, expires_at)
+        return self.consume(key, retention)
 
     def purge(self) -> int:
         """Drop expired entries now; returns how many were dropped."""
         with self._lock:
             return self._purge(self._clock())
 
-    def _bucket_for(self, second: int) -> list[str]:
+    def _bucket_for(self, second: int, now: float) -> list[str]:
         bucket = self._buckets.get(second)
         if bucket is None:
             # A new expiry second means the clock has moved on: the natural moment to
             # purge, about once a second under steady traffic, never on the hot path.
-            self._purge(self._clock())
+            self._purge(now)
             bucket = self._buckets[second] = []
             heapq.heappush(self._bucket_heap, second)
         self._last_second, self._last_bucket = second, bucket
         return bucket
 
-    def _make_room(self) -> bool:
-        self._purge(self._clock())
+    def _make_room(self, now: float) -> bool:
+        self._purge(now)
         return len(self._entries) < self.max_entries
 
     def _purge(self, now: float) -> int:

@@ -15,6 +15,12 @@ Why this is safe across threads and processes:
   thread opens its own, and a child process drops (without closing, which could disturb
   the parent's locks) every connection it inherited and opens fresh ones.
 
+Time: a row stores when it is forgotten (``expires_at``) on the host's clock, the one
+time base every process using the file shares; the store computes it from the relative
+retention the codec passes, so the codec's own clock never enters the file. Moving the
+host clock forward by more than the margin the codec adds (its skew allowance) forgets
+rows early; keep the machine on NTP.
+
 Durability: with ``synchronous="NORMAL"`` (the default, and SQLite's recommendation for
 WAL) a consume survives a crash of the process, but the last commits before a power
 loss or kernel crash may be lost, so tokens redeemed in that last instant could be
@@ -25,6 +31,7 @@ roughly a third of the throughput.
 from __future__ import annotations
 
 import logging
+import math
 import os
 import random
 import sqlite3
@@ -35,7 +42,7 @@ from collections.abc import Callable
 from typing import Final, Literal
 
 from .._errors import ReplayStoreError
-from .base import ReplayStore
+from .base import ReplayStore, invalid_retention
 
 logger = logging.getLogger("statecodec")
 
@@ -88,7 +95,8 @@ class SQLiteReplayStore(ReplayStore):
         closed with :class:`ReplayStoreError`.
     :param purge_interval: seconds between two purges of expired rows (per process).
     :param synchronous: ``"NORMAL"`` or ``"FULL"``; see the module docstring.
-    :param clock: returns the current Unix time; inject one in tests.
+    :param clock: the host's current Unix time (rows hold absolute times, shared by every
+        process using the file); inject one in tests.
     """
 
     kind = "sqlite"
@@ -131,7 +139,9 @@ class SQLiteReplayStore(ReplayStore):
         return f"SQLiteReplayStore({self.path!r})"
 
     # ------------------------------------------------------------------ the contract
-    def consume(self, key: str, expires_at: float) -> bool:
+    def consume(self, key: str, retention: float) -> bool:
+        if not 0.0 < retention < math.inf:  # also false for NaN
+            raise invalid_retention(retention)
         now = self._clock()
         try:
             cursor: sqlite3.Cursor = self._local.cursor
@@ -139,7 +149,7 @@ class SQLiteReplayStore(ReplayStore):
             cursor = self._connection().cursor()
             self._local.cursor = cursor  # reused: a fresh cursor per call costs ~10%
         try:
-            first = cursor.execute(_CONSUME, (key, expires_at, now)).rowcount == 1
+            first = cursor.execute(_CONSUME, (key, now + retention, now)).rowcount == 1
         except sqlite3.Error as exc:
             raise self._error(exc) from None
         if now >= self._next_purge:
