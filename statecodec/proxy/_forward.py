@@ -11,13 +11,15 @@ with a JSON-RPC error body.
 Two choices serve the middleware: the upstream is always asked for ``identity``
 encoding (a compressed response could not be inspected, and on loopback compression buys
 nothing), and the httpx client ignores proxy environment variables (``trust_env=False``),
-so no ``HTTPS_PROXY`` setting can silently route tokens elsewhere.
+so no ``HTTPS_PROXY`` setting can silently route tokens elsewhere. The client keeps no
+cookies: the upstream's ``Set-Cookie`` goes to the client it answers, and nowhere else.
 """
 
 from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from http.cookiejar import CookieJar, DefaultCookiePolicy
 from typing import Any, Final
 
 import anyio
@@ -127,6 +129,9 @@ class UpstreamApp:
                 limits=httpx.Limits(max_connections=self.max_connections, max_keepalive_connections=20),
                 follow_redirects=False,
                 trust_env=False,
+                # No cookie jar: a Set-Cookie answered to one client must never be sent
+                # upstream with another client's request.
+                cookies=CookieJar(DefaultCookiePolicy(allowed_domains=[])),
                 transport=self._transport,
             )
         return self._client
