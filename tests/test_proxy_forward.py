@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from statecodec.proxy import UpstreamApp
+from statecodec.proxy import Timeouts, UpstreamApp
 
 
 @dataclass
@@ -156,3 +156,104 @@ async def test_a_cookie_set_for_one_client_never_reaches_the_upstream_with_anoth
         await app.aclose()
     assert upstream.seen[0].header("cookie") == ["who=alice"]
     assert upstream.seen[1].header("cookie") == []
+
+
+async def test_headers_as_a_careful_reverse_proxy_sends_them(upstream: EchoUpstream) -> None:
+    app = UpstreamApp(upstream.url)
+    client_headers = [
+        (b"host", b"proxy.example"),
+        (b"Connection", b"keep-alive, X-Hop"),
+        (b"x-hop", b"dropped"),
+        (b"keep-alive", b"timeout=5"),
+        (b"te", b"trailers"),
+        (b"accept-encoding", b"gzip, br"),
+        (b"expect", b"100-continue"),
+        (b"x-forwarded-for", b"192.0.2.1"),
+        (b"x-forwarded-host", b"spoofed"),
+        (b"authorization", b"Bearer abc"),
+        (b"mcp-session-id", b"s-1"),
+        (b"content-length", b"7"),
+    ]
+    try:
+        await call(app, scope(b"/mcp/a%20b", client_headers, query_string=b"x=1&y=%2F"), [b'{"a":', b"1}"])
+    finally:
+        await app.aclose()
+    seen = upstream.seen[0]
+    assert seen.path == "/mcp/a%20b?x=1&y=%2F"  # as the client sent it
+    assert seen.body == b'{"a":1}'
+    names = {name.lower() for name, _ in seen.headers}
+    assert not names & {
+        "x-hop",
+        "keep-alive",
+        "te",
+        "expect",
+        "user-agent",
+        "accept",
+        "content-type",
+        "cookie",
+    }
+    assert seen.header("host") == [upstream.url.split("/")[2]]
+    assert seen.header("accept-encoding") == ["identity"]
+    assert seen.header("x-forwarded-for") == ["192.0.2.1, 10.0.0.7"]
+    assert seen.header("x-forwarded-host") == ["proxy.example"]
+    assert seen.header("x-forwarded-proto") == ["http"]
+    assert seen.header("authorization") == ["Bearer abc"]
+    assert seen.header("mcp-session-id") == ["s-1"]
+    assert seen.header("content-length") == ["7"]  # a streamed body keeps the client's length
+
+
+async def test_a_whole_body_is_sent_with_its_true_length(upstream: EchoUpstream) -> None:
+    app = UpstreamApp(upstream.url)
+    try:
+        await call(app, scope(headers=[(b"content-length", b"999")]), [b'{"a":1}'])
+    finally:
+        await app.aclose()
+    assert upstream.seen[0].body == b'{"a":1}'
+    assert upstream.seen[0].header("content-length") == ["7"]
+
+
+async def test_a_chunked_answer_is_relayed_whole(upstream: EchoUpstream) -> None:
+    app = UpstreamApp(upstream.url)
+    upstream.reply = (201, [("Content-Type", "application/json"), ("X-Up", "1")], [b'{"a":', b"2", b"}"])
+    try:
+        start, body = await call(app, scope(), [b"{}"])
+    finally:
+        await app.aclose()
+    assert start["status"] == 201
+    assert (b"X-Up", b"1") in start["headers"]
+    assert body == b'{"a":2}'
+
+
+async def test_a_stream_stops_being_read_when_the_client_goes_away(upstream: EchoUpstream) -> None:
+    app = UpstreamApp(upstream.url, timeouts=Timeouts(read=10))
+    upstream.reply = (200, [("Content-Type", "text/event-stream")], [])
+    disconnect = asyncio.Event()
+    events = 0
+
+    async def receive() -> dict[str, Any]:
+        if not getattr(receive, "sent", False):
+            receive.sent = True  # type: ignore[attr-defined]
+            return {"type": "http.request", "body": b"", "more_body": False}
+        await disconnect.wait()
+        return {"type": "http.disconnect"}
+
+    async def send(message: dict[str, Any]) -> None:
+        nonlocal events
+        if message["type"] == "http.response.body" and message.get("body"):
+            events += 1
+            if events == 3:
+                disconnect.set()  # the client leaves after three events
+
+    try:
+        await asyncio.wait_for(app(scope(b"/stream", method="GET"), receive, send), timeout=30)
+        assert await asyncio.to_thread(upstream.stream_stopped.wait, 20)  # the upstream saw the proxy go
+    finally:
+        await app.aclose()
+    assert events >= 3
+
+
+def test_the_upstream_url_is_checked() -> None:
+    with pytest.raises(ValueError, match="credentials"):
+        UpstreamApp("http://user:secret@127.0.0.1:9/mcp")
+    with pytest.raises(ValueError, match="http:// or https://"):
+        UpstreamApp("ftp://127.0.0.1/mcp")

@@ -303,7 +303,7 @@ def _run(
     passthrough_paths: tuple[str, ...],
 ) -> None:
     from ..kms import KeyManager  # noqa: PLC0415 - loaded only for this command
-    from ..proxy import ProxyOptions, Timeouts, bind_socket, build_proxy, serve  # noqa: PLC0415
+    from ..proxy import ProxyOptions, Timeouts, bind_socket, build_proxy, event_loop_factory, serve  # noqa: PLC0415
     from ..replay._url import redact  # noqa: PLC0415
     from ._sources import open_store  # noqa: PLC0415
 
@@ -351,18 +351,19 @@ def _run(
         # with the store closed and exit code 0, rather than by the default handler.
         previous = {sig: signal.signal(sig, _ignore) for sig in (signal.SIGINT, signal.SIGTERM)}
         try:
-            asyncio.run(
-                _serve_then_close(
-                    serve(
-                        app,
-                        sock,
-                        graceful_timeout=graceful_timeout,
-                        limit_concurrency=max_concurrent_requests,
-                        on_ready=ready,
-                    ),
-                    closer,
+            with asyncio.Runner(loop_factory=event_loop_factory()) as runner:
+                runner.run(
+                    _serve_then_close(
+                        serve(
+                            app,
+                            sock,
+                            graceful_timeout=graceful_timeout,
+                            limit_concurrency=max_concurrent_requests,
+                            on_ready=ready,
+                        ),
+                        closer,
+                    )
                 )
-            )
         finally:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
