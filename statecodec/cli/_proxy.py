@@ -10,10 +10,14 @@ with the usual codes when it cannot start (3 keys, 4 replay store, 6 address in 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import functools
 import logging
 import os
 import signal
+import socket
 import sys
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -235,6 +239,14 @@ def _listen(value: str) -> tuple[str, int]:
     "endpoint); a JSON body carrying a requestState there is refused. Never the MCP path.",
 )
 @click.option(
+    "--workers",
+    type=click.IntRange(1, 256),
+    default=1,
+    show_default=True,
+    help="Processes serving the same socket (one core each); they share keys and the replay "
+    "store, so memory: is refused with more than one.",
+)
+@click.option(
     "--log-level", type=click.Choice(["debug", "info", "warning", "error"]), default="info", show_default=True
 )
 def proxy_command(**params: Any) -> None:
@@ -254,9 +266,10 @@ def proxy_command(**params: Any) -> None:
     )
     principal.check()
     host, port = _listen(params.pop("listen"))
-    _configure_logging(params.pop("log_level"))
+    log_level = params.pop("log_level")
+    _configure_logging(log_level)
     try:
-        _run(principal, host, port, **params)
+        _run(_Settings(principal=principal, log_level=log_level, **params), host, port)
     except (click.exceptions.Exit, click.exceptions.Abort, click.ClickException, KeyboardInterrupt):
         raise
     except Exception as exc:
@@ -280,97 +293,170 @@ def _configure_logging(level: str) -> None:
     lib.setLevel(level.upper())
 
 
-def _run(
-    principal: PrincipalOptions,
-    host: str,
-    port: int,
-    *,
-    upstream: str,
-    keys_spec: str | None,
-    replay: str,
-    audience: str,
-    mode: str,
-    ttl: int,
-    namespace: str | None,
-    max_token_bytes: int,
-    max_body_bytes: int,
-    max_response_bytes: int,
-    connect_timeout: int,
-    read_timeout: int,
-    graceful_timeout: int,
-    max_concurrent_requests: int | None,
-    max_connections: int,
-    passthrough_paths: tuple[str, ...],
-) -> None:
-    from ..kms import KeyManager  # noqa: PLC0415 - loaded only for this command
-    from ..proxy import ProxyOptions, Timeouts, bind_socket, build_proxy, event_loop_factory, serve  # noqa: PLC0415
-    from ..replay._url import redact  # noqa: PLC0415
-    from ._sources import open_store  # noqa: PLC0415
+@dataclass(frozen=True)
+class _Settings:
+    """Everything a proxy process builds itself from: picklable, for ``--workers``."""
 
-    if ttl <= 0:
+    principal: PrincipalOptions
+    log_level: str
+    upstream: str
+    keys_spec: str | None
+    replay: str
+    audience: str
+    mode: str
+    ttl: int
+    namespace: str | None
+    max_token_bytes: int
+    max_body_bytes: int
+    max_response_bytes: int
+    connect_timeout: int
+    read_timeout: int
+    graceful_timeout: int
+    max_concurrent_requests: int | None
+    max_connections: int
+    passthrough_paths: tuple[str, ...]
+    workers: int
+
+
+def _run(settings: _Settings, host: str, port: int) -> None:
+    from ..proxy import bind_socket  # noqa: PLC0415 - loaded only for this command
+    from ..replay._url import redact  # noqa: PLC0415
+
+    if settings.ttl <= 0:
         raise click.BadParameter("must be positive", param_hint="'--ttl'")
-    principal_fn, closer = principal.build()
-    options = ProxyOptions(
-        upstream=upstream,
-        audience=audience,
-        max_body_bytes=max_body_bytes,
-        max_response_bytes=max_response_bytes,
-        timeouts=Timeouts(connect=connect_timeout, read=read_timeout),
-        max_connections=max_connections,
-        passthrough_paths=passthrough_paths,
-    )
-    manager = KeyManager(require_keys(keys_spec), max_ttl=max(float(ttl), 600.0))
-    manager.start()
-    try:
-        store = open_store(replay, check=True)  # exit 4 before listening if it cannot serve
-        # No namespace of its own: a proxy and a protect() server sharing keys, audience and
-        # store must share single use too, so both take the codec's default.
-        named: dict[str, Any] = {} if namespace is None else {"namespace": namespace}
-        codec = StateCodec(
-            manager, mode=mode, ttl=ttl, max_token_bytes=max_token_bytes, replay=store, **named
+    if settings.workers > 1 and settings.replay.strip().lower().startswith("memory"):
+        raise click.UsageError(
+            "--workers N needs a replay store the workers share (sqlite:PATH or redis://...): "
+            "with memory: each worker would accept every token once"
         )
+
+    def bound() -> socket.socket:
         try:
-            app = build_proxy(codec, options, principal=principal_fn)
-        except ValueError as exc:
-            raise CliError(ExitCode.USAGE, str(exc)) from None
-        try:
-            sock = bind_socket(host, port)
+            return bind_socket(host, port)
         except OSError as exc:
             raise CliError(ExitCode.IO, f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
 
-        def ready(url: str) -> None:
-            logger.info(
-                "statecodec proxy: %s -> %s mode=%s audience=%r principal=%s replay=%s",
-                url, redact(upstream), mode, audience, principal.describe(), redact(replay),
-            )  # fmt: skip
-            click.echo(f"listening on {url}")
-            sys.stdout.flush()
+    def ready(url: str) -> None:
+        logger.info(
+            "statecodec proxy: %s -> %s mode=%s audience=%r principal=%s replay=%s workers=%d",
+            url, redact(settings.upstream), settings.mode, settings.audience,
+            settings.principal.describe(), redact(settings.replay), settings.workers,
+        )  # fmt: skip
+        click.echo(f"listening on {url}")
+        sys.stdout.flush()
 
-        # uvicorn handles SIGINT/SIGTERM itself (graceful shutdown), then re-raises the
-        # signal to the handler it found: make that one a no-op, so shutdown ends here,
-        # with the store closed and exit code 0, rather than by the default handler.
-        previous = {sig: signal.signal(sig, _ignore) for sig in (signal.SIGINT, signal.SIGTERM)}
+    if settings.workers == 1:
+        with _built(settings) as (app, closer):
+            sock = bound()
+            try:
+                _serve_on(app, closer, sock, settings, ready)
+            finally:
+                sock.close()
+        return
+    from ..proxy import Supervisor  # noqa: PLC0415
+
+    with _built(settings):  # keys, store and options checked here: exit 2/3/4/7 before listening
+        pass
+    sock = bound()
+    try:
+        supervisor = Supervisor(
+            functools.partial(_serve_worker, settings),
+            sock,
+            settings.workers,
+            stop_timeout=settings.graceful_timeout,
+        )
+        code = supervisor.run(lambda: ready(_url_of(sock)))
+    finally:
+        sock.close()
+    if code:
+        sys.exit(code)
+
+
+@contextlib.contextmanager
+def _built(settings: _Settings) -> Iterator[tuple[Any, Any]]:
+    """The proxy application and the object to close at shutdown; keys and store are live inside."""
+    from ..kms import KeyManager  # noqa: PLC0415 - loaded only for this command
+    from ..proxy import ProxyOptions, Timeouts, build_proxy  # noqa: PLC0415
+    from ._sources import open_store  # noqa: PLC0415
+
+    principal_fn, closer = settings.principal.build()
+    options = ProxyOptions(
+        upstream=settings.upstream,
+        audience=settings.audience,
+        max_body_bytes=settings.max_body_bytes,
+        max_response_bytes=settings.max_response_bytes,
+        timeouts=Timeouts(connect=settings.connect_timeout, read=settings.read_timeout),
+        max_connections=settings.max_connections,
+        passthrough_paths=settings.passthrough_paths,
+    )
+    manager = KeyManager(require_keys(settings.keys_spec), max_ttl=max(float(settings.ttl), 600.0))
+    manager.start()
+    try:
+        store = open_store(settings.replay, check=True)  # exit 4 before listening if it cannot serve
         try:
-            with asyncio.Runner(loop_factory=event_loop_factory()) as runner:
-                runner.run(
-                    _serve_then_close(
-                        serve(
-                            app,
-                            sock,
-                            graceful_timeout=graceful_timeout,
-                            limit_concurrency=max_concurrent_requests,
-                            on_ready=ready,
-                        ),
-                        closer,
-                    )
-                )
+            # No namespace of its own: a proxy and a protect() server sharing keys, audience and
+            # store must share single use too, so both take the codec's default.
+            named: dict[str, Any] = {} if settings.namespace is None else {"namespace": settings.namespace}
+            codec = StateCodec(
+                manager,
+                mode=settings.mode,
+                ttl=settings.ttl,
+                max_token_bytes=settings.max_token_bytes,
+                replay=store,
+                **named,
+            )
+            try:
+                app = build_proxy(codec, options, principal=principal_fn)
+            except ValueError as exc:
+                raise CliError(ExitCode.USAGE, str(exc)) from None
+            yield app, closer
         finally:
-            for sig, handler in previous.items():
-                signal.signal(sig, handler)
-            sock.close()
             store.close()
     finally:
         manager.stop()
+
+
+def _serve_on(app: Any, closer: Any, sock: socket.socket, settings: _Settings, ready: Any) -> None:
+    from ..proxy import event_loop_factory, serve  # noqa: PLC0415
+
+    # uvicorn handles SIGINT/SIGTERM itself (graceful shutdown), then re-raises the
+    # signal to the handler it found: make that one a no-op, so shutdown ends here,
+    # with the store closed and exit code 0, rather than by the default handler.
+    previous = {sig: signal.signal(sig, _ignore) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        with asyncio.Runner(loop_factory=event_loop_factory()) as runner:
+            runner.run(
+                _serve_then_close(
+                    serve(
+                        app,
+                        sock,
+                        graceful_timeout=settings.graceful_timeout,
+                        limit_concurrency=settings.max_concurrent_requests,
+                        on_ready=ready,
+                    ),
+                    closer,
+                )
+            )
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def _serve_worker(settings: _Settings, sock: socket.socket, announce: Any) -> None:
+    """One ``--workers`` process: the same proxy as a single one, on the inherited socket."""
+    _configure_logging(settings.log_level)
+    try:
+        with _built(settings) as (app, closer):
+            _serve_on(app, closer, sock, settings, lambda url: announce())
+    except Exception as exc:
+        error = classify(exc) if not isinstance(exc, click.ClickException) else None
+        logger.error("statecodec proxy: worker cannot serve: %s", error.message if error else exc)
+        sys.exit(int(error.code) if error else 2)
+
+
+def _url_of(sock: socket.socket) -> str:
+    host, port = sock.getsockname()[:2]
+    return f"http://{f'[{host}]' if ':' in host else host}:{port}"
 
 
 def _ignore(signum: int, frame: Any) -> None:

@@ -23,6 +23,7 @@ from ._principal import (
     principal_of,
 )
 from ._server import ProxyOptions, build_proxy, event_loop_factory, serve
+from ._workers import Supervisor
 
 __all__ = [
     "DEFAULT_ALGORITHMS",
@@ -30,6 +31,7 @@ __all__ = [
     "BearerPrincipal",
     "JWKSVerifier",
     "ProxyOptions",
+    "Supervisor",
     "Timeouts",
     "TokenVerifier",
     "Unauthenticated",
