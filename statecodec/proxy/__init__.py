@@ -6,7 +6,7 @@ no requestState protection of its own (the Go, C#, Java and Kotlin SDKs ship non
 it gets sealed, bound, expiring, single-use state by deployment alone. docs/proxy.md
 describes deployment, options, and what the proxy can and cannot bind.
 
-Needs ``statecodec[proxy]`` (uvicorn, aiohttp, httpx, PyJWT; uvloop and httptools on POSIX).
+Needs ``statecodec[proxy]`` (uvicorn, httptools, httpx, PyJWT; uvloop on POSIX).
 """
 
 from .._net import bind_socket

@@ -8,8 +8,9 @@ add ``X-Forwarded-*``, stream the response chunk by chunk, stop reading the upst
 when the client goes away, and turn an unreachable or slow upstream into a 502 or 504
 with a JSON-RPC error body.
 
-The upstream client is aiohttp's: its response parser is compiled (llhttp), and on the
-proxy's benchmark it costs a fifth of the instructions of httpx per request
+The upstream client is this package's own pool of keep-alive connections
+(:mod:`._upstream`), its answers parsed by llhttp through httptools: on the proxy's
+benchmark aiohttp's client alone cost more than the proxy's goal per request
 (docs/performance.md). Choices that serve the middleware and the clients behind one
 proxy:
 
@@ -17,27 +18,26 @@ proxy:
   not be inspected, and on loopback compression buys nothing), and nothing is
   decompressed on the way: the bytes are relayed as the upstream sent them;
 - no cookie jar: a ``Set-Cookie`` answered to one client is never sent upstream with
-  another client's request (a shared client with a jar would do exactly that);
-- proxy environment variables are ignored (``trust_env=False``), so no ``HTTPS_PROXY``
-  setting can silently route tokens elsewhere, and redirects are relayed, not followed;
+  another client's request;
+- proxy environment variables play no part, so no ``HTTPS_PROXY`` setting can silently
+  route tokens elsewhere, and redirects are relayed, not followed;
 - no header the client did not send is added but ``Host``, ``Accept-Encoding``,
-  ``Content-Length`` and ``X-Forwarded-*`` (no client ``User-Agent``, ``Accept`` or
-  ``Content-Type`` of its own).
+  ``Content-Length`` (or ``Transfer-Encoding: chunked``) and ``X-Forwarded-*``.
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
+import ssl
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import Final
+from urllib.parse import urlsplit
 
-import aiohttp
 import anyio
-import yarl
 
 from ..adapters.asgi import Message, Receive, Scope, Send, dumps, request_path
+from ._upstream import Pool, Response, UpstreamError, check_fields
 
 logger = logging.getLogger("statecodec.proxy")
 
@@ -56,13 +56,22 @@ HOP_BY_HOP: Final = frozenset(
     }
 )
 # Set by this proxy, never copied from the client. ``Expect: 100-continue`` was the
-# client's question to this server, which has answered it by reading the body.
+# client's question to this server, which has answered it by reading the body; the
+# length is the length of what is really sent.
 _REPLACED_REQUEST: Final = frozenset(
-    {b"host", b"accept-encoding", b"expect", b"x-forwarded-host", b"x-forwarded-proto", b"x-forwarded-for"}
+    {
+        b"host",
+        b"accept-encoding",
+        b"expect",
+        b"content-length",
+        b"x-forwarded-host",
+        b"x-forwarded-proto",
+        b"x-forwarded-for",
+    }
 )
 _DROPPED_REQUEST: Final = HOP_BY_HOP | _REPLACED_REQUEST
-# aiohttp would add these when the client did not send them; a proxy adds nothing.
-_NOT_ADDED: Final = ("User-Agent", "Accept", "Content-Type")
+# Methods that define no meaning for a body: no ``Content-Length: 0`` when there is none.
+_BODILESS: Final = frozenset({b"GET", b"HEAD", b"OPTIONS", b"TRACE", b"DELETE", b"CONNECT"})
 # Below Node's default keep-alive timeout (5 s): an idle connection is dropped here before
 # the upstream closes it, so a request is never written into a connection being closed.
 _KEEPALIVE_SECONDS: Final = 4.0
@@ -72,11 +81,10 @@ _KEEPALIVE_SECONDS: Final = 4.0
 class Timeouts:
     """Seconds toward the upstream.
 
-    ``connect`` bounds opening a connection and ``pool`` waiting for a free one (aiohttp
-    counts them together). ``write`` bounds sending the request: the request must be
-    sent and its answer started within ``write`` + ``read`` seconds. ``read`` bounds the
-    silence before the answer and between two of its chunks, so an SSE stream stays open
-    as long as the upstream sends something (events or keep-alives).
+    ``connect`` bounds opening a connection and ``pool`` waiting for a free one (they
+    are counted together). ``write`` bounds sending a streamed request body. ``read``
+    bounds the silence before the answer and between two of its chunks, so an SSE stream
+    stays open as long as the upstream sends something (events or keep-alives).
     """
 
     connect: float = 10.0
@@ -84,46 +92,48 @@ class Timeouts:
     write: float = 30.0
     pool: float = 10.0
 
-    def aiohttp(self) -> aiohttp.ClientTimeout:
-        return aiohttp.ClientTimeout(
-            total=None, connect=self.pool + self.connect, sock_connect=self.connect, sock_read=self.read
-        )
-
 
 class _ClientGone(Exception):  # noqa: N818 - control flow
     pass
 
 
-# What reading an answer's body raises when the upstream breaks off: aiohttp's errors, a
-# silent read timeout, and the RuntimeError its stream raises once the connection is gone.
-_BROKEN: Final = (aiohttp.ClientError, TimeoutError, RuntimeError)
+# What reading an answer's body raises when the upstream breaks off: the connection's
+# errors and a silent read timeout.
+_BROKEN: Final = (UpstreamError, OSError, TimeoutError)
 
 
-def _request_headers(headers: list[tuple[bytes, bytes]]) -> tuple[list[tuple[str, str]], bytes | None, bytes]:
-    """The headers to send upstream, the client's ``Host``, and its ``X-Forwarded-For`` chain.
+class _RequestHeaders:
+    """The client's headers as sent upstream, with what this proxy sets itself taken out.
 
-    One pass over the client's headers: hop-by-hop ones (and those ``Connection`` names)
-    and the ones this proxy sets itself are dropped, the rest kept in order.
+    One pass: hop-by-hop headers (and those ``Connection`` names) and the ones this proxy
+    replaces are dropped, the rest kept in order, as bytes.
     """
-    dropped = _DROPPED_REQUEST
-    for name, value in headers:
-        if name.lower() == b"connection":  # rare: it names more hop-by-hop headers
-            dropped = dropped | {token.strip().lower() for token in value.split(b",")}
-    kept: list[tuple[str, str]] = []
-    host: bytes | None = None
-    chain: list[bytes] = []
-    for name, value in headers:
-        lower = name.lower()
-        if lower not in dropped:
-            kept.append((name.decode("latin-1"), value.decode("latin-1")))
-        elif lower == b"host":
-            host = host or value
-        elif lower == b"x-forwarded-for":
-            chain.append(value)
-    return kept, host, b", ".join(chain)
+
+    __slots__ = ("chain", "host", "kept", "length")
+
+    def __init__(self, headers: list[tuple[bytes, bytes]]) -> None:
+        dropped = _DROPPED_REQUEST
+        for name, value in headers:
+            if name.lower() == b"connection":  # rare: it names more hop-by-hop headers
+                dropped = dropped | {token.strip().lower() for token in value.split(b",")}
+        self.kept: list[tuple[bytes, bytes]] = []
+        self.host: bytes | None = None
+        self.length: bytes | None = None
+        chain: list[bytes] = []
+        for name, value in headers:
+            lower = name.lower()
+            if lower not in dropped:
+                self.kept.append((name, value))
+            elif lower == b"host":
+                self.host = self.host or value
+            elif lower == b"x-forwarded-for":
+                chain.append(value)
+            elif lower == b"content-length":
+                self.length = value
+        self.chain = b", ".join(chain)
 
 
-def _response_headers(headers: Any) -> list[tuple[bytes, bytes]]:
+def _response_headers(headers: list[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
     named = [value for name, value in headers if name.lower() == b"connection"]
     dropped = HOP_BY_HOP
     if named:
@@ -142,8 +152,9 @@ class UpstreamApp:
     """Forward to ``upstream`` (its scheme, host and port; each request keeps its own path).
 
     :param upstream: for example ``http://127.0.0.1:9000/mcp``.
-    :param connector: an aiohttp connector, for tests or unusual networking (a Unix
-        socket); by default a TCP pool of ``max_connections``.
+    :param max_connections: the most connections open to the upstream at once.
+    :param tls: the TLS context for an ``https://`` upstream (by default the system's
+        trust store, hostname checked).
     """
 
     def __init__(
@@ -152,48 +163,48 @@ class UpstreamApp:
         *,
         timeouts: Timeouts = Timeouts(),
         max_connections: int = 100,
-        connector: aiohttp.BaseConnector | None = None,
+        tls: ssl.SSLContext | None = None,
     ) -> None:
         try:
-            url = yarl.URL(upstream)
-        except (TypeError, ValueError) as exc:
+            url = urlsplit(upstream)
+            host, port = url.hostname, url.port
+        except (TypeError, ValueError, AttributeError) as exc:
             raise ValueError(f"the upstream {upstream!r} is not a URL: {exc}") from None
-        if url.scheme not in ("http", "https") or not url.host:
+        if url.scheme not in ("http", "https") or not host:
             raise ValueError(f"the upstream must be an http:// or https:// URL with a host, not {upstream!r}")
-        if url.user is not None or url.password is not None:
+        if url.username is not None or url.password is not None:
             raise ValueError("the upstream URL must not carry credentials")
-        self.upstream = url
+        self.upstream = upstream
         self.timeouts = timeouts
         self.max_connections = max_connections
-        self._origin = str(url.origin())
-        self._connector = connector
-        self._session: aiohttp.ClientSession | None = None
+        self._host = host
+        self._port = port or (443 if url.scheme == "https" else 80)
+        self._tls = (tls or ssl.create_default_context()) if url.scheme == "https" else None
+        authority = f"[{host}]" if ":" in host else host
+        self._host_header = (authority if port is None else f"{authority}:{port}").encode("idna")
+        self._pool: Pool | None = None
 
     def __repr__(self) -> str:
-        return f"UpstreamApp({str(self.upstream)!r})"
+        return f"UpstreamApp({self.upstream!r})"
 
     @property
-    def session(self) -> aiohttp.ClientSession:
+    def pool(self) -> Pool:
         """The connection pool; created on first use, inside the running event loop."""
-        if self._session is None:
-            self._session = aiohttp.ClientSession(
-                connector=self._connector
-                or aiohttp.TCPConnector(
-                    limit=self.max_connections, limit_per_host=0, keepalive_timeout=_KEEPALIVE_SECONDS
-                ),
-                timeout=self.timeouts.aiohttp(),
-                auto_decompress=False,
-                trust_env=False,
-                cookie_jar=aiohttp.DummyCookieJar(),
-                skip_auto_headers=_NOT_ADDED,
-                requote_redirect_url=False,
+        if self._pool is None:
+            self._pool = Pool(
+                self._host,
+                self._port,
+                tls=self._tls,
+                limit=self.max_connections,
+                keepalive=_KEEPALIVE_SECONDS,
+                read_timeout=self.timeouts.read,
             )
-        return self._session
+        return self._pool
 
     async def aclose(self) -> None:
-        session, self._session = self._session, None
-        if session is not None:
-            await session.close()
+        pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.close()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http":
@@ -207,50 +218,69 @@ class UpstreamApp:
         while True:
             message = await receive()
             if message["type"] == "lifespan.startup":
-                _ = self.session
+                _ = self.pool
                 await send({"type": "lifespan.startup.complete"})
             elif message["type"] == "lifespan.shutdown":
                 await self.aclose()
                 await send({"type": "lifespan.shutdown.complete"})
                 return
 
-    def _url(self, scope: Scope) -> yarl.URL:
+    def _head(self, scope: Scope, headers: _RequestHeaders, body: bytes | AsyncIterator[bytes]) -> bytes:
+        """The request line and headers; raises ``ValueError`` for what would not frame."""
+        method = str(scope["method"]).encode("ascii")
         query = scope.get("query_string", b"")
         target = request_path(scope) + (b"?" + query if query else b"")  # the path the middleware decided on
-        return yarl.URL(self._origin + target.decode("latin-1"), encoded=True)
-
-    async def _forward(self, scope: Scope, receive: Receive, send: Send) -> None:
-        headers, host, chain = _request_headers(list(scope.get("headers", ())))
-        headers.append(("Accept-Encoding", "identity"))
-        if host is not None:
-            headers.append(("X-Forwarded-Host", host.decode("latin-1")))
-        headers.append(("X-Forwarded-Proto", str(scope.get("scheme", "http"))))
+        fields = headers.kept
+        fields.append((b"Accept-Encoding", b"identity"))
+        if headers.host is not None:
+            fields.append((b"X-Forwarded-Host", headers.host))
+        fields.append((b"X-Forwarded-Proto", str(scope.get("scheme", "http")).encode("latin-1")))
         client = scope.get("client")
         if client:
             address = str(client[0]).encode("latin-1")
-            headers.append(
-                ("X-Forwarded-For", (chain + b", " + address if chain else address).decode("latin-1"))
-            )
+            fields.append((b"X-Forwarded-For", headers.chain + b", " + address if headers.chain else address))
+        if isinstance(body, bytes):
+            if body or method not in _BODILESS:
+                fields.append((b"Content-Length", str(len(body)).encode("ascii")))
+        elif headers.length is not None:
+            fields.append((b"Content-Length", headers.length))  # a streamed body keeps its length
+        else:
+            fields.append((b"Transfer-Encoding", b"chunked"))
+        check_fields(method, target, fields)
+        lines = [b"%b %b HTTP/1.1\r\nHost: %b\r\n" % (method, target, self._host_header)]
+        lines += [name + b": " + value + b"\r\n" for name, value in fields]
+        lines.append(b"\r\n")
+        return b"".join(lines)
+
+    async def _forward(self, scope: Scope, receive: Receive, send: Send) -> None:
+        headers = _RequestHeaders(list(scope.get("headers", ())))
         body = await _Body.read(receive)
         if body is None:
             return  # the client went away while sending
-        if isinstance(body.data, bytes):  # aiohttp sets the length of what is really sent
-            headers = [(name, value) for name, value in headers if name.lower() != "content-length"]
         try:
-            async with asyncio.timeout(self.timeouts.write + self.timeouts.read):
-                response = await self.session.request(
-                    scope["method"], self._url(scope), headers=headers, data=body.data, allow_redirects=False
-                )
+            head = self._head(scope, headers, body.data)
+        except (ValueError, UnicodeError):
+            logger.warning("statecodec proxy: a request that would not frame as HTTP/1.1 was refused")
+            await _error(send, 400, "Bad request")
+            return
+        timeouts = self.timeouts
+        try:
+            response = await self.pool.request(
+                str(scope["method"]).encode("ascii"),
+                head,
+                body.data,
+                chunked=not isinstance(body.data, bytes) and headers.length is None,
+                connect_timeout=timeouts.pool + timeouts.connect,
+                write_timeout=timeouts.write,
+            )
+        except _ClientGone:
+            return
         except TimeoutError as exc:
-            if body.gone:
-                return
             logger.warning("statecodec proxy: upstream timed out (%s)", type(exc).__name__)
             await _error(send, 504, "Upstream timed out")
             return
-        except aiohttp.ClientError as exc:
-            if body.gone:
-                return
-            logger.warning("statecodec proxy: upstream unavailable (%s)", type(exc).__name__)
+        except (UpstreamError, OSError) as exc:
+            logger.warning("statecodec proxy: upstream unavailable (%s: %s)", type(exc).__name__, exc)
             await _error(send, 502, "Upstream unavailable")
             return
         complete = False
@@ -259,7 +289,7 @@ class UpstreamApp:
                 {
                     "type": "http.response.start",
                     "status": response.status,
-                    "headers": _response_headers(response.raw_headers),
+                    "headers": _response_headers(response.headers),
                 }
             )
             complete = await _relay(response, receive, send)
@@ -271,57 +301,52 @@ class UpstreamApp:
 
 
 class _Body:
-    """The request body for aiohttp: bytes when it came in one message (the middleware's
-    case), else a stream; ``gone`` tells whether the client left while sending it."""
+    """The request body: bytes when it came in one message (the middleware's case), else a
+    stream that raises :class:`_ClientGone` if the client leaves while sending it."""
 
-    __slots__ = ("data", "gone")
+    __slots__ = ("data",)
 
-    def __init__(self) -> None:
-        self.data: bytes | AsyncIterator[bytes] | None = None
-        self.gone = False
+    def __init__(self, data: bytes | AsyncIterator[bytes]) -> None:
+        self.data = data
 
     @classmethod
     async def read(cls, receive: Receive) -> _Body | None:
         message = await receive()
         if message["type"] == "http.disconnect":
             return None
-        body = cls()
         first: bytes = message.get("body", b"")
         if message.get("more_body", False):
-            body.data = body._stream(first, receive)
-        else:
-            body.data = first or None
-        return body
-
-    async def _stream(self, first: bytes, receive: Receive) -> AsyncIterator[bytes]:
-        if first:
-            yield first
-        while True:
-            message = await receive()
-            if message["type"] == "http.disconnect":
-                self.gone = True
-                raise _ClientGone
-            chunk = message.get("body", b"")
-            if chunk:
-                yield chunk
-            if not message.get("more_body", False):
-                return
+            return cls(_stream(first, receive))
+        return cls(first)
 
 
-async def _relay(response: aiohttp.ClientResponse, receive: Receive, send: Send) -> bool:
+async def _stream(first: bytes, receive: Receive) -> AsyncIterator[bytes]:
+    if first:
+        yield first
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            raise _ClientGone
+        chunk = message.get("body", b"")
+        if chunk:
+            yield chunk
+        if not message.get("more_body", False):
+            return
+
+
+async def _relay(response: Response, receive: Receive, send: Send) -> bool:
     """Relay the body; True when it was relayed whole.
 
     An answer that is complete in its first read (a JSON answer) is sent as it is; one
     that goes on (an SSE stream) is relayed chunk by chunk while the client is watched,
     so the upstream is not read for nobody once the client has gone.
     """
-    content = response.content
     try:
-        chunk = await content.readany()
+        chunk = await response.read()
     except _BROKEN as exc:
         _broke_off(exc)
         return False
-    if content.at_eof():
+    if response.at_eof:
         await send({"type": "http.response.body", "body": chunk, "more_body": False})
         return True
     complete = False
@@ -333,7 +358,7 @@ async def _relay(response: aiohttp.ClientResponse, receive: Receive, send: Send)
             while more:
                 await send({"type": "http.response.body", "body": more, "more_body": True})
                 try:
-                    more = await content.readany()  # b"" at the end of the body
+                    more = await response.read()  # b"" at the end of the body
                 except _BROKEN as exc:
                     _broke_off(exc)
                     break
