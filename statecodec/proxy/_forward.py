@@ -81,8 +81,8 @@ _KEEPALIVE_SECONDS: Final = 4.0
 class Timeouts:
     """Seconds toward the upstream.
 
-    ``connect`` bounds opening a connection and ``pool`` waiting for a free one (they
-    are counted together). ``write`` bounds sending a streamed request body. ``read``
+    ``connect`` bounds opening a connection and ``pool`` waiting for a free one (when
+    ``max_connections`` are in use). ``write`` bounds sending a streamed request body. ``read``
     bounds the silence before the answer and between two of its chunks, so an SSE stream
     stays open as long as the upstream sends something (events or keep-alives).
     """
@@ -270,7 +270,8 @@ class UpstreamApp:
                 head,
                 body.data,
                 chunked=not isinstance(body.data, bytes) and headers.length is None,
-                connect_timeout=timeouts.pool + timeouts.connect,
+                pool_timeout=timeouts.pool,
+                connect_timeout=timeouts.connect,
                 write_timeout=timeouts.write,
             )
         except _ClientGone:

@@ -212,9 +212,12 @@ class _Connection(asyncio.Protocol):
 
     async def answer(self) -> tuple[int, list[tuple[bytes, bytes]]]:
         """The status and headers of the answer (interim ones skipped)."""
-        if self._head_ready is None:
+        head = self._head_ready
+        if head is None:
             raise UpstreamError("no request was sent on this connection")
-        await self._head_ready
+        if not head.done():
+            await self._wait(head)  # the silence before the answer
+        head.result()  # raises what failed the exchange
         return self._status, self._headers
 
     async def read(self) -> bytes:
@@ -226,8 +229,7 @@ class _Connection(asyncio.Protocol):
                 raise self._error
             self._waiter = self._loop.create_future()
             try:
-                async with asyncio.timeout(self._read_timeout):  # silence between two chunks
-                    await self._waiter
+                await self._wait(self._waiter)  # the silence between two chunks
             finally:
                 self._waiter = None
         data = self._chunks.popleft() if len(self._chunks) == 1 else b"".join(self._chunks)
@@ -237,6 +239,18 @@ class _Connection(asyncio.Protocol):
             self._paused = False
             self.transport.resume_reading()
         return data
+
+    async def _wait(self, future: asyncio.Future[None]) -> None:
+        """Await ``future``; ``TimeoutError`` after ``read_timeout`` seconds without it.
+
+        A timer handle rather than ``asyncio.timeout()``: this runs once or twice per
+        request, and the context manager costs several times more.
+        """
+        timer = self._loop.call_later(self._read_timeout, _expire, future)
+        try:
+            await future
+        finally:
+            timer.cancel()
 
     @property
     def at_eof(self) -> bool:
@@ -255,6 +269,11 @@ class _Connection(asyncio.Protocol):
             and not self.transport.is_closing()
             and self._keep_alive
         )
+
+
+def _expire(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_exception(TimeoutError())
 
 
 class Response:
@@ -329,6 +348,7 @@ class Pool:
         body: bytes | AsyncIterator[bytes],
         *,
         chunked: bool,
+        pool_timeout: float,
         connect_timeout: float,
         write_timeout: float,
     ) -> Response:
@@ -337,21 +357,26 @@ class Pool:
         Raises :class:`UpstreamError` (or ``OSError``) when the upstream cannot be reached or
         breaks off, ``TimeoutError`` past a timeout.
         """
-        async with asyncio.timeout(connect_timeout):
-            await self._slots.acquire()
-            try:
-                conn = self._take() or await self._connect()
-            except BaseException:
-                self._slots.release()
-                raise
+        if self._slots.locked():
+            async with asyncio.timeout(pool_timeout):
+                await self._slots.acquire()
+        else:
+            await self._slots.acquire()  # a free slot: taken at once (no timer to set)
+        try:
+            conn = self._take()
+            if conn is None:
+                async with asyncio.timeout(connect_timeout):
+                    conn = await self._connect()
+        except BaseException:
+            self._slots.release()
+            raise
         try:
             if isinstance(body, bytes):
                 await conn.send(head, body, chunked, method)  # written at once, never waits
             else:
                 async with asyncio.timeout(write_timeout):
                     await conn.send(head, body, chunked, method)
-            async with asyncio.timeout(self.read_timeout):  # the silence before the answer
-                status, headers = await conn.answer()
+            status, headers = await conn.answer()
         except BaseException:
             conn.close()
             self.put(conn)
