@@ -582,7 +582,7 @@ async def bench_http(repeats: int, rounds: int, seed: int) -> dict[str, Any]:
                 "overhead_pct": None if variant == UNPROTECTED else overhead(p50s[variant], base),
                 "vs_sdk_pct": None if variant in (UNPROTECTED, SDK) else overhead(p50s[variant], sdk),
                 "repeat_p50s_ms": [round(x, 4) for x in p50s[variant]],
-                "rounds_ms": [round(x, 4) for x in per_round[variant]],
+                "distribution_ms": _harness.distribution(per_round[variant]),
             }
         )
     return {"transport": "http", "repeats": repeats, "rounds_per_sample": rounds, "rows": rows}
@@ -600,8 +600,7 @@ def plot_http(path: Any, out: Any) -> None:
     result = json.loads(path.read_text())
     rows = result["http"]["rows"]
     fig, ax = plt.subplots(figsize=(10, 3.2))
-    ax.boxplot([r["rounds_ms"] for r in rows][::-1], orientation="horizontal", whis=(1, 99), showfliers=False)
-    ax.set_yticks(range(1, len(rows) + 1), [r["variant"] for r in rows][::-1])
+    _harness.draw_boxes(ax, [r["distribution_ms"] for r in rows][::-1], [r["variant"] for r in rows][::-1])
     ax.set_xlabel("ms per MRTR round over streamable HTTP (box: quartiles, whiskers: p1-p99)")
     ax.set_title(f"bench_protect --transport http, load average {result['load_average_before'][0]:.1f}")
     fig.tight_layout()

@@ -16,9 +16,9 @@ with raw JSON-RPC over HTTP/1.1 keep-alive (no MCP client in the measurement):
   each ``--workers`` count (default 1 and 2), completed flows per second, and the CPU time
   of each proxy (all its processes) per round.
 
-The results JSON keeps every latency sample; the plot of their distributions
-(``--plot results.json``, drawn after each run with matplotlib from the ``bench`` group)
-is what docs/performance.md shows.
+The results JSON keeps the quantiles of each latency distribution (p1 to p99); the plot
+of them (``--plot results.json``, drawn after each run with matplotlib from the ``bench``
+group) is what docs/performance.md shows.
 
 Both phases stop at ``--flows`` or ``--seconds``, whichever comes first. Every process
 runs on the same machine, so the figures include the proxy competing with the client and
@@ -152,7 +152,9 @@ async def latency(targets: dict[str, str], flows: int, seconds: float, seed: int
                 rounds[name][1].append(r2)
             done += 1
     out: dict[str, Any] = {
-        "samples_ms": {name: [[v / 1e6 for v in r] for r in rs] for name, rs in rounds.items()}
+        "distribution_ms": {
+            name: [_harness.distribution([v / 1e6 for v in r]) for r in rs] for name, rs in rounds.items()
+        }
     }
     for index, label in enumerate(("round1", "round2")):
         direct, proxied = summary_ms(rounds["direct"][index]), summary_ms(rounds["proxy"][index])
@@ -288,12 +290,10 @@ def plot(path: Path, out: Path) -> None:
     import matplotlib.pyplot as plt  # noqa: PLC0415
 
     report = json.loads(path.read_text())
-    samples = report["latency_ms"]["samples_ms"]
+    dists = report["latency_ms"]["distribution_ms"]
     fig, axes = plt.subplots(1, 2, figsize=(10, 3.6), sharey=True)
     for index, ax in enumerate(axes):
-        data = [samples["direct"][index], samples["proxy"][index]]
-        ax.boxplot(data, orientation="horizontal", whis=(1, 99), showfliers=False)
-        ax.set_yticks([1, 2], ["direct", "proxied"])
+        _harness.draw_boxes(ax, [dists["direct"][index], dists["proxy"][index]], ["direct", "proxied"])
         ax.set_title(
             f"round {index + 1} ({'input_required, seal' if index == 0 else 'retry, unseal + consume'})"
         )
