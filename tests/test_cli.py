@@ -310,13 +310,23 @@ def test_verify_expired_and_not_yet_valid(keys: str) -> None:
     token = mint(keys)
     result = run("verify", token, "--keys", keys, "--at", str(T0 + 600 + 180))
     assert result.exit_code == ExitCode.INVALID
-    assert result.stdout.strip() == "INVALID  expired: expired 3m ago (leeway 60s)"
-    # The leeway is a duration option, and --at takes ISO 8601.
+    assert result.stdout.strip() == "INVALID  expired: expired 3m ago (expiry grace 0s)"
+    # Strict by default: the 600th second is the last (ttl 600), the 601st is expired.
+    assert run("verify", token, "--keys", keys, "--at", str(T0 + 600.5)).exit_code == 0
+    assert run("verify", token, "--keys", keys, "--at", str(T0 + 601)).exit_code == ExitCode.INVALID
+    # The grace is a duration option, and --at takes ISO 8601.
+    graced = ("--at", "2026-07-28T12:12:00Z", "--expiry-grace", "2m")
+    assert run("verify", token, "--keys", keys, *graced).exit_code == 0
+    assert run("verify", token, "--keys", keys, *graced, "--max-skew", "1h").exit_code == 0
     assert (
-        run("verify", token, "--keys", keys, "--at", "2026-07-28T12:12:00Z", "--leeway", "5m").exit_code == 0
+        run("verify", token, "--keys", keys, "--at", "2026-07-28T12:12:00Z", "--max-skew", "1h").exit_code
+        == ExitCode.INVALID
     )
-    doc = run_json("verify", token, "--keys", keys, "--at", str(T0 - 600))
-    assert doc["error"]["reason"] == "not_yet_valid" and "in the future" in doc["error"]["message"]
+    # --max-skew: issued up to that far in the future.
+    doc = run_json("verify", token, "--keys", keys, "--at", str(T0 - 61))
+    assert doc["error"]["reason"] == "not_yet_valid" and "60s skew allowance" in doc["error"]["message"]
+    assert run("verify", token, "--keys", keys, "--at", str(T0 - 60)).exit_code == 0
+    assert run("verify", token, "--keys", keys, "--at", str(T0 - 61), "--max-skew", "61s").exit_code == 0
 
 
 def test_verify_tampered(keys: str) -> None:
@@ -398,7 +408,9 @@ def test_verify_store_unavailable_leaves_the_token_unconsumed(tmp_path: Path, ke
         (["--replay", "memory:", "--consume", "--unbound", "--at", "now"], "do not combine it with --at"),
         (["--unbound", "--principal", "a"], "do not combine"),
         (["--at", "noon"], "not a time"),
-        (["--leeway", "-5"], "not a duration"),
+        (["--max-skew", "-5"], "not a duration"),
+        (["--expiry-grace", "1.5"], "not a duration"),
+        (["--leeway", "5"], "No such option"),
         (["--format", "jwt"], "jwt"),
         (["--bind-value", "x"], "--bind-value (ts-v1 only)"),
     ],

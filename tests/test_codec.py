@@ -64,6 +64,12 @@ def _reason(codec: sc.StateCodec, token: Any, binding: sc.Binding | None = FULL,
     return info.value.reason
 
 
+def _detail(codec: sc.StateCodec, token: str, now: float) -> str:
+    with pytest.raises(sc.InvalidState) as info:
+        codec.unseal_at_time(token, FULL, now)
+    return info.value.detail
+
+
 CODECS = {m: _codec(m) for m in MODES}
 
 bindings = st.builds(
@@ -183,7 +189,12 @@ def test_seal_refuses_bad_ttl_and_times() -> None:
     [
         ({"ttl": 0}, ValueError),
         ({"ttl": 2**31}, ValueError),
-        ({"leeway": -1}, ValueError),
+        ({"max_skew": -1}, ValueError),
+        ({"max_skew": 1.5}, ValueError),
+        ({"max_skew": 2**31}, ValueError),
+        ({"expiry_grace": -1}, ValueError),
+        ({"expiry_grace": 0.5}, ValueError),
+        ({"expiry_grace": float("nan")}, ValueError),
         ({"max_token_bytes": 127}, ValueError),
         ({"mode": "compress"}, ValueError),
         ({"keys": b"secret"}, TypeError),
@@ -370,33 +381,44 @@ def test_binding_tag_is_not_readable() -> None:
 
 # ------------------------------------------------------------------ time edges
 @pytest.mark.parametrize("mode", MODES)
-def test_expiry_edges(mode: sc.Mode) -> None:
-    codec = _codec(mode, ttl=600, leeway=60)
+def test_expiry_is_strict_by_default(mode: sc.Mode) -> None:
+    # Whole seconds, like the token's times: accepted while floor(now) <= exp. A TTL of 600
+    # means the 600th second after iat is the last one (a fractional now inside it too).
+    codec = _codec(mode, ttl=600)
+    assert (codec.max_skew, codec.expiry_grace) == (60, 0)
     token = codec.seal_at_time(b"x", FULL, T0)
     exp = T0 + 600
-    for now in (T0, exp - 1, exp, exp + 59, exp + 59.999):
+    for now in (T0, exp - 1, exp, exp + 0.5, exp + 0.999):
         assert codec.unseal_at_time(token, FULL, now).payload == b"x", now
-    for now in (exp + 60, exp + 61, exp + 10**6):
+    for now in (exp + 1, exp + 1.001, exp + 59, exp + 10**6):
         assert _reason(codec, token, now=now) == "expired", now
 
 
 @pytest.mark.parametrize("mode", MODES)
-def test_expiry_without_leeway(mode: sc.Mode) -> None:
-    codec = _codec(mode, ttl=10, leeway=0)
+def test_expiry_grace_extends_expiry_and_nothing_else(mode: sc.Mode) -> None:
+    codec = _codec(mode, ttl=10, max_skew=0, expiry_grace=30)
     token = codec.seal_at_time(b"x", FULL, T0)
-    assert codec.unseal_at_time(token, FULL, T0 + 9).payload == b"x"
-    assert _reason(codec, token, now=T0 + 10) == "expired"
+    assert codec.unseal_at_time(token, FULL, T0 + 40.999).payload == b"x"  # exp + grace
+    assert _reason(codec, token, now=T0 + 41) == "expired"
+    assert _reason(codec, token, now=T0 - 1) == "not_yet_valid"  # no skew allowance from the grace
+    detail = _detail(codec, token, now=T0 + 100)
+    assert detail == "expired 1m30s ago (expiry grace 30s)"
 
 
 @pytest.mark.parametrize("mode", MODES)
 def test_issued_in_the_future(mode: sc.Mode) -> None:
-    codec = _codec(mode, leeway=60)
+    codec = _codec(mode, max_skew=60)
     token = codec.seal_at_time(b"x", FULL, T0)
-    assert codec.unseal_at_time(token, FULL, T0 - 60).payload == b"x"  # iat = now + leeway
-    assert _reason(codec, token, now=T0 - 61) == "not_yet_valid"  # iat = now + leeway + 1
-    assert _reason(codec, token, now=T0 - 60.5) == "not_yet_valid"
-    strict = _codec(mode, leeway=0)
-    assert _reason(strict, token, now=T0 - 1) == "not_yet_valid"
+    assert codec.unseal_at_time(token, FULL, T0 - 60).payload == b"x"  # iat = now + max_skew
+    assert codec.unseal_at_time(token, FULL, T0 - 59.5).payload == b"x"
+    assert _reason(codec, token, now=T0 - 61) == "not_yet_valid"  # iat = now + max_skew + 1
+    assert _reason(codec, token, now=T0 - 60.001) == "not_yet_valid"  # exact: iat - now > max_skew
+    assert "beyond the 60s skew allowance" in _detail(codec, token, now=T0 - 90)
+    strict = _codec(mode, max_skew=0)
+    assert strict.unseal_at_time(token, FULL, T0).payload == b"x"
+    assert _reason(strict, token, now=T0 - 0.5) == "not_yet_valid"
+    # The skew allowance never extends expiry: that is the grace's job.
+    assert _reason(_codec(mode, max_skew=3600), token, now=T0 + 601) == "expired"
 
 
 def test_the_order_of_checks() -> None:
@@ -488,12 +510,13 @@ class _FlakyStore(MemoryReplayStore):
 @pytest.mark.parametrize("mode", MODES)
 def test_second_unseal_is_replayed(mode: sc.Mode) -> None:
     store = _FlakyStore()
-    codec = _codec(mode, replay=store, namespace="deploy", leeway=60)
+    codec = _codec(mode, replay=store, namespace="deploy", max_skew=60, expiry_grace=5)
     token = codec.seal_at_time(b"x", FULL, T0)
     opened = codec.unseal_at_time(token, FULL, T0 + 0.25)
-    # kept until exp + 2 * leeway: an instance whose clock lags by the leeway still accepts it
-    # till then; the store gets that as a retention from now, to measure on its own clock
-    assert store.calls == [(f"deploy:{opened.token_id}", 600 + 2 * 60 - 0.25)]
+    # This codec accepts it while now < exp + grace + 1; an instance whose clock lags by up
+    # to max_skew, until max_skew later. The store gets that as a retention from now, to
+    # measure on its own clock.
+    assert store.calls == [(f"deploy:{opened.token_id}", 600 + 5 + 1 + 60 - 0.25)]
     with pytest.raises(sc.InvalidState) as info:
         codec.unseal_at_time(token, FULL, T0 + 1)
     assert info.value.reason == "replayed"

@@ -37,9 +37,9 @@ CONCURRENCY = 8
 REPLAY_EVERY = 10
 ROTATE_EVERY = 3.0
 # A compressed timeline, the same in the servers and in the rotation job.
-TIMING = {"refresh_interval": 1.0, "jitter": 0.1, "clock_skew": 0.0, "max_ttl": 30.0, "leeway": 5.0,
+TIMING = {"refresh_interval": 1.0, "jitter": 0.1, "max_skew": 0.0, "max_ttl": 30.0, "expiry_grace": 0.0,
           "staleness_limit": 5.0}  # fmt: skip
-TTL, LEEWAY = 30, 5
+TTL = 30
 TOOL = "deploy_production"
 PROTOCOL = "2026-07-28"
 META = {
@@ -78,7 +78,8 @@ def serve(argv: list[str]) -> None:
         manager,
         mode=args.mode,
         ttl=TTL,
-        leeway=LEEWAY,
+        max_skew=int(TIMING["max_skew"]),
+        expiry_grace=int(TIMING["expiry_grace"]),
         replay=store_from_url(args.replay),
         namespace="deploy",
     )

@@ -85,7 +85,7 @@ def test_non_finite_time_rejects(value: float) -> None:
 
 
 def test_nan_never_accepts_an_expired_token() -> None:
-    codec = _codec(ttl=10, leeway=0)
+    codec = _codec(ttl=10, max_skew=0)
     token = codec.seal(b"x")
     with pytest.raises(sc.InvalidState) as info:
         codec.unseal_at_time(token, None, NOW + 11)

@@ -195,11 +195,12 @@ def test_rotation_in_three_phases() -> None:
     new_token = sc.StateCodec(promoted).seal_at_time(b"after", None, 1000)
     assert sc.StateCodec(published).unseal_at_time(new_token, None, 1000).kid == "next"
     assert sc.StateCodec(promoted).unseal_at_time(old_token, None, 1000).kid == "new"
-    retired = promoted.retire("new", 1000 + 600 + 60)
+    # Accepted through the second exp (grace 0): retire from exp + 1 on.
+    retired = promoted.retire("new", 1000 + 600 + 1)
     codec = sc.StateCodec(retired)
-    assert codec.unseal_at_time(old_token, None, 1000 + 600 + 59).payload == b"before"
+    assert codec.unseal_at_time(old_token, None, 1000 + 600.5).payload == b"before"
     with pytest.raises(sc.InvalidState) as info:
-        codec.unseal_at_time(old_token, None, 1000 + 600 + 60)
+        codec.unseal_at_time(old_token, None, 1000 + 600 + 1)
     assert info.value.reason == "unknown_key"  # the kid is judged before the times
 
 

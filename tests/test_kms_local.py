@@ -25,7 +25,7 @@ from statecodec.kms import (
     source_from_url,
 )
 
-TL = Timeline(refresh_interval=10, jitter=0.1, clock_skew=5, max_ttl=300, leeway=5, staleness_limit=100)
+TL = Timeline(refresh_interval=10, jitter=0.1, max_skew=5, max_ttl=300, staleness_limit=100)
 DAY = 86400
 
 
@@ -176,7 +176,7 @@ def test_two_concurrent_file_rotations_add_one_key(tmp_path: Path) -> None:
     init_keys(f"file:{path}", now=0)
     script = (
         "import sys; from statecodec.kms import rotate, Timeline; "
-        "tl = Timeline(refresh_interval=10, clock_skew=5, max_ttl=300, leeway=5, staleness_limit=100); "
+        "tl = Timeline(refresh_interval=10, max_skew=5, max_ttl=300, staleness_limit=100); "
         f"r = rotate('file:{path}', min_age=3600, retire_after=3600, timeline=tl); print(r.rotated)"
     )
     procs = [
@@ -269,10 +269,8 @@ def test_background_refresh_picks_up_a_rotated_file(tmp_path: Path) -> None:
     """The refresh thread (0.05 s) sees a new key without any call from the test."""
     path = tmp_path / "ring.json"
     init_keys(f"file:{path}", now=0)
-    tl = Timeline(refresh_interval=0.05, jitter=0.1, clock_skew=0, max_ttl=60, leeway=0, staleness_limit=5)
-    with KeyManager(
-        f"file:{path}", refresh_interval=0.05, clock_skew=0, max_ttl=60, leeway=0, staleness_limit=5
-    ) as mgr:
+    tl = Timeline(refresh_interval=0.05, jitter=0.1, max_skew=0, max_ttl=60, staleness_limit=5)
+    with KeyManager(f"file:{path}", refresh_interval=0.05, max_skew=0, max_ttl=60, staleness_limit=5) as mgr:
         assert mgr.status()["running"]
         report = rotate(f"file:{path}", min_age=0, retire_after=tl.min_retire_after, timeline=tl)
         deadline = threading.Event()

@@ -36,7 +36,7 @@ from statecodec.kms._transit import TransitSource
 
 POLICIES = Path(__file__).resolve().parent.parent / "docs" / "policies"
 DAY = 86400
-TL = Timeline(refresh_interval=1, jitter=0.1, clock_skew=1, max_ttl=10, leeway=1, staleness_limit=5)
+TL = Timeline(refresh_interval=1, jitter=0.1, max_skew=1, max_ttl=10, staleness_limit=5)
 
 
 def unique(prefix: str = "k") -> str:
@@ -457,13 +457,12 @@ def test_manager_over_transit_promotes_after_the_delay(vault_env: OpenBao) -> No
         url,
         refresh_interval=1,
         jitter=0.1,
-        clock_skew=1,
+        max_skew=1,
         max_ttl=10,
-        leeway=1,
         staleness_limit=5,
         clock=lambda: clock[0],
     ).start(background=False)
-    codec = StateCodec(mgr, ttl=10, leeway=1, clock=lambda: clock[0])
+    codec = StateCodec(mgr, ttl=10, max_skew=1, clock=lambda: clock[0])
     assert codec.unseal(codec.seal(b"a")).kid == f"{name}-v1"
     vault_env.client().secrets.transit.rotate_key(name)
     mgr.refresh_now()

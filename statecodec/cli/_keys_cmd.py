@@ -113,9 +113,9 @@ def timeline_options(fn: F) -> F:
 
 _TIMELINE = {
     "refresh_interval": "How often services reload keys.",
-    "clock_skew": "Clock difference tolerated between instances.",
+    "max_skew": "Clock difference tolerated between instances (the codecs' max_skew).",
     "max_ttl": "Longest token lifetime any service mints.",
-    "leeway": "The codecs' expiry leeway.",
+    "expiry_grace": "Time the codecs accept a token past its expiry (their expiry_grace).",
     "staleness_limit": "How long services mint with a ring they cannot refresh.",
 }
 

@@ -14,7 +14,13 @@ from typing import Any
 
 import click
 
-from .._codec import DEFAULT_LEEWAY, DEFAULT_MAX_TOKEN_BYTES, OpenedState, StateCodec
+from .._codec import (
+    DEFAULT_EXPIRY_GRACE,
+    DEFAULT_MAX_SKEW,
+    DEFAULT_MAX_TOKEN_BYTES,
+    OpenedState,
+    StateCodec,
+)
 from .._errors import InvalidState
 from .._humanize import duration
 from .._keys import KeyProvider
@@ -55,7 +61,8 @@ class _Sc1Options:
     replay_url: str | None
     consume: bool
     namespace: str
-    leeway: int
+    max_skew: int
+    expiry_grace: int
     max_token_bytes: int
 
 
@@ -67,8 +74,8 @@ def _check_sc1_flags(binding: BindingOptions, opts: _Sc1Options, at: float | Non
     if opts.consume and opts.replay_url is None:
         raise click.UsageError("--consume needs --replay URL, the store to redeem the token in")
     if opts.consume and at is not None:
-        # The store expires its entries by the real clock; redeeming "as of" another time
-        # would record an entry that the store may already consider expired.
+        # Redeeming burns the token for real, now: judging it "as of" another time could
+        # burn a token the server would still accept (or redeem one it already rejects).
         raise click.UsageError("--consume redeems the token now; do not combine it with --at")
     if opts.consume and not binding.given and not opts.unbound:
         raise click.UsageError(
@@ -125,11 +132,18 @@ def _resolve_format(fmt: str, token: str) -> str:
 @click.option("--namespace", default="default", show_default=True, help="Replay namespace of the server.")
 @click.option("--at", type=TIME, metavar="TIME", help="Verify as of TIME (ISO 8601, Unix, +10m, -3m).")
 @click.option(
-    "--leeway",
+    "--max-skew",
     type=DURATION,
-    default=duration(DEFAULT_LEEWAY),
+    default=duration(DEFAULT_MAX_SKEW),
     show_default=True,
-    help="Clock skew tolerated.",
+    help="Accept a token issued up to this far in the future (a server whose clock runs ahead).",
+)
+@click.option(
+    "--expiry-grace",
+    type=DURATION,
+    default=duration(DEFAULT_EXPIRY_GRACE),
+    show_default=True,
+    help="Accept a token this long past its expiry (0: the TTL is exact).",
 )
 @click.option(
     "--max-token-bytes",
@@ -211,7 +225,8 @@ def _verify_sc1(
         codec = StateCodec(
             keys,
             mode=mode,
-            leeway=opts.leeway,
+            max_skew=opts.max_skew,
+            expiry_grace=opts.expiry_grace,
             max_token_bytes=opts.max_token_bytes,
             replay=store,
             namespace=opts.namespace,

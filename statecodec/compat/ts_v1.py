@@ -190,7 +190,7 @@ class TsV1Codec:
         exp = envelope["exp"]
         if exp < math.floor(now):
             raise InvalidState(
-                "expired", f"expired {duration(math.floor(now) - exp)} ago (no leeway in TS v1)"
+                "expired", f"expired {duration(math.floor(now) - exp)} ago (TS v1 has no expiry grace)"
             )
         tag = envelope.get("b", _ABSENT)
         if check_binding:

@@ -42,7 +42,8 @@ def rotate(
             f"retire_after={duration(retire_after)} is too short: a replaced key must verify for "
             f"{duration(tl.min_retire_after)} after its successor is created (promotion delay "
             f"{tl.promotion_delay}s + staleness limit {tl.staleness_limit:g}s + max ttl {tl.max_ttl:g}s "
-            f"+ leeway {tl.leeway:g}s); raise it, or pass the timeline your services really use"
+            f"+ expiry grace {tl.expiry_grace:g}s + 1s); raise it, or pass the timeline your services "
+            "really use"
         )
     return _with_source(
         source,

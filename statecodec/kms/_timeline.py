@@ -4,14 +4,19 @@ Several instances refresh their rings independently, so a key that one instance 
 with must already be in every other instance's ring, and a key must keep verifying for
 as long as any instance may have minted a still-valid token with it. With
 
-    D = R * (1 + jitter) + clock_skew + 1 s     (1 s: source timestamps are whole seconds)
-    M = staleness_limit + max_ttl + leeway
+    D = R * (1 + jitter) + max_skew + 1 s       (1 s: source timestamps are whole seconds)
+    M = staleness_limit + max_ttl + expiry_grace + 1 s
+                                                (1 s: a token is accepted through the whole
+                                                 second exp + expiry_grace)
 
 a key created at ``c`` is *published* at once (verifies on every instance by ``c + D``),
 *promoted* at ``c + D`` (the newest promoted key is primary and mints), and the key it
 replaced verifies until ``c + D + M`` and is then *retired*. ``M`` counts the staleness
 limit because an instance cut off from the source keeps minting with its old primary
-for that long; its tokens must still verify everywhere else.
+for that long; its tokens must still verify everywhere else. ``D`` counts ``max_skew``
+because an instance whose clock runs ahead promotes that much early; ``M`` does not:
+a token's ``exp`` and a key's ``retires_at`` are both read on the verifier's clock, so
+however the minter's clock was off, the key outlives the token by the same margin.
 
 The rotation job may remove a key from the source once the next key is ``D + M`` old
 (:attr:`Timeline.min_retire_after`); ``rotate()`` refuses a shorter ``retire_after``.
@@ -29,14 +34,17 @@ from .._keys import Key, KeyRing
 
 DEFAULT_REFRESH_INTERVAL: Final = 60.0
 DEFAULT_JITTER: Final = 0.1
-DEFAULT_CLOCK_SKEW: Final = 60.0
+DEFAULT_MAX_SKEW: Final = 60.0  # the codec's default max_skew
 DEFAULT_MAX_TTL: Final = 600.0  # the codec's default ttl
-DEFAULT_LEEWAY: Final = 60.0  # the codec's default leeway
+DEFAULT_EXPIRY_GRACE: Final = 0.0  # the codec's default expiry_grace
 DEFAULT_STALENESS_LIMIT: Final = 900.0
 
 #: Source timestamps (transit metadata, ``created_at``) are truncated to whole seconds,
 #: so a key may be up to this much younger than its timestamp says.
 TIMESTAMP_GRANULARITY: Final = 1.0
+#: A token is accepted through the whole second ``exp + expiry_grace``, so until just
+#: before ``exp + expiry_grace + 1`` (see statecodec/_codec.py).
+LAST_SECOND: Final = 1.0
 
 State = Literal["primary", "verify-only", "pending", "retired"]
 
@@ -76,9 +84,9 @@ class Timeline:
 
     refresh_interval: float = DEFAULT_REFRESH_INTERVAL
     jitter: float = DEFAULT_JITTER
-    clock_skew: float = DEFAULT_CLOCK_SKEW
+    max_skew: float = DEFAULT_MAX_SKEW
     max_ttl: float = DEFAULT_MAX_TTL
-    leeway: float = DEFAULT_LEEWAY
+    expiry_grace: float = DEFAULT_EXPIRY_GRACE
     staleness_limit: float = DEFAULT_STALENESS_LIMIT
 
     def __post_init__(self) -> None:
@@ -86,8 +94,8 @@ class Timeline:
             raise ValueError("refresh_interval must be positive")
         if not 0 <= self.jitter < 1:
             raise ValueError("jitter is a fraction of refresh_interval in [0, 1)")
-        if self.clock_skew < 0 or self.leeway < 0 or not self.max_ttl > 0:
-            raise ValueError("clock_skew and leeway must be >= 0 and max_ttl > 0")
+        if not (self.max_skew >= 0 and self.expiry_grace >= 0 and self.max_ttl > 0):
+            raise ValueError("max_skew and expiry_grace must be >= 0 and max_ttl > 0")
         if self.staleness_limit < self.max_refresh_gap:
             # Otherwise an instance would stop minting between two healthy refreshes.
             raise ValueError(
@@ -102,12 +110,12 @@ class Timeline:
     @property
     def promotion_delay(self) -> int:
         """D: by then every instance that refreshes on schedule verifies the new key."""
-        return math.ceil(self.max_refresh_gap + self.clock_skew + TIMESTAMP_GRANULARITY)
+        return math.ceil(self.max_refresh_gap + self.max_skew + TIMESTAMP_GRANULARITY)
 
     @property
     def retirement_margin(self) -> int:
         """M: how long a replaced key keeps verifying after its successor's promotion."""
-        return math.ceil(self.staleness_limit + self.max_ttl + self.leeway)
+        return math.ceil(self.staleness_limit + self.max_ttl + self.expiry_grace + LAST_SECOND)
 
     @property
     def min_retire_after(self) -> int:
@@ -165,9 +173,9 @@ class Timeline:
         return {
             "refresh_interval": self.refresh_interval,
             "jitter": self.jitter,
-            "clock_skew": self.clock_skew,
+            "max_skew": self.max_skew,
             "max_ttl": self.max_ttl,
-            "leeway": self.leeway,
+            "expiry_grace": self.expiry_grace,
             "staleness_limit": self.staleness_limit,
             "promotion_delay": self.promotion_delay,
             "retirement_margin": self.retirement_margin,
@@ -179,15 +187,15 @@ def key_states(  # noqa: PLR0917 - positional order promised to the CLI
     ring: KeyRing,
     now: float,
     refresh_interval: float = DEFAULT_REFRESH_INTERVAL,
-    clock_skew: float = DEFAULT_CLOCK_SKEW,
+    max_skew: float = DEFAULT_MAX_SKEW,
     max_ttl: float = DEFAULT_MAX_TTL,
-    leeway: float = DEFAULT_LEEWAY,
+    expiry_grace: float = DEFAULT_EXPIRY_GRACE,
     *,
     jitter: float = DEFAULT_JITTER,
     staleness_limit: float = DEFAULT_STALENESS_LIMIT,
 ) -> list[KeyState]:
     """Each key's state (primary / verify-only / pending / retired) and its timeline at ``now``."""
-    timeline = Timeline(refresh_interval, jitter, clock_skew, max_ttl, leeway, staleness_limit)
+    timeline = Timeline(refresh_interval, jitter, max_skew, max_ttl, expiry_grace, staleness_limit)
     return list(timeline.plan(ring, now).states)
 
 
