@@ -90,7 +90,10 @@ class StateCodec:
     :param replay: a :class:`ReplayStore`; when set, each token unseals at most once.
     :param namespace: prefix of replay-store entries, so services sharing a store never
         collide (defaults to ``"default"``).
-    :param clock: returns the current Unix time; inject one in tests.
+    :param clock: returns the current Unix time, ``time.time`` by default. It is the one
+        way time enters the codec: to seal or check "as of" another instant (tests, a
+        server with its own time source, ``statecodec verify --at``), give a codec a clock
+        that returns that instant.
     """
 
     def __init__(
@@ -151,11 +154,7 @@ class StateCodec:
     # ------------------------------------------------------------------ sealing
     def seal(self, payload: bytes, binding: Binding | None = None, *, ttl: int | None = None) -> str:
         """Mint a token carrying ``payload``, bound to ``binding``, valid for ``ttl`` seconds."""
-        return self.seal_at_time(payload, binding, self.clock(), ttl=ttl)
-
-    def seal_at_time(
-        self, payload: bytes, binding: Binding | None, now: float, *, ttl: int | None = None
-    ) -> str:
+        now = self.clock()
         key = self.keys.signing_key()
         if not self._signs:
             # One call for the whole 24-byte nonce: its first 16 bytes are the token id.
@@ -212,15 +211,7 @@ class StateCodec:
 
         With a replay store and ``consume=True`` (the default), a token unseals only once.
         """
-        return self._unseal(token, binding, None, consume)
-
-    def unseal_at_time(
-        self, token: str, binding: Binding | None, now: float, *, consume: bool = True
-    ) -> OpenedState:
-        return self._unseal(token, binding, now, consume)
-
-    def _unseal(self, token: str, binding: Binding | None, now: float | None, consume: bool) -> OpenedState:
-        now = self._instant(now)
+        now = self._now()
         opened = self._guarded_open(token, binding, now, True)
         if consume and self.replay is not None:
             try:
@@ -236,7 +227,7 @@ class StateCodec:
         self, token: str, binding: Binding | None = None, *, consume: bool = True
     ) -> OpenedState:
         """:meth:`unseal` for async servers: the replay store is awaited, never blocking the loop."""
-        now = self._instant(None)
+        now = self._now()
         opened = self._guarded_open(token, binding, now, True)
         if consume and self.replay is not None:
             try:
@@ -248,22 +239,21 @@ class StateCodec:
             self._judge_replay(opened, first)
         return opened
 
-    def verify_unbound(self, token: str, *, now: float | None = None) -> OpenedState:
+    def verify_unbound(self, token: str) -> OpenedState:
         """Check format, key, MAC/AEAD and times but NOT the binding; never consumes.
 
         For debugging tools (``statecodec verify`` without binding options). Never use
         this to accept a token in a server: the binding is what ties it to the user.
         """
-        return self._guarded_open(token, None, self._instant(now), False)
+        return self._guarded_open(token, None, self._now(), False)
 
     # -------------------------------------------------------------- internals
-    def _instant(self, now: float | None) -> float:
+    def _now(self) -> float:
         # The clock is guarded too: a clock that raises or returns NaN (every comparison
         # with NaN is False, so no token would ever expire) must reject the token, not
         # escape or accept it.
         try:
-            if now is None:
-                now = self.clock()
+            now = self.clock()
             if math.isfinite(now):
                 return now
         except Exception as exc:

@@ -50,7 +50,7 @@ def run_json(
 
 @pytest.fixture
 def ring() -> KeyRing:
-    return KeyRing.generate("k8", now=T0 - 86400)
+    return KeyRing.generate("k8", created_at=T0 - 86400)
 
 
 @pytest.fixture
@@ -176,9 +176,9 @@ def test_inspect_flags_a_token_over_the_default_limit(keys: str) -> None:
 
 def test_inspect_names_the_other_sdks_formats(ring: KeyRing) -> None:
     secret = ring.primary.secret
-    ts = TsV1Codec(secret, bind=lambda ctx: "user:alice").seal_at_time({"step": 1}, 1, T0)
-    py = McpPyV1Codec([secret]).seal_at_time("state", method="tools/call", target="t", now=T0)
-    rs = Rs1Codec(secret).seal_at_time(b"hello", b"", T0)
+    ts = TsV1Codec(secret, bind=lambda ctx: "user:alice", clock=lambda: T0).seal({"step": 1}, 1)
+    py = McpPyV1Codec([secret], clock=lambda: T0).seal("state", method="tools/call", target="t")
+    rs = Rs1Codec(secret, clock=lambda: T0).seal(b"hello", b"")
     for token, fmt, name in (
         (ts, "ts-v1", "TypeScript SDK v1"),
         (py, "mcp-py-v1", "Python SDK v1"),
@@ -339,7 +339,7 @@ def test_verify_tampered(keys: str) -> None:
 
 def test_verify_unknown_key_names_the_ring(tmp_path: Path, keys: str) -> None:
     token = mint(keys)
-    other = KeyRing.generate("k9", now=T0).with_key(KeyRing.generate("k10", now=T0).primary)
+    other = KeyRing.generate("k9", created_at=T0).with_key(KeyRing.generate("k10", created_at=T0).primary)
     path = tmp_path / "other.json"
     path.write_text(other.to_json())
     path.chmod(0o600)
@@ -467,8 +467,8 @@ def test_a_key_file_readable_by_others_draws_a_warning(tmp_path: Path, ring: Key
 
 # ------------------------------------------------------------ other SDKs' formats
 def test_verify_typescript_sdk_tokens(keys: str, ring: KeyRing) -> None:
-    codec = TsV1Codec(ring.primary.secret, bind=lambda ctx: f"user:{ctx}")
-    token = codec.seal_at_time({"step": 1}, "alice", T0)
+    codec = TsV1Codec(ring.primary.secret, bind=lambda ctx: f"user:{ctx}", clock=lambda: T0)
+    token = codec.seal({"step": 1}, "alice")
     unbound = run_json("verify", token, "--keys", keys, "--at", str(T0))
     assert unbound["format"] == "ts-v1" and unbound["binding_checked"] is False
     assert unbound["claims"]["payload"]["value"] == {"step": 1}
@@ -482,10 +482,8 @@ def test_verify_typescript_sdk_tokens(keys: str, ring: KeyRing) -> None:
 
 
 def test_verify_python_sdk_tokens(keys: str, ring: KeyRing) -> None:
-    codec = McpPyV1Codec([ring.primary.secret], audience="srv")
-    token = codec.seal_at_time(
-        '{"n": 1}', method="tools/call", target="book", arguments={"a": 1}, principal="alice", now=T0
-    )
+    codec = McpPyV1Codec([ring.primary.secret], audience="srv", clock=lambda: T0)
+    token = codec.seal('{"n": 1}', method="tools/call", target="book", arguments={"a": 1}, principal="alice")
     bind = ["--method", "tools/call", "--target", "book", "--arguments", '{"a": 1}', "--principal", "alice"]
     doc = run_json("verify", token, "--keys", keys, "--at", str(T0), *bind)
     assert doc["valid"] and doc["format"] == "mcp-py-v1" and doc["mode"] == "encrypt"
@@ -498,7 +496,7 @@ def test_verify_python_sdk_tokens(keys: str, ring: KeyRing) -> None:
 
 
 def test_verify_rmcp_tokens(keys: str, ring: KeyRing) -> None:
-    token = Rs1Codec(ring.primary.secret).seal_at_time(b"hello", b"session-7", T0)
+    token = Rs1Codec(ring.primary.secret, clock=lambda: T0).seal(b"hello", b"session-7")
     ok = run_json("verify", token, "--keys", keys, "--at", str(T0), "--associated-data", "session-7")
     assert ok["valid"] and ok["claims"]["payload"]["value"] == "hello"
     missing = run("verify", token, "--keys", keys, "--at", str(T0))
@@ -506,7 +504,7 @@ def test_verify_rmcp_tokens(keys: str, ring: KeyRing) -> None:
 
 
 def test_consume_is_refused_for_formats_without_token_id(keys: str, ring: KeyRing) -> None:
-    token = Rs1Codec(ring.primary.secret).seal_at_time(b"x", b"", T0)
+    token = Rs1Codec(ring.primary.secret, clock=lambda: T0).seal(b"x", b"")
     result = run("verify", token, "--keys", keys, "--replay", "memory:", "--consume")
     assert result.exit_code == ExitCode.USAGE and "--replay" in result.stderr
 

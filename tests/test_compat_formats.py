@@ -64,7 +64,7 @@ def test_detect_sc1_reads_the_header() -> None:
 
 
 def test_detect_ts_v1_reads_payload_and_exp() -> None:
-    info = detect(TsV1Codec(SECRET, bind=lambda c: c).seal_at_time({"a": [1, "é"]}, "ctx", NOW))
+    info = detect(TsV1Codec(SECRET, bind=lambda c: c, clock=lambda: NOW).seal({"a": [1, "é"]}, "ctx"))
     assert (info.name, info.format, info.mode) == ("TypeScript SDK v1", "ts-v1", "sign")
     assert info.expires_at == int(NOW) + 600
     assert json.loads(info.payload or b"") == {"a": [1, "é"]}
@@ -119,15 +119,15 @@ def test_absurd_times_are_not_passed_on_as_datetimes() -> None:
     assert info.fields["exp_out_of_range"] == "inf"
     huge = "v1." + b64encode(b'{"p":1,"exp":' + b"9" * 400 + b"}") + "." + b64encode(bytes(32))
     assert detect(huge).expires_at is None and detect(huge).fields["exp_out_of_range"].startswith("999")
-    far = Rs1Codec(SECRET).seal_at_time(b"x", b"", 2.0**62 / 1000)
+    far = Rs1Codec(SECRET, clock=lambda: 2.0**62 / 1000).seal(b"x", b"")
     assert detect(far).expires_at is None and detect(far).fields["expiry_ms"] > 2**61
     # And a key holder's token valid "forever" verifies without an unrepresentable time.
     key_holder = "v1." + b64encode(b'{"p":1,"exp":1e999}')
     key_holder += "." + b64encode(hmac.digest(SECRET, key_holder.encode(), hashlib.sha256))
-    ok = verify("ts-v1", key_holder, [SECRET], now=NOW)
+    ok = verify("ts-v1", key_holder, [SECRET], clock=lambda: NOW)
     assert ok.expires_at is None and ok.claims["exp_out_of_range"] == "inf"
     sealed = McpPyV1Cipher([SECRET]).seal(b'{"v":1,"iat":0,"exp":1e999,"s":"x"}')
-    ok = verify("mcp-py-v1", sealed, [SECRET], now=NOW)
+    ok = verify("mcp-py-v1", sealed, [SECRET], clock=lambda: NOW)
     assert ok.expires_at is None and ok.claims["exp"] == "inf" and ok.issued_at == 0.0
     json.dumps(dict(ok.claims), allow_nan=False)
 
@@ -154,64 +154,73 @@ def test_registry_lists_every_format() -> None:
 
 def test_verify_sc1_with_and_without_binding() -> None:
     token = StateCodec(RING, clock=lambda: NOW).seal(b"p", Binding(principal="alice", method="tools/call"))
-    unbound = verify("sc1", token, RING, now=NOW)
+    unbound = verify("sc1", token, RING, clock=lambda: NOW)
     assert unbound.payload == b"p" and unbound.kid == "k1" and unbound.checked == ()
     assert "principal" in unbound.unchecked
-    bound = verify("sc1", token, RING, VerifyOptions(principal="alice", method="tools/call"), now=NOW)
+    bound = verify(
+        "sc1", token, RING, VerifyOptions(principal="alice", method="tools/call"), clock=lambda: NOW
+    )
     assert bound.checked and not bound.unchecked
     with pytest.raises(InvalidState) as err:
-        verify("sc1", token, RING, VerifyOptions(principal="bob", method="tools/call"), now=NOW)
+        verify("sc1", token, RING, VerifyOptions(principal="bob", method="tools/call"), clock=lambda: NOW)
     assert err.value.reason == "binding_mismatch"
     with pytest.raises(TypeError):
-        verify("sc1", token, [SECRET], now=NOW)
+        verify("sc1", token, [SECRET], clock=lambda: NOW)
 
 
 def test_verify_ts_v1_with_a_ring_and_raw_secrets() -> None:
     other = b"some-other-secret-in-the-ring-0123456789"
-    token = TsV1Codec(SECRET, bind=lambda ctx: ctx).seal_at_time({"n": 1}, "alice", NOW)
+    token = TsV1Codec(SECRET, bind=lambda ctx: ctx, clock=lambda: NOW).seal({"n": 1}, "alice")
     ring = KeyRing.from_secret(other, kid="k0").with_key(RING.require("k1"))
-    unbound = verify("ts-v1", token, ring, now=NOW)  # tries k0, then k1
+    unbound = verify("ts-v1", token, ring, clock=lambda: NOW)  # tries k0, then k1
     assert json.loads(unbound.payload or b"") == {"n": 1} and unbound.unchecked == ("bind",)
-    assert verify("ts-v1", token, [SECRET], VerifyOptions(bind="alice"), now=NOW).checked == ("bind",)
+    assert verify("ts-v1", token, [SECRET], VerifyOptions(bind="alice"), clock=lambda: NOW).checked == (
+        "bind",
+    )
     with pytest.raises(InvalidState) as err:
-        verify("ts-v1", token, [SECRET], VerifyOptions(bind="bob"), now=NOW)
+        verify("ts-v1", token, [SECRET], VerifyOptions(bind="bob"), clock=lambda: NOW)
     assert err.value.reason == "binding_mismatch"
     with pytest.raises(InvalidState) as err:
-        verify("ts-v1", token, [other], now=NOW)
+        verify("ts-v1", token, [other], clock=lambda: NOW)
     assert err.value.reason == "tampered" and "1 key" in err.value.detail
     with pytest.raises(InvalidState) as err:
-        verify("ts-v1", token, [SECRET], now=NOW + 601)
+        verify("ts-v1", token, [SECRET], clock=lambda: NOW + 601)
     assert err.value.reason == "expired"
 
 
 def test_verify_mcp_py_v1_checks_only_what_is_given() -> None:
     token = py().seal("state", **PY_BOUND)
-    partial = verify("mcp-py-v1", token, [SECRET], VerifyOptions(method="tools/call", target="t"), now=NOW)
+    partial = verify(
+        "mcp-py-v1", token, [SECRET], VerifyOptions(method="tools/call", target="t"), clock=lambda: NOW
+    )
     assert partial.payload == b"state" and partial.checked == ("method", "target")
     assert partial.unchecked == ("arguments", "audience", "principal")
     assert partial.claims["m"] == "tools/call" and "s" not in partial.claims
     full = VerifyOptions(
         principal="alice", audience="svc", method="tools/call", target="t", arguments={"x": 1}
     )
-    assert verify("mcp-py-v1", token, RING, full, now=NOW).unchecked == ()
+    assert verify("mcp-py-v1", token, RING, full, clock=lambda: NOW).unchecked == ()
     for wrong in (
         VerifyOptions(arguments={"x": 2}),
         VerifyOptions(principal="bob"),
         VerifyOptions(audience="x"),
     ):
         with pytest.raises(InvalidState) as err:
-            verify("mcp-py-v1", token, [SECRET], wrong, now=NOW)
+            verify("mcp-py-v1", token, [SECRET], wrong, clock=lambda: NOW)
         assert err.value.reason == "binding_mismatch"
     with pytest.raises(InvalidState) as err:
-        verify("mcp-py-v1", token, [b"z" * 32], now=NOW)
+        verify("mcp-py-v1", token, [b"z" * 32], clock=lambda: NOW)
     assert err.value.reason == "unknown_key"
 
 
 def test_verify_rs1_needs_the_associated_data() -> None:
-    token = Rs1Codec(SECRET).seal_at_time(b"x", b"ctx", NOW)
-    assert verify("rs1", token, [SECRET], VerifyOptions(associated_data=b"ctx"), now=NOW).payload == b"x"
+    token = Rs1Codec(SECRET, clock=lambda: NOW).seal(b"x", b"ctx")
+    assert (
+        verify("rs1", token, [SECRET], VerifyOptions(associated_data=b"ctx"), clock=lambda: NOW).payload
+        == b"x"
+    )
     with pytest.raises(InvalidState) as err:
-        verify("rs1", token, [SECRET], now=NOW)
+        verify("rs1", token, [SECRET], clock=lambda: NOW)
     assert err.value.reason == "tampered" and "associated data" in err.value.detail
 
 
@@ -229,13 +238,15 @@ def test_retired_keys_do_not_verify_foreign_formats() -> None:
     ring = KeyRing.from_secret(b"the-new-primary-secret-0123456789abcdef", kid="k0")
     ring = ring.with_key(RING.require("k1")).retire("k1", at=int(NOW) - 1)
     token = ts().seal({"n": 1})
-    assert verify("ts-v1", token, ring, now=NOW - 2).payload == b'{"n": 1}'
+    assert verify("ts-v1", token, ring, clock=lambda: NOW - 2).payload == b'{"n": 1}'
     with pytest.raises(InvalidState) as err:
-        verify("ts-v1", token, ring, now=NOW)
+        verify("ts-v1", token, ring, clock=lambda: NOW)
     assert err.value.reason == "tampered"
     alone = KeyRing.from_secret(b"the-new-primary-secret-0123456789abcdef", kid="k0")
     with pytest.raises(InvalidState) as err:
-        verify("rs1", rs().seal(b"x"), alone.with_key(RING.require("k1")).retire("k1", at=0), now=NOW)
+        verify(
+            "rs1", rs().seal(b"x"), alone.with_key(RING.require("k1")).retire("k1", at=0), clock=lambda: NOW
+        )
     assert err.value.reason == "tampered"
 
 
@@ -308,9 +319,9 @@ def test_a_bind_callback_that_raises_fails_closed() -> None:
     def broken(ctx: object) -> str:
         raise RuntimeError("database down")
 
-    good = TsV1Codec(SECRET, bind=lambda c: "alice").seal_at_time(1, "ctx", NOW)
+    good = TsV1Codec(SECRET, bind=lambda c: "alice", clock=lambda: NOW).seal(1, "ctx")
     with pytest.raises(InvalidState) as err:
-        TsV1Codec(SECRET, bind=broken).unseal_at_time(good, "ctx", NOW)
+        TsV1Codec(SECRET, bind=broken, clock=lambda: NOW).unseal(good, "ctx")
     assert err.value.reason == "internal_error"
     with pytest.raises(TypeError):
         TsV1Codec(SECRET, bind=lambda c: "alice").seal(1)  # the SDK also refuses to mint without ctx

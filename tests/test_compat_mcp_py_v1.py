@@ -329,12 +329,12 @@ async def test_expiry_against_the_sdk() -> None:
     server, _ = make_server(_Principal())
     token = await sdk_minted_token(server)
     exp = ours().unseal(token, **BOUND).expires_at
-    assert ours().unseal_at_time(token, **BOUND, now=exp - 0.001).state == "round-1"
+    assert ours(clock=lambda: exp - 0.001).unseal(token, **BOUND).state == "round-1"
     with pytest.raises(InvalidState) as err:
-        ours().unseal_at_time(token, **BOUND, now=exp)  # the SDK accepts only now < exp
+        ours(clock=lambda: exp).unseal(token, **BOUND)  # the SDK accepts only now < exp
     assert err.value.reason == "expired"
 
-    stale = ours().seal_at_time("stale", **BOUND, now=time.time() - 601)
+    stale = ours(clock=lambda: time.time() - 601).seal("stale", **BOUND)
     with pytest.raises(MCPError):
         await sdk_accepts(server, stale)
     with pytest.raises(InvalidState) as err:
@@ -345,10 +345,10 @@ async def test_expiry_against_the_sdk() -> None:
 async def test_future_minted_tokens_against_the_sdk() -> None:
     server, _ = make_server(_Principal())
     # Within the SDK's 60 s future skew: accepted by both.
-    near = ours().seal_at_time("near", **BOUND, now=time.time() + 30)
+    near = ours(clock=lambda: time.time() + 30).seal("near", **BOUND)
     assert await sdk_accepts(server, near) == "near"
     assert ours().unseal(near, **BOUND).state == "near"
-    far = ours().seal_at_time("far", **BOUND, now=time.time() + 300)
+    far = ours(clock=lambda: time.time() + 300).seal("far", **BOUND)
     with pytest.raises(MCPError):
         await sdk_accepts(server, far)
     with pytest.raises(InvalidState) as err:

@@ -39,8 +39,9 @@ def codec(**kw: object) -> Rs1Codec:
 
 
 def reason(c: Rs1Codec, token: str, ad: bytes = b"", now: float = 10.0) -> str | None:
+    c.clock = lambda: now  # judged at this instant
     try:
-        c.unseal_at_time(token, ad, now)
+        c.unseal(token, ad)
     except InvalidState as exc:
         return exc.reason
     return None
@@ -48,7 +49,7 @@ def reason(c: Rs1Codec, token: str, ad: bytes = b"", now: float = 10.0) -> str |
 
 def test_known_answer_vector() -> None:
     # Sealed at 1 000 ms with a 60 s TTL (rmcp's ttl tests): expiry 61 000 ms.
-    token = codec(ttl_seconds=60).seal_at_time(b"state", b"user:alice", 1.0)
+    token = codec(ttl_seconds=60, clock=lambda: 1.0).seal(b"state", b"user:alice")
     assert token == reference_token(KEY, b"state", b"user:alice", 61_000)
     assert token == (
         "rs1.AAAAAAAA7khzdGF0ZQ."  # 000000000000ee48 || "state"
@@ -70,9 +71,9 @@ def test_known_answer_vector() -> None:
 @pytest.mark.parametrize("ad", [b"", b"user:alice|tools/call:weather"])
 def test_reference_tokens_open_and_ours_match_them(payload: bytes, ad: bytes) -> None:
     token = reference_token(KEY, payload, ad, 61_000)
-    opened = codec().unseal_at_time(token, ad, 31.0)
+    opened = codec(clock=lambda: 31.0).unseal(token, ad)
     assert opened.payload == payload and opened.expires_at == 61.0
-    assert codec(ttl_seconds=60).seal_at_time(payload, ad, 1.0) == token
+    assert codec(ttl_seconds=60, clock=lambda: 1.0).seal(payload, ad) == token
 
 
 def test_ttl_boundaries_follow_rmcp() -> None:
@@ -86,9 +87,9 @@ def test_ttl_boundaries_follow_rmcp() -> None:
 def test_no_ttl_tokens_need_an_explicit_opt_in() -> None:
     token = reference_token(KEY, b"state", b"", 0)
     assert reason(codec(), token, now=2**40) == "expired"  # require_expiry is on by default
-    opened = codec(require_expiry=False).unseal_at_time(token, b"", 2**40)
+    opened = codec(require_expiry=False, clock=lambda: 2**40).unseal(token, b"")
     assert opened.payload == b"state" and opened.expires_at is None
-    assert codec(ttl_seconds=None).seal_at_time(b"state", b"", 1.0) == token
+    assert codec(ttl_seconds=None, clock=lambda: 1.0).seal(b"state", b"") == token
 
 
 def test_negative_expiry_is_expired() -> None:
@@ -96,7 +97,7 @@ def test_negative_expiry_is_expired() -> None:
 
 
 def test_associated_data_must_match() -> None:
-    token = codec().seal_at_time(b"state", b"user:alice", 1.0)
+    token = codec(clock=lambda: 1.0).seal(b"state", b"user:alice")
     assert reason(codec(), token, b"user:alice") is None
     assert reason(codec(), token, b"user:bob") == "tampered"
     assert reason(codec(), token, b"") == "tampered"  # forgetting the context fails closed
@@ -105,7 +106,7 @@ def test_associated_data_must_match() -> None:
 
 
 def test_tampering_is_rejected() -> None:
-    token = codec().seal_at_time(b"amount=100", b"", 1.0)
+    token = codec(clock=lambda: 1.0).seal(b"amount=100", b"")
     _, body, tag = token.split(".")
     forged_body = b64(base64.urlsafe_b64decode(body + "==")[:8] + b"amount=999")
     assert reason(codec(), f"rs1.{forged_body}.{tag}") == "tampered"
@@ -118,7 +119,7 @@ def test_tampering_is_rejected() -> None:
 
 
 def test_structure_errors_are_malformed() -> None:
-    token = codec().seal_at_time(b"state", b"", 1.0)
+    token = codec(clock=lambda: 1.0).seal(b"state", b"")
     for bad in (
         "rs1",
         "rs1.onlybody",

@@ -13,6 +13,8 @@ import base64
 import json
 import shutil
 import subprocess
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -72,13 +74,17 @@ def run_ts(
     return list(out["results"])
 
 
-def ours(key: str | bytes = KEY, *, bind: bool = False, ttl: float = 600) -> TsV1Codec:
-    return TsV1Codec(key, ttl_seconds=ttl, bind=(lambda ctx: str(ctx["principal"])) if bind else None)
+def ours(
+    key: str | bytes = KEY, *, bind: bool = False, ttl: float = 600, clock: Callable[[], float] = time.time
+) -> TsV1Codec:
+    binder = (lambda ctx: str(ctx["principal"])) if bind else None
+    return TsV1Codec(key, ttl_seconds=ttl, bind=binder, clock=clock)
 
 
 def our_reason(codec: TsV1Codec, token: str, ctx: Any, now: float) -> str | None:
+    codec.clock = lambda: now  # judged at the case's own instant
     try:
-        codec.unseal_at_time(token, ctx, now)
+        codec.unseal(token, ctx)
     except InvalidState as exc:
         return exc.reason
     return None
@@ -105,16 +111,16 @@ def test_mint_is_byte_identical_to_the_sdk(bind: bool) -> None:
         [{"op": "mint", "payload": p, "ctx": ctx, "now": NOW} for p in PAYLOADS],
         bind_field="principal" if bind else None,
     )
-    codec = ours(bind=bind)
+    codec = ours(bind=bind, clock=lambda: NOW)
     for payload, result in zip(PAYLOADS, results, strict=True):
         assert result["ok"], result
-        assert codec.seal_at_time(payload, ctx, NOW) == result["token"], payload
+        assert codec.seal(payload, ctx) == result["token"], payload
 
 
 def test_binary_key_and_custom_ttl_are_byte_identical() -> None:
     (result,) = run_ts([{"op": "mint", "payload": {"a": 1}, "now": NOW}], key=BIN_KEY, ttl=30)
-    assert ours(BIN_KEY, ttl=30).seal_at_time({"a": 1}, None, NOW) == result["token"]
-    assert ours(BIN_KEY, ttl=30).unseal_at_time(result["token"], None, NOW).expires_at == int(NOW) + 30
+    assert ours(BIN_KEY, ttl=30, clock=lambda: NOW).seal({"a": 1}, None) == result["token"]
+    assert ours(BIN_KEY, ttl=30, clock=lambda: NOW).unseal(result["token"], None).expires_at == int(NOW) + 30
 
 
 @pytest.mark.parametrize("bind", [False, True], ids=["unbound", "bound"])
@@ -151,8 +157,8 @@ def _flip(token: str, index: int) -> str:
 def test_every_rejection_reason_agrees_with_the_sdk() -> None:
     """One token per failure the SDK distinguishes, judged by both at the same instant."""
     bound = ours(bind=True)
-    good = bound.seal_at_time({"n": 1}, {"principal": "alice"}, NOW)
-    plain = ours().seal_at_time({"n": 1}, None, NOW)
+    good = ours(bind=True, clock=lambda: NOW).seal({"n": 1}, {"principal": "alice"})
+    plain = ours(clock=lambda: NOW).seal({"n": 1}, None)
     exp = int(NOW) + 600
     body, mac = good[3:].split(".")
     cases: list[tuple[str, str, dict[str, Any] | None, float]] = [
@@ -165,7 +171,7 @@ def test_every_rejection_reason_agrees_with_the_sdk() -> None:
         ("mac byte changed", _flip(good, len(good) - 5), {"principal": "alice"}, NOW),
         (
             "minted with another key",
-            ours("x" * 40, bind=True).seal_at_time(1, {"principal": "alice"}, NOW),
+            ours("x" * 40, bind=True, clock=lambda: NOW).seal(1, {"principal": "alice"}),
             {"principal": "alice"},
             NOW,
         ),
@@ -193,7 +199,7 @@ def test_stricter_than_the_sdk_on_non_canonical_mac_encodings() -> None:
     This documents a real difference (a TS token string is malleable without the key), so a
     replay store keyed on the token string must only see tokens this reader accepted.
     """
-    token = ours().seal_at_time("x", None, NOW)
+    token = ours(clock=lambda: NOW).seal("x", None)
     body, mac = token[3:].split(".")
     raw = base64.urlsafe_b64decode(mac + "=")
     last_bits_set = base64.urlsafe_b64encode(raw).decode().rstrip("=")[:-1]
@@ -213,7 +219,8 @@ def test_bind_callback_receives_the_context_and_lone_surrogates_match_text_encod
     (minted,) = run_ts(
         [{"op": "mint", "payload": 1, "ctx": {"principal": odd}, "now": NOW}], bind_field="principal"
     )
-    assert ours(bind=True).seal_at_time(1, {"principal": odd}, NOW) == minted["token"]
+    assert ours(bind=True, clock=lambda: NOW).seal(1, {"principal": odd}) == minted["token"]
     assert (
-        ours(bind=True).unseal_at_time(minted["token"], {"principal": "user-\ufffd-half"}, NOW).payload == 1
+        ours(bind=True, clock=lambda: NOW).unseal(minted["token"], {"principal": "user-\ufffd-half"}).payload
+        == 1
     )

@@ -29,7 +29,7 @@ BINDING = Binding(principal="alice", audience="https://mcp.example", method="too
 class World:
     def __init__(self, mode: Mode, expiry_grace: int = 0) -> None:
         self.true_time = T0
-        self.ring = KeyRing.generate("k1", now=T0 - 3600)
+        self.ring = KeyRing.generate("k1", created_at=T0 - 3600)
         self.store = MemoryReplayStore(clock=lambda: self.true_time)
         self.mode = mode
         self.expiry_grace = expiry_grace

@@ -155,10 +155,10 @@ def manager(path: Path, clock: FakeClock, skew: float = 0.0) -> KeyManager:
 def test_manager_promotes_lazily_between_refreshes(tmp_path: Path) -> None:
     path = tmp_path / "ring.json"
     clock = FakeClock(10_000)
-    init_keys(f"file:{path}", now=0)
+    init_keys(f"file:{path}", clock=lambda: 0)
     mgr = manager(path, clock).start(background=False)
     first = mgr.signing_key().kid
-    rotate(f"file:{path}", min_age=0, retire_after=TL.min_retire_after, now=clock.now, timeline=TL)
+    rotate(f"file:{path}", min_age=0, retire_after=TL.min_retire_after, clock=lambda: clock.now, timeline=TL)
     mgr.refresh_now()
     new = next(k for k in mgr.keyring().kids if k != first)
     codec = StateCodec(mgr, ttl=300, max_skew=5, clock=clock)
@@ -174,7 +174,7 @@ def test_manager_promotes_lazily_between_refreshes(tmp_path: Path) -> None:
 def test_staleness_stops_minting_not_verifying(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     path = tmp_path / "ring.json"
     clock = FakeClock(10_000)
-    init_keys(f"file:{path}", now=0)
+    init_keys(f"file:{path}", clock=lambda: 0)
     mgr = manager(path, clock).start(background=False)
     codec = StateCodec(mgr, ttl=300, max_skew=5, clock=clock)
     token = codec.seal(b"before the outage")
@@ -239,7 +239,7 @@ def test_simulated_fleet_loses_no_token(
     tl = Timeline(refresh_interval=10, jitter=0.1, max_skew=5, max_ttl=30, staleness_limit=25)
     path = tmp_path_factory.mktemp("sim") / "ring.json"
     t = 1_000_000.0
-    init_keys(f"file:{path}", now=t - 3600)
+    init_keys(f"file:{path}", clock=lambda: t - 3600)
 
     clocks = [lambda s=s: t + s for s in skews]
     managers = [
@@ -264,7 +264,11 @@ def test_simulated_fleet_loses_no_token(
     while t < end:
         if t >= next_rotation:
             rotate(
-                FileSource(path), min_age=0, retire_after=tl.min_retire_after, now=t + job_skew, timeline=tl
+                FileSource(path),
+                min_age=0,
+                retire_after=tl.min_retire_after,
+                clock=lambda at=t + job_skew: at,
+                timeline=tl,
             )
             next_rotation = t + rotation_every
         for i, m in enumerate(managers):

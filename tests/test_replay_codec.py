@@ -183,6 +183,10 @@ def _remembered_for(store: ReplayStore, key: str) -> float:
     return pttl / 1000
 
 
+def _sealed_at(instant: float, binding: sc.Binding) -> str:
+    return sc.StateCodec(RING, ttl=TTL, clock=lambda: instant).seal(b"once", binding)
+
+
 @pytest.mark.parametrize("offset", [-YEAR, YEAR], ids=["codec-a-year-behind", "codec-a-year-ahead"])
 async def test_single_use_does_not_depend_on_the_codec_and_store_clocks_agreeing(
     store: ReplayStore, offset: int
@@ -193,8 +197,7 @@ async def test_single_use_does_not_depend_on_the_codec_and_store_clocks_agreeing
     # twice) or kept for a year (codec ahead). A retention from now is neither.
     codec = sc.StateCodec(RING, replay=store, ttl=TTL, max_skew=MAX_SKEW, clock=lambda: time.time() + offset)
     for late in (0, TTL - 1):  # redeemed at once, and a second before its last second
-        now = time.time() + offset - late
-        token = codec.seal_at_time(b"once", ALICE, now)
+        token = _sealed_at(time.time() + offset - late, ALICE)
         opened = codec.unseal(token, ALICE)
         assert _reason(codec.unseal, token, ALICE) == "replayed"
         assert await _areason(codec, token, ALICE) == "replayed"

@@ -25,7 +25,7 @@ from . import _sources
 from ._describe import moment
 from ._exit import CliError, ExitCode
 from ._output import Outcome, Output, command
-from ._params import DURATION, TIME, F, OrderedGroup, keys_option, require_keys
+from ._params import DURATION, TIME, F, OrderedGroup, clock_at, keys_option, require_keys
 
 
 @click.group("keys", cls=OrderedGroup)
@@ -133,8 +133,9 @@ def list_command(
 
     Shows each key's id, state, creation, promotion and retirement times, never a secret.
     """
-    now = time.time() if at is None else at
-    with _sources.key_manager(require_keys(keys_spec), now=now, **timeline) as manager:
+    clock = clock_at(at)
+    now = clock()
+    with _sources.key_manager(require_keys(keys_spec), clock=clock, **timeline) as manager:
         status = manager.status()
     keys = [
         {

@@ -52,10 +52,10 @@ def parse_duration(text: str) -> int:
     return sum(int(n) * _UNITS[unit] for n, unit in _PART_RE.findall(text))
 
 
-def parse_time(text: str, now: float | None = None) -> float:
+def parse_time(text: str, clock: Callable[[], float] = time.time) -> float:
     """``now``, Unix seconds, ISO 8601 (naive means UTC) or ``+10m`` / ``-3m`` from now."""
     text = text.strip()
-    current = time.time() if now is None else now
+    current = clock()
     if text == "now":
         return current
     if text[:1] in "+-" and len(text) > 1:
@@ -72,6 +72,17 @@ def parse_time(text: str, now: float | None = None) -> float:
     if moment.tzinfo is None:
         moment = moment.replace(tzinfo=dt.UTC)
     return moment.timestamp()
+
+
+def clock_at(at: float | None) -> Callable[[], float]:
+    """The clock of a command with ``--at``: stopped at that instant, else the real one.
+
+    Everything the command builds (key manager, codec, compat readers) takes this one
+    clock, the way statecodec passes time everywhere.
+    """
+    if at is None:
+        return time.time
+    return lambda: at
 
 
 class Duration(click.ParamType[int]):

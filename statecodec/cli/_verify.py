@@ -8,7 +8,7 @@ user it was never issued to. It never consumes a token unless ``--consume`` is g
 
 from __future__ import annotations
 
-import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -36,6 +36,7 @@ from ._params import (
     TIME,
     BindingOptions,
     binding_options,
+    clock_at,
     keys_option,
     read_token,
     require_keys,
@@ -197,19 +198,26 @@ def verify_command(
             raise click.UsageError(f"not applicable to an sc1 token: {', '.join(misplaced)}")
     else:
         _check_foreign_flags(fmt, binding, opts, bind_value, associated_data)
-    now = time.time() if at is None else at
-    with _sources.key_manager(require_keys(keys_spec), now=now) as keys:
+    clock = clock_at(at)
+    with _sources.key_manager(require_keys(keys_spec), clock=clock) as keys:
         if fmt == "sc1":
-            return _verify_sc1(out, text, keys, binding, opts, now=now)
+            return _verify_sc1(out, text, keys, binding, opts, clock=clock)
         ad = None if associated_data is None else associated_data.encode("utf-8", "surrogateescape")
         options = _compat_options(binding, bind=bind_value, associated_data=ad)
-        return _verify_foreign(out, fmt, text, keys, options, now=now)
+        return _verify_foreign(out, fmt, text, keys, options, clock=clock)
 
 
 # ---------------------------------------------------------------------------- sc1
 def _verify_sc1(
-    out: Output, token: str, keys: KeyProvider, binding: BindingOptions, opts: _Sc1Options, *, now: float
+    out: Output,
+    token: str,
+    keys: KeyProvider,
+    binding: BindingOptions,
+    opts: _Sc1Options,
+    *,
+    clock: Callable[[], float],
 ) -> Outcome:
+    now = clock()
     mode = opts.mode or ("encrypt" if token.startswith("sc1e.") else "sign")
     bound = binding.to_binding()
     check_binding = bound is not None or opts.unbound
@@ -230,11 +238,12 @@ def _verify_sc1(
             max_token_bytes=opts.max_token_bytes,
             replay=store,
             namespace=opts.namespace,
+            clock=clock,
         )
         if check_binding:
-            opened = codec.unseal_at_time(token, bound, now, consume=opts.consume)
+            opened = codec.unseal(token, bound, consume=opts.consume)
         else:
-            opened = codec.verify_unbound(token, now=now)
+            opened = codec.verify_unbound(token)
     except InvalidState as exc:
         return _invalid(out, base, exc)
     finally:
@@ -290,12 +299,19 @@ def _compat_options(
 
 
 def _verify_foreign(
-    out: Output, fmt: str, token: str, keys: KeyProvider, options: VerifyOptions, *, now: float
+    out: Output,
+    fmt: str,
+    token: str,
+    keys: KeyProvider,
+    options: VerifyOptions,
+    *,
+    clock: Callable[[], float],
 ) -> Outcome:
+    now = clock()
     mode = "encrypt" if fmt == "mcp-py-v1" else "sign"
     base: dict[str, Any] = {"format": fmt, "mode": mode, "at": moment(now, now)}
     try:
-        verified = compat_verify(fmt, token, keys, options, now=now)
+        verified = compat_verify(fmt, token, keys, options, clock=clock)
     except InvalidState as exc:
         return _invalid(out, {**base, "binding_checked": False, "binding": None}, exc)
     except (TypeError, ValueError) as exc:  # arguments or keys unusable for this format

@@ -251,20 +251,7 @@ class McpPyV1Codec:
         arguments: Mapping[str, Any] | None = None,
         principal: str | None = None,
     ) -> str:
-        return self.seal_at_time(
-            state, method=method, target=target, arguments=arguments, principal=principal, now=self.clock()
-        )
-
-    def seal_at_time(
-        self,
-        state: str,
-        *,
-        method: str,
-        target: str,
-        arguments: Mapping[str, Any] | None = None,
-        principal: str | None = None,
-        now: float,
-    ) -> str:
+        now = self.clock()
         if not isinstance(state, str):
             raise TypeError(
                 f"state must be str (the SDK seals the handler's string), not {type(state).__name__}"
@@ -295,30 +282,19 @@ class McpPyV1Codec:
         principal: str | None = None,
     ) -> OpenedMcpPyV1:
         """Verify everything the SDK boundary verifies, or raise :class:`InvalidState`."""
-        return self.unseal_at_time(
-            token, method=method, target=target, arguments=arguments, principal=principal, now=self.clock()
-        )
-
-    def unseal_at_time(
-        self,
-        token: str,
-        *,
-        method: str,
-        target: str,
-        arguments: Mapping[str, Any] | None = None,
-        principal: str | None = None,
-        now: float,
-    ) -> OpenedMcpPyV1:
         expect = Expected(method, target, arguments_digest(arguments), self.audience, principal)
-        return self.open(token, now=now, expect=expect)
+        return self.open(token, expect=expect)
 
-    def verify_unbound(self, token: str, *, now: float | None = None) -> OpenedMcpPyV1:
+    def verify_unbound(self, token: str) -> OpenedMcpPyV1:
         """Decrypt and check version and times but NOT the binding (for ``statecodec verify``)."""
-        return self.open(token, now=self.clock() if now is None else now, expect=None)
+        return self.open(token, expect=None)
+
+    def open(self, token: str, *, expect: Expected | None) -> OpenedMcpPyV1:
+        """Decrypt, check times, then each field of ``expect`` that is not :data:`UNCHECKED`."""
+        return self._open(token, self.clock(), expect)
 
     @fail_closed("Python SDK v1")
-    def open(self, token: str, *, now: float, expect: Expected | None) -> OpenedMcpPyV1:
-        """Decrypt, check times, then each field of ``expect`` that is not :data:`UNCHECKED`."""
+    def _open(self, token: str, now: float, expect: Expected | None) -> OpenedMcpPyV1:
         kid, plaintext = self.cipher.unseal(token)
         claims = loads(plaintext, "claims envelope")
         if not isinstance(claims, dict) or not {"v", "iat", "exp", "s"} <= claims.keys():

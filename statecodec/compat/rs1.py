@@ -115,9 +115,7 @@ class Rs1Codec:
         return f"Rs1Codec(ttl_seconds={self.ttl_seconds}, require_expiry={self.require_expiry})"
 
     def seal(self, payload: bytes, associated_data: bytes = b"") -> str:
-        return self.seal_at_time(payload, associated_data, self.clock())
-
-    def seal_at_time(self, payload: bytes, associated_data: bytes, now: float) -> str:
+        now = self.clock()
         if not isinstance(payload, bytes) or not isinstance(associated_data, bytes):
             raise TypeError("payload and associated_data must be bytes")
         # rmcp: 0 without a TTL, else now_ms.saturating_add(ttl_ms)
@@ -128,10 +126,10 @@ class Rs1Codec:
 
     def unseal(self, token: str, associated_data: bytes = b"") -> OpenedRs1:
         """Verify ``token`` against ``associated_data`` (``b""`` for none) or raise :class:`InvalidState`."""
-        return self.unseal_at_time(token, associated_data, self.clock())
+        return self._open(token, associated_data, self.clock())
 
     @fail_closed("rmcp rs1")
-    def unseal_at_time(self, token: str, associated_data: bytes, now: float) -> OpenedRs1:
+    def _open(self, token: str, associated_data: bytes, now: float) -> OpenedRs1:
         parsed = parse(token, self.max_token_bytes)
         # compare_digest also rejects a tag of the wrong length, as rmcp's verify_slice does.
         if not hmac.compare_digest(mac(self._key, associated_data, parsed.body), parsed.tag):

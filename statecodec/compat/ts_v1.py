@@ -123,7 +123,8 @@ class TsV1Codec:
         tagged into the token at seal time and compared at unseal time. ``ctx`` is whatever
         you pass to :meth:`seal` / :meth:`unseal` (the TS SDK passes its request context).
         Without ``bind``, tokens carrying a bind tag are rejected, as in the SDK.
-    :param clock: returns the current Unix time; inject one in tests.
+    :param clock: returns the current Unix time (``time.time``); the one way time enters,
+        as in :class:`~statecodec.StateCodec`.
     """
 
     def __init__(
@@ -149,9 +150,7 @@ class TsV1Codec:
     # ------------------------------------------------------------------ sealing
     def seal(self, payload: Any, ctx: Any = None) -> str:
         """Mint a token the TypeScript SDK's ``verify`` accepts. ``payload`` is any JSON value."""
-        return self.seal_at_time(payload, ctx, self.clock())
-
-    def seal_at_time(self, payload: Any, ctx: Any, now: float) -> str:
+        now = self.clock()
         ttl = self.ttl_seconds
         ttl_json = int(ttl) if float(ttl).is_integer() else ttl  # 600, not 600.0, like JS
         envelope: dict[str, Any] = {"p": payload, "exp": math.floor(now) + ttl_json}
@@ -166,17 +165,14 @@ class TsV1Codec:
     # ---------------------------------------------------------------- unsealing
     def unseal(self, token: str, ctx: Any = None) -> OpenedTsV1:
         """Verify ``token`` (MAC, expiry, bind tag) or raise :class:`InvalidState`."""
-        return self.unseal_at_time(token, ctx, self.clock())
+        return self._open(token, ctx, self.clock(), check_binding=True)
 
-    def unseal_at_time(self, token: str, ctx: Any, now: float) -> OpenedTsV1:
-        return self._open(token, ctx, now, check_binding=True)
-
-    def verify_unbound(self, token: str, *, now: float | None = None) -> OpenedTsV1:
+    def verify_unbound(self, token: str) -> OpenedTsV1:
         """Check the MAC and expiry but NOT the bind tag (for ``statecodec verify``).
 
         Never use this to accept a token in a server: the bind tag ties it to its context.
         """
-        return self._open(token, None, self.clock() if now is None else now, check_binding=False)
+        return self._open(token, None, self.clock(), check_binding=False)
 
     @fail_closed("TypeScript SDK v1")
     def _open(self, token: str, ctx: Any, now: float, *, check_binding: bool) -> OpenedTsV1:

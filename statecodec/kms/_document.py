@@ -32,7 +32,7 @@ def rotate_ring(
     keys = list(ring.keys)
     new: Key | None = None
     if newest is None or now - newest.created_at >= min_age:
-        new = Key.generate(_unused_kid(ring), now=int(now))
+        new = Key.generate(_unused_kid(ring), created_at=int(now))
         keys.append(new)
         live.append(new)
 

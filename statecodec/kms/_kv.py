@@ -104,7 +104,7 @@ class KVSource(KeySource):
                 raise
         else:
             return f"{self.describe()} already holds a key ring ({', '.join(ring.kids)}); left unchanged"
-        ring = KeyRing.generate(now=int(now))
+        ring = KeyRing.generate(created_at=int(now))
         try:
             self._write(ring, 0)
         except KeySourceError as err:

@@ -78,7 +78,7 @@ class FileSource(KeySource):
         return report
 
     def init(self, *, key_type: str, now: float) -> str:
-        ring = KeyRing.generate(now=int(now))
+        ring = KeyRing.generate(created_at=int(now))
         try:
             fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         except FileExistsError:
