@@ -154,8 +154,11 @@ class StateCodec:
     # ------------------------------------------------------------------ sealing
     def seal(self, payload: bytes, binding: Binding | None = None, *, ttl: int | None = None) -> str:
         """Mint a token carrying ``payload``, bound to ``binding``, valid for ``ttl`` seconds."""
-        now = self.clock()
+        # The key first, then the clock: a key manager may promote a new key between the
+        # two reads, and iat must never predate the moment the key was chosen, or other
+        # instances (and the key's own timeline) see a token minted before its promotion.
         key = self.keys.signing_key()
+        now = self.clock()
         if not self._signs:
             # One call for the whole 24-byte nonce: its first 16 bytes are the token id.
             fresh = os.urandom(_format.NONCE_LEN)

@@ -171,6 +171,86 @@ def test_manager_promotes_lazily_between_refreshes(tmp_path: Path) -> None:
     assert mgr.status()["primary"] == new
 
 
+class TickingClock(FakeClock):
+    """Time moves on by ``step`` at every reading, as it does between two calls on a busy machine."""
+
+    def __init__(self, now: float, step: float) -> None:
+        super().__init__(now)
+        self.step = step
+
+    def __call__(self) -> float:
+        self.now += self.step
+        return self.now
+
+
+@pytest.mark.parametrize("offset", [i / 20 for i in range(20)])
+def test_a_token_is_never_issued_before_its_key_was_promoted(tmp_path: Path, offset: float) -> None:
+    # The cause of test_kms_rotation's "minted before its promotion" under load: seal()
+    # read its clock, was preempted, and then asked the manager for the key, which had
+    # been promoted meanwhile; the token carried the earlier second. Here the codec and
+    # the manager share one clock that moves 0.25 s at every reading, started at 20
+    # offsets within a second so that some reading falls just before the promotion.
+    path = tmp_path / "ring.json"
+    init_keys(f"file:{path}", clock=lambda: 0)
+    mgr = manager(path, FakeClock(10_000)).start(background=False)
+    rotate(f"file:{path}", min_age=0, retire_after=TL.min_retire_after, clock=lambda: 10_000, timeline=TL)
+    mgr.refresh_now()
+    clock = TickingClock(10_000 + TL.promotion_delay - 3 + offset, step=0.25)
+    mgr.clock = clock
+    codec = StateCodec(mgr, ttl=300, max_skew=5, clock=clock)
+    kids = set()
+    for _ in range(12):
+        opened = codec.verify_unbound(codec.seal(b"x"))
+        kids.add(opened.kid)
+        created = mgr.keyring().require(opened.kid).created_at
+        if created > 0:  # the new key (the first one is dated 0: promoted long ago)
+            assert created + TL.promotion_delay <= opened.issued_at, "minted before its promotion"
+    assert len(kids) == 2, "the run crossed the promotion"
+
+
+def test_a_key_never_mints_before_its_promotion_while_a_promoted_one_lives() -> None:
+    # An operator marked the only promoted key for retirement (say, after a leak) and added
+    # a new one. Minting at once with the new key would have instances that have not
+    # refreshed yet reject its tokens; the retiring key keeps minting until the new one is
+    # promoted, and never past its own retirement.
+    ring = KeyRing([key("leaked", 0, retires_at=5000), key("fresh", 1000)])
+    assert TL.plan(ring, 1000 + 16).ring.primary_kid == "leaked"
+    assert TL.plan(ring, 1000 + 17).ring.primary_kid == "fresh"
+    # With several retiring keys promoted, the one that verifies longest mints.
+    ring = KeyRing([key("a", 0, retires_at=4000), key("b", 10, retires_at=3000), key("fresh", 1000)])
+    assert TL.plan(ring, 1010).ring.primary_kid == "a"
+    # Once the retiring keys are gone, nothing is promoted: the new key mints (bootstrap).
+    assert TL.plan(ring, 5000).ring.primary_kid == "fresh"
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(
+        st.tuples(st.integers(0, 200), st.none() | st.integers(0, 400)),
+        min_size=1,
+        max_size=6,
+        unique_by=lambda t: t,
+    ),
+    st.integers(0, 400),
+)
+def test_the_primary_is_promoted_whenever_a_live_key_is(
+    specs: list[tuple[int, int | None]], now: int
+) -> None:
+    ring = KeyRing([key(f"k{i}", created, retires) for i, (created, retires) in enumerate(specs)])
+    plan = TL.plan(ring, now)
+    live = [k for k in ring.keys if k.verifies_at(now)]
+    if not live:
+        assert plan.ring.primary_kid is None
+        return
+    primary = ring.require(plan.ring.primary_kid or "")
+    assert primary.verifies_at(now)
+    if any(TL.promotes_at(k) <= now for k in live):
+        assert TL.promotes_at(primary) <= now, "an unpromoted key mints while a promoted one lives"
+        steady = [k for k in live if k.retires_at is None and TL.promotes_at(k) <= now]
+        if steady:
+            assert primary.retires_at is None
+
+
 def test_staleness_stops_minting_not_verifying(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     path = tmp_path / "ring.json"
     clock = FakeClock(10_000)

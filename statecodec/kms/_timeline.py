@@ -128,20 +128,21 @@ class Timeline:
     def plan(self, ring: KeyRing, now: float) -> Plan:
         """Choose the primary by time and give each replaced key its ``retires_at``.
 
-        The newest promoted key is primary. If no key is promoted yet (a fresh
-        deployment, or every key was just replaced in an emergency), the oldest live key
-        mints: nobody can hold an older ring that lacks it. The stored ``primary`` only
-        breaks ties between keys created in the same second.
+        The invariant: while any live key is promoted, the primary is a promoted key, so
+        every instance that refreshes on schedule verifies what this one mints. The
+        newest promoted key not marked for retirement is primary; if every promoted key
+        is marked (an operator retiring a leaked key before its successor is promoted),
+        the one that verifies longest keeps minting until the successor is promoted, and
+        never past its own ``retires_at``. Only when no live key is promoted yet (a fresh
+        deployment, or every key was just replaced in an emergency) does an unpromoted
+        key mint: the oldest, which nobody can hold an older ring without. The stored
+        ``primary`` only breaks ties between keys created in the same second.
         """
         live = _by_age(ring, now)
         if not live:
             states = tuple(self._state(k, "retired", k.retires_at) for k in ring.keys)
             return Plan(KeyRing(ring.keys), states, None)
-        # A key already marked for retirement never becomes primary: it would stop
-        # verifying while its fresh tokens are still valid.
-        usable = [k for k in live if k.retires_at is None] or live
-        promoted = [k for k in usable if self.promotes_at(k) <= now]
-        primary = promoted[-1] if promoted else usable[0]
+        primary = self._primary(live, now)
         cut = live.index(primary)
         retire = {
             k.kid: _earliest(k.retires_at, self.promotes_at(successor) + self.retirement_margin)
@@ -156,6 +157,17 @@ class Timeline:
             tuple(self._classify(k, primary, now) for k in keys),
             min(pending) if pending else None,
         )
+
+    def _primary(self, live: list[Key], now: float) -> Key:
+        promoted = [k for k in live if self.promotes_at(k) <= now]
+        # A key marked for retirement mints only when it must: it stops verifying while
+        # its fresh tokens may still be valid.
+        steady = [k for k in promoted if k.retires_at is None]
+        if steady:
+            return steady[-1]
+        if promoted:
+            return max(promoted, key=lambda k: k.retires_at or 0)
+        return ([k for k in live if k.retires_at is None] or live)[0]
 
     def _classify(self, key: Key, primary: Key, now: float) -> KeyState:
         if key.kid == primary.kid:
