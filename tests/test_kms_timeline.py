@@ -216,6 +216,12 @@ def test_a_key_never_mints_before_its_promotion_while_a_promoted_one_lives() -> 
     ring = KeyRing([key("leaked", 0, retires_at=5000), key("fresh", 1000)])
     assert TL.plan(ring, 1000 + 16).ring.primary_kid == "leaked"
     assert TL.plan(ring, 1000 + 17).ring.primary_kid == "fresh"
+    # Retired before the successor's promotion: the manager must switch at that instant,
+    # without waiting for a refresh (a retired key's tokens verify nowhere).
+    ring = KeyRing([key("leaked", 0, retires_at=1010), key("fresh", 1000)])
+    plan = TL.plan(ring, 1005)
+    assert (plan.ring.primary_kid, plan.next_promotion) == ("leaked", 1010)
+    assert TL.plan(ring, 1010).ring.primary_kid == "fresh"
     # With several retiring keys promoted, the one that verifies longest mints.
     ring = KeyRing([key("a", 0, retires_at=4000), key("b", 10, retires_at=3000), key("fresh", 1000)])
     assert TL.plan(ring, 1010).ring.primary_kid == "a"

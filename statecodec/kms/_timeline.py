@@ -152,6 +152,8 @@ class Timeline:
             Key(k.kid, k.secret, k.created_at, retire[k.kid]) if k.kid in retire else k for k in ring.keys
         ]
         pending = [self.promotes_at(k) for k in live if self.promotes_at(k) > now]
+        if primary.retires_at is not None:  # a retiring primary hands over when it retires
+            pending.append(primary.retires_at)
         return Plan(
             KeyRing(keys, primary.kid),
             tuple(self._classify(k, primary, now) for k in keys),
