@@ -178,7 +178,12 @@ class Load:
         queue: asyncio.Queue[int] = asyncio.Queue()
         for i in range(flows):
             queue.put_nowait(i)
-        limits = httpx.Limits(max_connections=CONCURRENCY * 2, max_keepalive_connections=CONCURRENCY * 2)
+        # Idle connections expire on the client well before uvicorn's 5 s keep-alive
+        # timeout: with both at 5 s, a request sent on a connection the server is closing
+        # at that instant is reset (httpx ReadError), which a loaded machine hits.
+        limits = httpx.Limits(
+            max_connections=CONCURRENCY * 2, max_keepalive_connections=CONCURRENCY * 2, keepalive_expiry=1.0
+        )
         async with httpx.AsyncClient(timeout=60, headers=HEADERS, limits=limits) as http:
 
             async def worker() -> None:
