@@ -208,8 +208,13 @@ def test_vault_sealed_then_stopped_then_back(
         for m in managers:
             _wait_for(lambda m=m: not m.status()["stale"], what=f"recovery after {phase}")
         assert b.unseal(a.seal(b"again")).payload == b"again"
-        assert any(
-            "load again" in r.getMessage() and "minting resumed" in r.getMessage() for r in caplog.records
+        # The refresh thread publishes the new ring, then logs the recovery: wait for the
+        # line rather than assume the thread already got that far (it may not have, under load).
+        _wait_for(
+            lambda: any(
+                "load again" in r.getMessage() and "minting resumed" in r.getMessage() for r in caplog.records
+            ),
+            what=f"the recovery logged after {phase}",
         )
     for m in managers:
         m.stop()
