@@ -3,11 +3,9 @@
 Each peer is used the way its documentation shows, with the strongest protection it
 offers that matches statecodec's (integrity, expiry, a binding to the request where the
 peer has one). Nothing here is for production use: it exists so ``bench_codec.py`` can
-time and size the alternatives in the same process as statecodec.
+time and size the alternatives in the same process as statecodec. (The TypeScript SDK's
+format is ``statecodec.compat.ts_v1``, which mints its tokens byte for byte.)
 
-- :class:`TsV1Codec`: a line-by-line Python port of ``createRequestStateCodec`` from
-  ``@modelcontextprotocol/server`` 2.4.0 (dist/index.mjs, region
-  ``src/server/requestStateCodec.ts``), including its ``bind`` tag.
 - :class:`McpSdkBoundary`: the installed ``mcp`` package's ``AESGCMRequestStateCodec``
   driven through the real ``RequestStateBoundary._unseal`` / ``_seal`` (the claims
   envelope, request identity digest and salted principal claim, exactly as the
@@ -19,12 +17,7 @@ time and size the alternatives in the same process as statecodec.
 from __future__ import annotations
 
 import base64
-import binascii
-import hashlib
-import hmac
 import json
-import math
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -33,91 +26,6 @@ from cryptography.fernet import Fernet
 from itsdangerous import URLSafeTimedSerializer
 from mcp.server.context import ServerRequestContext
 from mcp.server.request_state import RequestStateBoundary, RequestStateSecurity
-
-# --------------------------------------------------------------------------- TS SDK v1
-_TS_PREFIX = "v1."
-_TS_BIND_LABEL = "mcp.requestState.bind:"
-
-
-def _ts_b64url(data: bytes) -> str:
-    # bytesToBase64Url: btoa, then +/ -> -_ and strip the padding.
-    return base64.urlsafe_b64encode(data).rstrip(b"=").decode("ascii")
-
-
-def _ts_b64url_to_bytes(text: str) -> bytes:
-    # base64UrlToBytes: -_ -> +/, then atob, which is "forgiving": padding optional,
-    # any character outside the alphabet throws (validate=True), trailing bits ignored.
-    b64 = text.replace("-", "+").replace("_", "/")
-    return base64.b64decode(b64 + "=" * (-len(b64) % 4), validate=True)
-
-
-class TsV1Codec:
-    """``createRequestStateCodec({key, ttlSeconds, bind})`` of the TypeScript SDK, in Python.
-
-    ``mint(payload, ctx)`` / ``verify(state, ctx)`` follow the TS source statement by
-    statement. The payload is any JSON value (TS ``JSON.stringify``); the imported
-    WebCrypto HMAC key is modelled by a keyed ``hmac`` object made once and copied per
-    use, the fastest stdlib HMAC, so the port is never slower than it has to be.
-    """
-
-    def __init__(
-        self, key: bytes, *, ttl_seconds: int = 600, bind: Callable[[Any], str] | None = None
-    ) -> None:
-        if len(key) < 32:
-            raise ValueError(f"createRequestStateCodec: key must be at least 32 bytes (got {len(key)})")
-        if not math.isfinite(ttl_seconds):
-            raise ValueError("createRequestStateCodec: ttlSeconds must be a finite number")
-        self._ttl = ttl_seconds
-        self._bind = bind
-        self._hmac = hmac.new(key, digestmod=hashlib.sha256)
-
-    def _sign(self, data: bytes) -> bytes:
-        h = self._hmac.copy()
-        h.update(data)
-        return h.digest()
-
-    def _bind_tag(self, value: str) -> str:
-        return _ts_b64url(self._sign((_TS_BIND_LABEL + value).encode("utf-8"))[:16])
-
-    def mint(self, payload: Any, ctx: Any = None) -> str:
-        envelope: dict[str, Any] = {"p": payload, "exp": math.floor(time.time()) + self._ttl}
-        if self._bind is not None:
-            if ctx is None:
-                raise TypeError(
-                    "createRequestStateCodec: mint() requires ctx when a bind callback is configured"
-                )
-            envelope["b"] = self._bind_tag(self._bind(ctx))
-        # JSON.stringify: compact separators, non-ASCII left as is.
-        body = _ts_b64url(json.dumps(envelope, separators=(",", ":"), ensure_ascii=False).encode("utf-8"))
-        return f"{_TS_PREFIX}{body}.{_ts_b64url(self._sign((_TS_PREFIX + body).encode('utf-8')))}"
-
-    def verify(self, state: str, ctx: Any = None) -> Any:
-        dot = state.rfind(".")
-        if not state.startswith(_TS_PREFIX) or dot <= 3:
-            raise ValueError("malformed")
-        body = state[3:dot]
-        try:
-            mac = _ts_b64url_to_bytes(state[dot + 1 :])
-        except (binascii.Error, ValueError):
-            raise ValueError("malformed") from None
-        # subtle.verify: constant-time comparison of the full tag.
-        if not hmac.compare_digest(mac, self._sign((_TS_PREFIX + body).encode("utf-8"))):
-            raise ValueError("mac")
-        try:
-            envelope = json.loads(_ts_b64url_to_bytes(body).decode("utf-8", "strict"))
-        except (binascii.Error, ValueError):
-            raise ValueError("malformed") from None
-        exp = envelope.get("exp") if isinstance(envelope, dict) else None
-        if type(exp) not in (int, float) or exp < math.floor(time.time()):
-            raise ValueError("expired")
-        if self._bind is not None:
-            expected = self._bind_tag(self._bind(ctx))
-            tag = envelope.get("b")
-            if not isinstance(tag, str) or not hmac.compare_digest(tag.encode(), expected.encode()):
-                raise ValueError("bind")
-        elif "b" in envelope:
-            raise ValueError("bind")
-        return envelope.get("p")
 
 
 # ----------------------------------------------------------------------- MCP Python SDK

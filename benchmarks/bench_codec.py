@@ -14,83 +14,43 @@ repeats of the per-repeat ratio to the floor. See benchmarks/README.md.
 
 from __future__ import annotations
 
-import argparse
 import base64
 import functools
-import gc
 import hashlib
 import hmac
 import io
 import json
 import os
-import platform
-import random
 import shutil
-import ssl
 import statistics
-import subprocess
 import sys
 import time
-import tracemalloc
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+import _harness
+import _peers
 import pybase64
+from _harness import ARGS, AUDIENCE, METHOD, OTHER_ARGS, PRINCIPAL, ROOT, TARGET, compact, make_state
 from mcp.shared.exceptions import MCPError
 from nacl.bindings import crypto_aead_xchacha20poly1305_ietf_decrypt as xc_decrypt
 from nacl.bindings import crypto_aead_xchacha20poly1305_ietf_encrypt as xc_encrypt
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-import _peers
-
 from statecodec import Binding, InvalidState, KeyRing, StateCodec, _aead, _format, _keys
+from statecodec.compat import ts_v1
 from statecodec.replay.memory import MemoryReplayStore
 
-ROOT = Path(__file__).resolve().parent.parent
-RESULTS = ROOT / "benchmarks" / "results"
 DOCS_CHART = ROOT / "docs" / "img" / "bench-codec.png"
-
-# One MCP request, as every candidate sees it.
-PRINCIPAL = "https://auth.example.com|weather-client|user:8f14e45f"
-AUDIENCE = "weather-svc"
-METHOD = "tools/call"
-TARGET = "get_forecast"
-ARGS: dict[str, Any] = {"city": "Lisbon", "days": 3, "units": "metric"}
-OTHER_ARGS: dict[str, Any] = {"city": "Porto", "days": 3, "units": "metric"}
 XC_DIRECT_FLOOR = "floor: XChaCha20-Poly1305 via libsodium directly + pybase64"
 HMAC_DIRECT_FLOOR = "floor: HMAC-SHA256 via OpenSSL's HMAC object directly + pybase64"
 # The stricter floor of each mode: the primitive called the way statecodec calls it.
 DIRECT_FLOOR = {"SIGN": HMAC_DIRECT_FLOOR, "ENCRYPT": XC_DIRECT_FLOOR}
+TS_PEER = "TS SDK v1 codec (compat.ts_v1) + bind tag"
 STATE_BYTES = 300
 SWEEP_BYTES = (64, 256, 1024, 2048, 4096, 8192)
 TTL = 600
-
-
-def compact(value: Any) -> bytes:
-    return json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
-
-
-def make_state(size: int) -> bytes:
-    """A JSON object of exactly ``size`` bytes, shaped like a multi-round tool's state."""
-    state: dict[str, Any] = {
-        "v": 1,
-        "step": 2,
-        "pending": "confirm_booking",
-        "cart": [{"sku": "A-1029", "qty": 2}, {"sku": "B-77", "qty": 1}],
-        "ctx": {"city": "Lisbon", "days": 3, "units": "metric"},
-        "note": "",
-    }
-    if len(compact(state)) > size:
-        state = {"step": 2, "note": ""}
-    state["note"] = "n" * (size - len(compact(state)))
-    raw = compact(state)
-    assert len(raw) == size, (len(raw), size)
-    return raw
 
 
 def b64url(raw: bytes) -> str:
@@ -140,59 +100,69 @@ def _expect_reject(fn: Callable[[], object], *errors: type[BaseException]) -> No
     raise AssertionError("a token was accepted where it must be rejected")
 
 
+def _hmac_pair(
+    mac: Any, encode: Callable[[bytes], str], decode: Callable[[str], bytes], payload: bytes
+) -> tuple[Callable[[], str], Callable[[str], bytes]]:
+    """seal/unseal of ``payload || HMAC`` with a keyed HMAC object copied per use."""
+
+    def seal() -> str:
+        h = mac.copy()
+        h.update(payload)
+        return encode(payload + h.digest())
+
+    def unseal(token: str) -> bytes:
+        raw = decode(token)
+        body = raw[:-32]
+        h = mac.copy()
+        h.update(body)
+        if not hmac.compare_digest(h.digest(), raw[-32:]):
+            raise ValueError("bad mac")
+        return body
+
+    return seal, unseal
+
+
+def _xc_pair(
+    encrypt: Callable[..., bytes],
+    decrypt: Callable[..., bytes],
+    encode: Callable[[bytes], str],
+    decode: Callable[[str], bytes],
+    payload: bytes,
+    secret: bytes,
+    aad: Any,
+) -> tuple[Callable[[], str], Callable[[str], bytes]]:
+    """seal/unseal of ``nonce || XChaCha20-Poly1305(payload)`` with a random 24-byte nonce."""
+
+    def seal() -> str:
+        nonce = os.urandom(24)
+        return encode(nonce + encrypt(payload, aad, nonce, secret))
+
+    def unseal(token: str) -> bytes:
+        raw = decode(token)
+        return bytes(decrypt(raw[24:], aad, raw[:24], secret))
+
+    return seal, unseal
+
+
 def floors(payload: bytes, secret: bytes) -> list[Candidate]:
-    mac = hmac.new(secret, digestmod=hashlib.sha256)  # the fastest stdlib HMAC: keyed once, copied
-
-    def hmac_seal() -> str:
-        h = mac.copy()
-        h.update(payload)
-        return b64url(payload + h.digest())
-
-    def hmac_unseal(token: str) -> bytes:
-        raw = b64url_decode(token)
-        body = raw[:-32]
-        h = mac.copy()
-        h.update(body)
-        if not hmac.compare_digest(h.digest(), raw[-32:]):
-            raise ValueError("bad mac")
-        return body
-
-    def xc_seal() -> str:
-        nonce = os.urandom(24)
-        return b64url(nonce + xc_encrypt(payload, None, nonce, secret))
-
-    def xc_unseal(token: str) -> bytes:
-        raw = b64url_decode(token)
-        return bytes(xc_decrypt(raw[24:], None, raw[:24], secret))
-
-    def xc_direct_seal() -> str:
-        nonce = os.urandom(24)
-        return fast_b64url(nonce + _aead.encrypt(payload, b"", nonce, secret))
-
-    def xc_direct_unseal(token: str) -> bytes:
-        raw = fast_b64url_decode(token)
-        return _aead.decrypt(raw[24:], b"", raw[:24], secret)
-
-    # statecodec copies OpenSSL's HMAC object without hmac.HMAC's Python wrapper
-    # (statecodec/_keys.py, _keyed_hmac); this stricter floor does the same.
-    direct = _keys._keyed_hmac(secret)
-
-    def hmac_direct_seal() -> str:
-        h = direct.copy()
-        h.update(payload)
-        return fast_b64url(payload + h.digest())
-
-    def hmac_direct_unseal(token: str) -> bytes:
-        raw = fast_b64url_decode(token)
-        body = raw[:-32]
-        h = direct.copy()
-        h.update(body)
-        if not hmac.compare_digest(h.digest(), raw[-32:]):
-            raise ValueError("bad mac")
-        return body
+    # The fastest stdlib HMAC (keyed once, copied), and the stricter floor: statecodec copies
+    # OpenSSL's HMAC object without hmac.HMAC's Python wrapper (statecodec/_keys.py,
+    # _keyed_hmac) and encodes with pybase64, and so does this floor.
+    hmac_seal, hmac_unseal = _hmac_pair(
+        hmac.new(secret, digestmod=hashlib.sha256), b64url, b64url_decode, payload
+    )
+    direct_seal, direct_unseal = _hmac_pair(
+        _keys._keyed_hmac(secret), fast_b64url, fast_b64url_decode, payload
+    )
+    # PyNaCl's public API, and the stricter floor: statecodec calls libsodium without
+    # PyNaCl's per-call wrapper (statecodec/_aead.py), and so does this floor.
+    xc_seal, xc_unseal = _xc_pair(xc_encrypt, xc_decrypt, b64url, b64url_decode, payload, secret, None)
+    xcd_seal, xcd_unseal = _xc_pair(
+        _aead.encrypt, _aead.decrypt, fast_b64url, fast_b64url_decode, payload, secret, b""
+    )
 
     def check_hmac() -> None:
-        for seal, unseal in ((hmac_seal, hmac_unseal), (hmac_direct_seal, hmac_direct_unseal)):
+        for seal, unseal in ((hmac_seal, hmac_unseal), (direct_seal, direct_unseal)):
             assert unseal(seal()) == payload
             t = seal()
             forged = t[:-2] + ("A" if t[-2] != "A" else "B") + t[-1]
@@ -200,8 +170,9 @@ def floors(payload: bytes, secret: bytes) -> list[Candidate]:
 
     def check_xc() -> None:
         assert xc_unseal(xc_seal()) == payload
-        assert xc_direct_unseal(xc_direct_seal()) == payload
+        assert xcd_unseal(xcd_seal()) == payload
 
+    integrity, confidentiality = "integrity only", "integrity + confidentiality"
     return [
         Candidate(
             "floor: HMAC-SHA256 + b64url",
@@ -209,15 +180,15 @@ def floors(payload: bytes, secret: bytes) -> list[Candidate]:
             lambda: hmac_unseal(hmac_seal()),
             hmac_seal,
             check_hmac,
-            "integrity only",
+            integrity,
         ),
         Candidate(
             HMAC_DIRECT_FLOOR,
             "floor",
-            lambda: hmac_direct_unseal(hmac_direct_seal()),
-            hmac_direct_seal,
+            lambda: direct_unseal(direct_seal()),
+            direct_seal,
             check_hmac,
-            "integrity only",
+            integrity,
         ),
         Candidate(
             "floor: XChaCha20-Poly1305 + b64url",
@@ -225,17 +196,10 @@ def floors(payload: bytes, secret: bytes) -> list[Candidate]:
             lambda: xc_unseal(xc_seal()),
             xc_seal,
             check_xc,
-            "integrity + confidentiality",
+            confidentiality,
         ),
-        # statecodec calls libsodium without PyNaCl's per-call wrapper (statecodec/_aead.py);
-        # this stricter floor does the same, so that advantage is visible, not hidden.
         Candidate(
-            XC_DIRECT_FLOOR,
-            "floor",
-            lambda: xc_direct_unseal(xc_direct_seal()),
-            xc_direct_seal,
-            check_xc,
-            "integrity + confidentiality",
+            XC_DIRECT_FLOOR, "floor", lambda: xcd_unseal(xcd_seal()), xcd_seal, check_xc, confidentiality
         ),
     ]
 
@@ -328,19 +292,25 @@ def peer_candidates(
         )
     )
 
-    ts = _peers.TsV1Codec(secret, ttl_seconds=TTL, bind=bind_string)
+    # What a TS server's bind(ctx) returns, built once per request like a Binding.
+    def ts_round() -> object:
+        bind = bind_string(request)
+        token = ts_v1.seal(secret, state_obj, now=time.time(), ttl_seconds=TTL, bind=bind)
+        return ts_v1.unseal(token, secret, now=time.time(), bind=bind).payload
 
     def check_ts() -> None:
-        assert ts.verify(ts.mint(state_obj, request), request) == state_obj
-        t = ts.mint(state_obj, request)
-        _expect_reject(lambda: ts.verify(t, other), ValueError)
+        assert ts_round() == state_obj
+        t = ts_v1.seal(secret, state_obj, now=time.time(), bind=bind_string(request))
+        _expect_reject(
+            lambda: ts_v1.unseal(t, secret, now=time.time(), bind=bind_string(other)), InvalidState
+        )
 
     out.append(
         Candidate(
-            "TS SDK v1 codec (Python port) + bind tag",
+            TS_PEER,
             "peer",
-            lambda: ts.verify(ts.mint(state_obj, request), request),
-            lambda: ts.mint(state_obj, request),
+            ts_round,
+            lambda: ts_v1.seal(secret, state_obj, now=time.time(), bind=bind_string(request)),
             check_ts,
             "integrity, expiry, binding",
         )
@@ -441,92 +411,14 @@ def peer_candidates(
 
 
 # ------------------------------------------------------------------------- timing
-def calibrate(op: Callable[[], object], target_s: float) -> int:
-    n, t0 = 0, time.thread_time()
-    while time.thread_time() - t0 < target_s / 4 or n < 3:
-        op()
-        n += 1
-    per_op = (time.thread_time() - t0) / n
-    return max(1, int(target_s / per_op))
-
-
 def run_interleaved(cands: list[Candidate], repeats: int, target_s: float, seed: int) -> None:
-    loops = {c.name: calibrate(c.op, target_s) for c in cands}  # doubles as the warm-up
-    rng = random.Random(seed)
-    order = list(cands)
-    for _ in range(repeats):
-        rng.shuffle(order)
+    loops = {c.name: _harness.calibrate(c.op, target_s) for c in cands}  # doubles as the warm-up
+    for order in _harness.interleaved(cands, repeats, seed):
         for c in order:
-            op, n = c.op, loops[c.name]
-            gc.collect()
-            gc.disable()
-            try:
-                t0 = time.thread_time_ns()
-                for _ in range(n):
-                    op()
-                t1 = time.thread_time_ns()
-            finally:
-                gc.enable()
-            c.samples.append((t1 - t0) / n / 1000.0)  # microseconds per seal+unseal
-
-
-def paired_ratio(c: Candidate, floor: Candidate) -> float:
-    return statistics.median(a / b for a, b in zip(c.samples, floor.samples, strict=True))
-
-
-def quartiles(xs: list[float]) -> tuple[float, float]:
-    q = statistics.quantiles(xs, n=4)
-    return q[0], q[2]
-
-
-def peak_alloc(op: Callable[[], object]) -> int:
-    """High-water mark of Python heap allocations during one op (OpenSSL/libsodium not seen)."""
-    op()
-    tracemalloc.start()
-    try:
-        op()
-        base = tracemalloc.get_traced_memory()[0]
-        tracemalloc.reset_peak()
-        op()
-        return max(0, tracemalloc.get_traced_memory()[1] - base)
-    finally:
-        tracemalloc.stop()
+            c.samples.append(_harness.sample_us(c.op, loops[c.name]))  # µs per seal+unseal
 
 
 # ----------------------------------------------------------------------- reporting
-def machine() -> dict[str, Any]:
-    model = "unknown"
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                model = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    try:
-        commit = subprocess.run(
-            ["git", "describe", "--always", "--dirty"], cwd=ROOT, capture_output=True, text=True, check=False
-        ).stdout.strip()
-    except OSError:
-        commit = ""
-    versions = {}
-    for dist in ("statecodec", "cryptography", "pynacl", "mcp", "pyseto", "itsdangerous"):
-        try:
-            versions[dist] = metadata.version(dist)
-        except metadata.PackageNotFoundError:
-            versions[dist] = None
-    versions["openssl"] = ssl.OPENSSL_VERSION
-    return {
-        "nproc": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
-        "cpu": model,
-        "python": platform.python_version(),
-        "implementation": platform.python_implementation(),
-        "platform": platform.platform(),
-        "git_commit": commit,
-        "versions": versions,
-    }
-
-
 def table(rows: list[dict[str, Any]]) -> str:
     head = (
         "| candidate | median µs | IQR µs | vs floor | vs direct floor | token chars | overhead "
@@ -548,7 +440,7 @@ def table(rows: list[dict[str, Any]]) -> str:
 def goals(rows: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
     sign, enc = rows["statecodec SIGN"], rows["statecodec ENCRYPT"]
     sdk = rows["MCP Python SDK: AES-GCM codec + claims envelope"]
-    ts = rows["TS SDK v1 codec (Python port) + bind tag"]
+    ts = rows[TS_PEER]
     paseto = rows["pyseto v4.local + implicit assertion + exp"]
     same_protection = [sdk, ts, paseto]
     out = []
@@ -583,7 +475,7 @@ def goals(rows: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
     for r in (sign, enc):
         slowest_win = min(p["median_us"] / r["median_us"] for p in same_protection)
         goal(
-            f"{r['name']} faster than the SDK envelope, the TS v1 port and pyseto v4.local",
+            f"{r['name']} faster than the SDK envelope, the TS v1 codec and pyseto v4.local",
             all(r["median_us"] < p["median_us"] for p in same_protection),
             f"closest peer is {slowest_win:.2f}x slower",
         )
@@ -604,7 +496,7 @@ SHORT = {  # legend labels of the size sweep
     "floor: XChaCha20-Poly1305 + b64url": "floor XChaCha20 (PyNaCl)",
     XC_DIRECT_FLOOR: "floor XChaCha20 (libsodium direct)",
     "MCP Python SDK: AES-GCM codec + claims envelope": "MCP Python SDK envelope",
-    "TS SDK v1 codec (Python port) + bind tag": "TS SDK v1 port + bind",
+    TS_PEER: "TS SDK v1 + bind",
     "pyseto v4.local + implicit assertion + exp": "pyseto v4.local",
     "cryptography Fernet (ttl)": "Fernet",
     "itsdangerous URLSafeTimedSerializer (max_age)": "itsdangerous",
@@ -673,11 +565,7 @@ def chart(result: dict[str, Any], path: Path) -> None:
 
 # ---------------------------------------------------------------------------- main
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--quick", action="store_true", help="fewer, shorter repeats (a look, not a result)")
-    ap.add_argument("--out", type=Path, default=RESULTS, help="directory for the JSON and the PNG")
-    ap.add_argument("--seed", type=int, default=8, help="seed of the interleaving order")
-    args = ap.parse_args(argv)
+    args = _harness.parser(__doc__).parse_args(argv)
     repeats, target = (7, 0.01) if args.quick else (41, 0.02)
     sweep_repeats = 5 if args.quick else 21
 
@@ -712,25 +600,27 @@ def main(argv: list[str] | None = None) -> int:
                 "group": c.group,
                 "protection": c.protection,
                 "median_us": statistics.median(c.samples),
-                "iqr_us": quartiles(c.samples),
+                "iqr_us": _harness.quartiles(c.samples),
                 "ratio": None
                 if c.group == "floor" or c.name.endswith("alone") or "json" in c.name
-                else paired_ratio(c, floor),
+                else _harness.paired_ratio(c.samples, floor.samples),
                 "ratio_to": floor.name,
                 # statecodec against the stricter floor that calls the primitive as it does
-                "ratio_direct_floor": paired_ratio(c, by_name[DIRECT_FLOOR[c.name.split()[1]]])
+                "ratio_direct_floor": _harness.paired_ratio(
+                    c.samples, by_name[DIRECT_FLOOR[c.name.split()[1]]].samples
+                )
                 if c.group == "statecodec"
                 else None,
                 "token_chars": len(tok),
                 "overhead_chars": len(tok) - b64_len if tok else None,
-                "peak_alloc_bytes": peak_alloc(c.op),
+                "peak_alloc_bytes": _harness.peak_alloc(c.op),
                 "samples_us": [round(s, 3) for s in c.samples],
             }
         )
     result: dict[str, Any] = {
         "command": "python benchmarks/bench_codec.py" + (" --quick" if args.quick else ""),
         "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "machine": machine(),
+        "machine": _harness.machine(),
         "config": {
             "state_bytes": STATE_BYTES,
             "b64url_state_chars": b64_len,
@@ -766,10 +656,9 @@ def main(argv: list[str] | None = None) -> int:
     result["sweep"] = {"sizes": list(SWEEP_BYTES), "repeats": sweep_repeats, "series": series}
 
     stem = "codec-quick" if args.quick else "codec"
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / f"{stem}.json").write_text(json.dumps(result, indent=1) + "\n")
+    _harness.write_json(result, args.out, stem)
     chart(result, args.out / f"{stem}.png")
-    if not args.quick and args.out == RESULTS:  # for docs/performance.md: mkdocs serves docs/ only
+    if not args.quick and args.out == _harness.RESULTS:  # for docs/performance.md: mkdocs serves docs/ only
         DOCS_CHART.parent.mkdir(exist_ok=True)
         shutil.copyfile(args.out / f"{stem}.png", DOCS_CHART)
 

@@ -52,7 +52,7 @@ same hot duration costs the same in the round as in a loop (issue 8): it is the 
 footprint, not anything the SDK does with the longer token or the copied context.
 
 Variants run interleaved, each repeat in a fresh random order, timed in process CPU time
-(see bench_codec.py for why); an overhead is the median over repeats of the per-repeat
+(see _harness.py for why); an overhead is the median over repeats of the per-repeat
 ratio to the baseline on the same transport. Each client is entered in its own task, so
 every variant runs at the same depth of anyio cancel scopes (entered one inside the
 other, a later client walked one scope more per level at every checkpoint).
@@ -60,30 +60,21 @@ other, a later client walked one scope more per level at every checkpoint).
 
 from __future__ import annotations
 
-import argparse
 import asyncio
-import gc
-import json
 import os
-import random
 import statistics
-import sys
 import time
 from collections.abc import Awaitable, Callable
-from pathlib import Path
 from typing import Any
 
+import _harness
 import mcp_types as types
+from _harness import ARGS, PRINCIPAL, TARGET, gc_paused, interleaved, make_state, paired_diff, paired_ratio
 from mcp.client import Client
 from mcp.client._memory import InMemoryTransport
 from mcp.server.context import CallNext, HandlerResult, ServerRequestContext
 from mcp.server.lowlevel import Server
 from mcp.server.request_state import RequestStateBoundary, RequestStateSecurity
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from bench_codec import ARGS, PRINCIPAL, RESULTS, TARGET, machine, make_state
 
 from statecodec import Binding, KeyRing, StateCodec
 from statecodec.adapters.mcp import StateCodecMiddleware, _with_params, protect
@@ -220,9 +211,7 @@ async def one_round(client: Client) -> str:
 async def run_rounds(client: Client, n: int) -> int:
     """``n`` rounds; returns the CPU nanoseconds they took (GC paused, as for every variant)."""
     session = client.session
-    gc.collect()
-    gc.disable()
-    try:
+    with gc_paused():
         t0 = time.process_time_ns()
         for _ in range(n):
             first = await session.call_tool(TARGET, ARGS, allow_input_required=True)
@@ -234,8 +223,6 @@ async def run_rounds(client: Client, n: int) -> int:
                 allow_input_required=True,
             )
         t1 = time.process_time_ns()
-    finally:
-        gc.enable()
     return t1 - t0
 
 
@@ -253,17 +240,13 @@ async def codec_alone(ring: KeyRing, mode: str, n: int) -> float:
     """µs of one round's codec work with no SDK around it: 2 Bindings, seal, unseal."""
     codec = codec_for(mode, ring)
     payload = STATE.encode("utf-8")
-    gc.collect()
-    gc.disable()
-    try:
+    with gc_paused():
         t0 = time.process_time_ns()
         for _ in range(n):
             token = codec.seal(payload, Binding(PRINCIPAL, AUDIENCE, "tools/call", TARGET, dict(ARGS)))
             binding = Binding(PRINCIPAL, AUDIENCE, "tools/call", TARGET, dict(ARGS))
             (await codec.aunseal(token, binding)).payload.decode("utf-8")
         t1 = time.process_time_ns()
-    finally:
-        gc.enable()
     return (t1 - t0) / n / 1000.0
 
 
@@ -300,17 +283,13 @@ async def complete(ctx: Ctx) -> HandlerResult:
 
 async def middleware_rounds(middleware: Callable[[Ctx, CallNext], Any], n: int) -> float:
     """µs per round of both requests through ``middleware`` alone, no SDK around it."""
-    gc.collect()
-    gc.disable()
-    try:
+    with gc_paused():
         t0 = time.process_time_ns()
         for _ in range(n):
             first = await middleware(context({"name": TARGET, "arguments": dict(ARGS)}), ask)
             retry = {"name": TARGET, "arguments": dict(ARGS), "inputResponses": ANSWERED}
             await middleware(context({**retry, "requestState": first["requestState"]}), complete)
         t1 = time.process_time_ns()
-    finally:
-        gc.enable()
     return (t1 - t0) / n / 1000.0
 
 
@@ -327,9 +306,8 @@ async def alone(repeats: int, rounds: int, seed: int) -> dict[str, Any]:
         await middleware_rounds(middleware, rounds)  # warm-up
     codec: dict[str, list[float]] = {"SIGN": [], "ENCRYPT": []}
     direct: dict[str, list[float]] = {name: [] for name in middlewares}
-    rng = random.Random(seed)
-    for _ in range(repeats):
-        for name in rng.sample(list(direct), len(direct)):
+    for order in interleaved(list(direct), repeats, seed):
+        for name in order:
             direct[name].append(await middleware_rounds(middlewares[name], rounds))
         for mode, times in codec.items():
             times.append(await codec_alone(ring, mode, rounds))
@@ -339,14 +317,14 @@ async def alone(repeats: int, rounds: int, seed: int) -> dict[str, Any]:
         "codec_us_per_round": {mode: statistics.median(times) for mode, times in codec.items()},
         "middleware_us_per_round": {name: statistics.median(times) for name, times in direct.items()},
         "adapter_own_us_per_round": {
-            mode: statistics.median(a - b for a, b in zip(direct[full], direct[ref], strict=True))
+            mode: paired_diff(direct[full], direct[ref])
             for mode, full, ref in (("SIGN", SIGN, REF_SIGN), ("ENCRYPT", ENCRYPT, REF_ENCRYPT))
         },
     }
 
 
 def overhead(samples: list[float], base: list[float]) -> float:
-    return 100 * (statistics.median(a / b for a, b in zip(samples, base, strict=True)) - 1)
+    return 100 * (paired_ratio(samples, base) - 1)
 
 
 Job = tuple[Callable[[Client], Awaitable[Any]], "asyncio.Future[Any]"]
@@ -450,9 +428,7 @@ async def bench(transport: str, repeats: int, rounds: int, seed: int) -> dict[st
                 await run_rounds(client, max(3, rounds // 4))  # warm-up
 
             await clients.call(variant, prepare)
-        rng, order = random.Random(seed), list(VARIANTS)
-        for _ in range(repeats):
-            rng.shuffle(order)
+        for order in interleaved(VARIANTS, repeats, seed):
             for variant in order:
                 ns = await clients.call(variant, lambda client: run_rounds(client, rounds))
                 samples[variant].append(ns / rounds / 1000.0)  # µs per round
@@ -465,14 +441,14 @@ async def bench(transport: str, repeats: int, rounds: int, seed: int) -> dict[st
                 "variant": variant,
                 "median_us_per_round": statistics.median(s),
                 "rounds_per_s": 1e6 / statistics.median(s),
-                "added_us": statistics.median(a - b for a, b in zip(s, base, strict=True)),
+                "added_us": paired_diff(s, base),
                 "overhead_pct": None if variant == UNPROTECTED else overhead(s, base),
                 "vs_sdk_pct": None if variant in (UNPROTECTED, SDK) else overhead(s, sdk),
                 "samples_us": [round(x, 2) for x in s],
             }
         )
     own = {
-        mode: statistics.median(a - b for a, b in zip(samples[full], samples[ref], strict=True))
+        mode: paired_diff(samples[full], samples[ref])
         for mode, full, ref in (("SIGN", SIGN, REF_SIGN), ("ENCRYPT", ENCRYPT, REF_ENCRYPT))
     }
     return {
@@ -487,16 +463,12 @@ async def bench(transport: str, repeats: int, rounds: int, seed: int) -> dict[st
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--quick", action="store_true", help="fewer repeats (a look, not a result)")
-    ap.add_argument("--out", type=Path, default=RESULTS)
-    ap.add_argument("--seed", type=int, default=8)
-    args = ap.parse_args(argv)
+    args = _harness.parser(__doc__).parse_args(argv)
     repeats, rounds = (5, 50) if args.quick else (21, 200)
     result: dict[str, Any] = {
         "command": "python benchmarks/bench_protect.py" + (" --quick" if args.quick else ""),
         "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "machine": machine(),
+        "machine": _harness.machine(),
         "load_average_before": os.getloadavg(),
         "state_bytes": len(STATE.encode()),
         "round": "request 1 -> input_required (seal); request 2 with inputResponses + requestState "
@@ -505,9 +477,7 @@ def main(argv: list[str] | None = None) -> int:
         "without_sdk": asyncio.run(alone(3 * repeats, rounds, args.seed)),
     }
     result["load_average_after"] = os.getloadavg()
-    stem = "protect-quick" if args.quick else "protect"
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / f"{stem}.json").write_text(json.dumps(result, indent=1) + "\n")
+    path = _harness.write_json(result, args.out, "protect-quick" if args.quick else "protect")
 
     print("| transport | variant | µs per round | rounds/s | added µs | vs unprotected | vs SDK boundary |")
     print("|---|---|---:|---:|---:|---:|---:|")
@@ -535,7 +505,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  {name}: {v:.1f}" if name in VARIANTS else f"  codec work alone, {name}: {v:.1f}")
     own = ", ".join(f"{m} {v:+.1f}" for m, v in w["adapter_own_us_per_round"].items())
     print(f"  adapter's own work (protect minus the reference): {own}")
-    print(f"\nwrote {args.out / (stem + '.json')}")
+    print(f"\nwrote {path}")
     return 0
 
 

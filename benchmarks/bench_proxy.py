@@ -27,24 +27,21 @@ import asyncio
 import json
 import os
 import platform
-import random
 import shutil
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import _harness
 import httpx
+from _harness import ROOT, interleaved
+from processes import await_line, spawn, stop
 
-ROOT = Path(__file__).resolve().parent.parent
-RESULTS = ROOT / "benchmarks" / "results"
-sys.path.insert(0, str(ROOT))
-
-from statecodec import KeyRing  # noqa: E402
+from statecodec import KeyRing
 
 TOOL = "deploy_production"
 MODERN = "2026-07-28"
@@ -67,36 +64,10 @@ ANSWERS = {
 
 
 # ------------------------------------------------------------------ processes
-def start(
-    command: Sequence[str], prefix: str, log: Path, cwd: Path = ROOT
-) -> tuple[subprocess.Popen[str], str]:
-    with log.open("w") as err:
-        proc = subprocess.Popen(
-            list(command), stdout=subprocess.PIPE, stderr=err, stdin=subprocess.DEVNULL, text=True, cwd=cwd,
-            env=dict(os.environ, PYTHONUNBUFFERED="1", NODE_NO_WARNINGS="1"),
-        )  # fmt: skip
-    assert proc.stdout is not None
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        line = proc.stdout.readline()
-        if line.startswith(prefix):
-            return proc, line[len(prefix) :].strip()
-        if not line and proc.poll() is not None:
-            break
-    proc.kill()
-    raise SystemExit(f"{command[:3]} did not start:\n{log.read_text()[-2000:]}")
-
-
-def stop(proc: subprocess.Popen[str]) -> None:
-    if proc.poll() is None:
-        proc.terminate()
-        try:
-            proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-    if proc.stdout is not None:
-        proc.stdout.close()
+def start(command: list[str], prefix: str, log: Path, cwd: Path = ROOT) -> tuple[subprocess.Popen[str], str]:
+    """Spawn ``command`` (tests/processes.py) and wait for the line that gives its address."""
+    proc = spawn(command, log, cwd)
+    return proc, await_line(proc, prefix, log)
 
 
 def upstream_command(kind: str) -> tuple[list[str], Path]:
@@ -158,7 +129,7 @@ def summary_ms(values: list[int]) -> dict[str, float]:
     return {"p50": round(statistics.median(ms), 3), "p99": round(percentile(ms, 0.99), 3), "n": len(ms)}
 
 
-async def latency(targets: dict[str, str], flows: int, seconds: float) -> dict[str, Any]:
+async def latency(targets: dict[str, str], flows: int, seconds: float, seed: int) -> dict[str, Any]:
     rounds: dict[str, list[list[int]]] = {name: [[], []] for name in targets}
     deadline = time.monotonic() + seconds
     async with httpx.AsyncClient(timeout=60) as http:
@@ -166,8 +137,10 @@ async def latency(targets: dict[str, str], flows: int, seconds: float) -> dict[s
             for i in range(5):
                 await flow(http, url, 10_000 + i)
         done = 0
-        while done < flows and time.monotonic() < deadline:
-            for name in random.sample(list(targets), len(targets)):
+        for order in interleaved(list(targets), flows, seed):
+            if time.monotonic() >= deadline:
+                break
+            for name in order:
                 r1, r2 = await flow(http, targets[name], done)
                 rounds[name][0].append(r1)
                 rounds[name][1].append(r2)
@@ -208,8 +181,7 @@ async def throughput(url: str, flows: int, seconds: float, concurrency: int) -> 
 
 # ------------------------------------------------------------------ main
 def parse_args() -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="fewer flows, shorter phases")
+    parser = _harness.parser(__doc__)
     parser.add_argument("--flows", type=int, help="flows per phase and target (default 300, quick 60)")
     parser.add_argument(
         "--seconds", type=float, help="time limit per phase and target (default 60, quick 15)"
@@ -225,7 +197,7 @@ def parse_args() -> argparse.Namespace:
 
 async def measure(args: argparse.Namespace, direct: str, proxy: str, proxy_pid: int) -> dict[str, Any]:
     targets = {"direct": direct, "proxy": proxy}
-    report: dict[str, Any] = {"latency_ms": await latency(targets, args.flows, args.seconds)}
+    report: dict[str, Any] = {"latency_ms": await latency(targets, args.flows, args.seconds, args.seed)}
     report["throughput"] = {"direct": await throughput(direct, args.flows, args.seconds, args.concurrency)}
     # CPU time is what the proxy costs whatever else runs on the machine: wall-clock
     # latency on a shared 2-core box is mostly waiting for a core.
@@ -300,11 +272,9 @@ def main() -> None:
         "python": platform.python_version(),
         "machine": f"{platform.machine()}, {os.cpu_count()} CPUs",
     }
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    name = f"proxy-{args.upstream}{'-quick' if args.quick else ''}.json"
-    (RESULTS / name).write_text(json.dumps(report, indent=2) + "\n")
+    path = _harness.write_json(report, args.out, f"proxy-{args.upstream}{'-quick' if args.quick else ''}")
     print(table(report))
-    print(f"\nwritten to benchmarks/results/{name}")
+    print(f"\nwritten to {path}")
 
 
 if __name__ == "__main__":

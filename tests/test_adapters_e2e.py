@@ -37,8 +37,9 @@ from mcp.client import Client
 from mcp.client.stdio import StdioServerParameters, stdio_client
 from mcp.shared.exceptions import MCPError
 
-from statecodec import WIRE_ERROR_CODE, WIRE_ERROR_DATA, WIRE_ERROR_MESSAGE, KeyRing
+from statecodec import KeyRing
 from statecodec.adapters import jsonrpc
+from statecodec.adapters.jsonrpc import WIRE_ERROR_CODE, WIRE_ERROR_DATA, WIRE_ERROR_MESSAGE
 
 NODE_DIR = ROOT / "tests" / "node"
 PREFIX = {"sign": "sc1s.", "encrypt": "sc1e."}

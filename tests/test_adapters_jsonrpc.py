@@ -11,16 +11,9 @@ from typing import Any
 
 import pytest
 
-from statecodec import (
-    WIRE_ERROR_CODE,
-    WIRE_ERROR_DATA,
-    WIRE_ERROR_MESSAGE,
-    Binding,
-    InvalidState,
-    KeyRing,
-    StateCodec,
-)
+from statecodec import Binding, KeyRing, StateCodec
 from statecodec.adapters import jsonrpc
+from statecodec.adapters.jsonrpc import WIRE_ERROR_CODE, WIRE_ERROR_DATA, WIRE_ERROR_MESSAGE, WireError
 from statecodec.replay.memory import MemoryReplayStore
 
 TOOL_PARAMS: dict[str, Any] = {
@@ -104,59 +97,108 @@ def test_unbindable_arguments_raise() -> None:
         bind(params={"name": "t", "arguments": {"n": 2**60}})
 
 
-# ------------------------------------------------------------ unseal and seal
+# ------------------------------------------------------------ judge and seal
+def binder(**overrides: Any) -> jsonrpc.Binder:
+    return lambda: bind(**overrides)
+
+
+async def judge(codec: StateCodec, params: dict[str, Any], **overrides: Any) -> jsonrpc.Judged:
+    return await jsonrpc.judge_request(
+        codec, overrides.pop("method", "tools/call"), params, binder(**overrides)
+    )
+
+
+def asked(codec: StateCodec, state: object = "plan ✓", **overrides: Any) -> str:
+    """A token as the adapters seal it for round 1 of a ``bind()`` request."""
+    round_one = jsonrpc.Judged("tools/call", TOOL_PARAMS, binder(**overrides))
+    result = {"resultType": "input_required", "inputRequests": {"k": {}}, "requestState": state}
+    return str(jsonrpc.seal_result(codec, round_one, result)["requestState"])
+
+
 @pytest.mark.parametrize("mode", ["sign", "encrypt"])
 async def test_round_trip(mode: str) -> None:
     codec = make_codec(mode)
     result = {"resultType": "input_required", "inputRequests": {"k": {}}, "requestState": "plan ✓"}
-    sealed = jsonrpc.seal_result(codec, result, bind())
+    sealed = jsonrpc.seal_result(codec, jsonrpc.Judged("tools/call", TOOL_PARAMS, binder()), result)
     token = sealed["requestState"]
     assert token.startswith(f"sc1{mode[0]}.") and sealed["inputRequests"] == {"k": {}}
     assert result["requestState"] == "plan ✓"  # the handler's dict is not mutated
     params = {**TOOL_PARAMS, "requestState": token, "inputResponses": {"k": {"action": "accept"}}}
-    opened = await jsonrpc.unseal_params(codec, "tools/call", params, bind())
-    assert opened == {**params, "requestState": "plan ✓"}
+    judged = await judge(codec, params)
+    assert judged.params == {**params, "requestState": "plan ✓"}
     assert params["requestState"] == token
+    assert judged.opened is not None and judged.opened.payload == "plan ✓".encode()
+    assert judged.binding() == bind()  # the next round is sealed to what this one was
+    again = jsonrpc.seal_result(codec, judged, {"resultType": "input_required", "requestState": "round 3"})
+    assert (await judge(codec, {**params, "requestState": again["requestState"]})).params[
+        "requestState"
+    ] == "round 3"
 
 
-async def test_params_without_state_pass_through() -> None:
+async def test_params_without_state_are_not_judged() -> None:
     codec = make_codec()
-    assert await jsonrpc.unseal_params(codec, "tools/call", TOOL_PARAMS, bind()) == TOOL_PARAMS
-    with_null = {**TOOL_PARAMS, "requestState": None}
-    assert await jsonrpc.unseal_params(codec, "tools/call", with_null, bind()) == with_null
+    calls: list[int] = []
+
+    def counting() -> Binding:
+        calls.append(1)
+        return bind()
+
+    for params in (TOOL_PARAMS, {**TOOL_PARAMS, "requestState": None}, None):
+        judged = await jsonrpc.judge_request(codec, "tools/call", params, counting)
+        assert judged.params == (params or {}) and judged.opened is None
+    assert calls == []  # no binding (no argument digest) without a state to check
 
 
 def test_results_without_state_pass_through() -> None:
     codec = make_codec()
-    complete = {"resultType": "complete", "content": [], "requestState": "not touched"}
-    assert jsonrpc.seal_result(codec, complete, bind()) is complete
+    judged = jsonrpc.Judged("tools/call", TOOL_PARAMS, binder())
+    complete = {"resultType": "complete", "content": []}
+    assert jsonrpc.seal_result(codec, judged, complete) is complete
     only_requests = {"resultType": "input_required", "inputRequests": {"k": {}}}
-    assert jsonrpc.seal_result(codec, only_requests, bind()) is only_requests
+    assert jsonrpc.seal_result(codec, judged, only_requests) is only_requests
+    assert jsonrpc.seal_result(codec, None, complete) is complete
+
+
+def test_every_state_is_sealed_or_refused() -> None:
+    codec = make_codec()
+    judged = jsonrpc.Judged("tools/call", TOOL_PARAMS, binder())
+    # A state is sealed whatever resultType says: no plaintext state reaches a client.
+    complete = jsonrpc.seal_result(codec, judged, {"resultType": "complete", "requestState": "s"})
+    assert codec.verify_unbound(complete["requestState"]).payload == b"s"
+    for result in (
+        {"resultType": "input_required", "request_state": "plain"},  # pydantic populate_by_name reads it
+        {"resultType": "input_required", "requestState": "s", "RequestState": "plain"},
+    ):
+        with pytest.raises(WireError) as caught:
+            jsonrpc.seal_result(codec, judged, result)
+        assert caught.value.error() == {"code": -32603, "message": "Internal error"}
+    with pytest.raises(WireError, match="answers no MRTR request"):  # nothing to bind it to
+        jsonrpc.seal_result(codec, None, {"resultType": "input_required", "requestState": "plain"})
 
 
 async def test_rejections_log_one_precise_line(caplog: pytest.LogCaptureFixture) -> None:
     codec = make_codec()
-    token = jsonrpc.seal_result(codec, {"resultType": "input_required", "requestState": "s"}, bind())[
-        "requestState"
-    ]
+    token = asked(codec, "s")
     params = {**TOOL_PARAMS, "requestState": token}
     with caplog.at_level(logging.WARNING, logger="statecodec"):
-        with pytest.raises(InvalidState) as wrong_user:
-            await jsonrpc.unseal_params(codec, "tools/call", params, bind(principal="mallory"))
-        await jsonrpc.unseal_params(codec, "tools/call", params, bind())  # not burnt by the failure
-        with pytest.raises(InvalidState) as replayed:
-            await jsonrpc.unseal_params(codec, "tools/call", params, bind())
+        with pytest.raises(WireError) as wrong_user:
+            await judge(codec, params, principal="mallory")
+        await judge(codec, params)  # not burnt by the failure
+        with pytest.raises(WireError) as replayed:
+            await judge(codec, params)
     assert (wrong_user.value.reason, replayed.value.reason) == ("binding_mismatch", "replayed")
+    assert replayed.value.error() == jsonrpc.WireError.invalid_state().error()
     lines = [
         r.getMessage() for r in caplog.records if r.name == "statecodec" and "rejected" in r.getMessage()
     ]
     assert len(lines) == 2
+    token_id = codec.verify_unbound(token).token_id
     for line, reason in zip(lines, ["binding_mismatch", "replayed"], strict=True):
         assert line.startswith("statecodec: rejected requestState on tools/call 'deploy_production': ")
         assert f"reason={reason} " in line
         assert f"kid={codec.keys.signing_key().kid} " in line
-        assert f"token={replayed.value.token_id[:8]} " in line  # type: ignore[index]
-        assert token not in line and replayed.value.token_id not in line  # type: ignore[operator]
+        assert f"token={token_id[:8]} " in line
+        assert token not in line and token_id not in line
 
 
 @pytest.mark.parametrize(
@@ -167,59 +209,83 @@ async def test_rejections_log_one_precise_line(caplog: pytest.LogCaptureFixture)
         ("v1.sdk-token", "malformed", "not a statecodec token"),
     ],
 )
-async def test_bad_state_values(state: object, reason: str, detail: str) -> None:
-    with pytest.raises(InvalidState) as caught:
-        await jsonrpc.unseal_params(
-            make_codec(), "tools/call", {**TOOL_PARAMS, "requestState": state}, bind()
-        )
-    assert caught.value.reason == reason and detail in caught.value.detail
+async def test_bad_state_values(
+    state: object, reason: str, detail: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    with caplog.at_level(logging.WARNING, logger="statecodec"), pytest.raises(WireError) as caught:
+        await judge(make_codec(), {**TOOL_PARAMS, "requestState": state})
+    assert caught.value.reason == reason and detail in caplog.text
+
+
+async def test_a_binder_that_raises_refuses_before_the_store(caplog: pytest.LogCaptureFixture) -> None:
+    codec = make_codec()
+    token = asked(codec)
+
+    def broken() -> Binding:
+        raise PermissionError("signature does not verify")
+
+    params = {**TOOL_PARAMS, "requestState": token}
+    with caplog.at_level(logging.WARNING, logger="statecodec"), pytest.raises(WireError) as caught:
+        await jsonrpc.judge_request(codec, "tools/call", params, broken)
+    assert caught.value.reason == "malformed" and "signature does not verify" in caplog.text
+    assert (await judge(codec, params)).params["requestState"] == "plan ✓"  # not burnt
+    with pytest.raises(WireError, match="cannot be bound"):  # nor sealed for no one on the way out
+        jsonrpc.seal_result(codec, jsonrpc.Judged("tools/call", TOOL_PARAMS, broken), {"requestState": "s"})
 
 
 async def test_a_payload_that_is_not_utf8_is_rejected() -> None:
     codec = make_codec()
     token = codec.seal(b"\xff\xfe", bind())  # minted by someone else sharing the keys
-    with pytest.raises(InvalidState, match="not UTF-8"):
-        await jsonrpc.unseal_params(codec, "tools/call", {**TOOL_PARAMS, "requestState": token}, bind())
+    with pytest.raises(WireError) as caught:
+        await judge(codec, {**TOOL_PARAMS, "requestState": token})
+    assert caught.value.reason == "malformed"
 
 
-def test_seal_failures_raise_seal_failed_and_log_no_plaintext(caplog: pytest.LogCaptureFixture) -> None:
+def test_seal_failures_raise_and_log_no_plaintext(caplog: pytest.LogCaptureFixture) -> None:
     small = make_codec(max_token_bytes=128)
     secret_plan = "x" * 400
-    with caplog.at_level(logging.ERROR, logger="statecodec"), pytest.raises(jsonrpc.SealFailed):
-        jsonrpc.seal_result(small, {"resultType": "input_required", "requestState": secret_plan}, bind())
+    with caplog.at_level(logging.ERROR, logger="statecodec"), pytest.raises(WireError):
+        asked(small, secret_plan)
     assert "over max_token_bytes=128" in caplog.text and secret_plan not in caplog.text
-    with pytest.raises(jsonrpc.SealFailed):
-        jsonrpc.seal_result(make_codec(), {"resultType": "input_required", "requestState": {"a": 1}}, bind())
-    with pytest.raises(jsonrpc.SealFailed):  # a lone surrogate is not UTF-8 text
-        jsonrpc.seal_result(make_codec(), {"resultType": "input_required", "requestState": "\ud800"}, bind())
+    with pytest.raises(WireError):
+        asked(make_codec(), {"a": 1})
+    with pytest.raises(WireError):  # a lone surrogate is not UTF-8 text
+        asked(make_codec(), "\ud800")
 
 
 async def test_hostile_targets_stay_on_one_clipped_log_line(caplog: pytest.LogCaptureFixture) -> None:
     uri = "file:///x\nWARNING forged line" + "y" * 500
     params = {"uri": uri, "requestState": "garbage"}
     binding = jsonrpc.binding_for("resources/read", params, principal=None, audience=None)
-    with caplog.at_level(logging.WARNING, logger="statecodec"), pytest.raises(InvalidState):
-        await jsonrpc.unseal_params(make_codec(), "resources/read", params, binding)
+    with caplog.at_level(logging.WARNING, logger="statecodec"), pytest.raises(WireError):
+        await jsonrpc.judge_request(make_codec(), "resources/read", params, lambda: binding)
     message = caplog.records[-1].getMessage()
     assert "\n" not in message and "\\n" in message and len(message) < 500
 
 
 def test_wire_errors() -> None:
-    assert jsonrpc.invalid_state_error() == {
+    assert WireError.invalid_state().error() == {
         "code": -32602,
         "message": "Invalid or expired requestState",
         "data": {"reason": "invalid_request_state"},
     }
-    assert dict(jsonrpc.INVALID_STATE_ERROR) == jsonrpc.invalid_state_error()
     assert (WIRE_ERROR_CODE, WIRE_ERROR_MESSAGE, WIRE_ERROR_DATA) == (
         -32602,
         "Invalid or expired requestState",
         {"reason": "invalid_request_state"},
     )
-    fresh = jsonrpc.invalid_state_error()
+    fresh = WireError.invalid_state().error()
     fresh["data"]["reason"] = "changed"
-    assert jsonrpc.invalid_state_error()["data"] == {"reason": "invalid_request_state"}
-    assert jsonrpc.seal_failed_error() == {"code": -32603, "message": "Internal error"}
+    assert WireError.invalid_state().error()["data"] == {"reason": "invalid_request_state"}
+    assert WireError.internal("why").error() == {"code": -32603, "message": "Internal error"}
+    assert "why" not in str(WireError.internal("why").error())  # the reason is for logs only
+
+
+def test_the_core_knows_no_wire() -> None:
+    import statecodec  # noqa: PLC0415
+    from statecodec import _errors  # noqa: PLC0415
+
+    assert not any(name.startswith("WIRE_") for name in (*vars(_errors), *statecodec.__all__))
 
 
 # ------------------------------------------------------- optional dependencies
@@ -255,13 +321,14 @@ _DRIVE = """
     async def drive():
         codec = StateCodec(KeyRing.generate(), mode="encrypt", replay=MemoryReplayStore())
         binding = jsonrpc.binding_for("tools/call", {"name": "t"}, principal=None, audience="a")
-        token = jsonrpc.seal_result(codec, {"resultType": "input_required", "requestState": "s"}, binding)
+        judged = jsonrpc.Judged("tools/call", {"name": "t"}, lambda: binding)
+        token = jsonrpc.seal_result(codec, judged, {"resultType": "input_required", "requestState": "s"})
         params = {"name": "t", "requestState": token["requestState"]}
-        await jsonrpc.unseal_params(codec, "tools/call", params, binding)
+        await jsonrpc.judge_request(codec, "tools/call", params, lambda: binding)
         for _ in range(2):
             try:
-                await jsonrpc.unseal_params(codec, "tools/call", params, binding)
-            except Exception:
+                await jsonrpc.judge_request(codec, "tools/call", params, lambda: binding)
+            except jsonrpc.WireError:
                 pass
         return len(token["requestState"])
 """

@@ -200,7 +200,9 @@ async def test_a_token_is_bound_to_its_method_target_and_arguments(caplog: pytes
         for method, variant in [("prompts/get", "a"), ("tools/call", "b")]:
             with pytest.raises(MCPError) as caught:
                 await call(client, method, token, variant=variant)
-            assert caught.value.error.model_dump(exclude_none=True) == jsonrpc.invalid_state_error()
+            assert (
+                caught.value.error.model_dump(exclude_none=True) == jsonrpc.WireError.invalid_state().error()
+            )
         assert caplog.text.count("reason=binding_mismatch") == 2
         # Rejections never burn the token: the rightful request still redeems it, once.
         assert (await call(client, "tools/call", token)).startswith("plan for deploy")
@@ -303,6 +305,54 @@ async def test_other_methods_pass_untouched() -> None:
         assert [t.name for t in (await client.list_tools()).tools] == ["t"]
 
 
+def _context(params: dict[str, Any]) -> Ctx:
+    """A request context as the SDK's runner builds it (no session: the middleware uses none)."""
+    return ServerRequestContext(
+        session=None,  # type: ignore[arg-type]
+        lifespan_context={},
+        protocol_version="2026-07-28",
+        method="tools/call",
+        params=params,
+        request_id=1,
+    )
+
+
+async def test_called_directly_the_middleware_returns_the_type_the_handler_returned() -> None:
+    # Code composing middleware sees what the SDK's own boundary gives: the result model,
+    # its state sealed (issue 22); the runner's wire dicts stay wire dicts.
+    codec = make_codec()
+    middleware = StateCodecMiddleware(codec, audience="svc", principal=None)
+    params = {"name": "deploy", "arguments": {"version": "1"}}
+    question = types.ElicitRequest(params=types.ElicitRequestFormParams(message="Sure?", requested_schema={}))
+    model = types.InputRequiredResult(input_requests={"confirm": question}, request_state="plan ✓")
+
+    async def ask(ctx: Ctx) -> Any:
+        return model
+
+    async def ask_wire(ctx: Ctx) -> Any:
+        return {"resultType": "input_required", "requestState": "wire plan"}
+
+    asked = await middleware(_context(params), ask)
+    assert type(asked) is types.InputRequiredResult
+    assert asked.input_requests == model.input_requests and model.request_state == "plan ✓"  # a copy
+    assert (
+        asked.request_state is not None
+        and codec.verify_unbound(asked.request_state).payload == "plan ✓".encode()
+    )
+    wired = await middleware(_context(params), ask_wire)
+    assert type(wired) is dict and codec.verify_unbound(wired["requestState"]).payload == b"wire plan"
+
+    done = types.CallToolResult(content=[types.TextContent(type="text", text="ok")])
+    seen: list[Any] = []
+
+    async def complete(ctx: Ctx) -> Any:
+        seen.append((ctx.params or {})["requestState"])
+        return done
+
+    assert await middleware(_context({**params, "requestState": asked.request_state}), complete) is done
+    assert seen == ["plan ✓"]
+
+
 # ------------------------------------------------------------- FastMCP in-process
 async def test_fastmcp_tool_round_trip_in_process() -> None:
     server: FastMCP[Any] = FastMCP("deploy")
@@ -351,7 +401,7 @@ async def test_sdk_codec_under_the_sdk_boundary() -> None:
         assert isinstance(done, types.CallToolResult)
         with pytest.raises(MCPError) as replayed:  # single use, which the SDK alone lacks
             await client.session.call_tool("deploy", {"version": "1"}, request_state=token)
-        assert replayed.value.error.model_dump(exclude_none=True) == jsonrpc.invalid_state_error()
+        assert replayed.value.error.model_dump(exclude_none=True) == jsonrpc.WireError.invalid_state().error()
     assert seen == [None, "plan 1"]
 
 

@@ -185,6 +185,47 @@ async def test_passthrough_paths_are_not_inspected(codec: StateCodec) -> None:
     assert response.content == b"ok" and app.seen[-1].body == b"grant_type=x&code=\xff"
 
 
+@pytest.mark.parametrize(
+    ("path", "form", "notification"),
+    [
+        (b"/oauth/token", 202, 202),  # the passthrough path as configured: both forwarded
+        (b"/oauth%2Ftoken", 400, 400),  # decodes to it, as a router may read it: refused
+        (b"/oauth/tok%65n", 400, 400),
+        (b"/mcp%2Fx", 400, 400),  # an encoded "/" or unreserved character has two readings
+        (b"/files/a%20b", 400, 202),  # other escapes: judged as MCP, where a form is no JSON
+    ],
+)
+async def test_passthrough_is_decided_on_the_path_as_sent(
+    codec: StateCodec, path: bytes, form: int, notification: int
+) -> None:
+    app = App(chunks=[])
+    async with client(protect(app, codec, passthrough_paths=["/oauth/token"])) as http:
+        url = httpx.URL("http://testserver").copy_with(raw_path=path)
+        answers = [
+            await http.post(
+                url, content=b"grant_type=x", headers={"content-type": "application/x-www-form-urlencoded"}
+            ),
+            await http.post(url, json={"jsonrpc": "2.0", "method": "notifications/initialized"}),
+        ]
+    assert [answer.status_code for answer in answers] == [form, notification]
+    assert len(app.seen) == [form, notification].count(202)
+
+
+async def test_a_compressed_answer_without_a_body_passes(codec: StateCodec) -> None:
+    app = App(headers=[(b"content-type", b"application/json"), (b"content-encoding", b"gzip")], chunks=[b""])
+    async with client(protect(app, codec)) as http:
+        response = await http.post(URL, json=call(1))
+    assert response.status_code == 200 and response.content == b""
+
+
+async def test_answers_nobody_can_read_as_json_stream_through(codec: StateCodec) -> None:
+    chunks = [b"\x89PNG\r\n\x1a\n", b"\x00" * 70, b"{not the start}"]
+    app = App(headers=[(b"content-type", b"application/json")], chunks=chunks)
+    async with client(protect(app, codec)) as http:
+        response = await http.get(URL)
+    assert response.content == b"".join(chunks)
+
+
 # ------------------------------------------------------------------ the round trip
 async def test_round_trip_seals_out_and_unseals_in(codec: StateCodec) -> None:
     app = App()
@@ -271,82 +312,72 @@ async def test_a_principal_that_cannot_be_read_binds_nothing(codec: StateCodec) 
     assert app.states() == []
 
 
-# ------------------------------------------------------------------ batches
-@pytest.mark.parametrize("sse", [False, True], ids=["json", "sse"])
-async def test_batch_answers_bad_elements_and_forwards_the_rest(codec: StateCodec, sse: bool) -> None:
-    app = App(sse=sse)
-    good_binding = jsonrpc.binding_for("tools/call", call(1)["params"], principal=None, audience="svc")
-    good = codec.seal(b"good plaintext", good_binding)
-    batch = [
-        {"jsonrpc": "2.0", "id": "list", "method": "tools/list"},
-        call("good", good),
-        call("bad", "sc1e.forged"),
-        call("new"),
-        {"jsonrpc": "2.0", "method": "notifications/progress", "params": {"progressToken": 1, "progress": 1}},
-    ]
-    if sse:
-        app.headers = [(b"content-type", b"text/event-stream")]
+# ------------------------------------------------------------------ one message per POST
+@pytest.mark.parametrize(
+    "batch",
+    [
+        [{"jsonrpc": "2.0", "id": "list", "method": "tools/list"}, call("c", "sc1e.forged")],
+        [call("new")],
+        [],
+    ],
+    ids=["mixed", "one_call", "empty"],
+)
+async def test_batches_are_refused(codec: StateCodec, batch: list[Any]) -> None:
+    # MCP dropped batches in 2025-06-18 and MRTR exists only in 2026-07-28.
+    app = App()
     async with client(protect(app, codec)) as http:
         response = await http.post(URL, json=batch)
-    forwarded = json.loads(app.seen[-1].body)
-    assert [m.get("id") for m in forwarded] == ["list", "good", "new", None]
-    assert forwarded[1]["params"]["requestState"] == "good plaintext"
-    if sse:
-        answers = [json.loads(line[6:]) for line in response.text.splitlines() if line.startswith("data: ")]
-    else:
-        answers = response.json()
-        assert int(response.headers["content-length"]) == len(response.content)
-    by_id = {a["id"]: a for a in answers}
-    assert set(by_id) == {"list", "good", "new", "bad"}
-    assert by_id["bad"]["error"] == WIRE_ERROR
-    assert by_id["good"]["result"]["content"][0]["text"] == "good plaintext"
-    assert by_id["new"]["result"]["requestState"].startswith("sc1e.")
-
-
-async def test_batch_left_with_notifications_turns_202_into_the_answers(codec: StateCodec) -> None:
-    app = App()
-    notification = {
+    assert response.status_code == 400
+    assert response.json() == {
         "jsonrpc": "2.0",
-        "method": "notifications/progress",
-        "params": {"progressToken": 1, "progress": 1},
+        "id": None,
+        "error": {"code": -32600, "message": "JSON-RPC batches are not accepted"},
     }
-    async with client(protect(app, codec)) as http:
-        response = await http.post(URL, json=[notification, call(9, "sc1e.forged")])
-    assert len(app.seen) == 1 and json.loads(app.seen[0].body) == [notification]
-    assert response.status_code == 200 and response.json() == [
-        {"jsonrpc": "2.0", "id": 9, "error": WIRE_ERROR}
-    ]
+    assert app.seen == []
 
 
-async def test_request_rejected_alone_never_reaches_the_application(codec: StateCodec) -> None:
+async def test_request_rejected_never_reaches_the_application(codec: StateCodec) -> None:
     app = App()
     async with client(protect(app, codec)) as http:
-        single = await http.post(URL, json=call(1, "sc1e.forged"))
-        batch = await http.post(URL, json=[call(2, "sc1e.forged"), call(3, "forged too")])
-    assert single.json() == {"jsonrpc": "2.0", "id": 1, "error": WIRE_ERROR}
-    assert [a["id"] for a in batch.json()] == [2, 3]
+        forged = await http.post(URL, json=call(1, "sc1e.forged"))
+        not_a_token = await http.post(URL, json=call(2, 42))
+        alias = await http.post(URL, json=call(3, None, request_state="plan"))
+    assert forged.json() == {"jsonrpc": "2.0", "id": 1, "error": WIRE_ERROR}
+    assert not_a_token.json() == {"jsonrpc": "2.0", "id": 2, "error": WIRE_ERROR}
+    assert alias.json() == {"jsonrpc": "2.0", "id": 3, "error": WIRE_ERROR}
     assert app.seen == []
 
 
 async def test_lone_surrogates_are_forwarded_escaped_and_never_bound(codec: StateCodec) -> None:
     app = App()
+    token = codec.seal(
+        b"plan", jsonrpc.binding_for("tools/call", call(1)["params"], principal=None, audience="svc")
+    )
     listing = b'{"jsonrpc":"2.0","id":"l","method":"tools/list","params":{"cursor":"\\ud800"}}'
-    odd_call = b'{"jsonrpc":"2.0","id":"c","method":"tools/call","params":{"name":"deploy",'
-    odd_call += b'"arguments":{"v":"\\udfff"},"requestState":"sc1e.x"}}'
+    odd_arguments = b'{"jsonrpc":"2.0","id":"c","method":"tools/call","params":{"name":"deploy",'
+    odd_arguments += b'"arguments":{"v":"\\udfff"},"requestState":"sc1e.x"}}'
+    odd_meta = json.dumps(
+        {**call("m", token), "params": {**call("m", token)["params"], "_meta": {"x": "\udfff"}}}
+    )
     async with client(protect(app, codec)) as http:
-        response = await http.post(URL, content=b"[" + listing + b"," + odd_call + b"]")
-    assert response.status_code == 200
-    assert {a["id"]: a.get("error") for a in response.json()}["c"] == WIRE_ERROR  # cannot be bound
-    assert json.loads(app.seen[-1].body) == [{"jsonrpc": "2.0", "id": "l", "method": "tools/list",
-                                              "params": {"cursor": "\ud800"}}]  # fmt: skip
+        listed = await http.post(URL, content=listing)
+        unbindable = await http.post(URL, content=odd_arguments)
+        redeemed = await http.post(URL, content=odd_meta.encode())
+    assert listed.status_code == 200 and app.seen[0].body == listing  # byte for byte
+    assert unbindable.json()["error"] == WIRE_ERROR  # not canonical JSON: cannot be bound
+    assert redeemed.json()["result"]["content"][0]["text"] == "plan"
+    forwarded = json.loads(app.seen[-1].body)
+    assert forwarded["params"]["_meta"] == {"x": "\udfff"} and forwarded["params"]["requestState"] == "plan"
+    assert len(app.seen) == 2
 
 
-async def test_mrtr_notification_with_a_state_is_dropped(codec: StateCodec) -> None:
+async def test_mrtr_notification_with_a_state_is_refused(codec: StateCodec) -> None:
     app = App()
     notification = {"jsonrpc": "2.0", "method": "tools/call", "params": {"name": TOOL, "requestState": "x"}}
     async with client(protect(app, codec)) as http:
         response = await http.post(URL, json=notification)
-    assert response.status_code == 202 and app.seen == []
+    assert response.status_code == 400 and response.json()["error"]["code"] == -32600
+    assert app.seen == []
 
 
 # ------------------------------------------------------------------ SSE
@@ -569,3 +600,70 @@ def test_configuration_errors() -> None:
         RequestStateMiddleware(App(), object(), audience="svc")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="positive"):
         RequestStateMiddleware(App(), codec, audience="svc", max_body_bytes=0)
+    for path in ("oauth/token", "/caf\u00e9", "/token?x=1"):
+        with pytest.raises(ValueError, match="as clients send it"):
+            RequestStateMiddleware(App(), codec, audience="svc", passthrough_paths=[path])
+
+
+# ------------------------------------------------------------------ nothing fails after the consume
+@pytest.mark.parametrize("number", [b"1e400", b"-1e400", b"1E+309"])
+async def test_numbers_beyond_float_range_are_refused_before_the_consume(
+    codec: StateCodec, number: bytes
+) -> None:
+    app = App()
+    async with client(protect(app, codec)) as http:
+        state = await round_one(http)
+        body = json.dumps(call(2, state, _meta={"n": "N"})).encode()
+        refused = await http.post(URL, content=body.replace(b'"N"', number))
+        honest = await http.post(URL, content=body)
+    assert refused.status_code == 400 and refused.json()["error"]["code"] == -32700
+    assert honest.json()["result"]["content"][0]["text"].startswith('{"plan"')  # not burnt
+
+
+async def test_a_body_nested_near_the_recursion_limit_never_fails_after_the_consume(
+    codec: StateCodec,
+) -> None:
+    """Parsed at one stack depth, written back at a deeper one: never a 500, never a burnt token.
+
+    Each depth gets a fresh token; a refusal must leave it redeemable, an acceptance must
+    hand the application the body it was judged on.
+    """
+    app = App()
+    outcomes: set[int] = set()
+    async with client(protect(app, codec)) as http:
+        for depth in [*range(500, 1000, 10), 1500]:
+            state = await round_one(http, request_id=depth)
+            nested = b"[" * depth + b"1" + b"]" * depth
+            body = json.dumps(call(depth, state, _meta={"n": "N"})).encode()
+            response = await http.post(URL, content=body.replace(b'"N"', nested))
+            outcomes.add(response.status_code)
+            if response.status_code == 200:
+                assert "result" in response.json(), depth
+                assert json.dumps(app.states()[-1]).startswith('"{\\"plan\\"')
+            else:
+                assert response.status_code == 400, depth
+                honest = await http.post(URL, json=call(depth, state))
+                assert "result" in honest.json(), depth  # the refusal did not burn it
+    assert outcomes == {200, 400}  # both sides of the C parser's limit were tried
+
+
+async def test_the_application_gets_the_length_of_the_body_it_receives(codec: StateCodec) -> None:
+    app = App()
+    middleware = protect(app, codec)
+    async with client(middleware) as http:
+        state = await round_one(http)
+    body = json.dumps(call(2, state)).encode()
+    sent: list[dict[str, Any]] = []
+
+    async def receive() -> dict[str, Any]:
+        return {"type": "http.request", "body": body, "more_body": False}
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+    scope = {"type": "http", "method": "POST", "path": "/mcp", "raw_path": b"/mcp", "headers": headers}
+    await middleware(scope, receive, send)
+    assert len(app.seen[-1].body) < len(body)  # the plaintext is shorter than the token
+    assert app.seen[-1].headers["content-length"] == str(len(app.seen[-1].body))
+    assert sent[0]["status"] == 200

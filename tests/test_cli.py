@@ -14,11 +14,12 @@ from typing import Any
 import jsonschema
 import pytest
 from click.testing import CliRunner, Result
+from compat_writers import mcp_py_v1_seal, rs1_token
 
 from statecodec import Key, KeyRing, StateCodec
 from statecodec.cli import main
 from statecodec.cli._exit import EXIT_CODES, ExitCode
-from statecodec.compat import McpPyV1Codec, Rs1Codec, TsV1Codec
+from statecodec.compat import ts_v1
 
 ROOT = Path(__file__).resolve().parent.parent
 SCHEMA = json.loads((ROOT / "docs" / "cli-schema.json").read_text())
@@ -109,6 +110,13 @@ def test_mint_refuses_a_payload_too_big_for_a_token(keys: str) -> None:
         (["--arguments", str(2**60)], "interoperable range"),
         (["--extra", "novalue"], "KEY=VALUE"),
         (["--mode", "rot13"], "rot13"),
+        # Out of range: these were exit 6 ("times must satisfy...") or 70 ("a bug").
+        (["--ttl", "99999999999d"], "'99999999999d' is out of range; the longest duration is"),
+        (["--ttl", "9" * 5000], "is out of range"),
+        (["--at", "99999999999"], "'99999999999' is out of range; a time is between 1970-01-01 and 2106"),
+        (["--at", "9999-12-31T00:00:00Z"], "is out of range"),
+        (["--at", "+99999999999d"], "is out of range"),
+        (["--at", "4000000000", "--ttl", "1000000000"], "expire after 2106-02-07T06:28:15Z"),
     ],
 )
 def test_mint_usage_errors_exit_2_and_name_the_option(keys: str, args: list[str], needle: str) -> None:
@@ -176,9 +184,9 @@ def test_inspect_flags_a_token_over_the_default_limit(keys: str) -> None:
 
 def test_inspect_names_the_other_sdks_formats(ring: KeyRing) -> None:
     secret = ring.primary.secret
-    ts = TsV1Codec(secret, bind=lambda ctx: "user:alice", clock=lambda: T0).seal({"step": 1}, 1)
-    py = McpPyV1Codec([secret], clock=lambda: T0).seal("state", method="tools/call", target="t")
-    rs = Rs1Codec(secret, clock=lambda: T0).seal(b"hello", b"")
+    ts = ts_v1.seal(secret, {"step": 1}, clock=lambda: T0, bind="user:alice")
+    py = mcp_py_v1_seal([secret], "state", clock=lambda: T0, method="tools/call", target="t")
+    rs = rs1_token(secret, b"hello", clock=lambda: T0)
     for token, fmt, name in (
         (ts, "ts-v1", "TypeScript SDK v1"),
         (py, "mcp-py-v1", "Python SDK v1"),
@@ -411,6 +419,15 @@ def test_verify_store_unavailable_leaves_the_token_unconsumed(tmp_path: Path, ke
         (["--max-skew", "-5"], "not a duration"),
         (["--expiry-grace", "1.5"], "not a duration"),
         (["--leeway", "5"], "No such option"),
+        (
+            ["--max-skew", "99999999999999d"],
+            "Invalid value for '--max-skew': '99999999999999d' is out of range",
+        ),
+        (
+            ["--expiry-grace", "99999999999d"],
+            "Invalid value for '--expiry-grace': '99999999999d' is out of range",
+        ),
+        (["--at", "99999999999"], "Invalid value for '--at': '99999999999' is out of range"),
         (["--format", "jwt"], "jwt"),
         (["--bind-value", "x"], "--bind-value (ts-v1 only)"),
     ],
@@ -467,8 +484,7 @@ def test_a_key_file_readable_by_others_draws_a_warning(tmp_path: Path, ring: Key
 
 # ------------------------------------------------------------ other SDKs' formats
 def test_verify_typescript_sdk_tokens(keys: str, ring: KeyRing) -> None:
-    codec = TsV1Codec(ring.primary.secret, bind=lambda ctx: f"user:{ctx}", clock=lambda: T0)
-    token = codec.seal({"step": 1}, "alice")
+    token = ts_v1.seal(ring.primary.secret, {"step": 1}, clock=lambda: T0, bind="user:alice")
     unbound = run_json("verify", token, "--keys", keys, "--at", str(T0))
     assert unbound["format"] == "ts-v1" and unbound["binding_checked"] is False
     assert unbound["claims"]["payload"]["value"] == {"step": 1}
@@ -482,8 +498,16 @@ def test_verify_typescript_sdk_tokens(keys: str, ring: KeyRing) -> None:
 
 
 def test_verify_python_sdk_tokens(keys: str, ring: KeyRing) -> None:
-    codec = McpPyV1Codec([ring.primary.secret], audience="srv", clock=lambda: T0)
-    token = codec.seal('{"n": 1}', method="tools/call", target="book", arguments={"a": 1}, principal="alice")
+    token = mcp_py_v1_seal(
+        [ring.primary.secret],
+        '{"n": 1}',
+        clock=lambda: T0,
+        audience="srv",
+        method="tools/call",
+        target="book",
+        arguments={"a": 1},
+        principal="alice",
+    )
     bind = ["--method", "tools/call", "--target", "book", "--arguments", '{"a": 1}', "--principal", "alice"]
     doc = run_json("verify", token, "--keys", keys, "--at", str(T0), *bind)
     assert doc["valid"] and doc["format"] == "mcp-py-v1" and doc["mode"] == "encrypt"
@@ -496,7 +520,7 @@ def test_verify_python_sdk_tokens(keys: str, ring: KeyRing) -> None:
 
 
 def test_verify_rmcp_tokens(keys: str, ring: KeyRing) -> None:
-    token = Rs1Codec(ring.primary.secret, clock=lambda: T0).seal(b"hello", b"session-7")
+    token = rs1_token(ring.primary.secret, b"hello", b"session-7", clock=lambda: T0)
     ok = run_json("verify", token, "--keys", keys, "--at", str(T0), "--associated-data", "session-7")
     assert ok["valid"] and ok["claims"]["payload"]["value"] == "hello"
     missing = run("verify", token, "--keys", keys, "--at", str(T0))
@@ -504,7 +528,7 @@ def test_verify_rmcp_tokens(keys: str, ring: KeyRing) -> None:
 
 
 def test_consume_is_refused_for_formats_without_token_id(keys: str, ring: KeyRing) -> None:
-    token = Rs1Codec(ring.primary.secret, clock=lambda: T0).seal(b"x", b"")
+    token = rs1_token(ring.primary.secret, b"x", clock=lambda: T0)
     result = run("verify", token, "--keys", keys, "--replay", "memory:", "--consume")
     assert result.exit_code == ExitCode.USAGE and "--replay" in result.stderr
 

@@ -7,7 +7,9 @@ Vault is a loopback port where nothing listens.
 from __future__ import annotations
 
 import json
+import re
 import stat
+import time
 import uuid
 from pathlib import Path
 from typing import Any
@@ -15,6 +17,7 @@ from typing import Any
 import jsonschema
 import pytest
 from click.testing import CliRunner, Result
+from fixtures_openbao import OpenBao, clean_vault_env
 
 from statecodec import Key, KeyRing
 from statecodec.cli import main
@@ -26,10 +29,14 @@ T0 = 1_785_240_000  # 2026-07-28T12:00:00Z
 # Settings from the developer's shell must not leak into the runs (None unsets).
 CLEAN_ENV: dict[str, str | None] = {"STATECODEC_KEYS": None, "STATECODEC_DEBUG": None, "NO_COLOR": None}
 DAY = 86400
+POLICIES = ROOT / "docs" / "policies"
+#: A services' timeline with a 3 s promotion delay, so retiring a primary waits seconds, not minutes.
+FAST = ["--refresh-interval", "1s", "--clock-skew", "0s", "--max-ttl", "10s", "--leeway", "0s"]
+FAST += ["--staleness-limit", "2s"]
 
 
-def run(*args: str, env: dict[str, str | None] | None = None) -> Result:
-    result = CliRunner().invoke(main, list(args), env={**CLEAN_ENV, **(env or {})})
+def run(*args: str, env: dict[str, str | None] | None = None, answer: str | None = None) -> Result:
+    result = CliRunner().invoke(main, list(args), env={**CLEAN_ENV, **(env or {})}, input=answer)
     assert "Traceback" not in result.output, result.output
     if result.exception is not None and not isinstance(result.exception, SystemExit):
         raise AssertionError(f"uncaught {result.exception!r}: {result.output}")
@@ -223,3 +230,98 @@ def test_vault_errors_name_the_fix(monkeypatch: pytest.MonkeyPatch, tmp_path: Pa
     down = run_json("keys", "list", "--keys", "vault-transit:transit/k")
     assert down["exit_code"] == ExitCode.KEY_SOURCE_DOWN and down["error"]["class"] == "key_source_down"
     assert "connection refused" in down["error"]["message"]
+
+
+# ------------------------------------------------------------------ retire
+def test_retire_shows_the_plan_and_asks_first(tmp_path: Path) -> None:
+    now = int(time.time())
+    path = tmp_path / "keys.json"
+    ring = KeyRing([Key.generate("old", now=now - DAY), Key.generate("cur", now=now - 3600)], "cur")
+    spec = write_ring(path, ring)
+    before = path.read_text()
+
+    dry = run_json("keys", "retire", "old", "--keys", spec, "--dry-run")
+    assert dry["ok"] and dry["dry_run"] and not dry["changed"] and dry["cut_at"] is None
+    assert dry["retired"] == ["old"] and dry["primary"] == "cur" and not dry["new_key"] and dry["wait"] == 0
+    assert path.read_text() == before
+
+    declined = run("keys", "retire", "old", "--keys", spec, answer="n\n")
+    assert declined.exit_code == ExitCode.USAGE
+    assert "would retire old" in declined.stderr and "Retire old? [y/N]" in declined.stderr
+    assert "not confirmed: nothing was retired (pass --yes" in declined.stderr
+    unanswered = run("keys", "retire", "old", "--keys", spec, answer="")  # a script that forgot --yes
+    assert unanswered.exit_code == ExitCode.USAGE and path.read_text() == before
+
+    done = run("keys", "retire", "old", "--keys", spec, answer="y\n")
+    assert done.exit_code == 0, done.output
+    assert done.stdout.startswith(f"file:{path}: retire old")
+    assert "every instance rejects tokens of old within 1m06s" in done.stdout
+    assert KeyRing.from_json(path.read_text()).kids == ("cur",)
+
+    again = run_json("keys", "retire", "old", "--keys", spec, "--yes")
+    assert again["exit_code"] == ExitCode.KEYS and "no key old (keys: cur)" in again["error"]["message"]
+
+
+def test_retire_the_primary_makes_a_new_key_and_waits(tmp_path: Path) -> None:
+    path = tmp_path / "keys.json"
+    spec = write_ring(path, KeyRing.generate("leaked", now=int(time.time()) - DAY))
+    result = run("keys", "retire", "leaked", "--keys", spec, "--yes", "--json", *FAST)
+    doc = json.loads(result.stdout)
+    VALIDATOR.validate(doc)
+    assert doc["ok"] and doc["changed"] and doc["new_key"] and doc["retired"] == ["leaked"]
+    stored = KeyRing.from_json(path.read_text())
+    assert doc["primary"] == "leaked" and stored.kids == (doc["successor"],)
+    # Cut once the successor was promoted: 3 s (FAST's promotion delay) after its creation.
+    assert 0 < doc["wait"] <= 3 and doc["cut_at"] >= stored.require(doc["successor"]).created_at + 3
+    progress = f"waiting [23]s until every instance mints with {doc['successor']} before cutting leaked"
+    assert re.search(progress, result.stderr)
+
+
+def test_retire_refuses_env_sources() -> None:
+    env = {"R": KeyRing.generate("e").to_json()}
+    doc = run_json("keys", "retire", "e", "--keys", "env:R", "--yes", env=env)
+    assert doc["exit_code"] == ExitCode.KEYS
+    assert "cannot retire keys it does not store" in doc["error"]["message"]
+
+
+def test_the_shipped_policies_run_list_rotate_and_retire(
+    openbao: OpenBao, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """The rotation job's token lists, rotates and retires; the service's lists; neither sees more."""
+    name = f"cli-{uuid.uuid4().hex[:8]}"
+    root = openbao.client()
+    root.secrets.transit.create_key(name, key_type="chacha20-poly1305", exportable=True)
+    tokens = {}
+    for file in ("statecodec-rotate.hcl", "statecodec-service.hcl"):
+        policy = f"{file.removesuffix('.hcl')}-{name}"
+        root.sys.create_or_update_policy(policy, (POLICIES / file).read_text().replace("mcp-state", name))
+        tokens[file] = root.auth.token.create(policies=[policy], ttl="1h")["auth"]["client_token"]
+    clean_vault_env(monkeypatch, tmp_path)
+    spec = f"vault-transit:transit/{name}"
+    job = {"VAULT_ADDR": openbao.addr, "VAULT_TOKEN": tokens["statecodec-rotate.hcl"]}
+    service = {"VAULT_ADDR": openbao.addr, "VAULT_TOKEN": tokens["statecodec-service.hcl"]}
+
+    listing = run_json("keys", "list", "--keys", spec, env=job)
+    assert listing["ok"] and [k["kid"] for k in listing["keys"]] == [f"{name}-v1"]
+    rotated = run_json("keys", "rotate", "--keys", spec, "--min-age", "0s", "--retire-after", "2h", env=job)
+    assert rotated["ok"] and rotated["new_kid"] == f"{name}-v2"
+    assert [k["state"] for k in run_json("keys", "list", "--keys", spec, env=service)["keys"]] == [
+        "primary",
+        "pending",
+    ]
+
+    # v1 mints until v2 is promoted (3 s after the rotation with FAST): if v1 still mints,
+    # pending v2 takes over first; either way no new key is needed.
+    retired = run_json("keys", "retire", f"{name}-v1", "--keys", spec, "--yes", *FAST, env=job)
+    assert retired["ok"] and retired["retired"] == [f"{name}-v1"] and not retired["new_key"]
+    assert (retired["primary"], retired["successor"]) in {(f"{name}-v1", f"{name}-v2"), (f"{name}-v2", None)}
+    assert root.secrets.transit.read_key(name)["data"]["min_decryption_version"] == 2
+
+    for args in (
+        ["keys", "retire", f"{name}-v2", "--keys", spec, "--yes"],
+        ["keys", "rotate", "--keys", spec, "--min-age", "0s", "--retire-after", "2h"],
+    ):
+        denied = run_json(*args, env=service)
+        assert denied["exit_code"] == ExitCode.KEYS, denied  # a permission problem: fix, not retry
+        assert "permission denied" in denied["error"]["message"]
+    assert root.secrets.transit.read_key(name)["data"]["latest_version"] == 2

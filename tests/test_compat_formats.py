@@ -1,7 +1,7 @@
 """statecodec.compat: detect() for ``inspect``, the verify registry, and garbage of every kind.
 
 Garbage must end in ``InvalidState`` with a precise reason (never another exception, never
-acceptance) from every codec, and in a ``FormatInfo`` (never an exception) from detect().
+acceptance) from every reader, and in a ``FormatInfo`` (never an exception) from detect().
 """
 
 from __future__ import annotations
@@ -9,25 +9,20 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
+import logging
 import os
 import time
+from collections.abc import Callable
 
 import pytest
+from compat_writers import mcp_py_v1_cipher_seal, mcp_py_v1_seal, rs1_token
 from hypothesis import given
 from hypothesis import strategies as st
 
 from statecodec import Binding, InvalidState, KeyRing, StateCodec
-from statecodec.compat import (
-    FORMATS,
-    McpPyV1Cipher,
-    McpPyV1Codec,
-    Rs1Codec,
-    TsV1Codec,
-    VerifyOptions,
-    detect,
-    verify,
-)
-from statecodec.compat._common import b64encode
+from statecodec._format import b64encode
+from statecodec.compat import FORMATS, VerifyOptions, detect, mcp_py_v1, rs1, ts_v1, verify
+from statecodec.compat._common import fail_closed
 from statecodec.replay.memory import MemoryReplayStore
 
 SECRET = b"compat-formats-secret-0123456789abcdef"
@@ -36,19 +31,16 @@ NOW = 1_780_000_000.0
 MB = "v1." + "A" * (1 << 20)
 
 
-def ts() -> TsV1Codec:
-    return TsV1Codec(SECRET, clock=lambda: NOW)
-
-
-def py() -> McpPyV1Codec:
-    return McpPyV1Codec([SECRET], audience="svc", clock=lambda: NOW)
-
-
-def rs() -> Rs1Codec:
-    return Rs1Codec(SECRET, clock=lambda: NOW)
-
-
 PY_BOUND = {"method": "tools/call", "target": "t", "arguments": {"x": 1}, "principal": "alice"}
+PY_EXPECT = mcp_py_v1.Expected("tools/call", "t", mcp_py_v1.arguments_digest({"x": 1}), "svc", "alice")
+
+
+def ts_token(payload: object = None, *, bind: str | None = None) -> str:
+    return ts_v1.seal(SECRET, payload, clock=lambda: NOW, bind=bind)
+
+
+def py_token(state: str = "state") -> str:
+    return mcp_py_v1_seal([SECRET], state, clock=lambda: NOW, audience="svc", **PY_BOUND)  # type: ignore[arg-type]
 
 
 # ------------------------------------------------------------------------------ detect
@@ -64,7 +56,7 @@ def test_detect_sc1_reads_the_header() -> None:
 
 
 def test_detect_ts_v1_reads_payload_and_exp() -> None:
-    info = detect(TsV1Codec(SECRET, bind=lambda c: c, clock=lambda: NOW).seal({"a": [1, "é"]}, "ctx"))
+    info = detect(ts_token({"a": [1, "é"]}, bind="ctx"))
     assert (info.name, info.format, info.mode) == ("TypeScript SDK v1", "ts-v1", "sign")
     assert info.expires_at == int(NOW) + 600
     assert json.loads(info.payload or b"") == {"a": [1, "é"]}
@@ -72,19 +64,19 @@ def test_detect_ts_v1_reads_payload_and_exp() -> None:
 
 
 def test_detect_python_v1_reads_kid_and_size() -> None:
-    token = py().seal("state", **PY_BOUND)
+    token = py_token()
     info = detect(token)
     assert (info.name, info.format, info.mode) == ("Python SDK v1", "mcp-py-v1", "encrypt")
-    assert info.kid == McpPyV1Cipher([SECRET]).kids[0] and len(info.kid) == 8
+    assert info.kid == mcp_py_v1.key_id(mcp_py_v1.derive_key(SECRET)).hex() and len(info.kid) == 8
     assert info.size == len(token) and info.payload is None and info.expires_at is None
     assert info.fields["ciphertext_bytes"] > 0
 
 
 def test_detect_rs1_reads_expiry_and_payload() -> None:
-    info = detect(rs().seal(b"step=2"))
+    info = detect(rs1_token(SECRET, b"step=2", clock=lambda: NOW))
     assert (info.name, info.format, info.mode) == ("rmcp rs1", "rs1", "sign")
     assert info.expires_at == NOW + 600 and info.payload == b"step=2"
-    never = detect(Rs1Codec(SECRET, ttl_seconds=None).seal(b"x"))
+    never = detect(rs1_token(SECRET, b"x", clock=lambda: NOW, ttl=None))
     assert never.expires_at is None and never.fields["never_expires"] is True
 
 
@@ -119,17 +111,28 @@ def test_absurd_times_are_not_passed_on_as_datetimes() -> None:
     assert info.fields["exp_out_of_range"] == "inf"
     huge = "v1." + b64encode(b'{"p":1,"exp":' + b"9" * 400 + b"}") + "." + b64encode(bytes(32))
     assert detect(huge).expires_at is None and detect(huge).fields["exp_out_of_range"].startswith("999")
-    far = Rs1Codec(SECRET, clock=lambda: 2.0**62 / 1000).seal(b"x", b"")
+    far = rs1_token(SECRET, b"x", clock=lambda: 2.0**62 / 1000)
     assert detect(far).expires_at is None and detect(far).fields["expiry_ms"] > 2**61
     # And a key holder's token valid "forever" verifies without an unrepresentable time.
     key_holder = "v1." + b64encode(b'{"p":1,"exp":1e999}')
     key_holder += "." + b64encode(hmac.digest(SECRET, key_holder.encode(), hashlib.sha256))
     ok = verify("ts-v1", key_holder, [SECRET], clock=lambda: NOW)
     assert ok.expires_at is None and ok.claims["exp_out_of_range"] == "inf"
-    sealed = McpPyV1Cipher([SECRET]).seal(b'{"v":1,"iat":0,"exp":1e999,"s":"x"}')
+    sealed = mcp_py_v1_cipher_seal([SECRET], b'{"v":1,"iat":0,"exp":1e999,"s":"x"}')
     ok = verify("mcp-py-v1", sealed, [SECRET], clock=lambda: NOW)
     assert ok.expires_at is None and ok.claims["exp"] == "inf" and ok.issued_at == 0.0
     json.dumps(dict(ok.claims), allow_nan=False)
+
+
+def test_an_expiry_of_minus_infinity_is_expired_not_an_internal_error() -> None:
+    # A key holder can write exp = -1e999; "expired ... ago" must not overflow on it.
+    signed = "v1." + b64encode(b'{"p":1,"exp":-1e999}')
+    ts_token_ = signed + "." + b64encode(hmac.digest(SECRET, signed.encode(), hashlib.sha256))
+    py_token_ = mcp_py_v1_cipher_seal([SECRET], b'{"v":1,"iat":0,"exp":-1e999,"s":"x"}')
+    for fmt, token in (("ts-v1", ts_token_), ("mcp-py-v1", py_token_)):
+        with pytest.raises(InvalidState) as err:
+            verify(fmt, token, [SECRET], clock=lambda: NOW)
+        assert err.value.reason == "expired", (fmt, err.value)
 
 
 def test_detect_never_raises_on_non_text() -> None:
@@ -170,7 +173,7 @@ def test_verify_sc1_with_and_without_binding() -> None:
 
 def test_verify_ts_v1_with_a_ring_and_raw_secrets() -> None:
     other = b"some-other-secret-in-the-ring-0123456789"
-    token = TsV1Codec(SECRET, bind=lambda ctx: ctx, clock=lambda: NOW).seal({"n": 1}, "alice")
+    token = ts_token({"n": 1}, bind="alice")
     ring = KeyRing.from_secret(other, kid="k0").with_key(RING.require("k1"))
     unbound = verify("ts-v1", token, ring, clock=lambda: NOW)  # tries k0, then k1
     assert json.loads(unbound.payload or b"") == {"n": 1} and unbound.unchecked == ("bind",)
@@ -189,7 +192,7 @@ def test_verify_ts_v1_with_a_ring_and_raw_secrets() -> None:
 
 
 def test_verify_mcp_py_v1_checks_only_what_is_given() -> None:
-    token = py().seal("state", **PY_BOUND)
+    token = py_token()
     partial = verify(
         "mcp-py-v1", token, [SECRET], VerifyOptions(method="tools/call", target="t"), clock=lambda: NOW
     )
@@ -214,7 +217,7 @@ def test_verify_mcp_py_v1_checks_only_what_is_given() -> None:
 
 
 def test_verify_rs1_needs_the_associated_data() -> None:
-    token = Rs1Codec(SECRET, clock=lambda: NOW).seal(b"x", b"ctx")
+    token = rs1_token(SECRET, b"x", b"ctx", clock=lambda: NOW)
     assert (
         verify("rs1", token, [SECRET], VerifyOptions(associated_data=b"ctx"), clock=lambda: NOW).payload
         == b"x"
@@ -237,7 +240,7 @@ def test_retired_keys_do_not_verify_foreign_formats() -> None:
     # k1 retired a second ago; k0 (another secret) is primary. Only k0 may be tried.
     ring = KeyRing.from_secret(b"the-new-primary-secret-0123456789abcdef", kid="k0")
     ring = ring.with_key(RING.require("k1")).retire("k1", at=int(NOW) - 1)
-    token = ts().seal({"n": 1})
+    token = ts_token({"n": 1})
     assert verify("ts-v1", token, ring, clock=lambda: NOW - 2).payload == b'{"n": 1}'
     with pytest.raises(InvalidState) as err:
         verify("ts-v1", token, ring, clock=lambda: NOW)
@@ -245,7 +248,10 @@ def test_retired_keys_do_not_verify_foreign_formats() -> None:
     alone = KeyRing.from_secret(b"the-new-primary-secret-0123456789abcdef", kid="k0")
     with pytest.raises(InvalidState) as err:
         verify(
-            "rs1", rs().seal(b"x"), alone.with_key(RING.require("k1")).retire("k1", at=0), clock=lambda: NOW
+            "rs1",
+            rs1_token(SECRET, b"x", clock=lambda: NOW),
+            alone.with_key(RING.require("k1")).retire("k1", at=0),
+            clock=lambda: NOW,
         )
     assert err.value.reason == "tampered"
 
@@ -268,39 +274,43 @@ GARBAGE = [
 ]
 
 
-def _codecs() -> list[tuple[str, object]]:
+def _readers() -> list[tuple[str, Callable[[str], object]]]:
     return [
-        ("ts-v1", lambda t: ts().unseal(t)),
-        ("ts-v1-unbound", lambda t: ts().verify_unbound(t)),
-        ("mcp-py-v1", lambda t: py().unseal(t, **PY_BOUND)),
-        ("mcp-py-v1-cipher", lambda t: McpPyV1Cipher([SECRET]).unseal(t)),
-        ("rs1", lambda t: rs().unseal(t)),
+        ("ts-v1", lambda t: ts_v1.unseal(t, SECRET, clock=lambda: NOW, bind=None)),
+        ("ts-v1-unbound", lambda t: ts_v1.unseal(t, SECRET, clock=lambda: NOW)),
+        ("mcp-py-v1", lambda t: mcp_py_v1.unseal(t, [SECRET], clock=lambda: NOW, expect=PY_EXPECT)),
+        ("mcp-py-v1-cipher", lambda t: mcp_py_v1.decrypt(t, [SECRET])),
+        ("rs1", lambda t: rs1.unseal(t, SECRET, b"", clock=lambda: NOW)),
+        *(
+            (f"verify {f}", lambda t, f=f: verify(f, t, [SECRET], clock=lambda: NOW))
+            for f in ("ts-v1", "mcp-py-v1", "rs1")
+        ),
     ]
 
 
 @pytest.mark.parametrize("garbage", GARBAGE)
-def test_every_codec_rejects_garbage_with_a_reason(garbage: str) -> None:
-    for name, open_ in _codecs():
+def test_every_reader_rejects_garbage_with_a_reason(garbage: str) -> None:
+    for name, open_ in _readers():
         with pytest.raises(InvalidState) as err:
-            open_(garbage)  # type: ignore[operator]
+            open_(garbage)
         assert err.value.reason in {"malformed", "too_large"}, (name, err.value)
         if len(garbage) > 65536:
             assert err.value.reason == "too_large", name
 
 
 @pytest.mark.parametrize("thing", [None, b"v1.AAAA", 7])
-def test_every_codec_rejects_non_text(thing: object) -> None:
-    for _, open_ in _codecs():
+def test_every_reader_rejects_non_text(thing: object) -> None:
+    for _, open_ in _readers():
         with pytest.raises(InvalidState) as err:
-            open_(thing)  # type: ignore[operator]
+            open_(thing)  # type: ignore[arg-type]
         assert err.value.reason == "malformed"
 
 
 @given(st.text(max_size=200), st.sampled_from(["", "v1.", "rs1.", "v1.e30."]))
 def test_random_text_never_crashes_or_passes(text: str, prefix: str) -> None:
-    for _, open_ in _codecs():
+    for _, open_ in _readers():
         with pytest.raises(InvalidState) as err:
-            open_(prefix + text)  # type: ignore[operator]
+            open_(prefix + text)
         assert err.value.reason in {"malformed", "too_large", "tampered", "unknown_key"}
 
 
@@ -310,40 +320,57 @@ def test_authentic_but_odd_ts_envelopes_fail_closed(body: bytes) -> None:
     text = b64encode(body)
     mac = hmac.digest(SECRET, b"v1." + text.encode(), hashlib.sha256)
     try:
-        ts().unseal(f"v1.{text}.{b64encode(mac)}")
+        ts_v1.unseal(f"v1.{text}.{b64encode(mac)}", SECRET, clock=lambda: NOW, bind=None)
     except InvalidState as exc:
         assert exc.reason in {"malformed", "expired", "binding_mismatch"}
 
 
-def test_a_bind_callback_that_raises_fails_closed() -> None:
-    def broken(ctx: object) -> str:
+def test_an_unexpected_error_fails_closed_with_its_traceback_in_the_log(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    @fail_closed("test")
+    def broken(token: str) -> None:
         raise RuntimeError("database down")
 
-    good = TsV1Codec(SECRET, bind=lambda c: "alice", clock=lambda: NOW).seal(1, "ctx")
-    with pytest.raises(InvalidState) as err:
-        TsV1Codec(SECRET, bind=broken, clock=lambda: NOW).unseal(good, "ctx")
-    assert err.value.reason == "internal_error"
-    with pytest.raises(TypeError):
-        TsV1Codec(SECRET, bind=lambda c: "alice").seal(1)  # the SDK also refuses to mint without ctx
+    with caplog.at_level(logging.ERROR, logger="statecodec.compat"), pytest.raises(InvalidState) as err:
+        broken("v1.x")
+    assert err.value.reason == "internal_error" and "RuntimeError" in (err.value.detail or "")
+    assert "database down" not in str(err.value) and caplog.records[0].exc_info is not None
 
 
-def test_constructor_arguments_are_checked() -> None:
+def test_unusable_keys_are_refused_before_any_token_is_read() -> None:
+    tokens = {
+        "ts-v1": ts_token(1),
+        "mcp-py-v1": py_token(),
+        "rs1": rs1_token(SECRET, b"x", clock=lambda: NOW),
+    }
     for bad in (b"short", 12345, bytes(8)):
         with pytest.raises((TypeError, ValueError)):
-            TsV1Codec(bad)  # type: ignore[arg-type]
+            ts_v1.seal(bad, 1, clock=lambda: NOW)  # type: ignore[arg-type]
+        for fmt, token in tokens.items():
+            with pytest.raises((TypeError, ValueError)):
+                verify(fmt, token, [bad], clock=lambda: NOW)  # type: ignore[list-item]
     with pytest.raises(ValueError):
-        TsV1Codec(SECRET, ttl_seconds=float("nan"))
-    with pytest.raises(ValueError):
-        McpPyV1Codec([SECRET], ttl=0)
-    with pytest.raises(ValueError):
-        Rs1Codec(SECRET, ttl_seconds=-1)
+        ts_v1.seal(SECRET, 1, clock=lambda: NOW, ttl_seconds=float("nan"))
+    with pytest.raises(TypeError):
+        rs1.unseal(tokens["rs1"], SECRET, "ctx", clock=lambda: NOW)  # type: ignore[arg-type]
 
 
-def test_repr_never_shows_keys() -> None:
-    for codec in (ts(), py(), rs(), McpPyV1Cipher([SECRET])):
-        assert SECRET.decode() not in repr(codec) and "compat-formats" not in repr(codec)
+def test_errors_never_show_keys() -> None:
+    other = b"compat-formats-other-secret-0123456789"
+    tokens = {
+        "ts-v1": ts_token(1),
+        "mcp-py-v1": py_token(),
+        "rs1": rs1_token(SECRET, b"x", clock=lambda: NOW),
+    }
+    for fmt, token in tokens.items():
+        with pytest.raises(InvalidState) as err:
+            verify(fmt, token, [other], clock=lambda: NOW)
+        for shown in (str(err.value), repr(err.value), err.value.detail or ""):
+            assert other.decode() not in shown and SECRET.decode() not in shown, fmt
 
 
 def test_real_clock_defaults_work() -> None:
-    # The default clock is time.time: a fresh token verifies now, as the SDKs would.
-    assert abs(TsV1Codec(SECRET).unseal(TsV1Codec(SECRET).seal(1)).expires_at - time.time() - 600) < 5
+    # Without clock=lambda: , verify reads the real clock: a fresh token verifies, as the SDKs would.
+    fresh = ts_v1.seal(SECRET, 1)
+    assert abs((verify("ts-v1", fresh, [SECRET]).expires_at or 0) - time.time() - 600) < 5

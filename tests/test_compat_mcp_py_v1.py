@@ -12,19 +12,23 @@ from __future__ import annotations
 
 import base64
 import time
+from collections.abc import Callable
 from typing import Any
 
 import pytest
+from compat_writers import compact_json, mcp_py_v1_cipher_seal, mcp_py_v1_seal, principal_claim
 
 from statecodec import InvalidState
-from statecodec.compat import McpPyV1Cipher, McpPyV1Codec, request_identity, sdk_principal
 from statecodec.compat.mcp_py_v1 import (
+    Expected,
+    OpenedMcpPyV1,
     arguments_digest,
+    decrypt,
     derive_key,
     key_id,
     parse,
-    principal_claim,
     principal_matches,
+    unseal,
 )
 
 request_state = pytest.importorskip("mcp.server.request_state")
@@ -50,43 +54,42 @@ def unb64(text: str) -> bytes:
 def test_sdk_sealed_bytes_open_with_ours() -> None:
     sdk = request_state.AESGCMRequestStateCodec([SECRET])
     token = sdk.seal(b"\x00payload\xff")
-    kid, plaintext = McpPyV1Cipher([SECRET]).unseal(token)
+    kid, plaintext = decrypt(token, [SECRET])
     assert plaintext == b"\x00payload\xff"
     assert kid == unb64(token[3:])[:4].hex() == key_id(derive_key(SECRET)).hex()
 
 
 def test_our_sealed_bytes_open_with_the_sdk() -> None:
-    token = McpPyV1Cipher([SECRET]).seal(b"hello")
+    token = mcp_py_v1_cipher_seal([SECRET], b"hello")
     assert request_state.AESGCMRequestStateCodec([SECRET]).unseal(token) == b"hello"
 
 
 def test_str_secrets_are_utf8_like_the_sdk() -> None:
     text = "ünïcode-secret-0123456789abcdefghij"
     token = request_state.AESGCMRequestStateCodec([text]).seal(b"x")
-    assert McpPyV1Cipher([text]).unseal(token)[1] == b"x"
+    assert decrypt(token, [text])[1] == b"x"
 
 
 def test_rotation_ring_both_ways() -> None:
     # Phase 2 of the SDK's rotation: keys=[new, old]. Tokens of either key open on either side.
     sdk = request_state.AESGCMRequestStateCodec([OTHER, SECRET])
-    ours = McpPyV1Cipher([OTHER, SECRET])
-    assert ours.unseal(request_state.AESGCMRequestStateCodec([SECRET]).seal(b"old"))[1] == b"old"
-    assert sdk.unseal(McpPyV1Cipher([SECRET]).seal(b"old")) == b"old"
-    assert ours.kids[0] == key_id(derive_key(OTHER)).hex()  # keys[0] seals
-    assert unb64(ours.seal(b"n")[3:])[:4] == unb64(sdk.seal(b"n")[3:])[:4]
+    assert decrypt(request_state.AESGCMRequestStateCodec([SECRET]).seal(b"old"), [OTHER, SECRET])[1] == b"old"
+    assert sdk.unseal(mcp_py_v1_cipher_seal([SECRET], b"old")) == b"old"
+    ours = mcp_py_v1_cipher_seal([OTHER, SECRET], b"n")
+    assert unb64(ours[3:])[:4] == key_id(derive_key(OTHER))  # keys[0] seals
+    assert unb64(ours[3:])[:4] == unb64(sdk.seal(b"n")[3:])[:4]
 
 
 def test_every_single_byte_change_is_rejected_by_both() -> None:
     token = request_state.AESGCMRequestStateCodec([SECRET]).seal(b"amount=100")
     raw = unb64(token[3:])
     sdk = request_state.AESGCMRequestStateCodec([SECRET])
-    ours = McpPyV1Cipher([SECRET])
     for i in range(len(raw)):
         forged = "v1." + b64(raw[:i] + bytes([raw[i] ^ 0x01]) + raw[i + 1 :])
         with pytest.raises(request_state.InvalidRequestState) as sdk_err:
             sdk.unseal(forged)
         with pytest.raises(InvalidState) as ours_err:
-            ours.unseal(forged)
+            decrypt(forged, [SECRET])
         expected = {"unknown key": "unknown_key", "seal": "tampered"}[str(sdk_err.value)]
         assert ours_err.value.reason == expected, i
         assert ours_err.value.reason == ("unknown_key" if i < 4 else "tampered")
@@ -105,7 +108,7 @@ def test_every_single_byte_change_is_rejected_by_both() -> None:
 def test_malformed_tokens_are_rejected_by_both(mutate: Any) -> None:
     # Tokens are random: draw until the mutation changes one (std-alphabet needs a - or _).
     for _ in range(64):
-        token = McpPyV1Cipher([SECRET]).seal(b"state-with-some-length-to-have-dashes" * 3)
+        token = mcp_py_v1_cipher_seal([SECRET], b"state-with-some-length-to-have-dashes" * 3)
         forged = mutate(token)
         if forged != token:
             break
@@ -113,21 +116,22 @@ def test_malformed_tokens_are_rejected_by_both(mutate: Any) -> None:
     with pytest.raises(request_state.InvalidRequestState):
         request_state.AESGCMRequestStateCodec([SECRET]).unseal(forged)
     with pytest.raises(InvalidState) as err:
-        McpPyV1Cipher([SECRET]).unseal(forged)
+        decrypt(forged, [SECRET])
     assert err.value.reason in {"malformed", "tampered", "unknown_key"}
 
 
 def test_cipher_refuses_short_and_duplicate_keys_like_the_sdk() -> None:
+    token = mcp_py_v1_cipher_seal([SECRET], b"x")
     with pytest.raises(ValueError):
-        McpPyV1Cipher([b"short"])
+        decrypt(token, [b"short"])
     with pytest.raises(ValueError):
-        McpPyV1Cipher([SECRET, SECRET])
+        decrypt(token, [SECRET, SECRET])
     with pytest.raises(TypeError):
-        McpPyV1Cipher(SECRET)  # a bare secret, not a ring
+        decrypt(token, SECRET)  # a bare secret, not a ring
 
 
 # ------------------------------------------------------------------ the claims envelope
-def test_request_identity_and_digest_match_the_sdk() -> None:
+def test_arguments_digest_matches_the_sdk_request_identity() -> None:
     cases: list[tuple[str, dict[str, Any] | None]] = [
         ("tools/call", {"name": "t", "arguments": {"b": [1, 2, {"z": None}], "a": "é\u2028"}}),
         ("tools/call", {"name": "t"}),
@@ -137,7 +141,13 @@ def test_request_identity_and_digest_match_the_sdk() -> None:
         ("tools/call", None),
     ]
     for method, params in cases:
-        assert request_identity(method, params) == request_state._request_identity(method, params)
+        p = params or {}
+        ours = (
+            (p.get("uri", ""), arguments_digest(None))
+            if method == "resources/read"
+            else (p.get("name", ""), arguments_digest(p.get("arguments")))
+        )
+        assert ours == request_state._request_identity(method, params)
 
 
 def test_principal_claim_matches_the_sdk_both_ways() -> None:
@@ -148,10 +158,11 @@ def test_principal_claim_matches_the_sdk_both_ways() -> None:
     assert principal_matches(sdk, "alice") and not principal_matches(sdk, "bob")
 
 
-def test_sdk_principal_matches_the_sdk_default_binding() -> None:
+def test_the_sdk_default_principal_is_the_documented_json_array() -> None:
+    # docs/compat.md tells `statecodec verify --principal` users to pass this form.
     token = AccessToken(token="t", client_id="cli", scopes=[], subject="u-1", claims={"iss": "https://idp"})
     expected = request_state.compact_json(principal_components(token))
-    assert sdk_principal("cli", "https://idp", "u-1") == expected
+    assert compact_json(["cli", "https://idp", "u-1"]) == expected == '["cli","https://idp","u-1"]'
 
 
 class _Principal:
@@ -225,17 +236,40 @@ async def sdk_accepts(server: Server, token: str, args: dict[str, Any] = ARGS) -
     return text.text
 
 
-def ours(**kw: Any) -> McpPyV1Codec:
-    return McpPyV1Codec([SECRET], audience=AUDIENCE, **kw)
+def ours_seal(
+    state: str, *, clock: Callable[[], float] = time.time, audience: str | None = AUDIENCE, **bound: Any
+) -> str:
+    """What an SDK server with ``RequestStateSecurity(keys=[SECRET], audience=...)`` mints."""
+    return mcp_py_v1_seal([SECRET], state, clock=clock, audience=audience, **bound)
 
 
-BOUND = {"method": "tools/call", "target": "forecast", "arguments": ARGS, "principal": "alice"}
+def ours_open(
+    token: str,
+    *,
+    method: str,
+    target: str,
+    arguments: dict[str, Any] | None = None,
+    principal: str | None = None,
+    audience: str | None = AUDIENCE,
+    clock: Callable[[], float] = time.time,
+) -> OpenedMcpPyV1:
+    """Everything the SDK boundary checks; ``principal=None`` means "must be anonymous"."""
+    expect = Expected(method, target, arguments_digest(arguments), audience, principal)
+    return unseal(token, [SECRET], expect=expect, clock=clock)
+
+
+BOUND: dict[str, Any] = {
+    "method": "tools/call",
+    "target": "forecast",
+    "arguments": ARGS,
+    "principal": "alice",
+}
 
 
 async def test_sdk_minted_envelope_opens_with_ours() -> None:
     server, _ = make_server(_Principal())
     token = await sdk_minted_token(server)
-    opened = ours().unseal(token, **BOUND)
+    opened = ours_open(token, **BOUND)
     assert opened.state == "round-1"
     assert opened.claims["m"] == "tools/call" and opened.claims["t"] == "forecast"
     assert opened.claims["aud"] == AUDIENCE
@@ -248,7 +282,7 @@ async def test_sdk_minted_envelope_opens_with_ours() -> None:
 
 async def test_our_envelope_is_accepted_by_the_sdk_boundary() -> None:
     server, seen = make_server(_Principal())
-    token = ours().seal("minted-by-statecodec", **BOUND)
+    token = ours_seal("minted-by-statecodec", **BOUND)
     assert await sdk_accepts(server, token) == "minted-by-statecodec"
     assert seen == ["minted-by-statecodec"]  # the handler saw our plaintext, nothing else
 
@@ -256,8 +290,8 @@ async def test_our_envelope_is_accepted_by_the_sdk_boundary() -> None:
 async def test_sdk_token_round_trips_through_ours_and_back() -> None:
     # A mixed fleet: the SDK instance mints, ours re-seals the next round, the SDK accepts it.
     server, _ = make_server(_Principal())
-    opened = ours().unseal(await sdk_minted_token(server), **BOUND)
-    assert await sdk_accepts(server, ours().seal(opened.state + "+1", **BOUND)) == "round-1+1"
+    opened = ours_open(await sdk_minted_token(server), **BOUND)
+    assert await sdk_accepts(server, ours_seal(opened.state + "+1", **BOUND)) == "round-1+1"
 
 
 async def test_resources_read_binds_the_uri() -> None:
@@ -266,13 +300,13 @@ async def test_resources_read_binds_the_uri() -> None:
     async with Client(server) as client:
         first = await client.session.read_resource(uri, allow_input_required=True)
         assert isinstance(first, types.InputRequiredResult) and first.request_state
-        opened = ours().unseal(first.request_state, method="resources/read", target=uri, principal="alice")
+        opened = ours_open(first.request_state, method="resources/read", target=uri, principal="alice")
         assert opened.state == "resource-round-1"
-        token = ours().seal("ours", method="resources/read", target=uri, principal="alice")
+        token = ours_seal("ours", method="resources/read", target=uri, principal="alice")
         done = await client.session.read_resource(uri, request_state=token, allow_input_required=True)
         assert isinstance(done, types.ReadResourceResult) and done.contents[0].text == "ours"
         with pytest.raises(InvalidState) as err:
-            ours().unseal(first.request_state, method="resources/read", target=uri + "x", principal="alice")
+            ours_open(first.request_state, method="resources/read", target=uri + "x", principal="alice")
         assert err.value.reason == "binding_mismatch"
 
 
@@ -291,12 +325,12 @@ async def test_binding_mismatch_is_rejected_by_both(change: dict[str, Any]) -> N
     server, seen = make_server(principal)
     sdk_token = await sdk_minted_token(server)
     with pytest.raises(InvalidState) as err:
-        ours().unseal(sdk_token, **{**BOUND, **change})
+        ours_open(sdk_token, **{**BOUND, **change})
     assert err.value.reason == "binding_mismatch"
 
     # The same difference seen from the SDK side: we seal for `change`, the SDK checks BOUND.
     sealed_for = {**BOUND, **change}
-    token = ours().seal("x", **sealed_for)
+    token = ours_seal("x", **sealed_for)
     with pytest.raises(MCPError) as wire:
         await sdk_accepts(server, token)
     assert wire.value.error.code == -32602
@@ -307,12 +341,12 @@ async def test_binding_mismatch_is_rejected_by_both(change: dict[str, Any]) -> N
 async def test_audience_mismatch_is_rejected_by_both() -> None:
     server, _ = make_server(_Principal())
     with pytest.raises(InvalidState) as err:
-        McpPyV1Codec([SECRET], audience="billing").unseal(await sdk_minted_token(server), **BOUND)
+        ours_open(await sdk_minted_token(server), audience="billing", **BOUND)
     assert err.value.reason == "binding_mismatch"
     with pytest.raises(MCPError):
-        await sdk_accepts(server, McpPyV1Codec([SECRET], audience="billing").seal("x", **BOUND))
+        await sdk_accepts(server, ours_seal("x", audience="billing", **BOUND))
     with pytest.raises(MCPError):  # no aud claim at all
-        await sdk_accepts(server, McpPyV1Codec([SECRET]).seal("x", **BOUND))
+        await sdk_accepts(server, ours_seal("x", audience=None, **BOUND))
 
 
 async def test_anonymous_tokens_carry_no_principal_claim() -> None:
@@ -320,59 +354,58 @@ async def test_anonymous_tokens_carry_no_principal_claim() -> None:
     anon.value = None
     server, _ = make_server(anon)
     token = await sdk_minted_token(server)
-    opened = ours().unseal(token, **{**BOUND, "principal": None})
+    opened = ours_open(token, **{**BOUND, "principal": None})
     assert "p" not in opened.claims
-    assert await sdk_accepts(server, ours().seal("anon", **{**BOUND, "principal": None})) == "anon"
+    assert await sdk_accepts(server, ours_seal("anon", **{**BOUND, "principal": None})) == "anon"
 
 
 async def test_expiry_against_the_sdk() -> None:
     server, _ = make_server(_Principal())
     token = await sdk_minted_token(server)
-    exp = ours().unseal(token, **BOUND).expires_at
-    assert ours(clock=lambda: exp - 0.001).unseal(token, **BOUND).state == "round-1"
+    exp = ours_open(token, **BOUND).expires_at
+    assert ours_open(token, **BOUND, clock=lambda: exp - 0.001).state == "round-1"
     with pytest.raises(InvalidState) as err:
-        ours(clock=lambda: exp).unseal(token, **BOUND)  # the SDK accepts only now < exp
+        ours_open(token, **BOUND, clock=lambda: exp)  # the SDK accepts only now < exp
     assert err.value.reason == "expired"
 
-    stale = ours(clock=lambda: time.time() - 601).seal("stale", **BOUND)
+    stale = ours_seal("stale", **BOUND, clock=lambda: time.time() - 601)
     with pytest.raises(MCPError):
         await sdk_accepts(server, stale)
     with pytest.raises(InvalidState) as err:
-        ours().unseal(stale, **BOUND)
+        ours_open(stale, **BOUND)
     assert err.value.reason == "expired"
 
 
 async def test_future_minted_tokens_against_the_sdk() -> None:
     server, _ = make_server(_Principal())
     # Within the SDK's 60 s future skew: accepted by both.
-    near = ours(clock=lambda: time.time() + 30).seal("near", **BOUND)
+    near = ours_seal("near", **BOUND, clock=lambda: time.time() + 30)
     assert await sdk_accepts(server, near) == "near"
-    assert ours().unseal(near, **BOUND).state == "near"
-    far = ours(clock=lambda: time.time() + 300).seal("far", **BOUND)
+    assert ours_open(near, **BOUND).state == "near"
+    far = ours_seal("far", **BOUND, clock=lambda: time.time() + 300)
     with pytest.raises(MCPError):
         await sdk_accepts(server, far)
     with pytest.raises(InvalidState) as err:
-        ours().unseal(far, **BOUND)
+        ours_open(far, **BOUND)
     assert err.value.reason == "not_yet_valid"
 
 
 async def test_tampered_envelope_token_is_rejected_by_both() -> None:
     server, _ = make_server(_Principal())
-    token = ours().seal("x", **BOUND)
+    token = ours_seal("x", **BOUND)
     raw = bytearray(unb64(token[3:]))
     raw[20] ^= 0x80
     forged = "v1." + b64(bytes(raw))
     with pytest.raises(MCPError):
         await sdk_accepts(server, forged)
     with pytest.raises(InvalidState) as err:
-        ours().unseal(forged, **BOUND)
+        ours_open(forged, **BOUND)
     assert err.value.reason == "tampered"
 
 
 async def test_wrongly_shaped_claims_are_malformed_and_refused_by_the_sdk() -> None:
     # Sealed under the right key, but not an envelope the boundary accepts.
     server, seen = make_server(_Principal())
-    cipher = McpPyV1Cipher([SECRET])
     plaintexts = [
         b"not json",
         b"[1,2]",
@@ -382,9 +415,9 @@ async def test_wrongly_shaped_claims_are_malformed_and_refused_by_the_sdk() -> N
         b'{"v":1,"iat":NaN,"exp":1e12,"s":"x"}',
     ]
     for plaintext in plaintexts:
-        token = cipher.seal(plaintext)
+        token = mcp_py_v1_cipher_seal([SECRET], plaintext)
         with pytest.raises(InvalidState) as err:
-            ours().unseal(token, **BOUND)
+            ours_open(token, **BOUND)
         assert err.value.reason == "malformed", plaintext
         with pytest.raises(MCPError):
             await sdk_accepts(server, token)

@@ -13,15 +13,13 @@ import base64
 import json
 import shutil
 import subprocess
-import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from statecodec import InvalidState
-from statecodec.compat import TsV1Codec
+from statecodec.compat import ts_v1
 
 NODE_DIR = Path(__file__).parent / "node"
 NODE = shutil.which("node")
@@ -74,17 +72,14 @@ def run_ts(
     return list(out["results"])
 
 
-def ours(
-    key: str | bytes = KEY, *, bind: bool = False, ttl: float = 600, clock: Callable[[], float] = time.time
-) -> TsV1Codec:
-    binder = (lambda ctx: str(ctx["principal"])) if bind else None
-    return TsV1Codec(key, ttl_seconds=ttl, bind=binder, clock=clock)
+def bind_value(ctx: dict[str, Any] | None) -> str | None:
+    """What the Node script's ``bind`` returns for ``ctx``; ``None`` for a codec without one."""
+    return None if ctx is None else str(ctx["principal"])
 
 
-def our_reason(codec: TsV1Codec, token: str, ctx: Any, now: float) -> str | None:
-    codec.clock = lambda: now  # judged at the case's own instant
+def our_reason(token: str, ctx: dict[str, Any] | None, now: float) -> str | None:
     try:
-        codec.unseal(token, ctx)
+        ts_v1.unseal(token, KEY, clock=lambda: now, bind=bind_value(ctx))
     except InvalidState as exc:
         return exc.reason
     return None
@@ -111,16 +106,15 @@ def test_mint_is_byte_identical_to_the_sdk(bind: bool) -> None:
         [{"op": "mint", "payload": p, "ctx": ctx, "now": NOW} for p in PAYLOADS],
         bind_field="principal" if bind else None,
     )
-    codec = ours(bind=bind, clock=lambda: NOW)
     for payload, result in zip(PAYLOADS, results, strict=True):
         assert result["ok"], result
-        assert codec.seal(payload, ctx) == result["token"], payload
+        assert ts_v1.seal(KEY, payload, clock=lambda: NOW, bind=bind_value(ctx)) == result["token"], payload
 
 
 def test_binary_key_and_custom_ttl_are_byte_identical() -> None:
     (result,) = run_ts([{"op": "mint", "payload": {"a": 1}, "now": NOW}], key=BIN_KEY, ttl=30)
-    assert ours(BIN_KEY, ttl=30, clock=lambda: NOW).seal({"a": 1}, None) == result["token"]
-    assert ours(BIN_KEY, ttl=30, clock=lambda: NOW).unseal(result["token"], None).expires_at == int(NOW) + 30
+    assert ts_v1.seal(BIN_KEY, {"a": 1}, clock=lambda: NOW, ttl_seconds=30) == result["token"]
+    assert ts_v1.unseal(result["token"], BIN_KEY, clock=lambda: NOW, bind=None).expires_at == int(NOW) + 30
 
 
 @pytest.mark.parametrize("bind", [False, True], ids=["unbound", "bound"])
@@ -129,9 +123,8 @@ def test_sdk_tokens_open_with_ours(bind: bool) -> None:
     results = run_ts(
         [{"op": "mint", "payload": p, "ctx": ctx} for p in PAYLOADS], bind_field="principal" if bind else None
     )
-    codec = ours(bind=bind)
     for payload, result in zip(PAYLOADS, results, strict=True):
-        opened = codec.unseal(result["token"], ctx)
+        opened = ts_v1.unseal(result["token"], KEY, bind=bind_value(ctx))
         assert opened.payload == payload
         assert opened.bound is bind
 
@@ -139,8 +132,7 @@ def test_sdk_tokens_open_with_ours(bind: bool) -> None:
 @pytest.mark.parametrize("bind", [False, True], ids=["unbound", "bound"])
 def test_our_tokens_verify_in_the_sdk(bind: bool) -> None:
     ctx = {"principal": "alice"} if bind else None
-    codec = ours(bind=bind)
-    tokens = [codec.seal(p, ctx) for p in PAYLOADS]
+    tokens = [ts_v1.seal(KEY, p, bind=bind_value(ctx)) for p in PAYLOADS]
     results = run_ts(
         [{"op": "verify", "token": t, "ctx": ctx} for t in tokens], bind_field="principal" if bind else None
     )
@@ -156,9 +148,8 @@ def _flip(token: str, index: int) -> str:
 
 def test_every_rejection_reason_agrees_with_the_sdk() -> None:
     """One token per failure the SDK distinguishes, judged by both at the same instant."""
-    bound = ours(bind=True)
-    good = ours(bind=True, clock=lambda: NOW).seal({"n": 1}, {"principal": "alice"})
-    plain = ours(clock=lambda: NOW).seal({"n": 1}, None)
+    good = ts_v1.seal(KEY, {"n": 1}, clock=lambda: NOW, bind="alice")
+    plain = ts_v1.seal(KEY, {"n": 1}, clock=lambda: NOW)
     exp = int(NOW) + 600
     body, mac = good[3:].split(".")
     cases: list[tuple[str, str, dict[str, Any] | None, float]] = [
@@ -171,7 +162,7 @@ def test_every_rejection_reason_agrees_with_the_sdk() -> None:
         ("mac byte changed", _flip(good, len(good) - 5), {"principal": "alice"}, NOW),
         (
             "minted with another key",
-            ours("x" * 40, bind=True, clock=lambda: NOW).seal(1, {"principal": "alice"}),
+            ts_v1.seal("x" * 40, 1, clock=lambda: NOW, bind="alice"),
             {"principal": "alice"},
             NOW,
         ),
@@ -186,11 +177,11 @@ def test_every_rejection_reason_agrees_with_the_sdk() -> None:
     )
     for (name, token, ctx, now), result in zip(cases, results, strict=True):
         sdk = None if result["ok"] else TS_REASON[result["error"]]
-        assert our_reason(bound, token, ctx, now) == sdk, name
+        assert our_reason(token, ctx, now) == sdk, name
     # And a tag in the token when no bind function is configured: "bind" in the SDK.
     (result,) = run_ts([{"op": "verify", "token": good, "now": NOW}])
     assert result == {"ok": False, "error": "bind", "name": "Error"}
-    assert our_reason(ours(), good, None, NOW) == "binding_mismatch"
+    assert our_reason(good, None, NOW) == "binding_mismatch"
 
 
 def test_stricter_than_the_sdk_on_non_canonical_mac_encodings() -> None:
@@ -199,7 +190,7 @@ def test_stricter_than_the_sdk_on_non_canonical_mac_encodings() -> None:
     This documents a real difference (a TS token string is malleable without the key), so a
     replay store keyed on the token string must only see tokens this reader accepted.
     """
-    token = ours(clock=lambda: NOW).seal("x", None)
+    token = ts_v1.seal(KEY, "x", clock=lambda: NOW)
     body, mac = token[3:].split(".")
     raw = base64.urlsafe_b64decode(mac + "=")
     last_bits_set = base64.urlsafe_b64encode(raw).decode().rstrip("=")[:-1]
@@ -211,16 +202,13 @@ def test_stricter_than_the_sdk_on_non_canonical_mac_encodings() -> None:
     results = run_ts([{"op": "verify", "token": t, "now": NOW} for t in spellings])
     assert all(r == {"ok": True, "payload": "x"} for r in results)
     for spelling in spellings:
-        assert our_reason(ours(), spelling, None, NOW) == "malformed"
+        assert our_reason(spelling, None, NOW) == "malformed"
 
 
-def test_bind_callback_receives_the_context_and_lone_surrogates_match_text_encoder() -> None:
+def test_lone_surrogates_in_the_bind_value_match_text_encoder() -> None:
     odd = "user-\ud800-half"  # TextEncoder turns the lone surrogate into U+FFFD
     (minted,) = run_ts(
         [{"op": "mint", "payload": 1, "ctx": {"principal": odd}, "now": NOW}], bind_field="principal"
     )
-    assert ours(bind=True, clock=lambda: NOW).seal(1, {"principal": odd}) == minted["token"]
-    assert (
-        ours(bind=True, clock=lambda: NOW).unseal(minted["token"], {"principal": "user-\ufffd-half"}).payload
-        == 1
-    )
+    assert ts_v1.seal(KEY, 1, clock=lambda: NOW, bind=odd) == minted["token"]
+    assert ts_v1.unseal(minted["token"], KEY, clock=lambda: NOW, bind="user-\ufffd-half").payload == 1

@@ -7,6 +7,7 @@ must say what it would need (a Vault address, a production path) and is listed h
 
 from __future__ import annotations
 
+import logging
 import re
 from pathlib import Path
 
@@ -36,8 +37,11 @@ def test_docs_have_code_samples() -> None:
 
 
 @pytest.mark.parametrize("path", DOCS_WITH_CODE, ids=lambda p: str(p.relative_to(ROOT)))
-def test_code_samples_run(path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_code_samples_run(
+    path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
     monkeypatch.chdir(tmp_path)
+    caplog.set_level(logging.WARNING, logger="statecodec.kms")
     namespace: dict[str, object] = {"__name__": f"docs_{path.stem}"}
     ran = 0
     for line, code, skip in python_blocks(path):
@@ -47,3 +51,7 @@ def test_code_samples_run(path: Path, tmp_path: Path, monkeypatch: pytest.Monkey
         exec(compile(code, f"{path}:{line}", "exec"), namespace)
         ran += 1
     assert ran > 0, f"{path.name}: every block is skipped"
+    # A sample handles keys the right way: nothing for the key manager to warn about (a key
+    # file that others can read, ...). Rejected tokens may be logged: samples show those.
+    warnings = [r.getMessage() for r in caplog.records if r.name.startswith("statecodec.kms")]
+    assert not warnings, f"{path.name}: statecodec.kms warned while the samples ran: {warnings}"

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import base64
-import datetime
 import json
 import socket
 import threading
@@ -16,11 +15,8 @@ from typing import Any
 
 import hvac.exceptions
 import pytest
-from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import NameOID
 from fixtures_openbao import OpenBao, clean_vault_env
+from pki import make_ca
 
 from statecodec import KeyRing, StateCodec
 from statecodec.kms import (
@@ -250,10 +246,7 @@ def test_concurrent_transit_rotations_make_at_most_one_extra_version_each(vault_
     name = unique()
     url = f"vault-transit:transit/{name}"
     init_keys(url)
-    # A day after the rotations, with a minute of slack: transit dates versions in whole
-    # seconds, and on a loaded machine the rotation may land a second or more after this
-    # line; without the slack v2 is then not "a day old" yet and v1 is not retired.
-    later = time.time() + DAY + 60
+    later = time.time() + DAY
     reports: list[Any] = []
     errors: list[BaseException] = []
     barrier = threading.Barrier(3)
@@ -261,7 +254,9 @@ def test_concurrent_transit_rotations_make_at_most_one_extra_version_each(vault_
     def job() -> None:
         barrier.wait()
         try:
-            reports.append(rotate(url, min_age=DAY, retire_after=DAY, clock=lambda: later))
+            # retire_after a minute under min_age: the version made now is retire_after old
+            # at `later` however long the jobs take to start (timestamps are whole seconds).
+            reports.append(rotate(url, min_age=DAY, retire_after=DAY - 60, clock=lambda: later))
         except BaseException as exc:  # reported by the assertion below
             errors.append(exc)
 
@@ -528,24 +523,6 @@ def _service_account_jwt(serial: int) -> str:
     return f"{part({'alg': 'RS256'})}.{part(claims)}.sig"
 
 
-def _self_signed_ca() -> str:
-    key = ec.generate_private_key(ec.SECP256R1())
-    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "test-kubernetes-ca")])
-    now = datetime.datetime.now(datetime.UTC)
-    cert = (
-        x509.CertificateBuilder()
-        .subject_name(name)
-        .issuer_name(name)
-        .public_key(key.public_key())
-        .serial_number(1)
-        .not_valid_before(now)
-        .not_valid_after(now + datetime.timedelta(days=1))
-        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-        .sign(key, hashes.SHA256())
-    )
-    return cert.public_bytes(serialization.Encoding.PEM).decode()
-
-
 def test_kubernetes_login_rereads_the_service_account_token(
     openbao: OpenBao, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
@@ -559,7 +536,7 @@ def test_kubernetes_login_rereads_the_service_account_token(
         root.sys.enable_auth_method("kubernetes", path=mount)
         root.auth.kubernetes.configure(
             kubernetes_host=f"http://127.0.0.1:{api.server_address[1]}",
-            kubernetes_ca_cert=_self_signed_ca(),
+            kubernetes_ca_cert=make_ca("test-kubernetes-ca").cert_pem,
             token_reviewer_jwt="reviewer",
             disable_local_ca_jwt=True,
             mount_point=mount,

@@ -28,6 +28,8 @@ BASE = ["proxy", "--upstream", "http://127.0.0.1:9/mcp", "--replay", "memory:", 
         (["--principal-from", "cookie"], "none, header:NAME or jwt-sub"),
         (["--principal-from", "header:"], "none, header:NAME or jwt-sub"),
         (["--listen", "8000"], "is not HOST:PORT"),
+        (["--ttl", "99999999999d"], "out of range"),  # was exit 70, "a bug in statecodec"
+        (["--read-timeout", "99999999999999d"], "out of range"),
     ],
 )
 def test_usage_errors(extra: list[str], message: str) -> None:

@@ -24,17 +24,10 @@ import mcp_types as types
 import pytest
 from cryptography.hazmat.primitives.asymmetric import rsa
 from fixtures_mcp import Balancer, connect, round_one, round_two
-from fixtures_proxy import NODE_DIR, PREFIX, TOOL, JWKSServer, Service, node_or_skip
+from fixtures_proxy import NODE_DIR, PREFIX, TOOL, JWKSServer, Service, messages, modern_request, node_or_skip
 from mcp.shared.exceptions import MCPError
 
-from statecodec import WIRE_ERROR_CODE, WIRE_ERROR_DATA, WIRE_ERROR_MESSAGE
-
-MODERN = "2026-07-28"
-META = {
-    "io.modelcontextprotocol/protocolVersion": MODERN,
-    "io.modelcontextprotocol/clientInfo": {"name": "proxy-test", "version": "1"},
-    "io.modelcontextprotocol/clientCapabilities": {"elicitation": {"form": {}}},
-}
+from statecodec.adapters.jsonrpc import WIRE_ERROR_CODE, WIRE_ERROR_DATA, WIRE_ERROR_MESSAGE
 
 
 def payload_of(token: str) -> bytes:
@@ -65,35 +58,6 @@ def assert_untouched(service: Service, *tokens: str) -> None:
     for token in tokens:
         assert token not in received
     assert service.foreign_states() == []
-
-
-def modern_request(method: str, params: dict[str, Any], request_id: int = 1) -> tuple[bytes, dict[str, str]]:
-    body = json.dumps(
-        {"jsonrpc": "2.0", "id": request_id, "method": method, "params": {**params, "_meta": META}}
-    )
-    headers = {
-        "content-type": "application/json",
-        "accept": "application/json, text/event-stream",
-        "mcp-protocol-version": MODERN,
-        "mcp-method": method,
-    }
-    if method == "tools/call":
-        headers["mcp-name"] = params["name"]
-    return body.encode(), headers
-
-
-def messages(response: httpx.Response) -> list[dict[str, Any]]:
-    """The JSON-RPC messages of a JSON or SSE response."""
-    if response.headers.get("content-type", "").startswith("text/event-stream"):
-        found = []
-        for block in response.text.replace("\r\n", "\n").split("\n\n"):
-            data = "\n".join(line[5:].lstrip(" ") for line in block.split("\n") if line.startswith("data:"))
-            if data:
-                document = json.loads(data)
-                found.extend(document if isinstance(document, list) else [document])
-        return found
-    document = response.json()
-    return document if isinstance(document, list) else [document]
 
 
 # ------------------------------------------------------------------ happy paths
@@ -205,36 +169,24 @@ async def test_bad_token_is_rejected_before_the_upstream(
 
 
 # ------------------------------------------------------------------ the wire
-async def test_batch_answers_bad_elements_and_forwards_the_rest(
-    proxied: Service, jwks_server: JWKSServer
-) -> None:
+async def test_batches_are_refused_before_the_upstream(proxied: Service, jwks_server: JWKSServer) -> None:
+    # MCP dropped JSON-RPC batches in 2025-06-18; MRTR exists only in 2026-07-28.
     alice = jwks_server.mint("alice")
     plan = json.dumps({"version": "1.2.3", "plan_id": "batch01", "planned_on": "x", "steps": ["s"]})
     good = proxied.seal(plan, "alice")
-    bad = tamper(proxied.codec().seal(b'{"plan_id": "batch02"}', proxied.binding("alice")))
     call = {"name": TOOL, "arguments": {"version": "1.2.3"}}
-    batch = [  # a 2025-era batch: the 2026-07-28 revision has none
+    batch = [
         {"jsonrpc": "2.0", "id": 1, "method": "tools/list"},
-        {"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": {**call, "requestState": bad}},
-        {"jsonrpc": "2.0", "id": 3, "method": "tools/call", "params": {**call, "requestState": good}},
+        {"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": {**call, "requestState": good}},
     ]
     headers = {"authorization": f"Bearer {alice}", "accept": "application/json, text/event-stream"}
+    before = len(proxied.upstream.entries())
     async with httpx.AsyncClient(timeout=30) as http:
         response = await http.post(proxied.a.url, json=batch, headers=headers)
-
-    received = proxied.upstream.received()
-    assert plan in received  # element 3 reached the upstream, unsealed
-    assert bad not in received and good not in received
-    assert_untouched(proxied)
-    if proxied.kind == "python":
-        # The Python SDK server accepts no batches: it refuses the one the proxy forwarded.
-        assert response.status_code == 400
-        return
-    by_id = {m["id"]: m for m in messages(response)}
-    assert set(by_id) == {1, 2, 3}
-    assert by_id[1]["result"]["tools"][0]["name"] == TOOL
-    assert_wire_error(by_id[2]["error"])
-    assert by_id[3].get("error", {}).get("code") != WIRE_ERROR_CODE  # answered by the upstream
+    assert response.status_code == 400
+    assert response.json()["error"] == {"code": -32600, "message": "JSON-RPC batches are not accepted"}
+    assert len(proxied.upstream.entries()) == before and plan not in proxied.upstream.received()
+    assert_untouched(proxied, good)
 
 
 async def test_other_methods_pass_through_byte_for_byte(proxied: Service) -> None:

@@ -1,4 +1,4 @@
-"""Single use under real contention: 8 processes x 50 threads against one SQLite file and one Valkey.
+"""Single use under real contention: 8 processes x 50 threads on SQLite, one Valkey, a Valkey Cluster.
 
 The worker processes are started with 'spawn' (no state inherited from pytest) once per
 module and reused. A process-wide Barrier, reached from a threading.Barrier's action
@@ -18,6 +18,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import redis
+from fixtures_valkey import ValkeyCluster
 
 import statecodec as sc
 from statecodec.replay import ReplayStore, SQLiteReplayStore, store_from_url
@@ -113,14 +115,31 @@ def ring() -> sc.KeyRing:
     return sc.KeyRing.generate("k1")
 
 
-@pytest.fixture(params=["sqlite", "valkey"])
+@pytest.fixture(params=["sqlite", "valkey", "valkey-cluster"])
 def url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     if request.param == "sqlite":
         path = tmp_path / "replay.db"
         SQLiteReplayStore(path).close()  # create the file and table once, up front
         return f"sqlite://{path}"
+    if request.param == "valkey-cluster":  # one URL, 3 primaries: redis-py routes each key
+        cluster: ValkeyCluster = request.getfixturevalue("valkey_cluster")
+        return f"{cluster.url}?prefix=race-{uuid.uuid4().hex[:8]}:"
     server = request.getfixturevalue("valkey_server")
     return f"{server.url}?prefix=race-{uuid.uuid4().hex[:8]}:"
+
+
+def assert_spread_over_every_primary(url: str, request: pytest.FixtureRequest, count: int) -> None:
+    """On the cluster, the consumed keys live on every primary, each on the one owning its slot."""
+    if not url.startswith("redis+cluster"):
+        return
+    cluster: ValkeyCluster = request.getfixturevalue("valkey_cluster")
+    prefix = url.partition("prefix=")[2]
+    per_primary = {
+        port: sum(1 for _ in redis.Redis(port=port).scan_iter(match=prefix + "*", count=1000))
+        for port in cluster.primaries()
+    }
+    assert len(per_primary) == 3 and all(per_primary.values()), per_primary
+    assert sum(per_primary.values()) == count
 
 
 def test_400_concurrent_unseals_of_one_token_one_success(
@@ -133,7 +152,7 @@ def test_400_concurrent_unseals_of_one_token_one_success(
 
 
 def test_1000_distinct_tokens_each_redeemed_exactly_once(
-    workers: multiprocessing.pool.Pool, ring: sc.KeyRing, url: str
+    workers: multiprocessing.pool.Pool, ring: sc.KeyRing, url: str, request: pytest.FixtureRequest
 ) -> None:
     codec = sc.StateCodec(ring)
     tokens = [codec.seal(str(i).encode(), BINDING) for i in range(DISTINCT)]
@@ -145,6 +164,7 @@ def test_1000_distinct_tokens_each_redeemed_exactly_once(
         assert outcomes == {"ok": 1, "replayed": PROCESSES - 1}, outcomes
     wins_per_process = [list(process.values()).count("ok") for process in per_process]
     assert sum(wins_per_process) == DISTINCT
+    assert_spread_over_every_primary(url, request, DISTINCT)
 
 
 def test_processes_creating_one_new_sqlite_file_at_once(

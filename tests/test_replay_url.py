@@ -119,12 +119,26 @@ def test_rediss_builds_a_tls_store_without_connecting() -> None:
         ("sqlite:r.db?busy_timeout=nan", "bad value 'nan' for busy_timeout"),
         ("sqlite:r.db?synchronous=OFF", "bad value 'OFF' for synchronous"),
         ("sqlite:r.db?wal=1", "unknown option 'wal'"),
-        ("redis://", "host is missing"),
-        ("redis://localhost:99999/0", "port"),
-        ("redis://localhost:6379/zero", "database must be a number"),
+        ("redis://localhost:99999/0", "Port out of range"),
         ("redis://localhost:6379/0?retries=-1", "bad value '-1' for retries"),
         ("redis://localhost:6379/0?pool=big", "unknown option 'pool'"),
+        ("redis://localhost:6379/0?wiat=1", "unknown option 'wiat'"),
+        ("redis://localhost:6379/0?wait=one", "bad value 'one' for wait"),
+        ("redis://localhost:6379/0?wait=1&wait=2", "'wait' is given twice"),
+        ("redis://localhost:6379/0?wait=1&wait_timeout=3", "wait_timeout (3 s) must be shorter"),
+        ("redis://localhost:6379/0?socket_timeout=abc", "bad value 'abc' for socket_timeout"),
+        ("redis://localhost:6379/0?health_check_interval=often", "Invalid value for 'health_check_interval'"),
+        ("redis://localhost:6379/0#frag", "no '#fragment'"),
+        ("redis://localhost:6379/0?sentinel_password=x", "redis+sentinel:// only"),
         ("redis://[::1/0", "Invalid IPv6"),
+        ("unix:///run/valkey.sock?db=0&ssl_ca_certs=/ca.pem", "unknown option 'ssl_ca_certs'"),
+        ("redis+cluster://h1:7000,h2:70x0", "bad host 'h2:70x0'"),
+        ("redis+cluster://h1:7000,/0", "bad host ''"),
+        ("redis+cluster://h1:7000/3", "db"),
+        ("redis+cluster://h1:7000?health_check_interval=5", "not accepted by redis-py's cluster clients"),
+        ("redis+sentinel://h1:26379", "service name is missing"),
+        ("redis+sentinel://h1:26379/", "service name is missing"),
+        ("valkeys+sentinel://h1:26379,h2/mymaster?wait=-1", "bad value '-1' for wait"),
     ],
 )
 def test_bad_urls_name_the_accepted_forms(url: str, says: str) -> None:
@@ -132,12 +146,16 @@ def test_bad_urls_name_the_accepted_forms(url: str, says: str) -> None:
         store_from_url(url)
     message = str(info.value)
     assert says in message
-    assert "memory:" in message and "sqlite:PATH" in message and "redis://HOST:PORT/DB" in message
+    assert (
+        "memory:" in message
+        and "sqlite:PATH" in message
+        and "redis://[USER:PASSWORD@]HOST:PORT/DB" in message
+    )
 
 
 def test_bad_urls_never_echo_a_password() -> None:
     with pytest.raises(ValueError) as info:
-        store_from_url("redis://user:s3cret@localhost:6379/zero")
+        store_from_url("redis://user:s3cret@localhost:6379/0?pool=big")
     assert "s3cret" not in str(info.value)
     assert "user:***@localhost" in str(info.value)
     with pytest.raises(ValueError) as info:

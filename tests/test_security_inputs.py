@@ -4,7 +4,7 @@ Each must end in a clear, precise error (``InvalidState`` with the right reason 
 token, ``ValueError``/``TypeError`` naming the problem for arguments) in bounded time
 and memory, never a crash, a hang, or a leaked traceback.
 
-The bound, stated: every rejection here finishes in under BOUND = 2 seconds and
+The bound, stated: every rejection here takes under BOUND = 2 seconds of CPU and
 allocates under 16 MiB beyond the input itself (64 MiB for an 8 MiB string argument,
 whose canonical form is built once). Measured on the 2-core CI machine they take
 microseconds to about 150 ms (docs/security.md has the numbers); the bounds are loose
@@ -40,10 +40,13 @@ def codec(request: pytest.FixtureRequest) -> StateCodec:
 
 @contextmanager
 def bounded(seconds: float = BOUND) -> Iterator[None]:
-    start = time.perf_counter()
+    # CPU time of this thread, not wall time: on a loaded 2-core machine the 8 MiB digest
+    # took 2.5 to 3.3 s of wall time (load 16-18) for 0.2 s of CPU.
+    # The bound is there to catch a quadratic path, which costs CPU time either way.
+    start = time.thread_time()
     yield
-    elapsed = time.perf_counter() - start
-    assert elapsed < seconds, f"took {elapsed:.2f}s (bound {seconds}s)"
+    elapsed = time.thread_time() - start
+    assert elapsed < seconds, f"took {elapsed:.2f}s of CPU (bound {seconds}s)"
 
 
 def assert_bounded_memory(call: Callable[[], Any], memory: int = MEMORY_BOUND) -> None:
@@ -231,9 +234,12 @@ async def test_jsonrpc_adapter_answers_hostile_request_state_with_the_uniform_er
     params = {"name": "t", "arguments": {"a": 1}}
     binding = jsonrpc.binding_for("tools/call", params, principal="alice", audience="aud")
     for state in ("sc1s." + "A" * MiB, "sc1s.\x00\r\n", 12, ["x"], {"a": "b"}, "sc1s.\udc80"):
-        with bounded(), pytest.raises(InvalidState):
-            await jsonrpc.unseal_params(codec, "tools/call", {**params, "requestState": state}, binding)
-    assert jsonrpc.invalid_state_error() == {
+        with bounded(), pytest.raises(jsonrpc.WireError) as caught:
+            await jsonrpc.judge_request(
+                codec, "tools/call", {**params, "requestState": state}, lambda: binding
+            )
+        assert caught.value.error() == jsonrpc.WireError.invalid_state().error()
+    assert jsonrpc.WireError.invalid_state().error() == {
         "code": -32602,
         "message": "Invalid or expired requestState",
         "data": {"reason": "invalid_request_state"},

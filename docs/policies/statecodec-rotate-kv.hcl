@@ -1,4 +1,4 @@
-# statecodec rotation job with a keyring document in KV v2.
+# statecodec rotation job (and `statecodec keys retire`) with a keyring document in KV v2.
 #
 # It reads the document and writes a new version with check-and-set (cas), so two runs
 # at once cannot both add a key. It cannot delete or destroy versions, nor touch any

@@ -27,7 +27,7 @@ from mcp.shared.exceptions import MCPError
 
 from .. import _format
 from .._codec import Mode
-from .._errors import WIRE_ERROR_CODE, WIRE_ERROR_DATA, WIRE_ERROR_MESSAGE, InvalidState
+from .._errors import InvalidState
 from ..adapters import jsonrpc
 from ._client import Answer, Router, User, connect
 from ._cluster import (
@@ -245,7 +245,7 @@ async def attempt(attack: Attack, log: Capture) -> Rejection:
     error: dict[str, Any] | None = None
     if isinstance(answer, MCPError):
         error = {"code": answer.code, "message": answer.message, "data": answer.data}
-        wire = {"code": WIRE_ERROR_CODE, "message": WIRE_ERROR_MESSAGE, "data": dict(WIRE_ERROR_DATA)}
+        wire = jsonrpc.WireError.invalid_state().error()
         if error != wire:
             problems.append(f"the client got {error}, not the uniform {wire}")
     else:

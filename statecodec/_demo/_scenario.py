@@ -25,6 +25,7 @@ CLIENT_ID: Final = "deploy-cli"
 USERS: Final = {"alice-token": "alice", "bob-token": "bob"}
 SERVER_NAME: Final = "deploy"
 TOOL: Final = "deploy_production"
+STAGING_TOOL: Final = "deploy_staging"  # the same flow, only on servers built for comparisons
 TOOL_DESCRIPTION: Final = "Deploy a release to production"
 TOOL_SCHEMA: Final[dict[str, Any]] = {
     "type": "object",

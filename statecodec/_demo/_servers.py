@@ -20,7 +20,16 @@ from mcp.shared.exceptions import MCPError
 
 from .._codec import StateCodec
 from ..adapters import mcp as mcp_adapter
-from ._scenario import SERVER_NAME, TOOL, TOOL_DESCRIPTION, TOOL_SCHEMA, StaticVerifier, auth_settings, handle
+from ._scenario import (
+    SERVER_NAME,
+    STAGING_TOOL,
+    TOOL,
+    TOOL_DESCRIPTION,
+    TOOL_SCHEMA,
+    StaticVerifier,
+    auth_settings,
+    handle,
+)
 
 LogLevel = Literal["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"]
 
@@ -65,9 +74,22 @@ def build_lowlevel(
 
 
 def build_mcpserver(
-    codec: StateCodec, instance: str, *, auth: bool, name: str = SERVER_NAME, log_level: LogLevel = "INFO"
+    codec: StateCodec,
+    instance: str,
+    *,
+    auth: bool,
+    name: str = SERVER_NAME,
+    log_level: LogLevel = "INFO",
+    boundary: Literal["statecodec", "sdk"] = "statecodec",
+    staging_tool: bool = False,
 ) -> DeployServer:
-    """``mcp.server.mcpserver.MCPServer``: a decorated tool. It configures root logging at ``log_level``."""
+    """``mcp.server.mcpserver.MCPServer``: a decorated tool. It configures root logging at ``log_level``.
+
+    For comparisons (``statecodec probe``): ``boundary="sdk"`` leaves the SDK's own requestState
+    boundary (AES-GCM under a key made per process, no single use) in place of statecodec, and
+    ``staging_tool`` adds ``deploy_staging``, the same flow under another name, so a state can
+    be sent to another tool.
+    """
     if auth:
         server: MCPServer[Any] = MCPServer(
             name, token_verifier=StaticVerifier(), auth=auth_settings(), log_level=log_level
@@ -81,7 +103,16 @@ def build_mcpserver(
     ) -> types.CallToolResult | types.InputRequiredResult:
         return handle(version, ctx.request_state, ctx.input_responses, instance)
 
-    mcp_adapter.protect(server, codec)  # replaces the boundary MCPServer installed with a per-process key
+    if staging_tool:
+
+        @server.tool(name=STAGING_TOOL, description="Deploy a release to staging")
+        async def deploy_staging(
+            version: str, ctx: Context
+        ) -> types.CallToolResult | types.InputRequiredResult:
+            return handle(version, ctx.request_state, ctx.input_responses, instance)
+
+    if boundary == "statecodec":
+        mcp_adapter.protect(server, codec)  # replaces the boundary MCPServer installed with a per-process key
     return DeployServer(server.streamable_http_app, server.run_stdio_async)
 
 

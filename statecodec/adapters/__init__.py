@@ -2,8 +2,10 @@
 
 Import the one you need; each imports its framework only when imported itself:
 
-- :mod:`statecodec.adapters.jsonrpc`: framework-free rules on raw JSON-RPC dicts
-  (which methods, what is bound, unseal a request, seal a result, the wire errors);
+- :mod:`statecodec.adapters.jsonrpc`: framework-free rules on raw JSON-RPC dicts, the one
+  place that judges a request (``judge_request``) and seals a result (``seal_result``),
+  and the wire errors (``WIRE_ERROR_CODE``, ``WIRE_ERROR_MESSAGE``, ``WIRE_ERROR_DATA``,
+  ``WireError``);
 - :mod:`statecodec.adapters.mcp`: ``protect()`` for the official ``mcp`` SDK's lowlevel
   ``Server`` and ``MCPServer``, and ``sdk_codec()`` for the SDK's own boundary
   (``statecodec[mcp]``);

@@ -4,28 +4,29 @@
     app = RequestStateMiddleware(app, codec, audience="deploy")
 
 The middleware sits at the JSON-RPC layer of the HTTP transport. On the way in, every
-``tools/call``, ``resources/read`` and ``prompts/get`` request carrying a
-``requestState`` is unsealed (verified, binding checked, consumed in the replay store)
-and the body is rewritten so the application receives the plaintext state it issued; a
+``tools/call``, ``resources/read`` and ``prompts/get`` request is judged by
+:func:`statecodec.adapters.jsonrpc.judge_request` (the rules the SDK adapters use): a
 request whose token fails gets the uniform -32602 error and never reaches the
-application. On the way out, the ``requestState`` of every ``input_required`` result is
-sealed, in ``application/json`` bodies and in ``text/event-stream`` streams alike (event
-by event, never buffering a stream). Everything else passes through byte for byte.
+application; one whose token passes is forwarded with the plaintext state the application
+issued. On the way out, **every** answer is watched, whatever request, path or stream it
+belongs to: a state in it is sealed by :func:`~statecodec.adapters.jsonrpc.seal_result`
+when it answers the MRTR request of its exchange, and replaced by -32603 otherwise.
 
-The rules on *what* is bound and *what* a rejection looks like come from
-:mod:`statecodec.adapters.jsonrpc`, shared with the SDK adapters. This module adds what
-only a byte-level intermediary needs, above all: **the application must see exactly the
-JSON the middleware judged.** A server parsing the body differently (duplicate keys,
-``"RequestState"`` matched case-insensitively as Go's ``encoding/json`` does, invalid
-UTF-8 repaired into U+FFFD, a compressed body) could read a state the middleware never
-verified. So a request body that is not strict JSON, or that spells a protocol key in
-another case, is refused before the application runs, and compressed bodies are refused
-too, as are ``Mcp-Method``/``Mcp-Name`` headers that disagree with the body. See
-docs/proxy.md for the full list of what is and is not bound.
+It fails closed in both directions:
 
-Batches: each element is judged on its own. An element whose token fails is answered
-with the -32602 error by the middleware and removed from the batch; the rest is
-forwarded, and the middleware's answers are merged into the application's response.
+- **The application must see exactly the JSON the middleware judged.** A server parsing
+  the body differently (duplicate keys, ``"RequestState"`` matched case-insensitively as
+  Go's ``encoding/json`` does, invalid UTF-8 repaired, a compressed body, a batch) could
+  read a state the middleware never verified. Such requests are refused before the
+  application runs, as are ``Mcp-Method``/``Mcp-Name`` headers that disagree with the
+  body and percent-encoded paths that another router could read as a different path.
+  Every check runs before the token is consumed, and nothing after the consume can fail.
+- **No plaintext state the application issued ever reaches a client.** Answers are read
+  as the most lenient client reads them (any JSON or event-stream media type or none,
+  byte-order marks, UTF-16, any depth: see :mod:`._json`); an answer that might carry a
+  state and cannot be read is replaced by HTTP 502 / -32603 and logged.
+
+See docs/proxy.md for the full list of what is and is not bound.
 """
 
 from __future__ import annotations
@@ -33,16 +34,19 @@ from __future__ import annotations
 import base64
 import binascii
 import inspect
-import json
 import logging
 import re
+import secrets
 from collections.abc import Awaitable, Callable, Collection, Mapping, MutableMapping
+from dataclasses import dataclass
 from typing import Any, Final, TypeAlias
+from urllib.parse import quote, unquote_to_bytes
 
 from .._binding import Binding
 from .._codec import StateCodec
-from .._errors import InvalidState
-from . import _sse, jsonrpc
+from . import _json, _sse, jsonrpc
+from ._json import dumps, loads_strict
+from .jsonrpc import INVALID_REQUEST_CODE, PARSE_ERROR_CODE, Judged, WireError
 
 __all__ = [
     "DEFAULT_MAX_BODY_BYTES",
@@ -56,6 +60,7 @@ __all__ = [
     "Send",
     "dumps",
     "loads_strict",
+    "request_path",
 ]
 
 logger = logging.getLogger("statecodec")
@@ -73,100 +78,43 @@ PrincipalFn: TypeAlias = Callable[[Scope, Mapping[str, str]], "str | Awaitable[s
 
 #: The TypeScript SDK's default limit on a POST body.
 DEFAULT_MAX_BODY_BYTES: Final = 4 * 1024 * 1024
-#: The largest JSON response or single SSE event inspected; larger ones fail closed.
+#: The largest JSON answer or single SSE event inspected; larger ones fail closed.
 DEFAULT_MAX_RESPONSE_BYTES: Final = 16 * 1024 * 1024
 
-PARSE_ERROR: Final = -32700
-INVALID_REQUEST: Final = -32600
 _JSON_HEADERS: Final = [(b"content-type", b"application/json")]
-_INSPECTED_MEDIA: Final = frozenset({"application/json", "text/event-stream"})
 # Keys whose exact spelling decides what a server reads. A key equal to one of them
 # under Unicode case folding, but not identical, would be read by a case-insensitive
 # parser (Go's encoding/json also folds U+017F to "s" and U+212A to "k") and ignored here.
 _ENVELOPE_KEYS: Final = frozenset({"jsonrpc", "id", "method", "params", "result", "error"})
-_PARAMS_KEYS: Final = frozenset({"name", "uri", "arguments", "requestState", "inputResponses", "_meta"})
 _FOLDED_ENVELOPE: Final = {key.casefold(): key for key in _ENVELOPE_KEYS}
-_FOLDED_PARAMS: Final = {key.casefold(): key for key in _PARAMS_KEYS}
+_FOLDED_PARAMS: Final = {key.casefold(): key for key in jsonrpc.PARAMS_KEYS}
 _B64_SENTINEL: Final = re.compile(r"=\?base64\?(.*)\?=", re.DOTALL)
+# A percent-encoded "/" or unreserved character (RFC 3986 2.3): routers may or may not
+# decode it, so such a path has two readings, and the upstream may pick the other one.
+_AMBIGUOUS_ESCAPE: Final = re.compile(rb"%(?:2[dDeEfF]|3[0-9]|[46][1-9a-fA-F]|[57][0-9aA]|5[fF]|7[eE])")
 
 
-class _Refused(Exception):  # noqa: N818 - control flow, never leaves this module
-    """The whole request is refused with an HTTP status and a JSON-RPC error."""
-
-    def __init__(self, status: int, code: int, message: str) -> None:
-        super().__init__(message)
-        self.status = status
-        self.code = code
-        self.message = message
-
-
-class _Missing:
-    pass
-
-
-_MISSING: Final = _Missing()
-
-
-# ---------------------------------------------------------------- strict JSON
-def _unique(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    obj: dict[str, Any] = {}
-    for key, value in pairs:
-        if key in obj:
-            raise ValueError(f"duplicate key {key[:40]!r}")
-        obj[key] = value
-    return obj
-
-
-def _no_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not JSON")
-
-
-_STRICT: Final = json.JSONDecoder(object_pairs_hook=_unique, parse_constant=_no_constant)
-
-
-def loads_strict(data: bytes) -> Any:
-    """JSON that every conforming parser reads the same way, or ``ValueError``.
-
-    UTF-8 only (no BOM, no lone surrogates repaired), no duplicate keys, no NaN or
-    Infinity. Deeply nested input raises ``ValueError`` too, never ``RecursionError``.
-    """
-    try:
-        return _STRICT.decode(data.decode("utf-8"))
-    except RecursionError:
-        raise ValueError("JSON nested too deeply") from None
-
-
-def _loads_lenient(data: bytes) -> Any:
-    """A response body as a lenient JSON client reads it, or ``_MISSING``.
-
-    Responses come from the protected server, not from the attacker, so the question is
-    only whether a client would find a result in them: decode as browsers do
-    (replacing invalid UTF-8), accept duplicate keys (the last wins, as in JavaScript).
-    """
-    try:
-        return json.loads(data.decode("utf-8", "replace"))
-    except (ValueError, RecursionError):
-        return _MISSING
-
-
-def dumps(value: Any) -> bytes:
-    """Compact UTF-8 JSON, never containing a raw line break (safe as one SSE data line).
-
-    Strings holding a lone surrogate (legal in JSON as an escape, not encodable as UTF-8)
-    are written escaped, so any decoded document can be written back.
-    """
-    try:
-        text = json.dumps(value, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
-        return text.encode("utf-8")
-    except UnicodeEncodeError:
-        return json.dumps(value, separators=(",", ":"), allow_nan=False).encode("ascii")
+# ---------------------------------------------------------------- requests
+def request_path(scope: Scope) -> bytes:
+    """The path as the client sent it (percent-encoded, no query): what is decided on and forwarded."""
+    raw = scope.get("raw_path")
+    if isinstance(raw, bytes) and raw:
+        return raw
+    return quote(scope.get("path", "/")).encode("ascii")
 
 
 def _check_keys(obj: Mapping[str, Any], folded: Mapping[str, str], where: str) -> None:
     for key in obj:
         canonical = folded.get(key.casefold())
         if canonical is not None and key != canonical:
-            raise _Refused(400, INVALID_REQUEST, f"{where} key {key[:40]!r} is not spelled {canonical!r}")
+            raise _refusal(
+                400, INVALID_REQUEST_CODE, f"{where} key {key[:40]!r} is not spelled {canonical!r}"
+            )
+
+
+def _refusal(status: int, code: int, reason: str) -> WireError:
+    """A request refused before the application: the reason is the message (it names no secret)."""
+    return WireError(code, reason, status=status, reason=reason)
 
 
 def _decode_header_value(raw: bytes) -> str | None:
@@ -184,7 +132,7 @@ def _decode_header_value(raw: bytes) -> str | None:
         return None
 
 
-def _check_routing_headers(headers: list[tuple[bytes, bytes]], messages: list[Any]) -> None:
+def _check_routing_headers(index: Mapping[bytes, bytes], message: Mapping[str, Any]) -> None:
     """``Mcp-Method`` and ``Mcp-Name`` must say what the body says.
 
     MCP 2026-07-28 mirrors the method and the tool/prompt name or resource URI into
@@ -192,23 +140,20 @@ def _check_routing_headers(headers: list[tuple[bytes, bytes]], messages: list[An
     header while this middleware judged the body could run a request whose state was
     never verified, or a target other than the bound one: refuse any disagreement.
     """
-    method_header = _header(headers, b"mcp-method")
-    name_header = _header(headers, b"mcp-name")
-    if method_header is None and name_header is None:
+    method_header = index.get(b"mcp-method")
+    name_header = index.get(b"mcp-name")
+    if (method_header is None and name_header is None) or "method" not in message:
         return
-    for message in messages:
-        if not isinstance(message, dict) or "method" not in message:
-            continue
-        method = message["method"]
-        if method_header is not None and method_header.decode("latin-1") != method:
-            raise _Refused(400, INVALID_REQUEST, "the Mcp-Method header does not match the body")
-        if name_header is None or not isinstance(method, str) or not jsonrpc.is_mrtr(method):
-            continue
-        params = message.get("params")
-        field = "uri" if method == "resources/read" else "name"
-        target = params.get(field) if isinstance(params, dict) else None
-        if target is not None and _decode_header_value(name_header) != target:
-            raise _Refused(400, INVALID_REQUEST, "the Mcp-Name header does not match the body")
+    method = message["method"]
+    if method_header is not None and method_header.decode("latin-1") != method:
+        raise _refusal(400, INVALID_REQUEST_CODE, "the Mcp-Method header does not match the body")
+    if name_header is None or not isinstance(method, str) or not jsonrpc.is_mrtr(method):
+        return
+    params = message.get("params")
+    field = "uri" if method == "resources/read" else "name"
+    target = params.get(field) if isinstance(params, dict) else None
+    if target is not None and _decode_header_value(name_header) != target:
+        raise _refusal(400, INVALID_REQUEST_CODE, "the Mcp-Name header does not match the body")
 
 
 def _id_key(value: Any) -> tuple[str, Any]:
@@ -224,25 +169,20 @@ def _id_key(value: Any) -> tuple[str, Any]:
         return ("string", value)
     if value is None:
         return ("null", None)
-    return ("other", dumps(value))
+    return ("other", dumps(value, allow_nan=True))
 
 
 def _error(request_id: Any, error: Mapping[str, Any]) -> dict[str, Any]:
     return {"jsonrpc": "2.0", "id": request_id, "error": dict(error)}
 
 
-def _media_type(headers: list[tuple[bytes, bytes]]) -> str:
-    for name, value in headers:
-        if name.lower() == b"content-type":
-            return value.decode("latin-1").split(";", 1)[0].strip().lower()
-    return ""
+def _media_type(content_type: bytes | None) -> str:
+    return "" if content_type is None else content_type.decode("latin-1").split(";", 1)[0].strip().lower()
 
 
-def _header(headers: list[tuple[bytes, bytes]], wanted: bytes) -> bytes | None:
-    for name, value in headers:
-        if name.lower() == wanted:
-            return value
-    return None
+def _index(headers: list[tuple[bytes, bytes]]) -> dict[bytes, bytes]:
+    """Each header by its lower-case name, the first of repeated ones; built once per message."""
+    return {name.lower(): value for name, value in reversed(headers)}
 
 
 def _without(headers: list[tuple[bytes, bytes]], *names: bytes) -> list[tuple[bytes, bytes]]:
@@ -257,6 +197,31 @@ def _header_map(headers: list[tuple[bytes, bytes]]) -> dict[str, str]:
     return joined
 
 
+def _state_keys(document: Any) -> str | None:
+    """The first key anywhere in ``document`` that spells ``requestState``, or None (no recursion)."""
+    pending = [document]
+    while pending:
+        node = pending.pop()
+        if isinstance(node, dict):
+            for key, value in node.items():
+                if key.casefold().replace("_", "").replace("-", "") == "requeststate":
+                    return str(key)
+                pending.append(value)
+        elif isinstance(node, list):
+            pending.extend(node)
+    return None
+
+
+@dataclass(frozen=True, slots=True)
+class _Request:
+    """An MRTR request as parsed: the message, its method and params, whether it holds a state."""
+
+    message: dict[str, Any]
+    method: str
+    params: dict[str, Any] | None
+    stated: bool
+
+
 # ---------------------------------------------------------------- the middleware
 class RequestStateMiddleware:
     """ASGI middleware sealing and unsealing MCP ``requestState`` with a StateCodec.
@@ -268,10 +233,13 @@ class RequestStateMiddleware:
     :param principal: ``principal(scope, headers) -> str | None`` (may be async); ``None``
         binds no principal. See :data:`PrincipalFn`.
     :param max_body_bytes: larger request bodies get 413 before more is read.
-    :param max_response_bytes: the largest JSON response (or SSE event) that can be
-        inspected; a larger one to an MRTR request fails closed.
-    :param passthrough_paths: exact paths forwarded without any inspection (for example a
-        form-encoded OAuth endpoint served by the same application). Never the MCP path.
+    :param max_response_bytes: the largest JSON answer (or SSE event) that can be
+        inspected; a larger one fails closed.
+    :param passthrough_paths: exact paths (as sent, percent-encoded) whose requests are
+        not judged as MCP, for example a form-encoded OAuth endpoint served by the same
+        application. Never the MCP path, and never a bypass: a JSON body there that
+        carries a ``requestState`` in any spelling is refused, and the answers are
+        watched like every other.
     """
 
     def __init__(
@@ -289,6 +257,12 @@ class RequestStateMiddleware:
             raise TypeError(f"codec must be a statecodec.StateCodec, not {type(codec).__name__}")
         if max_body_bytes < 1 or max_response_bytes < 1:
             raise ValueError("max_body_bytes and max_response_bytes must be positive")
+        for path in passthrough_paths:
+            if not path.startswith("/") or not path.isascii() or "?" in path:
+                raise ValueError(
+                    f"passthrough path {path[:80]!r} must be a path as clients send it: "
+                    "starting with '/', ASCII (percent-encoded), without a query"
+                )
         self.app = app
         self.codec = codec
         self.audience = audience
@@ -296,47 +270,90 @@ class RequestStateMiddleware:
         self.max_body_bytes = max_body_bytes
         self.max_response_bytes = max_response_bytes
         self.passthrough_paths = frozenset(passthrough_paths)
+        self._passthrough_raw = frozenset(path.encode("utf-8") for path in self.passthrough_paths)
 
     def __repr__(self) -> str:
         return f"RequestStateMiddleware(codec={self.codec!r}, audience={self.audience!r})"
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope.get("path") in self.passthrough_paths:
+        if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
         headers: list[tuple[bytes, bytes]] = list(scope.get("headers", ()))
+        request_id: Any = None
         try:
-            body = await self._read_body(headers, receive)
+            passthrough = self._passthrough(request_path(scope))
+            index = _index(headers)
+            body = await self._read_body(index, receive)
             if body is None:
                 return  # the client went away while sending
-            if not body:
-                # No JSON-RPC in it (GET streams, DELETE). A stream's events are still
-                # watched: a resumed stream must not replay a result's plaintext state.
-                watch = _Outbound(self, send, {}, [], batch=False, inspect_json=False)
-                await self.app(scope, _replay(body, receive), watch.send)
-                return
-            exchange = await _Exchange.judge(self, scope, headers, body)
-        except _Refused as refusal:
-            logger.warning("statecodec: refused a request with HTTP %d: %s", refusal.status, refusal.message)
-            await _respond(
-                send, refusal.status, _error(None, {"code": refusal.code, "message": refusal.message})
-            )
+            judged: Judged | None = None
+            if passthrough:
+                self._check_passthrough(body)
+            elif body:
+                request = self._parse(index, body)
+                if request is not None:
+                    request_id = request.message["id"]
+                    judged, body = await self._judge(scope, headers, request, body)
+        except WireError as refusal:
+            if refusal.code != jsonrpc.WIRE_ERROR_CODE:  # a token's refusal is logged where judged
+                logger.warning(
+                    "statecodec: refused a request with HTTP %d: %s", refusal.status, refusal.reason
+                )
+            await _respond(send, refusal.status, _error(request_id, refusal.error()))
             return
-        await exchange.run(self, scope, receive, send)
+        outbound = _Outbound(self, send, judged, request_id)
+        await self.app(_forwarded(scope, headers, index, body), _replay(body, receive), outbound.send)
 
-    async def _read_body(self, headers: list[tuple[bytes, bytes]], receive: Receive) -> bytes | None:
-        encoding = _header(headers, b"content-encoding")
+    def _passthrough(self, raw_path: bytes) -> bool:
+        """Whether ``raw_path`` is a passthrough path; refuses a path with two readings.
+
+        Decided on the path as sent, which is what the upstream receives. A path with a
+        percent-encoded ``/`` or unreserved character, or one that decodes to a passthrough
+        path, could be read by a router as another path than the one judged here: refused.
+        """
+        if raw_path in self._passthrough_raw:
+            return True
+        if b"%" in raw_path and (
+            _AMBIGUOUS_ESCAPE.search(raw_path) or unquote_to_bytes(raw_path) in self._passthrough_raw
+        ):
+            raise _refusal(400, INVALID_REQUEST_CODE, "percent-encoded path refused: it has another reading")
+        return False
+
+    def _check_passthrough(self, body: bytes) -> None:
+        """A passthrough path is for non-MCP endpoints: a JSON body with a state is refused.
+
+        Some servers (the TypeScript SDK's ``createMcpHandler`` behind ``node:http``) serve
+        MCP on every path, so a ``tools/call`` sent to the passthrough path would reach
+        them unjudged.
+        """
+        if _json.classify(body, final=True) != "json":
+            return
+        text = _json.decode_answer(body)
+        if not _json.may_hold_state(text):
+            return
+        try:
+            document = _json.read_answer(text)
+        except ValueError:
+            raise _refusal(400, PARSE_ERROR_CODE, "Parse error") from None
+        key = _state_keys(document)
+        if key is not None:
+            logger.warning("statecodec: refused a JSON body carrying %r on a passthrough path", key[:40])
+            raise WireError.invalid_state("a requestState on a passthrough path", status=400)
+
+    async def _read_body(self, index: Mapping[bytes, bytes], receive: Receive) -> bytes | None:
+        encoding = index.get(b"content-encoding")
         if encoding is not None and encoding.strip().lower() not in (b"", b"identity"):
             # The application might decompress what this middleware cannot read.
-            raise _Refused(415, INVALID_REQUEST, "compressed request bodies are not accepted")
-        declared = _header(headers, b"content-length")
+            raise _refusal(415, INVALID_REQUEST_CODE, "compressed request bodies are not accepted")
+        declared = index.get(b"content-length")
         if declared is not None:
             try:
                 length = int(declared)
             except ValueError:
-                raise _Refused(400, INVALID_REQUEST, "invalid Content-Length") from None
+                raise _refusal(400, INVALID_REQUEST_CODE, "invalid Content-Length") from None
             if length > self.max_body_bytes:
-                raise _Refused(413, INVALID_REQUEST, "request body too large")
+                raise _refusal(413, INVALID_REQUEST_CODE, "request body too large")
         body = bytearray()
         while True:
             message = await receive()
@@ -344,9 +361,68 @@ class RequestStateMiddleware:
                 return None
             body += message.get("body", b"")
             if len(body) > self.max_body_bytes:
-                raise _Refused(413, INVALID_REQUEST, "request body too large")
+                raise _refusal(413, INVALID_REQUEST_CODE, "request body too large")
             if not message.get("more_body", False):
                 return bytes(body)
+
+    def _parse(self, index: Mapping[bytes, bytes], body: bytes) -> _Request | None:
+        """The MRTR request in ``body`` (None for any other message), or a refusal."""
+        try:
+            message = loads_strict(body)
+        except ValueError as exc:
+            logger.info("statecodec: the request body is not strict JSON: %s", str(exc)[:200])
+            raise _refusal(400, PARSE_ERROR_CODE, "Parse error") from None
+        if isinstance(message, list):
+            # MCP has had no batches since 2025-06-18, and MRTR exists only in 2026-07-28.
+            raise _refusal(400, INVALID_REQUEST_CODE, "JSON-RPC batches are not accepted")
+        if not isinstance(message, dict):
+            raise _refusal(400, INVALID_REQUEST_CODE, "the body is not a JSON-RPC message")
+        _check_keys(message, _FOLDED_ENVELOPE, "JSON-RPC")
+        _check_routing_headers(index, message)
+        method, params = message.get("method"), message.get("params")
+        if not isinstance(method, str) or not jsonrpc.is_mrtr(method):
+            return None  # forwarded byte for byte; its answers are watched all the same
+        if isinstance(params, dict):
+            _check_keys(params, _FOLDED_PARAMS, f"{method} params")
+        else:
+            params = None
+        stated = params is not None and jsonrpc.carries_state(params)
+        if "id" not in message:
+            if stated:  # a notification cannot be answered: its state would go unjudged
+                raise _refusal(400, INVALID_REQUEST_CODE, f"a {method} notification carries a requestState")
+            return None
+        return _Request(message, method, params, stated)
+
+    async def _judge(
+        self, scope: Scope, headers: list[tuple[bytes, bytes]], request: _Request, body: bytes
+    ) -> tuple[Judged, bytes]:
+        """The verdict on an MRTR request, and the body to forward."""
+        bind = await self._binder(scope, headers, request.method, request.params)
+        if not request.stated:
+            return await jsonrpc.judge_request(self.codec, request.method, request.params, bind), body
+        # The body to forward is written before the token is consumed, with an unguessable
+        # placeholder for the plaintext: nothing that can fail runs after the consume.
+        marker = f"\x00statecodec:{secrets.token_hex(16)}\x00"
+        params = {**(request.params or {}), jsonrpc.REQUEST_STATE: marker}
+        head, _, tail = dumps({**request.message, "params": params}).partition(dumps(marker))
+        judged = await jsonrpc.judge_request(self.codec, request.method, request.params, bind)
+        return judged, head + dumps(judged.params[jsonrpc.REQUEST_STATE]) + tail
+
+    async def _binder(
+        self, scope: Scope, headers: list[tuple[bytes, bytes]], method: str, params: Mapping[str, Any] | None
+    ) -> jsonrpc.Binder:
+        """``bind()`` for an MRTR request; the principal is resolved now, the digest on use."""
+        try:
+            principal = await self.resolve_principal(scope, headers)
+        except Exception as exc:  # deny on error: credentials that do not verify bind no one
+            failure = exc
+
+            def unbindable() -> Binding:
+                raise failure
+
+            return unbindable
+        audience = self.audience
+        return lambda: jsonrpc.binding_for(method, params, principal=principal, audience=audience)
 
     async def resolve_principal(self, scope: Scope, headers: list[tuple[bytes, bytes]]) -> str | None:
         """The request's principal, through the configured callable (sync or async)."""
@@ -358,6 +434,18 @@ class RequestStateMiddleware:
         if principal is not None and not isinstance(principal, str):
             raise TypeError(f"the principal callable returned {type(principal).__name__}, not str or None")
         return principal
+
+
+def _forwarded(
+    scope: Scope, original: list[tuple[bytes, bytes]], index: Mapping[bytes, bytes], body: bytes
+) -> Scope:
+    """The scope the application gets: its body's length, and no compressed answer asked for."""
+    headers = _without(original, b"accept-encoding") if b"accept-encoding" in index else original
+    declared = index.get(b"content-length")
+    length = str(len(body)).encode("ascii")
+    if (body or declared is not None) and declared != length:
+        headers = [*_without(headers, b"content-length", b"transfer-encoding"), (b"content-length", length)]
+    return scope if headers is original else {**scope, "headers": headers}
 
 
 def _replay(body: bytes, receive: Receive) -> Receive:
@@ -381,287 +469,130 @@ async def _respond(send: Send, status: int, payload: Any) -> None:
     await send({"type": "http.response.body", "body": body, "more_body": False})
 
 
-class _Exchange:
-    """One POST: what to forward, what the middleware answers itself, and the bindings."""
-
-    def __init__(self, original: bytes) -> None:
-        self.original = original
-        self.forward: Any = None  # the JSON to forward, when it differs from ``original``
-        self.changed = False
-        self.batch = False
-        self.empty = False  # nothing left to forward
-        self.pending: dict[tuple[str, Any], Binding | Exception] = {}
-        self.answers: list[dict[str, Any]] = []
-
-    @classmethod
-    async def judge(
-        cls, middleware: RequestStateMiddleware, scope: Scope, headers: list[tuple[bytes, bytes]], body: bytes
-    ) -> _Exchange:
-        exchange = cls(body)
-        try:
-            document = loads_strict(body)
-        except ValueError as exc:
-            logger.info("statecodec: the request body is not strict JSON: %s", str(exc)[:200])
-            raise _Refused(400, PARSE_ERROR, "Parse error") from None
-        exchange.batch = isinstance(document, list)
-        messages = document if exchange.batch else [document]
-        exchange._check(messages)
-        _check_routing_headers(headers, messages)
-        principal = _Lazy(middleware, scope, headers)
-        kept: list[Any] = []
-        for message in messages:
-            outcome = await exchange._inbound(middleware, principal, message)
-            if outcome is not _MISSING:
-                kept.append(outcome)
-        if exchange.changed:
-            exchange.empty = not kept
-            exchange.forward = kept if exchange.batch else (kept[0] if kept else None)
-        return exchange
-
-    def _check(self, messages: list[Any]) -> None:
-        seen: set[tuple[str, Any]] = set()
-        for message in messages:
-            if not isinstance(message, dict):
-                continue
-            _check_keys(message, _FOLDED_ENVELOPE, "JSON-RPC")
-            method = message.get("method")
-            params = message.get("params")
-            if isinstance(method, str) and jsonrpc.is_mrtr(method) and isinstance(params, dict):
-                _check_keys(params, _FOLDED_PARAMS, f"{method} params")
-            if isinstance(method, str) and "id" in message:
-                key = _id_key(message["id"])
-                if key in seen:
-                    # The answer to a duplicated id could not be told apart, nor bound.
-                    raise _Refused(400, INVALID_REQUEST, "duplicate request id in a batch")
-                seen.add(key)
-
-    async def _inbound(self, middleware: RequestStateMiddleware, principal: _Lazy, message: Any) -> Any:
-        """The message to forward, or ``_MISSING`` when the middleware answers or drops it."""
-        if not isinstance(message, dict):
-            return message
-        method = message.get("method")
-        if not isinstance(method, str) or not jsonrpc.is_mrtr(method):
-            return message
-        params = message.get("params")
-        # carries_state also catches aliases such as "request_state", which some
-        # upstreams (FastMCP, Go's case-insensitive decoding) would read unverified.
-        stated: dict[str, Any] | None = (
-            params if isinstance(params, dict) and jsonrpc.carries_state(params) else None
-        )
-        if "id" not in message:
-            if stated is None:
-                return message
-            # A notification cannot be answered; never let its state through unverified.
-            logger.warning("statecodec: dropped a %s notification carrying a requestState", method)
-            self.changed = True
-            return _MISSING
-        if stated is not None:
-            try:  # cheap checks (aliases, type, size cap) before the argument digest
-                jsonrpc.check_state_shape(middleware.codec, method, stated)
-            except InvalidState:
-                self.answers.append(_error(message["id"], jsonrpc.invalid_state_error()))
-                self.changed = True
-                return _MISSING
-        binding = await self._bind(middleware, principal, method, params)
-        self.pending[_id_key(message["id"])] = binding
-        if stated is None:
-            return message
-        try:
-            if isinstance(binding, Exception):
-                exc = InvalidState(
-                    "malformed",
-                    f"the request cannot be bound: {type(binding).__name__}: {str(binding)[:200]}",
-                )
-                jsonrpc.log_rejection(middleware.codec, method, params, exc)
-                raise exc
-            plaintext = await jsonrpc.unseal_params(middleware.codec, method, stated, binding)
-        except InvalidState:
-            self.pending.pop(_id_key(message["id"]), None)
-            self.answers.append(_error(message["id"], jsonrpc.invalid_state_error()))
-            self.changed = True
-            return _MISSING
-        self.changed = True
-        return {**message, "params": plaintext}
-
-    @staticmethod
-    async def _bind(
-        middleware: RequestStateMiddleware, principal: _Lazy, method: str, params: Any
-    ) -> Binding | Exception:
-        try:
-            mapping = params if isinstance(params, dict) else None
-            return jsonrpc.binding_for(
-                method, mapping, principal=await principal.get(), audience=middleware.audience
-            )
-        except Exception as exc:  # deny on error: a request that cannot be bound is never bound to no one
-            return exc
-
-    async def run(
-        self, middleware: RequestStateMiddleware, scope: Scope, receive: Receive, send: Send
-    ) -> None:
-        if self.empty:
-            await self._answer_alone(send)
-            return
-        if not (self.pending or self.answers or self.changed):
-            await middleware.app(scope, _replay(self.original, receive), send)  # byte for byte, both ways
-            return
-        body = dumps(self.forward) if self.changed else self.original
-        outbound = _Outbound(middleware, send, self.pending, self.answers, batch=self.batch)
-        await middleware.app(_with_body(scope, body), _replay(body, receive), outbound.send)
-
-    async def _answer_alone(self, send: Send) -> None:
-        if not self.answers:
-            await send({"type": "http.response.start", "status": 202, "headers": [(b"content-length", b"0")]})
-            await send({"type": "http.response.body", "body": b"", "more_body": False})
-            return
-        await _respond(send, 200, self.answers if self.batch else self.answers[0])
-
-
-def _with_body(scope: Scope, body: bytes) -> Scope:
-    # The application must see the body it receives, and must answer in a form this
-    # middleware can read: no compressed response.
-    headers = _without(
-        list(scope.get("headers", ())), b"content-length", b"accept-encoding", b"transfer-encoding"
-    )
-    headers.append((b"content-length", str(len(body)).encode("ascii")))
-    return {**scope, "headers": headers}
-
-
-class _Lazy:
-    """The principal, resolved once per request and only when an MRTR request needs it."""
-
-    def __init__(
-        self, middleware: RequestStateMiddleware, scope: Scope, headers: list[tuple[bytes, bytes]]
-    ) -> None:
-        self._middleware = middleware
-        self._scope = scope
-        self._headers = headers
-        self._done = False
-        self._value: str | None = None
-        self._error: Exception | None = None
-
-    async def get(self) -> str | None:
-        if not self._done:
-            self._done = True
-            try:
-                self._value = await self._middleware.resolve_principal(self._scope, self._headers)
-            except Exception as exc:
-                self._error = exc
-        if self._error is not None:
-            raise self._error
-        return self._value
-
-
-# ---------------------------------------------------------------- responses
+# ---------------------------------------------------------------- answers
 class _Outbound:
-    """Wraps ``send``: seals the results of MRTR requests in JSON bodies and SSE streams."""
+    """Wraps ``send``: every answer is read as a client would read it, and its states sealed.
+
+    The body decides, not its media type: clients accept many (the ``mcp`` client takes
+    anything starting with ``application/json``), and an attacker reads bytes whatever
+    they are labelled. ``text/event-stream`` is parsed event by event (never buffering
+    the stream); any other body whose first bytes open a JSON document or an event stream
+    is parsed as such; everything else (HTML, text, files) is relayed byte for byte.
+
+    A state in what is parsed is sealed when it answers this exchange's MRTR request and
+    replaced by -32603 otherwise. What might carry a state and cannot be read (compressed,
+    too large, not parsable) is replaced by HTTP 502 / -32603 (a body) or by an error
+    event (in a stream), and logged.
+    """
 
     def __init__(
-        self,
-        middleware: RequestStateMiddleware,
-        send: Send,
-        pending: dict[tuple[str, Any], Binding | Exception],
-        answers: list[dict[str, Any]],
-        *,
-        batch: bool,
-        inspect_json: bool = True,
+        self, middleware: RequestStateMiddleware, send: Send, judged: Judged | None, request_id: Any
     ) -> None:
-        self.middleware = middleware
-        self.inspect_json = inspect_json
+        self.codec = middleware.codec
+        self.limit = middleware.max_response_bytes
+        self.judged = judged
+        self.request_key = _id_key(request_id)
         self._send = send
-        self.pending = pending
-        self.answers = answers
-        self.batch = batch
-        self._mode = "raw"
+        self._mode = "start"  # then: sniff, json, sse, raw, opaque; done once answered
         self._start: Message = {}
         self._body = bytearray()
-        self._parser = _sse.Parser(middleware.max_response_bytes)
-        self._finished = False
+        self._parser = _sse.Parser(self.limit)
 
     async def send(self, message: Message) -> None:
-        if self._finished:
-            return  # a failed-closed response: the application's remaining output is dropped
         kind = message["type"]
         if kind == "http.response.start":
             await self._on_start(message)
-        elif kind == "http.response.body" and self._mode != "raw":
+        elif kind == "http.response.body":
             await self._on_body(message.get("body", b""), bool(message.get("more_body", False)))
-        else:
+        elif self._mode != "done":
             await self._send(message)
 
     async def _on_start(self, message: Message) -> None:
-        headers: list[tuple[bytes, bytes]] = list(message.get("headers", ()))
-        media = _media_type(headers)
-        encoding = _header(headers, b"content-encoding")
-        if message["status"] == 202 and self.answers:
-            self._mode = "accepted"  # nothing forwarded needed an answer, but the middleware has some
-            self._start = message
-        elif (
-            media in _INSPECTED_MEDIA
-            and (self.inspect_json or media == "text/event-stream")
-            and encoding is not None
-            and encoding.strip().lower() != b"identity"
-        ):
-            self._mode = "opaque"  # cannot be read, so cannot be sealed: fail closed at the end
-            self._start = message
-        elif media == "application/json" and self.inspect_json:
-            self._mode = "json"
-            self._start = message
+        self._start = message
+        index = _index(list(message.get("headers", ())))
+        media = _media_type(index.get(b"content-type"))
+        encoding = index.get(b"content-encoding")
+        if encoding is not None and encoding.strip().lower() not in (b"", b"identity"):
+            self._mode = "opaque"  # cannot be read, so cannot be sealed
         elif media == "text/event-stream":
-            self._mode = "sse"
-            await self._send({**message, "headers": _without(headers, b"content-length")})
-            for answer in self.answers:
-                await self._send(
-                    {"type": "http.response.body", "body": _sse.encode(dumps(answer)), "more_body": True}
-                )
-        else:
-            if self.answers:
-                logger.warning(
-                    "statecodec: the application answered a batch with %s (status %s); "
-                    "%d rejected element(s) could not be reported",
-                    media or "no content type",
-                    message["status"],
-                    len(self.answers),
-                )
-            await self._send(message)
+            await self._start_stream()
+        else:  # application/json, application/json-rpc, application/*+json, text/plain, none...
+            self._mode = "sniff"
 
     async def _on_body(self, chunk: bytes, more: bool) -> None:
-        if self._mode == "sse":
+        mode = self._mode
+        if mode == "raw":
+            await self._send({"type": "http.response.body", "body": chunk, "more_body": more})
+        elif mode == "sse":
             await self._on_sse(chunk, more)
+        elif mode == "opaque":
+            if chunk:
+                await self._fail_closed("a compressed answer cannot be inspected")
+            elif not more:
+                await self._relay(b"")
+        elif mode in ("json", "sniff"):
+            self._body += chunk
+            if mode == "sniff":
+                await self._sniff(more)
+            elif len(self._body) > self.limit:
+                await self._fail_closed(
+                    f"an answer exceeds {self.limit} bytes, the most that can be inspected"
+                )
+            elif not more:
+                await self._finish_json()
+        # done: a failed-closed answer; the application's remaining output is dropped
+
+    async def _sniff(self, more: bool) -> None:
+        kind = _json.classify(bytes(self._body), final=not more)
+        if kind is None:
+            if len(self._body) > self.limit:
+                await self._fail_closed(f"an answer opens with over {self.limit} bytes of whitespace")
             return
-        self._body += chunk
-        if len(self._body) > self.middleware.max_response_bytes:
-            logger.error(
-                "statecodec: a response to an MRTR request exceeds %d bytes; answered 502",
-                self.middleware.max_response_bytes,
-            )
-            await self._fail_closed()
-            return
-        if more:
-            return
-        if self._mode == "accepted":
-            await _respond(self._send, 200, self.answers)
-        elif self._mode == "opaque":
-            logger.error(
-                "statecodec: a compressed response to an MRTR request cannot be sealed; answered 502"
-            )
-            await self._fail_closed()
+        body, self._body = bytes(self._body), bytearray()
+        if kind == "sse":
+            await self._start_stream()
         else:
-            await self._finish_json()
-        self._finished = True
+            self._mode = "json" if kind == "json" else "raw"
+            if self._mode == "raw":
+                await self._send(self._start)
+        await self._on_body(body, more)
+
+    async def _relay(self, body: bytes) -> None:
+        self._mode = "done"
+        await self._send(self._start)
+        await self._send({"type": "http.response.body", "body": body, "more_body": False})
 
     async def _finish_json(self) -> None:
-        document = _loads_lenient(bytes(self._body))
-        changed = False
-        if document is not _MISSING:
-            document, changed = self._seal_document(document)
-        if self.answers and self._start["status"] == 200 and document is not _MISSING:
-            document = [*(document if isinstance(document, list) else [document]), *self.answers]
-            changed = True
-        body = dumps(document) if changed else bytes(self._body)
-        headers = _without(list(self._start.get("headers", ())), b"content-length")
+        """The whole body of a JSON answer is in: seal it, replace it, or relay it."""
+        body = bytes(self._body)
+        if not body:
+            await self._relay(body)  # HEAD, 204, 304: nothing to read
+            return
+        text = _json.decode_answer(body)
+        if not _json.may_hold_state(text):
+            await self._relay(body)  # the common answer: no key could spell a state
+            return
+        try:
+            document = _json.read_answer(text)
+        except ValueError as exc:
+            await self._fail_closed(f"an answer that looks like JSON cannot be parsed ({str(exc)[:100]})")
+            return
+        document, changed = self._seal_document(document)
+        if not changed and not _json.has_duplicate_keys(text):  # a shadowed value may be a state
+            await self._relay(body)
+            return
+        self._mode = "done"
+        body = dumps(document, allow_nan=True)
+        headers = _utf8(_without(list(self._start.get("headers", ())), b"content-length"))
         headers.append((b"content-length", str(len(body)).encode("ascii")))
         await self._send({**self._start, "headers": headers})
         await self._send({"type": "http.response.body", "body": body, "more_body": False})
+
+    async def _start_stream(self) -> None:
+        # Events are rewritten as they pass: the length is no longer known.
+        self._mode = "sse"
+        headers = _without(list(self._start.get("headers", ())), b"content-length")
+        await self._send({**self._start, "headers": headers})
 
     async def _on_sse(self, chunk: bytes, more: bool) -> None:
         try:
@@ -675,7 +606,7 @@ class _Outbound:
                 "statecodec: %s; the stream was cut (it may carry a state that cannot be sealed)", exc
             )
             await self._send({"type": "http.response.body", "body": b"", "more_body": False})
-            self._finished = True
+            self._mode = "done"
             return
         out = b"".join(self._sse_event(event) for event in events)
         if rest:
@@ -683,47 +614,63 @@ class _Outbound:
         if out or not more:
             await self._send({"type": "http.response.body", "body": out, "more_body": more})
         if not more:
-            self._finished = True
+            self._mode = "done"
 
     def _sse_event(self, event: _sse.Event) -> bytes:
-        if not event.data:
-            return event.raw  # priming events, keep-alives, comments
-        document = _loads_lenient(event.data)
-        if document is _MISSING:
-            return event.raw  # no JSON client would read a result in it
+        data = event.data
+        if not data or _json.classify(data, final=True) != "json":
+            return event.raw  # priming events, keep-alives, comments, plain text
+        text = _json.decode_answer(data)
+        if not _json.may_hold_state(text):
+            return event.raw
+        try:
+            document = _json.read_answer(text)
+        except ValueError as exc:
+            logger.error(
+                "statecodec: an SSE event that looks like JSON cannot be parsed (%s); replaced by -32603",
+                str(exc)[:100],
+            )
+            return _sse.encode(dumps(_error(None, WireError.internal().error())))
         document, changed = self._seal_document(document)
-        return event.with_data(dumps(document)) if changed else event.raw
+        if not changed and not _json.has_duplicate_keys(text):
+            return event.raw
+        return event.with_data(dumps(document, allow_nan=True))
 
-    async def _fail_closed(self) -> None:
-        await _respond(self._send, 502, _error(None, jsonrpc.seal_failed_error()))
-        self._finished = True
+    async def _fail_closed(self, why: str) -> None:
+        logger.error("statecodec: %s; answered 502", why)
+        self._mode = "done"
+        await _respond(self._send, 502, _error(None, WireError.internal().error()))
 
     # -------------------------------------------------------- sealing results
     def _seal_document(self, document: Any) -> tuple[Any, bool]:
-        if isinstance(document, list):
+        if isinstance(document, list):  # no client sends batches, but a server may answer with one
             sealed = [self._seal_message(item) for item in document]
             return [item for item, _ in sealed], any(changed for _, changed in sealed)
         return self._seal_message(document)
 
     def _seal_message(self, message: Any) -> tuple[Any, bool]:
-        if not isinstance(message, dict) or "result" not in message or "method" in message:
+        if not isinstance(message, dict):
             return message, False
-        binding = self.pending.pop(_id_key(message.get("id")), _MISSING)
-        result = message["result"]
-        if (
-            not isinstance(result, dict)
-            or result.get("resultType") != jsonrpc.INPUT_REQUIRED
-            or result.get(jsonrpc.REQUEST_STATE) is None
-        ):
-            return message, False
-        if not isinstance(binding, Binding):
-            # No MRTR request of this exchange has that id (or it could not be bound):
-            # a state nobody can be held to is never sent, sealed or not.
-            why = "an unknown request id" if binding is _MISSING else f"an unbindable request ({binding!r})"
-            logger.error("statecodec: input_required result for %s; answered -32603", why)
-            return _error(message.get("id"), jsonrpc.seal_failed_error()), True
-        try:
-            sealed = jsonrpc.seal_result(self.middleware.codec, result, binding)
-        except jsonrpc.SealFailed:
-            return _error(message.get("id"), jsonrpc.seal_failed_error()), True
-        return {**message, "result": dict(sealed)}, True
+        sealed: dict[str, Any] | None = None
+        for key, result in message.items():
+            if type(result) is not dict or key.casefold() != "result":
+                continue
+            # Another spelling ("Result") is read by case-insensitive clients, so a state
+            # in it is refused like one answering no request of this exchange.
+            mine = key == "result" and _id_key(message.get("id")) == self.request_key
+            try:
+                new = jsonrpc.seal_result(self.codec, self.judged if mine else None, result)
+            except WireError as exc:
+                return _error(message.get("id"), exc.error()), True
+            if new is not result:
+                sealed = {**(sealed or message), key: new}
+        return (message, False) if sealed is None else (sealed, True)
+
+
+def _utf8(headers: list[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
+    """``headers`` for a body rewritten in UTF-8: a declared other charset would mislead."""
+    declared = _index(headers).get(b"content-type")
+    if declared is None or b"charset" not in declared.lower():
+        return headers
+    media = _media_type(declared).encode("latin-1") or b"application/json"
+    return [*_without(headers, b"content-type"), (b"content-type", media)]

@@ -1,33 +1,67 @@
-"""MRTR on raw JSON-RPC dicts: what to bind, how to unseal a request and seal a result.
+"""MRTR on raw JSON-RPC: the one place that judges a request and seals a result.
 
 Framework-free: this module works on the wire shapes of MCP 2026-07-28 (``params`` and
-``result`` objects as decoded JSON) and imports neither ``mcp`` nor ``fastmcp``, so the
-SDK middleware (:mod:`statecodec.adapters.mcp`), the FastMCP adapter and an HTTP proxy
-all share one definition of what a token is bound to and one error behaviour.
+``result`` objects as decoded JSON) and imports neither ``mcp`` nor ``fastmcp``. The SDK
+middleware (:mod:`statecodec.adapters.mcp`), the FastMCP adapter, the ASGI middleware
+and the proxy all call the same two functions:
 
-The plaintext a handler puts in ``requestState`` is a ``str`` (the SDKs' type); the
-codec seals bytes. The mapping is UTF-8, strictly, both ways: ``state.encode("utf-8")``
-is sealed, and the unsealed payload is decoded as UTF-8 before the handler sees it. A
-state that is not valid Unicode (a lone surrogate) cannot be sealed and fails like any
-other seal failure.
+- :func:`judge_request` takes an inbound ``tools/call``, ``resources/read`` or
+  ``prompts/get`` and decides what the server may see: the cheap shape checks, the
+  binding, the codec's checks and, last, the replay store. It returns a :class:`Judged`
+  (the params with the plaintext state, the token redeemed, the binding to seal the
+  answer with);
+- :func:`seal_result` takes the server's answer to that request and seals its state,
+  or refuses to let it out.
 
-Every rejection looks the same on the wire (:data:`INVALID_STATE_ERROR`, the SDKs'
-convention): the client learns nothing about why, so a forger gets no oracle. The precise
-reason goes to the ``statecodec`` logger (one WARNING line) and to the metrics.
+Both raise one exception, :class:`WireError`, which carries the JSON-RPC error to answer
+instead. Every token problem is the same -32602 "Invalid or expired requestState" (the
+SDKs' convention: a forger learns nothing); every result that cannot be sealed is -32603
+"Internal error". The precise reason goes to the ``statecodec`` logger and the metrics.
+
+The plaintext a handler puts in ``requestState`` is a ``str`` (the SDKs' type); the codec
+seals bytes. The mapping is UTF-8, strictly, both ways.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from functools import lru_cache
-from typing import Any, Final
+from types import MappingProxyType
+from typing import Any, Final, NoReturn, TypeAlias
 
 from .._binding import Binding
-from .._codec import Mode, StateCodec
-from .._errors import WIRE_ERROR_CODE, WIRE_ERROR_DATA, WIRE_ERROR_MESSAGE, InvalidState, StateCodecError
+from .._codec import Mode, OpenedState, StateCodec
+from .._errors import InvalidState, StateCodecError
 from . import _metrics
+
+__all__ = [
+    "INPUT_REQUIRED",
+    "INTERNAL_ERROR_CODE",
+    "INTERNAL_ERROR_MESSAGE",
+    "INVALID_REQUEST_CODE",
+    "MRTR_METHODS",
+    "PARAMS_KEYS",
+    "PARSE_ERROR_CODE",
+    "REQUEST_STATE",
+    "WIRE_ERROR_CODE",
+    "WIRE_ERROR_DATA",
+    "WIRE_ERROR_MESSAGE",
+    "Binder",
+    "Judged",
+    "WireError",
+    "binding_for",
+    "carries_state",
+    "digested_arguments",
+    "is_mrtr",
+    "judge_request",
+    "principal_string",
+    "request_target",
+    "seal_result",
+    "seal_state",
+    "state_aliases",
+]
 
 logger = logging.getLogger("statecodec")
 
@@ -35,45 +69,92 @@ logger = logging.getLogger("statecodec")
 MRTR_METHODS: Final = frozenset({"tools/call", "resources/read", "prompts/get"})
 REQUEST_STATE: Final = "requestState"
 INPUT_REQUIRED: Final = "input_required"
+#: The params keys of the MRTR requests (2026-07-28). None of them but ``requestState``
+#: itself spells ``requestState``, so a request holding only these needs no alias check;
+#: the ASGI middleware also refuses any other spelling of them (``"Arguments"``).
+PARAMS_KEYS: Final = frozenset({"name", "uri", "arguments", "inputResponses", REQUEST_STATE, "_meta", "task"})
+# Result keys of the MRTR methods that are not aliases of requestState (the same shortcut).
+_RESULT_KEYS: Final = frozenset(
+    {
+        "resultType",
+        REQUEST_STATE,
+        "inputRequests",
+        "content",
+        "structuredContent",
+        "isError",
+        "contents",
+        "messages",
+        "description",
+        "_meta",
+    }
+)
 
+# ---------------------------------------------------------------- the wire
+#: What every rejected token is answered with (the SDKs' convention).
+WIRE_ERROR_CODE: Final = -32602
+WIRE_ERROR_MESSAGE: Final = "Invalid or expired requestState"
+WIRE_ERROR_DATA: Final[Mapping[str, str]] = MappingProxyType({"reason": "invalid_request_state"})
+#: What a result that cannot be sealed is replaced with. Says nothing more.
 INTERNAL_ERROR_CODE: Final = -32603
 INTERNAL_ERROR_MESSAGE: Final = "Internal error"
-
-#: The JSON-RPC ``error`` member for every rejected token. Copy before mutating.
-INVALID_STATE_ERROR: Final[Mapping[str, Any]] = {
-    "code": WIRE_ERROR_CODE,
-    "message": WIRE_ERROR_MESSAGE,
-    "data": dict(WIRE_ERROR_DATA),
-}
-#: The JSON-RPC ``error`` member when a result cannot be sealed. Says nothing more.
-SEAL_FAILED_ERROR: Final[Mapping[str, Any]] = {"code": INTERNAL_ERROR_CODE, "message": INTERNAL_ERROR_MESSAGE}
-
-#: The metrics label of each mode: what ``codec.mode.value`` says, without the enum
-#: property's Python-level lookup on every request.
-_MODE_LABEL: Final[Mapping[Mode, str]] = {mode: mode.value for mode in Mode}
-
-_LOG_TARGET_MAX = 120
-#: Params keys of the MRTR requests (2026-07-28) that are not aliases of ``requestState``:
-#: a request holding only these skips the per-key normalisation in :func:`state_aliases`.
-#: None of them normalises to ``requeststate``; any other key is normalised and checked.
-_PLAIN_KEYS: Final = frozenset({"name", "arguments", "uri", "inputResponses", REQUEST_STATE, "_meta", "task"})
+#: JSON-RPC's codes for a body that is not JSON, and for JSON that is not a request.
+PARSE_ERROR_CODE: Final = -32700
+INVALID_REQUEST_CODE: Final = -32600
 
 
-class SealFailed(StateCodecError):  # noqa: N818 - mirrors InvalidState
-    """A result's ``requestState`` could not be sealed; answer :data:`SEAL_FAILED_ERROR`.
+class WireError(StateCodecError):
+    """Answer this JSON-RPC error instead: a request refused, or a result that cannot go out.
 
-    The cause is logged where it happens; the message is safe to log, never to send.
+    ``code``, ``message`` and ``data`` are what the client sees (:meth:`error`); ``status``
+    is the HTTP status for byte-level intermediaries (200 for a JSON-RPC answer); ``reason``
+    says why, for logs and metrics only: the :class:`~statecodec.InvalidState` reason
+    for a token, a short text otherwise. It is never on the wire.
     """
 
+    def __init__(
+        self,
+        code: int,
+        message: str,
+        *,
+        data: Mapping[str, Any] | None = None,
+        status: int = 200,
+        reason: str = "",
+    ) -> None:
+        super().__init__(f"{code} {message}: {reason}" if reason else f"{code} {message}")
+        self.code = code
+        self.message = message
+        self.data = data
+        self.status = status
+        self.reason = reason
 
-def invalid_state_error() -> dict[str, Any]:
-    """A fresh copy of :data:`INVALID_STATE_ERROR`."""
-    return {"code": WIRE_ERROR_CODE, "message": WIRE_ERROR_MESSAGE, "data": dict(WIRE_ERROR_DATA)}
+    @classmethod
+    def invalid_state(cls, reason: str = "", *, status: int = 200) -> WireError:
+        """The uniform -32602 for a token that failed any check."""
+        return cls(WIRE_ERROR_CODE, WIRE_ERROR_MESSAGE, data=WIRE_ERROR_DATA, status=status, reason=reason)
+
+    @classmethod
+    def internal(cls, reason: str = "", *, status: int = 200) -> WireError:
+        """-32603 for a result whose state cannot be sealed (or an answer that cannot be read)."""
+        return cls(INTERNAL_ERROR_CODE, INTERNAL_ERROR_MESSAGE, status=status, reason=reason)
+
+    def error(self) -> dict[str, Any]:
+        """A fresh JSON-RPC ``error`` member."""
+        member: dict[str, Any] = {"code": self.code, "message": self.message}
+        if self.data is not None:
+            member["data"] = dict(self.data)
+        return member
 
 
-def seal_failed_error() -> dict[str, Any]:
-    """A fresh copy of :data:`SEAL_FAILED_ERROR`."""
-    return dict(SEAL_FAILED_ERROR)
+# ---------------------------------------------------------------- what is bound
+#: ``bind() -> Binding``: the request's binding, computed only when needed. It may raise
+#: (a principal that cannot be verified, arguments that cannot be digested): the request
+#: is then never bound to anyone, neither to accept a token nor to seal a new one.
+Binder: TypeAlias = Callable[[], Binding]
+
+#: The metrics label of each mode, without the enum property's lookup on every request.
+_MODE_LABEL: Final[Mapping[Mode, str]] = {mode: mode.value for mode in Mode}
+_LOG_TARGET_MAX = 120
+_NO_PARAMS: Final[Mapping[str, Any]] = MappingProxyType({})
 
 
 def is_mrtr(method: str) -> bool:
@@ -117,11 +198,9 @@ def principal_string(client_id: str | None, issuer: str | None, subject: str | N
 
     The same (client, issuer, subject) triple the MCP SDK uses for its own binding, so two
     users of one OAuth client differ whenever the verifier supplies a subject. JSON keeps
-    the three fields unambiguous whatever characters they contain.
-
-    The strings are cached: a server sees the same few principals request after
-    request. ``typed`` keeps equal keys of different types (``1``, ``1.0``, ``True``)
-    apart, as JSON does.
+    the three fields unambiguous whatever characters they contain. Cached (``typed``
+    keeps ``1``, ``1.0`` and ``True`` apart, as JSON does): a server sees the same few
+    principals request after request.
     """
     try:
         return _principal_json(client_id, issuer, subject)
@@ -151,16 +230,21 @@ def binding_for(
 def state_aliases(params: Mapping[str, Any]) -> list[str]:
     """Keys of ``params`` that spell ``requestState`` some other way (``request_state``...).
 
-    Only ``requestState`` is checked, but FastMCP re-validates raw params with pydantic's
-    ``populate_by_name``, so a snake_case ``request_state`` reaches ``ctx.request_state``
-    unverified on legacy protocol versions. Any key that normalises to the same name
-    (case-folded, ``_`` and ``-`` removed) is therefore refused outright.
+    Only ``requestState`` is checked, but readers are lenient: FastMCP re-validates raw
+    params with pydantic's ``populate_by_name`` (a snake_case ``request_state`` reaches
+    ``ctx.request_state``), the SDK's result models read ``request_state`` too, and Go's
+    ``encoding/json`` matches keys case-insensitively. Any key that normalises to the same
+    name (case-folded, ``_`` and ``-`` removed) is therefore refused outright.
     """
-    if params.keys() <= _PLAIN_KEYS:  # the usual request: no key to normalise
+    return _aliases(params, PARAMS_KEYS)
+
+
+def _aliases(mapping: Mapping[str, Any], plain: frozenset[str]) -> list[str]:
+    if plain.issuperset(mapping):  # the usual message: no key to normalise
         return []
     return [
         key
-        for key in params
+        for key in mapping
         if key != REQUEST_STATE
         and isinstance(key, str)
         and key.casefold().replace("_", "").replace("-", "") == "requeststate"
@@ -172,55 +256,74 @@ def carries_state(params: Mapping[str, Any]) -> bool:
     return params.get(REQUEST_STATE) is not None or bool(state_aliases(params))
 
 
-def check_state_shape(codec: StateCodec, method: str, params: Mapping[str, Any]) -> str:
-    """The cheap checks, run before anything costly such as the argument digest.
+# ---------------------------------------------------------------- judging a request
+class Judged:
+    """The verdict on one MRTR request: what to hand on, what was redeemed, what to seal with.
 
-    Refuses state aliases, a ``requestState`` that is not a string, and one over the
-    codec's size cap, so a hostile request cannot make the server digest megabytes of
-    arguments for a token that was never going to pass. Logs and raises InvalidState;
-    returns the token that passed, for :func:`unseal_checked`.
+    ``params`` are what the server may see: the request's own params, with the plaintext
+    state in place of the token when one was redeemed (``opened``). :meth:`binding` is
+    the binding the answer's state is sealed with: the one the token was checked against,
+    or computed on first use (only an answer that carries a state needs it).
     """
+
+    __slots__ = ("_bind", "_binding", "method", "opened", "params")
+
+    def __init__(
+        self,
+        method: str,
+        params: Mapping[str, Any],
+        bind: Binder,
+        opened: OpenedState | None = None,
+        binding: Binding | None = None,
+    ) -> None:
+        self.method = method
+        self.params = params
+        self.opened = opened
+        self._bind = bind
+        self._binding = binding
+
+    def __repr__(self) -> str:
+        opened = self.opened.token_id[:8] if self.opened else None
+        return f"Judged(method={self.method!r}, opened={opened!r})"
+
+    def binding(self) -> Binding:
+        """The request's binding; raises ``Exception`` from the binder when it cannot be made."""
+        if self._binding is None:
+            self._binding = _checked(self._bind())
+        return self._binding
+
+
+async def judge_request(
+    codec: StateCodec, method: str, params: Mapping[str, Any] | None, bind: Binder
+) -> Judged:
+    """Judge an inbound MRTR request; raise :class:`WireError` (-32602) to refuse it.
+
+    Without a state (``requestState`` absent or ``null``, and no alias of it) nothing is
+    checked or consumed, and ``bind`` is not called: the params come back as they are.
+    With one, every check that can fail runs before the one that consumes the token, so
+    a request refused for any reason never burns it:
+
+    1. the shape: no alias of ``requestState``, a string, within ``codec.max_token_bytes``
+       (cheap, before the argument digest);
+    2. the binding, ``bind()`` (principal, audience, target, argument digest);
+    3. ``codec.aunseal``: format, key, MAC or AEAD, times, binding and, last, the replay
+       store (single use, awaited).
+
+    Then the payload is read as UTF-8 text; only a holder of the keys can mint one that
+    is not, and such a token could never be redeemed here anyway. Each refusal logs one
+    WARNING line and counts one metric.
+    """
+    params = _NO_PARAMS if params is None else params
+    if params.get(REQUEST_STATE) is None and not state_aliases(params):
+        return Judged(method, params, bind)
     try:
-        aliases = state_aliases(params)
-        if aliases:
-            raise InvalidState("malformed", f"params carry {aliases[0][:40]!r}, an alias of requestState")
-        token = params.get(REQUEST_STATE)
-        if not isinstance(token, str):
-            raise InvalidState("malformed", f"requestState is a JSON {type(token).__name__}, not a string")
-        if len(token) > codec.max_token_bytes:
+        token = _token_of(codec, params)
+        try:
+            binding = _checked(bind())
+        except Exception as exc:  # deny on error: an unbindable request is never bound to no one
             raise InvalidState(
-                "too_large", f"token is {len(token)} characters, the limit is {codec.max_token_bytes}"
-            )
-    except InvalidState as exc:
-        log_rejection(codec, method, params, exc)
-        raise
-    return token
-
-
-async def unseal_params(
-    codec: StateCodec, method: str, params: Mapping[str, Any], binding: Binding
-) -> dict[str, Any]:
-    """``params`` with ``requestState`` replaced by the plaintext the server sealed.
-
-    Without a state (``requestState`` absent or ``null``, and no alias of it) the params
-    come back unchanged. A token that fails any check, and a plaintext that is not UTF-8,
-    raise :class:`~statecodec.InvalidState` after one WARNING log line and a metric:
-    answer :data:`INVALID_STATE_ERROR`. The replay store is awaited (single use).
-    """
-    if not carries_state(params):
-        return dict(params)
-    return await unseal_checked(codec, method, params, check_state_shape(codec, method, params), binding)
-
-
-async def unseal_checked(
-    codec: StateCodec, method: str, params: Mapping[str, Any], token: str, binding: Binding
-) -> dict[str, Any]:
-    """:func:`unseal_params` for the ``token`` that :func:`check_state_shape` returned.
-
-    For callers that ran the cheap checks themselves before computing the binding, so
-    the checks do not run twice per request. Same errors, logs and metrics.
-    """
-    try:
+                "malformed", f"the request cannot be bound: {type(exc).__name__}: {str(exc)[:200]}"
+            ) from None
         opened = await codec.aunseal(token, binding)
         try:
             plaintext = opened.payload.decode("utf-8")
@@ -229,21 +332,40 @@ async def unseal_checked(
                 "malformed", "the sealed state is not UTF-8 text", kid=opened.kid, token_id=opened.token_id
             ) from None
     except InvalidState as exc:
-        log_rejection(codec, method, params, exc)
-        raise
+        _log_rejection(codec, method, params, exc)
+        raise WireError.invalid_state(exc.reason) from None
     _metrics.record_unseal(_MODE_LABEL.get(codec.mode) or codec.mode.value, method, "ok", len(token))
-    return {**params, REQUEST_STATE: plaintext}
+    return Judged(method, {**params, REQUEST_STATE: plaintext}, bind, opened, binding)
 
 
-def log_rejection(
-    codec: StateCodec, method: str, params: Mapping[str, Any] | None, exc: InvalidState
-) -> None:
+def _token_of(codec: StateCodec, params: Mapping[str, Any]) -> str:
+    """The cheap checks, before anything costly such as the argument digest."""
+    aliases = state_aliases(params)
+    if aliases:
+        raise InvalidState("malformed", f"params carry {aliases[0][:40]!r}, an alias of requestState")
+    token = params.get(REQUEST_STATE)
+    if not isinstance(token, str):
+        raise InvalidState("malformed", f"requestState is a JSON {type(token).__name__}, not a string")
+    if len(token) > codec.max_token_bytes:
+        raise InvalidState(
+            "too_large", f"token is {len(token)} characters, the limit is {codec.max_token_bytes}"
+        )
+    return token
+
+
+def _checked(binding: object) -> Binding:
+    if not isinstance(binding, Binding):
+        raise TypeError(f"the binding callback returned {type(binding).__name__}, not a Binding")
+    return binding
+
+
+def _log_rejection(codec: StateCodec, method: str, params: Mapping[str, Any], exc: InvalidState) -> None:
     """One WARNING line and one metric for a rejected token.
 
     Carries the reason, the detail, the kid and the first 8 hex digits of the token id
     (enough to correlate, useless to replay), the method and the target. Never the token.
     """
-    token = (params or {}).get(REQUEST_STATE)
+    token = params.get(REQUEST_STATE)
     size = len(token) if isinstance(token, str) else None
     _metrics.record_unseal(codec.mode.value, method, exc.reason, size)
     logger.warning(
@@ -258,46 +380,59 @@ def log_rejection(
     )
 
 
-def seal_result(codec: StateCodec, result: Mapping[str, Any], binding: Binding) -> Mapping[str, Any]:
-    """``result`` with its plaintext ``requestState`` sealed, when it is ``input_required``.
+# ---------------------------------------------------------------- sealing a result
+def seal_result(codec: StateCodec, judged: Judged | None, result: Mapping[str, Any]) -> Mapping[str, Any]:
+    """``result`` with its plaintext ``requestState`` sealed to ``judged``'s binding.
 
-    Anything else comes back as it is, as does an ``input_required`` result carrying only
-    ``inputRequests``. Raises :class:`SealFailed` (after logging why) rather than ever
-    letting a plaintext state reach the client: answer :data:`SEAL_FAILED_ERROR`.
+    A result without a state comes back as it is (the same object). A state is sealed
+    whatever ``resultType`` says: no plaintext state issued by a server ever reaches a
+    client. Raises :class:`WireError` (-32603), after logging why, when it cannot be:
+
+    - the result spells ``requestState`` another way (``request_state``, ``RequestState``):
+      lenient clients read those, and nothing here can tell which one they would pick;
+    - there is no request to bind it to (``judged`` is ``None``: an answer to another
+      method, to an unknown id, on a stream that belongs to no request);
+    - the request cannot be bound, or the state is not text, is too large, or no key mints.
     """
-    if result.get("resultType") != INPUT_REQUIRED:
-        return result
+    aliases = _aliases(result, _RESULT_KEYS)
     state = result.get(REQUEST_STATE)
-    if state is None:
+    if state is None and not aliases:
         return result
-    return {**result, REQUEST_STATE: seal_state(codec, state, binding)}
+    method = judged.method if judged is not None else "-"
+    if aliases:
+        _refuse_seal(codec, method, f"the result carries {aliases[0][:40]!r}, a spelling of requestState")
+    if judged is None:
+        _refuse_seal(codec, method, "the result carries a requestState but answers no MRTR request")
+    return {**result, REQUEST_STATE: seal_state(codec, judged, state)}
 
 
-def seal_state(codec: StateCodec, state: object, binding: Binding) -> str:
-    """The token for the plaintext ``requestState`` of an ``input_required`` result.
+def seal_state(codec: StateCodec, judged: Judged, state: object) -> str:
+    """The token for a plaintext ``requestState`` answering ``judged``; see :func:`seal_result`.
 
-    The core of :func:`seal_result`, for callers that already looked at the result.
-    Anything but a ``str`` that encodes as UTF-8 raises :class:`SealFailed`, logged.
+    The core of :func:`seal_result`, for callers holding the state already (a result
+    model). Anything but a ``str`` that encodes as UTF-8 raises :class:`WireError` (-32603).
     """
-    method = binding.method or "-"
-    mode = _MODE_LABEL.get(codec.mode) or codec.mode.value
+    method = judged.method
+    try:
+        binding = judged.binding()
+    except Exception as exc:  # deny on error: a raising binder never yields an unbound token
+        _refuse_seal(codec, method, f"the request cannot be bound: {type(exc).__name__}: {str(exc)[:200]}")
     try:
         if not isinstance(state, str):
             raise TypeError(f"requestState must be a str, not {type(state).__name__}")
         token = codec.seal(state.encode("utf-8"), binding)
     except Exception as exc:
-        # Fail closed: a result whose state cannot be sealed is never sent as it is.
-        _metrics.record_seal(mode, method, "error", None)
-        logger.error(
-            "statecodec: could not seal requestState on %s %r: %s: %s",
-            method,
-            _clip(binding.target),
-            type(exc).__name__,
-            exc,
-        )
-        raise SealFailed(f"{type(exc).__name__} while sealing requestState on {method}") from None
-    _metrics.record_seal(mode, method, "ok", len(token))
+        _refuse_seal(codec, method, f"{type(exc).__name__}: {exc}", _clip(binding.target))
+    _metrics.record_seal(_MODE_LABEL.get(codec.mode) or codec.mode.value, method, "ok", len(token))
     return token
+
+
+def _refuse_seal(codec: StateCodec, method: str, why: str, target: str | None = None) -> NoReturn:
+    # Fail closed: a result whose state cannot be sealed is never sent as it is.
+    _metrics.record_seal(_MODE_LABEL.get(codec.mode) or codec.mode.value, method, "error", None)
+    where = method if target is None else f"{method} {target!r}"
+    logger.error("statecodec: could not seal requestState on %s: %s", where, why)
+    raise WireError.internal(why)
 
 
 def _target_for_log(method: str, params: Mapping[str, Any] | None) -> str:

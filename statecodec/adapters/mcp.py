@@ -25,8 +25,8 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Mapping, MutableSequence
 from dataclasses import replace
-from types import MappingProxyType
-from typing import Any, Final, TypeAlias
+from functools import partial
+from typing import Any, Final, TypeAlias, cast
 
 from mcp.server.auth.middleware.auth_context import get_access_token
 from mcp.server.auth.provider import principal_components
@@ -39,7 +39,7 @@ from pydantic import BaseModel
 
 from .._binding import Binding
 from .._codec import StateCodec
-from .._errors import WIRE_ERROR_CODE, WIRE_ERROR_DATA, WIRE_ERROR_MESSAGE, InvalidState
+from .._errors import InvalidState
 from . import _metrics, jsonrpc
 
 __all__ = [
@@ -63,8 +63,6 @@ PrincipalFn: TypeAlias = Callable[[Context], "str | None"]
 AudienceFn: TypeAlias = Callable[[Context], "str | None"]
 #: ``binding(ctx, default) -> Binding``: the last word on what a token is bound to.
 BindingFn: TypeAlias = Callable[[Context, Binding], Binding]
-
-_NO_PARAMS: Final[Mapping[str, Any]] = MappingProxyType({})
 
 
 def authenticated_principal(ctx: Context) -> str | None:
@@ -112,88 +110,50 @@ class StateCodecMiddleware:
         method = ctx.method
         if method not in jsonrpc.MRTR_METHODS:
             return await call_next(ctx)
-        params: Mapping[str, Any] = ctx.params or _NO_PARAMS
-        # One binding per request, for the inbound check and the outbound seal alike:
-        # the next round's token is bound to exactly what this round was. It is computed
-        # only when needed (a state arrives, or one leaves), never for plain calls.
-        binding: Binding | Exception | None = None
-        if params.get(jsonrpc.REQUEST_STATE) is not None or jsonrpc.state_aliases(params):
-            binding, plain = await self._unseal(ctx, method, params)
-            ctx = _with_params(ctx, plain)
+        # One binding per request, for the inbound check and the outbound seal alike (the
+        # next round's token is bound to exactly what this round was), computed only when
+        # a state arrives or leaves, never for plain calls.
+        try:
+            judged = await jsonrpc.judge_request(self.codec, method, ctx.params, partial(self._binding, ctx))
+        except jsonrpc.WireError as exc:
+            raise _mcp_error(exc) from None
+        if judged.opened is not None:
+            ctx = _with_params(ctx, judged.params)
         result = await call_next(ctx)
-        if type(result) is dict and result.get("resultType") != jsonrpc.INPUT_REQUIRED:
-            return result  # the runner's wire form of a complete result: nothing to seal
-        return self._seal(ctx, result, binding)
+        try:
+            if type(result) is dict:  # the runner's wire form
+                return cast("dict[str, Any]", jsonrpc.seal_result(self.codec, judged, result))
+            return self._seal_other(judged, result)
+        except jsonrpc.WireError as exc:
+            raise _mcp_error(exc) from None
 
-    def _bind(self, ctx: Context) -> Binding | Exception:
-        """The request's binding, or the exception that prevented computing it."""
+    def _binding(self, ctx: Context) -> Binding:
+        """The request's binding: the default one, then the ``binding`` callback's word."""
         audience, principal, custom = self.audience, self.principal, self.binding
-        try:
-            binding = jsonrpc.binding_for(
-                ctx.method,
-                ctx.params,
-                principal=None if principal is None else principal(ctx),
-                audience=audience(ctx) if callable(audience) else audience,
-            )
-            if custom is not None:
-                binding = custom(ctx, binding)
-                if not isinstance(binding, Binding):
-                    raise TypeError(f"the binding callback returned {type(binding).__name__}, not a Binding")
-        except Exception as exc:  # deny on error: a raising callback never yields an unbound token
-            return exc
-        return binding
+        binding = jsonrpc.binding_for(
+            ctx.method,
+            ctx.params,
+            principal=None if principal is None else principal(ctx),
+            audience=audience(ctx) if callable(audience) else audience,
+        )
+        return binding if custom is None else custom(ctx, binding)
 
-    async def _unseal(
-        self, ctx: Context, method: str, params: Mapping[str, Any]
-    ) -> tuple[Binding, dict[str, Any]]:
-        codec = self.codec
-        try:
-            token = jsonrpc.check_state_shape(codec, method, params)  # cheap checks before the digest
-            binding = self._bind(ctx)
-            if isinstance(binding, Exception):
-                exc = InvalidState(
-                    "malformed", f"the request cannot be bound: {type(binding).__name__}: {binding}"
-                )
-                jsonrpc.log_rejection(codec, method, params, exc)
-                raise exc
-            return binding, await jsonrpc.unseal_checked(codec, method, params, token, binding)
-        except InvalidState:
-            raise _rejected() from None
+    def _seal_other(self, judged: jsonrpc.Judged, result: HandlerResult) -> HandlerResult:
+        """A result that is not the runner's wire dict: a model, or another mapping.
 
-    def _seal(
-        self, ctx: Context, result: HandlerResult, binding: Binding | Exception | None
-    ) -> HandlerResult:
-        if not isinstance(result, dict):  # the runner's own results are wire dicts
-            # A middleware further in may short-circuit with a model.
-            if (
-                isinstance(result, BaseModel)
-                and getattr(result, "result_type", None) == jsonrpc.INPUT_REQUIRED
-            ):
-                result = result.model_dump(by_alias=True, mode="json", exclude_none=True)
-            if not isinstance(result, Mapping):
-                return result
-        if result.get("resultType") != jsonrpc.INPUT_REQUIRED:
+        A middleware further in (or a caller composing middleware by hand) may hand back
+        the SDK's result model: it comes back as the same model, its state sealed, as the
+        SDK's own boundary returns it.
+        """
+        if isinstance(result, Mapping):
+            return dict(jsonrpc.seal_result(self.codec, judged, result))
+        state = getattr(result, "request_state", None)
+        if state is None or not isinstance(result, BaseModel):
             return result
-        state = result.get(jsonrpc.REQUEST_STATE)
-        if state is None:
-            return result
-        if binding is None:
-            binding = self._bind(ctx)
-        try:
-            if isinstance(binding, Exception):
-                logger.error(
-                    "statecodec: could not bind requestState on %s: %s: %s",
-                    ctx.method,
-                    type(binding).__name__,
-                    binding,
-                )
-                raise jsonrpc.SealFailed("no binding")
-            return {**result, jsonrpc.REQUEST_STATE: jsonrpc.seal_state(self.codec, state, binding)}
-        except jsonrpc.SealFailed:
-            raise MCPError(code=jsonrpc.INTERNAL_ERROR_CODE, message=jsonrpc.INTERNAL_ERROR_MESSAGE) from None
+        return result.model_copy(update={"request_state": jsonrpc.seal_state(self.codec, judged, state)})
 
 
-def _with_params(ctx: Context, params: dict[str, Any]) -> Context:
+def _with_params(ctx: Context, params: Mapping[str, Any]) -> Context:
     """A copy of ``ctx`` with other ``params``, as ``dataclasses.replace`` makes it.
 
     ``replace`` runs the generated ``__init__`` again, field by field (about 3 µs a
@@ -220,8 +180,9 @@ _PLAIN_CONTEXT: Final = (
 )
 
 
-def _rejected() -> MCPError:
-    return MCPError(code=WIRE_ERROR_CODE, message=WIRE_ERROR_MESSAGE, data=dict(WIRE_ERROR_DATA))
+def _mcp_error(exc: jsonrpc.WireError) -> MCPError:
+    """The SDK's exception for a :class:`~statecodec.adapters.jsonrpc.WireError`: same code, message, data."""
+    return MCPError(code=exc.code, message=exc.message, data=None if exc.data is None else dict(exc.data))
 
 
 def install(chain: MutableSequence[Any], middleware: StateCodecMiddleware) -> None:

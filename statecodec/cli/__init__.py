@@ -14,6 +14,7 @@ from ._inspect import inspect_command
 from ._keys_cmd import keys_group
 from ._mint import mint_command
 from ._params import OrderedGroup
+from ._probe import probe_command
 from ._proxy import proxy_command
 from ._verify import verify_command
 
@@ -41,3 +42,4 @@ main.add_command(mint_command)
 main.add_command(keys_group)
 main.add_command(proxy_command)
 main.add_command(demo_command)
+main.add_command(probe_command)

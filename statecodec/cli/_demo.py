@@ -21,7 +21,7 @@ import click
 import platformdirs
 
 from .._humanize import duration, relative
-from ._exit import CliError, ExitCode
+from ._exit import CliError, ExitCode, explain_missing_extra
 from ._output import Outcome, Output, command
 from ._sources import open_store
 
@@ -30,8 +30,6 @@ if TYPE_CHECKING:
 
 KEYS_FILE: Final = "demo-keys.json"
 REPLAY_FILE: Final = "demo-replay.sqlite3"
-#: Top-level modules of the ``mcp`` extra: a missing one means "install the extra", not a bug.
-_MCP_EXTRA: Final = frozenset({"mcp", "mcp_types", "uvicorn", "httpx2", "starlette", "pydantic", "anyio"})
 _EXIT_INTERRUPTED: Final = 130  # 128 + SIGINT, what shells expect after Ctrl-C
 
 
@@ -85,7 +83,7 @@ def demo_command(
     try:
         from .._demo import _run  # noqa: PLC0415 - the mcp extra, loaded only for this command
     except ModuleNotFoundError as exc:
-        _explain_missing(exc)
+        explain_missing_extra(exc, "demo")
         raise
     folder = data_dir if data_dir is not None else Path(_default_data_dir())
     keys_note = ""
@@ -102,15 +100,6 @@ def demo_command(
         click.echo("statecodec: demo interrupted; every server it started is stopped", err=True)
         raise click.exceptions.Exit(_EXIT_INTERRUPTED) from None
     return trace.outcome(problems, time.monotonic() - started)
-
-
-def _explain_missing(exc: ModuleNotFoundError) -> None:
-    """A module of the ``mcp`` extra is missing: say what to install (anything else is a bug)."""
-    if (exc.name or "").partition(".")[0] in _MCP_EXTRA:
-        raise CliError(
-            ExitCode.KEYS,
-            f"statecodec demo needs the MCP SDK ({exc.name} is missing): pip install 'statecodec[mcp]'",
-        ) from None
 
 
 def _private_dir(folder: Path) -> None:

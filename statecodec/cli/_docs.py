@@ -67,8 +67,14 @@ of the ring that verifies now. They have no token id, so `--replay/--consume` do
 
 `mint` and `verify` use the keys as a server would at that time (`--at`): the primary is the newest
 key promoted by the rotation timeline, and replaced keys stop verifying when their window ends.
-`keys list` and `keys rotate` take the services' timeline options; every instance and the rotation
-job must agree on them.
+`keys list`, `keys rotate` and `keys retire` take the services' timeline options; every instance and
+the rotation job must agree on them. `keys retire KID` is the emergency cut after a leak (the runbook
+is in [keys.md](keys.md#emergency-a-key-leaked)); it shows its plan and asks before changing anything,
+unless `--yes`.
+
+`probe` audits a running MCP server's requestState from the outside (forged, tampered, replayed,
+mis-bound, oversized and expired states) and reports PASS, FAIL or SKIP per check with the evidence;
+[probe.md](probe.md) explains the checks and shows what five set-ups stop.
 """
 
 JSON_SECTION = f"""\
@@ -82,13 +88,13 @@ against it. Every document has:
 | field | meaning |
 |---|---|
 | `schema_version` | `{SCHEMA_VERSION}`; bumped only on an incompatible change |
-| `command` | `inspect`, `verify`, `mint`, `keys generate`, `keys list`, `keys init` or `keys rotate` |
+| `command` | `inspect`, `verify`, `mint`, `keys` and its subcommand (`keys retire`...), `demo` or `probe` |
 | `ok` | `true` exactly when `exit_code` is 0 |
 | `exit_code` | the process exit code (table above) |
 | `error` | when `ok` is false: `class`, `reason` and `message` (below) |
 
 `error.class` names the exit code (`invalid`, `keys`, `store`, `replayed`, `io`, `key_source_down`,
-`internal`); `error.reason` is the codec's stable reason for a token failure (`expired`, `tampered`,
+`server`, `internal`); `error.reason` is the codec's stable reason for a token failure (`expired`, `tampered`,
 `binding_mismatch`, `unknown_key`, ...) or null; `error.message` is the one-line explanation.
 
 Times are objects `{{"unix": 1785240000, "iso": "2026-07-28T12:00:00Z", "relative": "in 4m12s"}}`

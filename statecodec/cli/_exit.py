@@ -21,6 +21,7 @@ class ExitCode(enum.IntEnum):
     REPLAYED = 5
     IO = 6
     KEY_SOURCE_DOWN = 7
+    SERVER = 8
     INTERNAL = 70  # EX_SOFTWARE from sysexits.h
 
     @property
@@ -31,13 +32,15 @@ class ExitCode(enum.IntEnum):
 
 EXIT_CODES: Final[dict[ExitCode, str]] = {
     ExitCode.OK: "success: the token is valid, or the command did its job",
-    ExitCode.INVALID: "token rejected or unreadable (the reason says why: expired, tampered...)",
+    ExitCode.INVALID: "token rejected or unreadable (the reason says why: expired, tampered...); "
+    "probe: a check failed",
     ExitCode.USAGE: "usage error: bad option or value (printed by click, never as JSON)",
     ExitCode.KEYS: "key or configuration error: no --keys, bad key ring, no primary, missing setting",
     ExitCode.STORE: "replay store unavailable or bad store URL; the token was NOT consumed",
     ExitCode.REPLAYED: "token authentic but already redeemed (single use)",
     ExitCode.IO: "file or input error: output exists (use --force), unwritable, input too large",
     ExitCode.KEY_SOURCE_DOWN: "key source (Vault/OpenBao) unreachable, sealed or refusing; retry later",
+    ExitCode.SERVER: "probe could not run: server unreachable, not MCP, not 2026-07-28, or no flow completed",
     ExitCode.INTERNAL: "internal error: a bug in statecodec, please report it",
 }
 
@@ -54,3 +57,16 @@ class CliError(Exception):
         self.code = code
         self.message = message
         self.reason = reason
+
+
+#: Top-level modules of the ``mcp`` extra: a missing one means "install the extra", not a bug.
+MCP_EXTRA: Final = frozenset({"mcp", "mcp_types", "uvicorn", "httpx2", "starlette", "pydantic", "anyio"})
+
+
+def explain_missing_extra(exc: ModuleNotFoundError, command: str) -> None:
+    """Raise a one-line "install the extra" error if ``exc`` is a module of the ``mcp`` extra."""
+    if (exc.name or "").partition(".")[0] in MCP_EXTRA:
+        raise CliError(
+            ExitCode.KEYS,
+            f"statecodec {command} needs the MCP SDK ({exc.name} is missing): pip install 'statecodec[mcp]'",
+        ) from None

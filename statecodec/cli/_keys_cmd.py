@@ -1,17 +1,15 @@
-"""``statecodec keys``: generate a ring, list key states, create keys at a source, rotate.
+"""``statecodec keys``: generate a ring, list key states, create, rotate and retire keys at a source.
 
 Only ``keys generate`` ever prints a secret, and only when asked to (without ``-o``);
-``keys list`` shows ids and times. A ring written with ``-o`` is created mode 0600
-atomically: no window in which another user could open it, and never a half-written
-ring for a server to load.
+``keys list`` shows ids and times, read from metadata only where the source keeps them
+apart (transit), so the rotation job's policy suffices. A ring written with ``-o`` is
+created mode 0600 atomically: no window in which another user could open it, and never a
+half-written ring for a server to load.
 """
 
 from __future__ import annotations
 
-import contextlib
 import functools
-import os
-import tempfile
 import time
 from pathlib import Path
 from typing import Any, cast
@@ -20,8 +18,16 @@ import click
 
 from .._humanize import duration
 from .._keys import KeyRing
-from ..kms import DEFAULT_KEY_TYPE, TRANSIT_KEY_TYPES, Timeline, init_keys, rotate, source_from_url
-from . import _sources
+from ..kms import (
+    DEFAULT_KEY_TYPE,
+    TRANSIT_KEY_TYPES,
+    Timeline,
+    init_keys,
+    retire,
+    rotate,
+    source_from_url,
+)
+from ..kms._local import write_key_file
 from ._describe import moment
 from ._exit import CliError, ExitCode
 from ._output import Outcome, Output, command
@@ -30,7 +36,7 @@ from ._params import DURATION, TIME, F, OrderedGroup, clock_at, keys_option, req
 
 @click.group("keys", cls=OrderedGroup)
 def keys_group() -> None:
-    """Generate key rings, list key states, create and rotate keys at a key source."""
+    """Generate key rings, list key states, create, rotate and retire keys at a key source."""
 
 
 # ---------------------------------------------------------------- generate
@@ -60,28 +66,11 @@ def generate_command(out: Output, *, output: Path | None, force: bool, kid: str 
 
 
 def _write_secret(path: Path, text: str, *, force: bool) -> None:
-    if not force:
-        try:
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        except FileExistsError:
-            raise CliError(
-                ExitCode.IO, f"{path} exists; pass --force to replace it (its keys are lost)"
-            ) from None
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(text)
-        return
-    # mkstemp creates the file 0600 and unique; the rename swaps it in whole.
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(text)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
+        write_key_file(path, text, replace=force)
+    except FileExistsError:
+        message = f"{path} exists; pass --force to replace it (its keys are lost)"
+        raise CliError(ExitCode.IO, message) from None
 
 
 # --------------------------------------------------------------- timeline
@@ -132,27 +121,32 @@ def list_command(
     """List the keys at a source with their state: primary, verify-only, pending or retired.
 
     Shows each key's id, state, creation, promotion and retirement times, never a secret.
+    From transit it reads only the key's metadata, so the rotation job's policy suffices.
     """
-    clock = clock_at(at)
-    now = clock()
-    with _sources.key_manager(require_keys(keys_spec), clock=clock, **timeline) as manager:
-        status = manager.status()
+    now = clock_at(at)()
+    source = source_from_url(require_keys(keys_spec))
+    try:
+        ring = source.metadata()
+    finally:
+        source.close()
+    tl = Timeline(**timeline)
+    plan = tl.plan(ring, now)
     keys = [
         {
-            "kid": k["kid"],
-            "state": k["state"],
-            "created_at": moment(k["created_at"], now),
-            "promotes_at": moment(k["promotes_at"], now),
-            "retires_at": None if k["retires_at"] is None else moment(k["retires_at"], now),
+            "kid": k.kid,
+            "state": k.state,
+            "created_at": moment(k.created_at, now),
+            "promotes_at": moment(k.promotes_at, now),
+            "retires_at": None if k.retires_at is None else moment(k.retires_at, now),
         }
-        for k in status["keys"]
+        for k in plan.states
     ]
     fields = {
-        "source": status["source"],
+        "source": source.describe(),
         "at": moment(now, now),
-        "primary": status["primary"],
+        "primary": plan.ring.primary_kid,
         "keys": keys,
-        "timeline": status["timeline"],
+        "timeline": tl.describe(),
     }
     return Outcome(fields, _list_lines(out, fields))
 
@@ -247,3 +241,52 @@ def rotate_command(
     except ValueError as exc:  # retire_after shorter than the timeline allows
         raise CliError(ExitCode.KEYS, f"rotation refused: {exc}") from None
     return Outcome({**report.to_dict(), "changed": report.changed}, str(report).splitlines())
+
+
+# ----------------------------------------------------------------- retire
+@keys_group.command("retire")
+@click.argument("kid")
+@keys_option
+@click.option("--dry-run", is_flag=True, help="Say what would happen; change nothing.")
+@click.option("--yes", is_flag=True, help="Retire without asking for confirmation (for scripts).")
+@timeline_options
+@command("keys retire")
+def retire_command(
+    out: Output, *, kid: str, keys_spec: str | None, dry_run: bool, yes: bool, timeline: dict[str, float]
+) -> Outcome:
+    """Retire KID now, after a leak: every instance stops accepting it within one refresh interval.
+
+    If KID is the primary, a new key is made first (or a pending key takes over) and the
+    command waits until every instance mints with it (promotion delay + clock skew) before
+    the cut, so no other token fails. Transit can only cut from the bottom: KID and every
+    older version are retired, and the plan says so before anything changes. File and KV
+    sources lose exactly KID. Shows the plan and asks for confirmation unless --yes.
+    """
+    tl = Timeline(**timeline)
+    source = source_from_url(require_keys(keys_spec))
+    try:
+        plan = retire(source, kid, timeline=tl, dry_run=True)
+        if dry_run:
+            return Outcome({**plan.to_dict(), "changed": False}, str(plan).splitlines())
+        if not yes:
+            _confirm(plan.retired, str(plan))
+        report = retire(
+            source,
+            kid,
+            timeline=tl,
+            expect=plan.retired,
+            progress=lambda line: click.echo(f"statecodec: {line}", err=True),
+        )
+    finally:
+        source.close()
+    return Outcome({**report.to_dict(), "changed": report.changed}, str(report).splitlines())
+
+
+def _confirm(kids: tuple[str, ...], plan: str) -> None:
+    click.echo(plan, err=True)
+    try:
+        confirmed = click.confirm(f"Retire {', '.join(kids)}?", default=False, err=True)
+    except click.exceptions.Abort:  # no answer (end of input, Ctrl-C)
+        confirmed = False
+    if not confirmed:
+        raise click.UsageError("not confirmed: nothing was retired (pass --yes to retire without asking)")

@@ -8,7 +8,7 @@ from .. import _format
 from .._codec import DEFAULT_MAX_TOKEN_BYTES, DEFAULT_TTL, StateCodec
 from .._humanize import duration
 from . import _sources
-from ._describe import moment
+from ._describe import iso, moment
 from ._exit import CliError, ExitCode
 from ._output import Outcome, Output, command
 from ._params import (
@@ -71,10 +71,15 @@ def mint_command(
     """
     if ttl <= 0:
         raise click.BadParameter("must be positive", param_hint="'--ttl'")
-    bound = binding.to_binding()
-    data = read_input(payload, "payload")
     clock = clock_at(at)
     now = clock()
+    if now + ttl > _format.MAX_TIME:
+        raise click.BadParameter(
+            f"the token would expire after {iso(_format.MAX_TIME)}, the last time a token can carry",
+            param_hint="'--ttl'",
+        )
+    bound = binding.to_binding()
+    data = read_input(payload, "payload")
     with _sources.key_manager(require_keys(keys_spec), clock=clock) as keys:
         codec = StateCodec(keys, mode=mode, max_token_bytes=max_token_bytes, clock=clock)
         try:

@@ -19,6 +19,8 @@ from typing import Any, Final, TypeVar, cast
 import click
 
 from .._binding import Binding
+from .._format import MAX_TIME
+from .._humanize import duration
 from ._exit import CliError, ExitCode
 
 #: Reading stops here: a requestState token is a few KiB, so anything bigger is not one,
@@ -29,6 +31,9 @@ _UNITS: Final = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
 _DURATION_RE: Final = re.compile(r"(?:\d+[smhdw])+|\d+")
 _PART_RE: Final = re.compile(r"(\d+)([smhdw])")
 _UNIX_RE: Final = re.compile(r"\d{1,12}(?:\.\d+)?")
+#: The longest duration any option takes: what the codec's ttl, max_skew and expiry_grace
+#: fit in (68 years).
+MAX_DURATION: Final = 2**31 - 1
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -43,19 +48,42 @@ ABSENT: Final[Any] = _Absent()
 
 
 def parse_duration(text: str) -> int:
-    """``"90s"``, ``"10m"``, ``"24h"``, ``"2d"``, ``"1h30m"`` or bare seconds -> seconds."""
+    """``"90s"``, ``"10m"``, ``"24h"``, ``"2d"``, ``"1h30m"`` or bare seconds -> seconds.
+
+    At most :data:`MAX_DURATION`: anything longer is a usage error, not a codec failure.
+    """
     text = text.strip().lower()
     if not _DURATION_RE.fullmatch(text):
         raise ValueError(f"{text!r} is not a duration; use e.g. 90s, 10m, 24h, 2d or 1h30m")
-    if text.isdigit():
-        return int(text)
-    return sum(int(n) * _UNITS[unit] for n, unit in _PART_RE.findall(text))
+    parts = [(text, "s")] if text.isdigit() else _PART_RE.findall(text)
+    # Checked digit by digit first: int() of a huge string is slow, then refused.
+    if any(len(number) > len(str(MAX_DURATION)) for number, _ in parts):
+        raise ValueError(_too_long(text))
+    seconds = sum(int(number) * _UNITS[unit] for number, unit in parts)
+    if seconds > MAX_DURATION:
+        raise ValueError(_too_long(text))
+    return seconds
+
+
+def _too_long(text: str) -> str:
+    return f"{text[:40]!r} is out of range; the longest duration is {duration(MAX_DURATION)} (68 years)"
 
 
 def parse_time(text: str, clock: Callable[[], float] = time.time) -> float:
-    """``now``, Unix seconds, ISO 8601 (naive means UTC) or ``+10m`` / ``-3m`` from now."""
-    text = text.strip()
-    current = clock()
+    """``now``, Unix seconds, ISO 8601 (naive means UTC) or ``+10m`` / ``-3m`` from ``clock()``.
+
+    Between 1970 and 2106, the times a token can carry; anything else is a usage error.
+    """
+    moment = _parse_time(text.strip(), clock())
+    if not 0 <= moment <= MAX_TIME:
+        raise ValueError(
+            f"{text.strip()[:40]!r} is out of range; a time is between 1970-01-01 and "
+            f"{dt.datetime.fromtimestamp(MAX_TIME, dt.UTC):%Y-%m-%dT%H:%M:%SZ}"
+        )
+    return moment
+
+
+def _parse_time(text: str, current: float) -> float:
     if text == "now":
         return current
     if text[:1] in "+-" and len(text) > 1:

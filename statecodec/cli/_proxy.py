@@ -143,7 +143,11 @@ def _listen(value: str) -> tuple[str, int]:
     show_default=True,
     help="Lifetime of sealed states.",
 )
-@click.option("--namespace", help="Replay-store namespace (default: the audience).")
+@click.option(
+    "--namespace",
+    help="Replay-store namespace (default: \"default\", as for every statecodec codec); "
+    "every server accepting the same tokens must use the same one.",
+)
 @click.option(
     "--max-token-bytes",
     type=click.IntRange(128),
@@ -227,7 +231,8 @@ def _listen(value: str) -> tuple[str, int]:
     "passthrough_paths",
     multiple=True,
     metavar="PATH",
-    help="A path forwarded uninspected (e.g. a form-encoded OAuth endpoint); never the MCP path.",
+    help="An exact path, as clients send it, not judged as MCP (e.g. a form-encoded OAuth "
+    "endpoint); a JSON body carrying a requestState there is refused. Never the MCP path.",
 )
 @click.option(
     "--log-level", type=click.Choice(["debug", "info", "warning", "error"]), default="info", show_default=True
@@ -299,8 +304,8 @@ def _run(
 ) -> None:
     from ..kms import KeyManager  # noqa: PLC0415 - loaded only for this command
     from ..proxy import ProxyOptions, Timeouts, bind_socket, build_proxy, serve  # noqa: PLC0415
-    from ..replay import store_from_url  # noqa: PLC0415
     from ..replay._url import redact  # noqa: PLC0415
+    from ._sources import open_store  # noqa: PLC0415
 
     if ttl <= 0:
         raise click.BadParameter("must be positive", param_hint="'--ttl'")
@@ -317,17 +322,12 @@ def _run(
     manager = KeyManager(require_keys(keys_spec), max_ttl=max(float(ttl), 600.0))
     manager.start()
     try:
-        try:
-            store = store_from_url(replay)
-        except (ValueError, ImportError, OSError) as exc:
-            raise CliError(ExitCode.STORE, f"cannot open the replay store: {exc}") from None
+        store = open_store(replay, check=True)  # exit 4 before listening if it cannot serve
+        # No namespace of its own: a proxy and a protect() server sharing keys, audience and
+        # store must share single use too, so both take the codec's default.
+        named: dict[str, Any] = {} if namespace is None else {"namespace": namespace}
         codec = StateCodec(
-            manager,
-            mode=mode,
-            ttl=ttl,
-            max_token_bytes=max_token_bytes,
-            replay=store,
-            namespace=namespace or audience,
+            manager, mode=mode, ttl=ttl, max_token_bytes=max_token_bytes, replay=store, **named
         )
         try:
             app = build_proxy(codec, options, principal=principal_fn)
@@ -341,7 +341,7 @@ def _run(
         def ready(url: str) -> None:
             logger.info(
                 "statecodec proxy: %s -> %s mode=%s audience=%r principal=%s replay=%s",
-                url, upstream, mode, audience, principal.describe(), redact(replay),
+                url, redact(upstream), mode, audience, principal.describe(), redact(replay),
             )  # fmt: skip
             click.echo(f"listening on {url}")
             sys.stdout.flush()

@@ -42,14 +42,27 @@ def key_manager(spec: str, *, clock: Callable[[], float], **timeline: Any) -> It
         manager.stop()
 
 
-def open_store(url: str) -> ReplayStore:
-    """The replay store at ``url``; a bad URL or an unopenable store is a store failure (exit 4)."""
-    from ..replay import store_from_url  # noqa: PLC0415 - only verify --replay needs it
+def open_store(url: str, *, check: bool = False) -> ReplayStore:
+    """The replay store at ``url``; a bad URL or an unopenable store is a store failure (exit 4).
+
+    With ``check``, the store must also answer now (:meth:`ReplayStore.check`: for Redis a
+    PING, a cluster's slot map, the replicas ``wait=N`` needs), before the command goes on.
+    """
+    from ..replay import store_from_url  # noqa: PLC0415 - only verify --replay and proxy need it
 
     try:
-        return store_from_url(url)
+        store = store_from_url(url)
     except (ValueError, ImportError, OSError, StateCodecError, sqlite3.Error) as exc:
         raise CliError(ExitCode.STORE, f"cannot open the replay store: {exc}") from None
+    if check:
+        try:
+            store.check()
+        except Exception as exc:  # whatever a custom store raises: it cannot serve
+            store.close()
+            raise CliError(
+                ExitCode.STORE, f"the replay store does not answer: {exc}", reason="store_unavailable"
+            ) from None
+    return store
 
 
 def classify_kms_error(exc: Exception) -> CliError | None:

@@ -27,6 +27,7 @@ from .._keys import KeyProvider
 from ..compat import FORMATS as COMPAT_FORMATS
 from ..compat import Verified, VerifyOptions, detect
 from ..compat import verify as compat_verify
+from ..replay._url import redact
 from . import _sources
 from ._describe import expiry_phrase, moment, payload_fields, table, token_rows
 from ._output import Outcome, Output, command, invalid_state_error
@@ -127,7 +128,7 @@ def _resolve_format(fmt: str, token: str) -> str:
     "--replay",
     "replay_url",
     metavar="URL",
-    help="Replay store: memory:, sqlite:PATH or redis://HOST:PORT/DB.",
+    help="Replay store: memory:, sqlite:PATH, redis://HOST:PORT/DB, redis+cluster://..., redis+sentinel://...",
 )
 @click.option("--consume", is_flag=True, help="Redeem the token in the --replay store (single use).")
 @click.option("--namespace", default="default", show_default=True, help="Replay namespace of the server.")
@@ -228,7 +229,7 @@ def _verify_sc1(
         "binding_checked": check_binding,
         "binding": bound.describe() if bound else None,
     }
-    store = _sources.open_store(opts.replay_url) if opts.replay_url else None
+    store = _sources.open_store(opts.replay_url, check=opts.consume) if opts.replay_url else None
     try:
         codec = StateCodec(
             keys,
@@ -277,7 +278,7 @@ def _sc1_claims(opened: OpenedState, now: float) -> dict[str, Any]:
 
 def _replay_line(opts: _Sc1Options) -> str:
     if opts.consume:
-        return f"consumed now in {opts.replay_url} (a second redemption fails)"
+        return f"consumed now in {redact(opts.replay_url or '')} (a second redemption fails)"
     if opts.replay_url:
         return "not checked: asking the store would consume the token; add --consume to redeem it"
     return "not checked (add --replay URL --consume to redeem the token)"

@@ -1,15 +1,14 @@
-"""The other MCP SDKs' ``requestState`` formats: read them, write them, name them.
+"""The other MCP SDKs' ``requestState`` formats: name them, read them, verify them.
 
-For fleets that mix Python and TypeScript instances, and for migrations away from an
-SDK's built-in codec (accept the old format for one TTL, mint statecodec's; see
-docs/compat.md):
+For ``statecodec inspect`` and ``statecodec verify``, for fleets that mix Python and
+TypeScript instances, and for migrations away from an SDK's built-in codec (accept the
+old format for one TTL, mint statecodec's; see docs/compat.md). One module per format:
 
-- :class:`TsV1Codec`: ``@modelcontextprotocol/server``'s ``createRequestStateCodec``
-  (HMAC-SHA256, ``v1.<body>.<mac>``).
-- :class:`McpPyV1Codec`: the ``mcp`` package's ``RequestStateBoundary`` claims envelope in
-  its ``AESGCMRequestStateCodec`` (AES-256-GCM, ``v1.<blob>``); :class:`McpPyV1Cipher`
-  is the bare cipher.
-- :class:`Rs1Codec`: rmcp's ``rs1.<body>.<tag>`` (HMAC-SHA256 with associated data).
+- :mod:`.ts_v1`: ``@modelcontextprotocol/server``'s ``createRequestStateCodec``
+  (HMAC-SHA256, ``v1.<body>.<mac>``); it can also mint the SDK's tokens.
+- :mod:`.mcp_py_v1`: the ``mcp`` package's ``RequestStateBoundary`` claims envelope in
+  its ``AESGCMRequestStateCodec`` (AES-256-GCM, ``v1.<blob>``).
+- :mod:`.rs1`: rmcp's ``rs1.<body>.<tag>`` (HMAC-SHA256 with associated data).
 
 All of them raise :class:`statecodec.InvalidState` with statecodec's reasons, cap the
 token size first and accept only canonical encodings. None of these formats has single
@@ -24,28 +23,16 @@ from __future__ import annotations
 
 from ._common import DEFAULT_MAX_TOKEN_BYTES
 from ._detect import FormatInfo, detect
-from ._registry import FORMATS, CompatFormat, KeySource, Verified, VerifyOptions, verify
-from .mcp_py_v1 import McpPyV1Cipher, McpPyV1Codec, OpenedMcpPyV1, request_identity, sdk_principal
-from .rs1 import OpenedRs1, Rs1Codec
-from .ts_v1 import OpenedTsV1, TsV1Codec
+from ._registry import FORMATS, CompatFormat, Verified, VerifyKeys, VerifyOptions, verify
 
 __all__ = [
     "DEFAULT_MAX_TOKEN_BYTES",
     "FORMATS",
     "CompatFormat",
     "FormatInfo",
-    "KeySource",
-    "McpPyV1Cipher",
-    "McpPyV1Codec",
-    "OpenedMcpPyV1",
-    "OpenedRs1",
-    "OpenedTsV1",
-    "Rs1Codec",
-    "TsV1Codec",
     "Verified",
+    "VerifyKeys",
     "VerifyOptions",
     "detect",
-    "request_identity",
-    "sdk_principal",
     "verify",
 ]

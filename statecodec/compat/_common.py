@@ -17,6 +17,7 @@ from typing import Any, Final, ParamSpec, TypeVar
 
 from .. import _format
 from .._errors import InvalidState
+from .._humanize import duration
 
 logger = logging.getLogger("statecodec.compat")
 
@@ -26,7 +27,14 @@ DEFAULT_MAX_TOKEN_BYTES: Final = 65536
 #: Secrets shorter than this are refused: all three SDKs ask for at least 32 bytes.
 MIN_SECRET_BYTES: Final = 32
 
-b64encode = _format.b64encode
+
+class _Unchecked:
+    def __repr__(self) -> str:
+        return "UNCHECKED"
+
+
+#: A binding field that is not compared (``statecodec verify`` without that option).
+UNCHECKED: Final[Any] = _Unchecked()
 
 _P = ParamSpec("_P")
 _R = TypeVar("_R")
@@ -56,10 +64,14 @@ def _no_constants(name: str) -> Any:
     raise ValueError(f"{name} is not JSON")
 
 
+# Made once: json.loads(..., parse_constant=...) would build a decoder per call (half its cost).
+_STRICT_JSON: Final = json.JSONDecoder(parse_constant=_no_constants)
+
+
 def loads(raw: bytes, what: str) -> Any:
     """Strict JSON from UTF-8 bytes: no NaN/Infinity, no BOM, bounded nesting."""
     try:
-        return json.loads(raw.decode("utf-8"), parse_constant=_no_constants)
+        return _STRICT_JSON.decode(raw.decode("utf-8"))
     except (ValueError, RecursionError) as exc:  # UnicodeDecodeError is a ValueError
         raise InvalidState("malformed", f"{what} is not JSON: {type(exc).__name__}") from None
 
@@ -101,10 +113,9 @@ def displayable_time(value: object) -> float | None:
     return number if _MIN_TIME <= number <= _MAX_TIME else None
 
 
-def positive_seconds(value: float, name: str) -> float:
-    if not is_number(value) or not math.isfinite(value) or value <= 0:
-        raise ValueError(f"{name} must be a positive finite number of seconds, got {value!r}")
-    return value
+def ago(seconds: float) -> str:
+    """How long ago a token expired; a key holder's ``exp = -1e999`` is unbounded, not a crash."""
+    return duration(seconds) if math.isfinite(seconds) else "an unbounded time"
 
 
 def fail_closed(what: str) -> Callable[[Callable[_P, _R]], Callable[_P, _R]]:

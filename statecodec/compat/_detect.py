@@ -117,12 +117,17 @@ def _read_sc1(token: str, cap: int) -> FormatInfo:
 
 def _read_ts_v1(token: str, cap: int) -> FormatInfo:
     envelope = ts_v1.read_envelope(ts_v1.parse(token, cap).body)
-    payload = json.dumps(envelope.get("p"), ensure_ascii=False).encode("utf-8", "surrogatepass")
-    exp = displayable_time(envelope["exp"])
-    fields: dict[str, Any] = {"bound": "b" in envelope}
-    if exp is None:
-        fields["exp_out_of_range"] = str(envelope["exp"])
+    payload, exp, fields = ts_v1_facts(envelope.get("p"), envelope["exp"], "b" in envelope)
     return FormatInfo(TS_V1, "ts-v1", len(token), mode="sign", expires_at=exp, payload=payload, fields=fields)
+
+
+def ts_v1_facts(payload: Any, exp: float, bound: bool) -> tuple[bytes, float | None, dict[str, Any]]:
+    """A ts-v1 envelope as inspect and verify show it: ``p`` as JSON, a displayable ``exp``."""
+    fields: dict[str, Any] = {"bound": bound}
+    shown = displayable_time(exp)
+    if shown is None:
+        fields["exp_out_of_range"] = str(exp)
+    return json.dumps(payload, ensure_ascii=False).encode("utf-8", "surrogatepass"), shown, fields
 
 
 def _read_mcp_py_v1(token: str, cap: int) -> FormatInfo:

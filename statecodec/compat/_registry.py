@@ -11,7 +11,6 @@ Nothing here consumes a token: this is for looking, not for accepting.
 
 from __future__ import annotations
 
-import json
 import math
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -23,11 +22,12 @@ from .._codec import Mode, StateCodec
 from .._errors import InvalidState
 from .._keys import KeyProvider
 from . import mcp_py_v1, rs1, ts_v1
-from ._common import displayable_time
-from ._detect import MCP_PY_V1, RS1, SC1, TS_V1
+from ._common import UNCHECKED, displayable_time
+from ._detect import MCP_PY_V1, RS1, SC1, TS_V1, ts_v1_facts
 
-#: A statecodec key provider (``KeyRing``, ``KeyManager``) or raw secrets.
-KeySource = KeyProvider | Sequence[bytes | str]
+#: What to verify with: a statecodec key provider (``KeyRing``, ``KeyManager``) or raw
+#: secrets. (Not a :class:`statecodec.kms.KeySource`, which is where a ring comes from.)
+VerifyKeys = KeyProvider | Sequence[bytes | str]
 #: Returns the current Unix time, as every ``clock`` in statecodec.
 Clock = Callable[[], float]
 
@@ -72,13 +72,13 @@ class Verified:
 class CompatFormat:
     id: str
     name: str
-    verify: Callable[[str, KeySource, VerifyOptions, Clock], Verified]
+    verify: Callable[[str, VerifyKeys, VerifyOptions, Clock], Verified]
 
 
 def verify(
     format_id: str,
     token: str,
-    keys: KeySource,
+    keys: VerifyKeys,
     options: VerifyOptions | None = None,
     *,
     clock: Clock = time.time,
@@ -93,7 +93,7 @@ def verify(
     return fmt.verify(token, keys, options or VerifyOptions(), clock)
 
 
-def _secrets(keys: KeySource, now: float) -> list[bytes | str]:
+def _secrets(keys: VerifyKeys, now: float) -> list[bytes | str]:
     if isinstance(keys, KeyProvider):
         return [k.secret for k in keys.keyring().keys if k.verifies_at(now)]
     if isinstance(keys, bytes | bytearray | str):
@@ -116,7 +116,7 @@ def _try_each(
     raise InvalidState("tampered", f"{what} does not verify under any of the {len(secrets)} key(s)")
 
 
-def _verify_sc1(token: str, keys: KeySource, options: VerifyOptions, clock: Clock) -> Verified:
+def _verify_sc1(token: str, keys: VerifyKeys, options: VerifyOptions, clock: Clock) -> Verified:
     if not isinstance(keys, KeyProvider):
         raise TypeError("sc1 tokens name their key by kid: pass a key ring, not raw secrets")
     mode = Mode.ENCRYPT if token.startswith("sc1e.") else Mode.SIGN
@@ -136,28 +136,21 @@ def _verify_sc1(token: str, keys: KeySource, options: VerifyOptions, clock: Cloc
     )
 
 
-def _verify_ts_v1(token: str, keys: KeySource, options: VerifyOptions, clock: Clock) -> Verified:
-    value = options.bind
+def _verify_ts_v1(token: str, keys: VerifyKeys, options: VerifyOptions, clock: Clock) -> Verified:
+    bind = UNCHECKED if options.bind is None else options.bind
 
     def open_one(secret: bytes | str) -> Verified:
-        if value is None:
-            opened = ts_v1.TsV1Codec(secret, clock=clock).verify_unbound(token)
-        else:
-            opened = ts_v1.TsV1Codec(secret, bind=lambda _ctx: value, clock=clock).unseal(token)
-        payload = json.dumps(opened.payload, ensure_ascii=False).encode("utf-8", "surrogatepass")
-        checked = ("bind",) if value is not None else ()
-        unchecked = ("bind",) if value is None and opened.bound else ()
-        exp = displayable_time(opened.expires_at)
-        claims: dict[str, Any] = {"bound": opened.bound}
-        if exp is None:
-            claims["exp_out_of_range"] = str(opened.expires_at)
+        opened = ts_v1.unseal(token, secret, bind=bind, clock=clock)
+        payload, exp, claims = ts_v1_facts(opened.payload, opened.expires_at, opened.bound)
+        checked = () if bind is UNCHECKED else ("bind",)
+        unchecked = ("bind",) if bind is UNCHECKED and opened.bound else ()
         return Verified("ts-v1", TS_V1, payload, exp, claims=claims, checked=checked, unchecked=unchecked)
 
     return _try_each(_secrets(keys, clock()), open_one, "the MAC")
 
 
-def _verify_mcp_py_v1(token: str, keys: KeySource, options: VerifyOptions, clock: Clock) -> Verified:
-    u = mcp_py_v1.UNCHECKED
+def _verify_mcp_py_v1(token: str, keys: VerifyKeys, options: VerifyOptions, clock: Clock) -> Verified:
+    u = UNCHECKED
     expect = mcp_py_v1.Expected(
         u if options.method is None else options.method,
         u if options.target is None else options.target,
@@ -165,8 +158,7 @@ def _verify_mcp_py_v1(token: str, keys: KeySource, options: VerifyOptions, clock
         u if options.audience is None else options.audience,
         u if options.principal is None else options.principal,
     )
-    codec = mcp_py_v1.McpPyV1Codec(_secrets(keys, clock()), clock=clock)
-    opened = codec.open(token, expect=expect)
+    opened = mcp_py_v1.unseal(token, _secrets(keys, clock()), expect=expect, clock=clock)
     # Non-finite numbers (a key holder can write 1e999) are not JSON: show them as text.
     claims = {
         k: str(v) if isinstance(v, float) and not math.isfinite(v) else v
@@ -174,7 +166,7 @@ def _verify_mcp_py_v1(token: str, keys: KeySource, options: VerifyOptions, clock
         if k != "s"
     }
     names = ("method", "target", "arguments", "audience", "principal")
-    given = tuple(n for n, want in zip(names, expect, strict=True) if want is not u)
+    compared = tuple(n for n, want in zip(names, expect, strict=True) if want is not u)
     return Verified(
         "mcp-py-v1",
         MCP_PY_V1,
@@ -183,24 +175,18 @@ def _verify_mcp_py_v1(token: str, keys: KeySource, options: VerifyOptions, clock
         displayable_time(opened.issued_at),
         opened.kid,
         claims,
-        checked=given,
-        unchecked=tuple(n for n in names if n not in given),
+        checked=compared,
+        unchecked=tuple(n for n in names if n not in compared),
     )
 
 
-def _verify_rs1(token: str, keys: KeySource, options: VerifyOptions, clock: Clock) -> Verified:
+def _verify_rs1(token: str, keys: VerifyKeys, options: VerifyOptions, clock: Clock) -> Verified:
     ad = options.associated_data or b""
 
     def open_one(secret: bytes | str) -> Verified:
-        opened = rs1.Rs1Codec(secret, clock=clock).unseal(token, ad)
-        exp = opened.expires_at
+        opened = rs1.unseal(token, secret, ad, clock=clock)
         return Verified(
-            "rs1",
-            RS1,
-            opened.payload,
-            None if exp is None else displayable_time(exp),
-            claims={"never_expires": exp is None},
-            checked=("associated_data",),
+            "rs1", RS1, opened.payload, displayable_time(opened.expires_at), checked=("associated_data",)
         )
 
     try:

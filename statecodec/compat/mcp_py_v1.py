@@ -1,6 +1,6 @@
 """The Python SDK's built-in ``requestState`` format (``mcp`` 2.3, ``mcp.server.request_state``).
 
-Two layers, both reproduced here without importing ``mcp``:
+Two layers, both read here without importing ``mcp``:
 
 The cipher (``AESGCMRequestStateCodec``)::
 
@@ -16,6 +16,9 @@ this order)::
     target      = params["uri"] for resources/read, else params["name"]
     args_digest = b64url(SHA-256(json.dumps(arguments or {}, sort_keys=True, compact))[:16])
     p           = b64url(salt[8] || SHA-256(b"mcp/request-state/principal:" + salt + principal)[:16])
+
+The principal is the string the server's ``bind_principal`` returns; the SDK's default is
+the compact JSON array ``[client_id, issuer, subject]`` of the access token.
 
 The boundary accepts a token when ``iat <= now + 60`` and ``now < exp`` and ``m``, ``t``,
 ``a``, ``aud`` and the principal all match. What the format lacks: single use (a token
@@ -33,7 +36,6 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
-import os
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -45,16 +47,16 @@ from cryptography.hazmat.primitives.hashes import SHA256
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
 from .._errors import InvalidState
-from .._humanize import duration
+from .._format import b64encode
 from ._common import (
     DEFAULT_MAX_TOKEN_BYTES,
+    UNCHECKED,
+    ago,
     b64decode,
-    b64encode,
     check_token,
     fail_closed,
     is_number,
     loads,
-    positive_seconds,
     secret_bytes,
 )
 
@@ -67,7 +69,6 @@ NONCE_LEN: Final = 12
 TAG_LEN: Final = 16
 ENVELOPE_VERSION: Final = 1
 FUTURE_SKEW: Final = 60.0
-DEFAULT_TTL: Final = 600.0
 
 
 class ParsedMcpPyV1(NamedTuple):
@@ -87,6 +88,38 @@ class OpenedMcpPyV1:
     issued_at: float
     expires_at: float
     claims: Mapping[str, Any]
+
+
+class Expected(NamedTuple):
+    """What the claims must say. ``None`` means "absent", :data:`UNCHECKED` means "not compared"."""
+
+    method: str | None = UNCHECKED
+    target: str | None = UNCHECKED
+    args_digest: str | None = UNCHECKED
+    audience: str | None = UNCHECKED
+    principal: str | None = UNCHECKED
+
+    def check(self, claims: Mapping[str, Any], kid: str) -> None:
+        for field, claim in (("method", "m"), ("target", "t"), ("args_digest", "a")):
+            want = getattr(self, field)
+            if want is not UNCHECKED and claims.get(claim) != want:
+                raise InvalidState(
+                    "binding_mismatch", f"request binding: sealed for another {field}", kid=kid
+                )
+        if self.audience is not UNCHECKED and claims.get("aud") != self.audience:
+            raise InvalidState("binding_mismatch", f"audience: sealed for {claims.get('aud')!r}", kid=kid)
+        if self.principal is UNCHECKED:
+            return
+        p_claim = claims.get("p")
+        if (p_claim is None) != (self.principal is None):
+            drift = "sealed anonymously" if p_claim is None else "sealed for an authenticated user"
+            raise InvalidState("binding_mismatch", f"principal drift: {drift}", kid=kid)
+        if (
+            p_claim is not None
+            and self.principal is not None
+            and (not isinstance(p_claim, str) or not principal_matches(p_claim, self.principal))
+        ):
+            raise InvalidState("binding_mismatch", "sealed for another principal", kid=kid)
 
 
 def parse(token: str, max_token_bytes: int = DEFAULT_MAX_TOKEN_BYTES) -> ParsedMcpPyV1:
@@ -112,249 +145,99 @@ def key_id(aes_key: bytes) -> bytes:
     return hashlib.sha256(KID_INFO + aes_key).digest()[:KID_LEN]
 
 
-def compact_json(value: Any, *, sort_keys: bool = False) -> str:
-    """The SDK's ``compact_json``: ASCII, compact separators."""
-    return json.dumps(value, sort_keys=sort_keys, separators=(",", ":"))
-
-
 def arguments_digest(arguments: Mapping[str, Any] | None) -> str:
     """The ``a`` claim: ``arguments or {}`` digested exactly as the SDK does."""
-    canonical = compact_json(arguments or {}, sort_keys=True).encode()
+    canonical = json.dumps(arguments or {}, sort_keys=True, separators=(",", ":")).encode()
     return b64encode(hashlib.sha256(canonical).digest()[:16])
 
 
-def request_identity(method: str, params: Mapping[str, Any] | None) -> tuple[str, str]:
-    """``(target, args_digest)`` of a request's JSON-RPC params, as the SDK's boundary computes it."""
-    p: Mapping[str, Any] = params or {}
-    if method == "resources/read":
-        return str(p.get("uri", "")), arguments_digest(None)
-    return str(p.get("name", "")), arguments_digest(p.get("arguments"))
-
-
-def sdk_principal(client_id: str | None, issuer: str | None = None, subject: str | None = None) -> str:
-    """The principal string the SDK's default ``bind_principal`` derives from an access token.
-
-    ``authenticated_principal`` is ``compact_json(principal_components(token))``, i.e. the
-    JSON array ``[client_id, issuer, subject]``; pass the same values to match it.
-    """
-    return compact_json([client_id, issuer, subject])
-
-
-def _principal_bytes(principal: str) -> bytes:
-    return principal.encode("utf-8", "surrogatepass")
-
-
-def principal_claim(principal: str, *, salt: bytes | None = None) -> str:
-    """The ``p`` claim: a salted, UNKEYED SHA-256 of the principal (the SDK's construction)."""
-    salt = os.urandom(8) if salt is None else salt
-    tag = hashlib.sha256(PRINCIPAL_LABEL + salt + _principal_bytes(principal)).digest()[:16]
-    return b64encode(salt + tag)
-
-
 def principal_matches(claim: str, principal: str) -> bool:
+    """Whether the ``p`` claim is the SDK's salted hash of ``principal``."""
     try:
         raw = b64decode(claim, "principal claim")
     except InvalidState:
         return False
-    expected = hashlib.sha256(PRINCIPAL_LABEL + raw[:8] + _principal_bytes(principal)).digest()[:16]
-    return hmac.compare_digest(raw[8:], expected)
+    expected = hashlib.sha256(PRINCIPAL_LABEL + raw[:8] + principal.encode("utf-8", "surrogatepass")).digest()
+    return hmac.compare_digest(raw[8:], expected[:16])
 
 
-class McpPyV1Cipher:
-    """The SDK's ``AESGCMRequestStateCodec``: AES-256-GCM over opaque bytes.
+def decrypt(
+    token: str, secrets: Sequence[bytes | str], max_token_bytes: int = DEFAULT_MAX_TOKEN_BYTES
+) -> tuple[str, bytes]:
+    """``(kid_hex, plaintext)`` as ``AESGCMRequestStateCodec.unseal`` opens it, or :class:`InvalidState`.
 
-    ``keys[0]`` seals; every key unseals, selected by its fingerprint (no trial decryption).
+    ``TypeError``/``ValueError`` for unusable secrets.
     """
-
-    def __init__(
-        self, keys: Sequence[bytes | str], *, max_token_bytes: int = DEFAULT_MAX_TOKEN_BYTES
-    ) -> None:
-        if isinstance(keys, bytes | bytearray | str):
-            raise TypeError("keys must be a sequence of secrets, e.g. [secret]")
-        if not keys:
-            raise ValueError("at least one key is needed")
-        self._ring: dict[bytes, AESGCM] = {}
-        for i, secret in enumerate(keys):
-            kid = key_id(aes_key := derive_key(secret))
-            if kid in self._ring:
-                raise ValueError(f"keys[{i}] duplicates an earlier key")
-            self._ring[kid] = AESGCM(aes_key)
-        self._mint_kid = next(iter(self._ring))
-        self.max_token_bytes = max_token_bytes
-
-    @property
-    def kids(self) -> tuple[str, ...]:
-        """The key fingerprints in hex, sealing key first."""
-        return tuple(kid.hex() for kid in self._ring)
-
-    def __repr__(self) -> str:
-        return f"McpPyV1Cipher(kids={list(self.kids)})"
-
-    def seal(self, plaintext: bytes) -> str:
-        kid, nonce = self._mint_kid, os.urandom(NONCE_LEN)
-        sealed = self._ring[kid].encrypt(nonce, plaintext, PREFIX.encode("ascii") + kid)
-        return PREFIX + b64encode(kid + nonce + sealed)
-
-    def unseal(self, token: str) -> tuple[str, bytes]:
-        """``(kid_hex, plaintext)``, or :class:`InvalidState`."""
-        parsed = parse(token, self.max_token_bytes)
-        kid = parsed.kid.hex()
-        aead = self._ring.get(parsed.kid)
-        if aead is None:
-            raise InvalidState(
-                "unknown_key", f"unknown key fingerprint {kid} - the ring has {', '.join(self.kids)}", kid=kid
-            )
-        try:
-            return kid, aead.decrypt(parsed.nonce, parsed.sealed, PREFIX.encode("ascii") + parsed.kid)
-        except InvalidTag:
-            raise InvalidState(
-                "tampered", "AES-GCM tag does not verify: modified or forged", kid=kid
-            ) from None
+    return _decrypt(token, _ring(secrets), max_token_bytes)
 
 
-class McpPyV1Codec:
-    """Seal and unseal the Python SDK's claims envelope, as its ``RequestStateBoundary`` does.
+def unseal(
+    token: str,
+    secrets: Sequence[bytes | str],
+    *,
+    expect: Expected,
+    clock: Callable[[], float] = time.time,
+    max_token_bytes: int = DEFAULT_MAX_TOKEN_BYTES,
+) -> OpenedMcpPyV1:
+    """Decrypt, check the times, then each field of ``expect`` that is not :data:`UNCHECKED`.
 
-    Tokens from :meth:`seal` are accepted by an SDK server configured with
-    ``RequestStateSecurity(keys=keys, ttl=..., audience=audience)``, and tokens that server
-    mints open here. ``principal`` is the string the server's ``bind_principal`` returns
-    (see :func:`sdk_principal` for the SDK default), ``None`` when it returns ``None``.
-
-    :param keys: the SDK's key ring: ``keys[0]`` seals, all unseal.
-    :param audience: the ``aud`` claim; an SDK server uses its ``audience`` or its name.
+    Times are judged at ``clock()`` (``time.time``). ``TypeError``/``ValueError`` for
+    unusable secrets.
     """
-
-    def __init__(
-        self,
-        keys: Sequence[bytes | str],
-        *,
-        ttl: float = DEFAULT_TTL,
-        audience: str | None = None,
-        clock: Callable[[], float] = time.time,
-        max_token_bytes: int = DEFAULT_MAX_TOKEN_BYTES,
-    ) -> None:
-        self.cipher = McpPyV1Cipher(keys, max_token_bytes=max_token_bytes)
-        self.ttl = positive_seconds(ttl, "ttl")
-        self.audience = audience
-        self.clock = clock
-
-    def __repr__(self) -> str:
-        return f"McpPyV1Codec(kids={list(self.cipher.kids)}, ttl={self.ttl}, audience={self.audience!r})"
-
-    # ------------------------------------------------------------------ sealing
-    def seal(
-        self,
-        state: str,
-        *,
-        method: str,
-        target: str,
-        arguments: Mapping[str, Any] | None = None,
-        principal: str | None = None,
-    ) -> str:
-        now = self.clock()
-        if not isinstance(state, str):
-            raise TypeError(
-                f"state must be str (the SDK seals the handler's string), not {type(state).__name__}"
-            )
-        claims: dict[str, Any] = {
-            "v": ENVELOPE_VERSION,
-            "iat": now,
-            "exp": now + self.ttl,
-            "m": method,
-            "t": target,
-            "a": arguments_digest(arguments),
-            "s": state,
-        }
-        if self.audience is not None:
-            claims["aud"] = self.audience
-        if principal is not None:
-            claims["p"] = principal_claim(principal)
-        return self.cipher.seal(compact_json(claims).encode())
-
-    # ---------------------------------------------------------------- unsealing
-    def unseal(
-        self,
-        token: str,
-        *,
-        method: str,
-        target: str,
-        arguments: Mapping[str, Any] | None = None,
-        principal: str | None = None,
-    ) -> OpenedMcpPyV1:
-        """Verify everything the SDK boundary verifies, or raise :class:`InvalidState`."""
-        expect = Expected(method, target, arguments_digest(arguments), self.audience, principal)
-        return self.open(token, expect=expect)
-
-    def verify_unbound(self, token: str) -> OpenedMcpPyV1:
-        """Decrypt and check version and times but NOT the binding (for ``statecodec verify``)."""
-        return self.open(token, expect=None)
-
-    def open(self, token: str, *, expect: Expected | None) -> OpenedMcpPyV1:
-        """Decrypt, check times, then each field of ``expect`` that is not :data:`UNCHECKED`."""
-        return self._open(token, self.clock(), expect)
-
-    @fail_closed("Python SDK v1")
-    def _open(self, token: str, now: float, expect: Expected | None) -> OpenedMcpPyV1:
-        kid, plaintext = self.cipher.unseal(token)
-        claims = loads(plaintext, "claims envelope")
-        if not isinstance(claims, dict) or not {"v", "iat", "exp", "s"} <= claims.keys():
-            raise InvalidState("malformed", "claims envelope lacks v, iat, exp or s", kid=kid)
-        iat, exp, state = claims["iat"], claims["exp"], claims["s"]
-        if claims["v"] != ENVELOPE_VERSION or not isinstance(state, str):
-            raise InvalidState("malformed", f"claims envelope version {claims['v']!r} or state type", kid=kid)
-        # Stated positively, as in the SDK, so NaN-like surprises fail the comparison.
-        if not (is_number(iat) and iat <= now + FUTURE_SKEW):
-            raise InvalidState(
-                "not_yet_valid", f"minted in the future (beyond the {FUTURE_SKEW:.0f}s skew)", kid=kid
-            )
-        if not (is_number(exp) and now < exp):
-            detail = f"expired {duration(now - exp)} ago" if is_number(exp) else "exp is not a number"
-            raise InvalidState("expired", detail, kid=kid)
-        if expect is not None:
-            expect.check(claims, kid)
-        return OpenedMcpPyV1(state, kid, iat, exp, claims)
+    return _unseal(token, _ring(secrets), clock, expect, max_token_bytes)
 
 
-class _Unchecked:
-    def __repr__(self) -> str:
-        return "UNCHECKED"
+def _ring(secrets: Sequence[bytes | str]) -> dict[bytes, AESGCM]:
+    """The SDK's key ring, by fingerprint: a token names its key, so no trial decryption."""
+    if isinstance(secrets, bytes | bytearray | str):
+        raise TypeError("keys must be a sequence of secrets, e.g. [secret]")
+    if not secrets:
+        raise ValueError("at least one key is needed")
+    ring: dict[bytes, AESGCM] = {}
+    for i, secret in enumerate(secrets):
+        kid = key_id(aes_key := derive_key(secret))
+        if kid in ring:
+            raise ValueError(f"keys[{i}] duplicates an earlier key")
+        ring[kid] = AESGCM(aes_key)
+    return ring
 
 
-#: In :class:`Expected`, a field that is not compared (``statecodec verify`` without that option).
-UNCHECKED: Final[Any] = _Unchecked()
+def _decrypt(token: str, ring: Mapping[bytes, AESGCM], max_token_bytes: int) -> tuple[str, bytes]:
+    parsed = parse(token, max_token_bytes)
+    kid = parsed.kid.hex()
+    aead = ring.get(parsed.kid)
+    if aead is None:
+        known = ", ".join(k.hex() for k in ring)
+        raise InvalidState("unknown_key", f"unknown key fingerprint {kid} - the ring has {known}", kid=kid)
+    try:
+        return kid, aead.decrypt(parsed.nonce, parsed.sealed, PREFIX.encode("ascii") + parsed.kid)
+    except InvalidTag:
+        raise InvalidState("tampered", "AES-GCM tag does not verify: modified or forged", kid=kid) from None
 
 
-class Expected(NamedTuple):
-    """What the claims must say. ``None`` means "absent", :data:`UNCHECKED` means "not compared"."""
-
-    method: str | None
-    target: str | None
-    args_digest: str | None
-    audience: str | None
-    principal: str | None
-
-    def check(self, claims: Mapping[str, Any], kid: str) -> None:
-        for field, claim in (("method", "m"), ("target", "t"), ("args_digest", "a")):
-            want = getattr(self, field)
-            if want is not UNCHECKED and claims.get(claim) != want:
-                raise InvalidState(
-                    "binding_mismatch", f"request binding: sealed for another {field}", kid=kid
-                )
-        if self.audience is not UNCHECKED and claims.get("aud") != self.audience:
-            raise InvalidState("binding_mismatch", f"audience: sealed for {claims.get('aud')!r}", kid=kid)
-        if self.principal is UNCHECKED:
-            return
-        p_claim = claims.get("p")
-        if (p_claim is None) != (self.principal is None):
-            raise InvalidState(
-                "binding_mismatch",
-                "principal drift: "
-                + ("sealed anonymously" if p_claim is None else "sealed for an authenticated user"),
-                kid=kid,
-            )
-        if (
-            p_claim is not None
-            and self.principal is not None
-            and (not isinstance(p_claim, str) or not principal_matches(p_claim, self.principal))
-        ):
-            raise InvalidState("binding_mismatch", "sealed for another principal", kid=kid)
+@fail_closed("Python SDK v1")
+def _unseal(
+    token: str,
+    ring: Mapping[bytes, AESGCM],
+    clock: Callable[[], float],
+    expect: Expected,
+    max_token_bytes: int,
+) -> OpenedMcpPyV1:
+    kid, plaintext = _decrypt(token, ring, max_token_bytes)
+    claims = loads(plaintext, "claims envelope")
+    if not isinstance(claims, dict) or not {"v", "iat", "exp", "s"} <= claims.keys():
+        raise InvalidState("malformed", "claims envelope lacks v, iat, exp or s", kid=kid)
+    iat, exp, state = claims["iat"], claims["exp"], claims["s"]
+    if claims["v"] != ENVELOPE_VERSION or not isinstance(state, str):
+        raise InvalidState("malformed", f"claims envelope version {claims['v']!r} or state type", kid=kid)
+    # Stated positively, as in the SDK, so NaN-like surprises (a NaN clock too) fail the comparison.
+    now = clock()
+    if not (is_number(iat) and iat <= now + FUTURE_SKEW):
+        raise InvalidState(
+            "not_yet_valid", f"minted in the future (beyond the {FUTURE_SKEW:.0f}s skew)", kid=kid
+        )
+    if not (is_number(exp) and now < exp):
+        detail = f"expired {ago(now - exp)} ago" if is_number(exp) else "exp is not a number"
+        raise InvalidState("expired", detail, kid=kid)
+    expect.check(claims, kid)
+    return OpenedMcpPyV1(state, kid, iat, exp, claims)

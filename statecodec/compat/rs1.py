@@ -14,7 +14,9 @@ one), no issued-at, no token id and no replay protection; the payload is readabl
 
 rmcp opens in this order, mapped to statecodec reasons: three dot-separated sections with
 version ``rs1`` (``malformed``), base64url (``malformed``), tag (``tampered``), body of at
-least 8 bytes (``malformed``), ``expiry != 0 and now_ms > expiry`` (``expired``).
+least 8 bytes (``malformed``), ``expiry != 0 and now_ms > expiry`` (``expired``). rmcp
+accepts a token sealed without a TTL (expiry 0) forever; :func:`unseal` refuses it as
+``expired``, since such a token can be replayed for ever (``detect`` still reads it).
 """
 
 from __future__ import annotations
@@ -30,25 +32,14 @@ from typing import Final, NamedTuple
 
 from .._errors import InvalidState
 from .._humanize import duration
-from ._common import (
-    DEFAULT_MAX_TOKEN_BYTES,
-    b64decode,
-    b64encode,
-    check_token,
-    fail_closed,
-    positive_seconds,
-    secret_bytes,
-)
+from ._common import DEFAULT_MAX_TOKEN_BYTES, b64decode, check_token, fail_closed, secret_bytes
 
 VERSION: Final = "rs1"
 PREFIX: Final = "rs1."
 DOMAIN: Final = b"rmcp/mrtr/request-state/v1"
 EXPIRY_LEN: Final = 8
-TAG_LEN: Final = 32
-DEFAULT_TTL: Final = 600
 _I64 = struct.Struct(">q")
 _U64 = struct.Struct(">Q")
-_I64_MAX: Final = 2**63 - 1
 
 
 class ParsedRs1(NamedTuple):
@@ -68,7 +59,7 @@ class OpenedRs1:
     """A verified rs1 token."""
 
     payload: bytes
-    expires_at: float | None  # Unix seconds; None when sealed without a TTL
+    expires_at: float  # Unix seconds
 
 
 def parse(token: str, max_token_bytes: int = DEFAULT_MAX_TOKEN_BYTES) -> ParsedRs1:
@@ -85,75 +76,43 @@ def mac(key: bytes, associated_data: bytes, body: bytes) -> bytes:
     return hmac.digest(key, DOMAIN + _U64.pack(len(associated_data)) + associated_data + body, hashlib.sha256)
 
 
-class Rs1Codec:
-    """Read and write rmcp ``rs1.`` tokens.
+def unseal(
+    token: str,
+    key: bytes | str,
+    associated_data: bytes,
+    *,
+    clock: Callable[[], float] = time.time,
+    max_token_bytes: int = DEFAULT_MAX_TOKEN_BYTES,
+) -> OpenedRs1:
+    """Verify ``token`` against ``associated_data`` (``b""`` for none) or raise :class:`InvalidState`.
 
-    :param key: the rmcp server's key (``RequestStateCodec::try_new``), at least 32 bytes.
-    :param ttl_seconds: lifetime of minted tokens; ``None`` mints tokens that never expire,
-        which rmcp does when no TTL is set. Prefer a TTL.
-    :param require_expiry: reject tokens sealed without a TTL (expiry 0). On by default:
-        a token that never expires can be replayed forever. Turn it off only to read tokens
-        an rmcp server minted without ``SealOptions::ttl``.
+    Expiry is judged at ``clock()`` (``time.time``). ``TypeError``/``ValueError`` for a bad key.
     """
-
-    def __init__(
-        self,
-        key: bytes | str,
-        *,
-        ttl_seconds: float | None = DEFAULT_TTL,
-        require_expiry: bool = True,
-        clock: Callable[[], float] = time.time,
-        max_token_bytes: int = DEFAULT_MAX_TOKEN_BYTES,
-    ) -> None:
-        self._key = secret_bytes(key)
-        self.ttl_seconds = None if ttl_seconds is None else positive_seconds(ttl_seconds, "ttl_seconds")
-        self.require_expiry = require_expiry
-        self.clock = clock
-        self.max_token_bytes = max_token_bytes
-
-    def __repr__(self) -> str:
-        return f"Rs1Codec(ttl_seconds={self.ttl_seconds}, require_expiry={self.require_expiry})"
-
-    def seal(self, payload: bytes, associated_data: bytes = b"") -> str:
-        now = self.clock()
-        if not isinstance(payload, bytes) or not isinstance(associated_data, bytes):
-            raise TypeError("payload and associated_data must be bytes")
-        # rmcp: 0 without a TTL, else now_ms.saturating_add(ttl_ms)
-        ttl = self.ttl_seconds
-        expiry = 0 if ttl is None else min(_now_ms(now) + int(ttl * 1000), _I64_MAX)
-        body = _I64.pack(expiry) + payload
-        return f"{PREFIX}{b64encode(body)}.{b64encode(mac(self._key, associated_data, body))}"
-
-    def unseal(self, token: str, associated_data: bytes = b"") -> OpenedRs1:
-        """Verify ``token`` against ``associated_data`` (``b""`` for none) or raise :class:`InvalidState`."""
-        return self._open(token, associated_data, self.clock())
-
-    @fail_closed("rmcp rs1")
-    def _open(self, token: str, associated_data: bytes, now: float) -> OpenedRs1:
-        parsed = parse(token, self.max_token_bytes)
-        # compare_digest also rejects a tag of the wrong length, as rmcp's verify_slice does.
-        if not hmac.compare_digest(mac(self._key, associated_data, parsed.body), parsed.tag):
-            raise InvalidState(
-                "tampered",
-                "HMAC tag does not match: modified, minted with another key, or sealed with other "
-                "associated data",
-            )
-        expiry = parsed.expiry_ms
-        if expiry is None:
-            raise InvalidState(
-                "malformed", f"body is {len(parsed.body)} bytes, shorter than its expiry field"
-            )
-        now_ms = _now_ms(now)
-        if expiry == 0:
-            if self.require_expiry:
-                raise InvalidState(
-                    "expired", "token never expires (sealed without a TTL) and require_expiry is on"
-                )
-            return OpenedRs1(parsed.body[EXPIRY_LEN:], None)
-        if now_ms > expiry:
-            raise InvalidState("expired", f"expired {duration((now_ms - expiry) / 1000)} ago")
-        return OpenedRs1(parsed.body[EXPIRY_LEN:], expiry / 1000)
+    if not isinstance(associated_data, bytes):
+        raise TypeError("associated_data must be bytes")
+    return _unseal(token, secret_bytes(key), associated_data, clock, max_token_bytes)
 
 
-def _now_ms(now: float) -> int:
-    return math.floor(now * 1000)
+@fail_closed("rmcp rs1")
+def _unseal(
+    token: str, key: bytes, associated_data: bytes, clock: Callable[[], float], max_token_bytes: int
+) -> OpenedRs1:
+    parsed = parse(token, max_token_bytes)
+    # compare_digest also rejects a tag of the wrong length, as rmcp's verify_slice does.
+    if not hmac.compare_digest(mac(key, associated_data, parsed.body), parsed.tag):
+        raise InvalidState(
+            "tampered",
+            "HMAC tag does not match: modified, minted with another key, or sealed with other "
+            "associated data",
+        )
+    expiry = parsed.expiry_ms
+    if expiry is None:
+        raise InvalidState("malformed", f"body is {len(parsed.body)} bytes, shorter than its expiry field")
+    if expiry == 0:
+        raise InvalidState(
+            "expired", "token never expires (sealed without a TTL): refused, it replays for ever"
+        )
+    now_ms = math.floor(clock() * 1000)  # inside fail_closed: a NaN clock is an internal_error
+    if now_ms > expiry:
+        raise InvalidState("expired", f"expired {duration((now_ms - expiry) / 1000)} ago")
+    return OpenedRs1(parsed.body[EXPIRY_LEN:], expiry / 1000)

@@ -3,7 +3,8 @@
 One string names where keys live (``file:PATH``, ``env:NAME``,
 ``vault-transit:MOUNT/NAME``, ``vault-kv:MOUNT/PATH``); :class:`KeyManager` keeps the
 current ring for codecs and refreshes it in the background; :func:`rotate` is the
-scheduled job that adds and retires keys. docs/keys.md has the timeline and runbook.
+scheduled job that adds and retires keys, :func:`retire` the emergency cut after a leak.
+docs/keys.md has the timeline and runbook.
 
 hvac is imported only when a Vault source is used, so this package stays light.
 """
@@ -12,6 +13,7 @@ from .._errors import KeyUnavailable
 from ._errors import KINDS, KeySourceError
 from ._local import EnvSource, FileSource
 from ._manager import KeyManager
+from ._retire import RetirementReport, retire
 from ._rotate import DEFAULT_KEY_TYPE, init_keys, rotate
 from ._settings import VaultSettings
 from ._source import TRANSIT_KEY_TYPES, KeySource, RotationReport
@@ -31,11 +33,13 @@ __all__ = [
     "KeyState",
     "KeyUnavailable",
     "Plan",
+    "RetirementReport",
     "RotationReport",
     "Timeline",
     "VaultSettings",
     "init_keys",
     "key_states",
+    "retire",
     "rotate",
     "source_from_url",
 ]

@@ -1,18 +1,93 @@
-"""Rotation of a keyring *document* (a file, a KV v2 secret): one pure function.
+"""Key ring *documents* (a file, a KV v2 secret): pure changes, written by read-modify-write.
 
-The caller reads the document, calls :func:`rotate_ring`, and writes the result only if
-nobody else wrote in between (a file lock, a KV check-and-set). Because the decision
-depends only on the document and the clock, a second run right after the first finds a
-fresh newest key and changes nothing: the job is idempotent.
+A :class:`DocumentSource` reads the document, applies a pure function of the document
+and the clock, and writes the result only if nobody else wrote in between (a file lock,
+a KV check-and-set). Because :func:`rotate_ring` depends only on the document and the
+clock, a second run right after the first finds a fresh newest key and changes nothing:
+the rotation job is idempotent.
 """
 
 from __future__ import annotations
 
+import abc
 import itertools
+from collections.abc import Callable
 
 from .._keys import Key, KeyRing, new_kid
-from ._source import RotationReport
+from ._source import KeySource, RotationReport
 from ._timeline import Timeline
+
+#: A change to a document: the ring to write, or None to leave it as it is.
+Change = Callable[[KeyRing], KeyRing | None]
+
+
+class DocumentSource(KeySource):
+    """A source whose keys are one key ring document, changed only through :meth:`_update`."""
+
+    @abc.abstractmethod
+    def _update(self, change: Change) -> None:
+        """Read the document, apply ``change``, write its result unless another writer came first.
+
+        ``change`` may run more than once (after a lost check-and-set it decides again
+        from what the other writer wrote), so it must be pure.
+        """
+
+    def rotate(
+        self, *, min_age: float, retire_after: float, now: float, dry_run: bool, timeline: Timeline
+    ) -> RotationReport:
+        reports: list[RotationReport] = []
+
+        def change(ring: KeyRing) -> KeyRing | None:
+            new, report = rotate_ring(
+                ring,
+                source=self.describe(),
+                min_age=min_age,
+                retire_after=retire_after,
+                now=now,
+                dry_run=dry_run,
+                timeline=timeline,
+            )
+            reports.append(report)
+            return None if dry_run else new
+
+        self._update(change)
+        return reports[-1]  # the decision that was written
+
+    def retire_scope(self, ring: KeyRing, kid: str) -> tuple[tuple[str, ...], str | None]:
+        return (kid,), None  # a document loses exactly the one key
+
+    def add_key(self, *, now: float, timeline: Timeline, notes: list[str]) -> str:
+        added: list[str] = []
+
+        def change(ring: KeyRing) -> KeyRing:
+            key = Key.generate(_unused_kid(ring), now=int(now))
+            added.append(key.kid)
+            return with_primary([*ring.keys, key], ring.primary_kid, timeline, now)
+
+        self._update(change)
+        return added[-1]
+
+    def remove_keys(self, kids: tuple[str, ...], *, now: float, timeline: Timeline, notes: list[str]) -> None:
+        gone: list[bool] = []
+
+        def change(ring: KeyRing) -> KeyRing | None:
+            keys = [k for k in ring.keys if k.kid not in kids]
+            gone.append(len(keys) == len(ring.keys))
+            return None if gone[-1] else with_primary(keys, ring.primary_kid, timeline, now)
+
+        self._update(change)
+        if gone[-1]:
+            notes.append(f"{', '.join(kids)} had already left the document (a concurrent retire?)")
+
+
+def with_primary(keys: list[Key], primary: str | None, timeline: Timeline, now: float) -> KeyRing:
+    """``keys`` as a document whose stored primary is the one every KeyManager would choose.
+
+    So a reader that uses the document directly (``KeyRing.from_json``) mints with a key
+    everyone verifies. The old primary is kept only to break ties within one second.
+    """
+    kept = primary if any(k.kid == primary for k in keys) else None
+    return KeyRing(keys, timeline.plan(KeyRing(keys, kept), now).ring.primary_kid)
 
 
 def rotate_ring(
@@ -36,9 +111,7 @@ def rotate_ring(
         keys.append(new)
         live.append(new)
 
-    # The stored primary follows the same rule as every KeyManager, so a reader that
-    # uses the document directly (KeyRing.from_json) mints with a key everyone verifies.
-    primary = timeline.plan(KeyRing(keys, _keep(ring.primary_kid, keys)), now).ring.primary_kid
+    primary = with_primary(keys, ring.primary_kid, timeline, now).primary_kid
 
     retired: list[str] = []
     for older, successor in itertools.pairwise(live):
@@ -70,7 +143,3 @@ def _unused_kid(ring: KeyRing) -> str:
     while (kid := new_kid()) in ring.kids:
         pass  # 2**32 random kids: a collision is rare, never twice in a row
     return kid
-
-
-def _keep(primary: str | None, keys: list[Key]) -> str | None:
-    return primary if any(k.kid == primary for k in keys) else None

@@ -23,12 +23,14 @@ KINDS: Final[tuple[Kind, ...]] = (
 class KeySourceError(StateCodecError):
     """Keys could not be loaded, rotated or created.
 
-    The message says what to do ("VAULT_ADDR is not set", "permission denied reading
+    The message is one line and says what to do ("VAULT_ADDR is not set", "permission denied reading
     transit/export/encryption-key/mcp-state"); it never contains key material or tokens.
     ``kind`` is one of :data:`KINDS`; ``source`` describes where the keys were sought.
     """
 
     def __init__(self, message: str, *, kind: Kind = "invalid", source: str | None = None) -> None:
+        # One line, always: it ends up in a log line, a CLI error, a JSON "message".
+        message = " ".join(part for line in message.splitlines() if (part := line.strip()))
         self.kind: Kind = kind
         self.source = source
         super().__init__(f"{source}: {message}" if source else message)

@@ -9,19 +9,18 @@ from __future__ import annotations
 from typing import Any
 
 from .._keys import KeyRing
-from ._document import rotate_ring
+from ._document import Change, DocumentSource
 from ._errors import KeySourceError
 from ._settings import VaultSettings
-from ._source import KeySource, RotationReport, require_keys
-from ._timeline import Timeline
+from ._source import require_keys
 from ._vault import VaultSession
 
-#: A rotation that loses the check-and-set race re-reads and decides again; a writer
+#: A change that loses the check-and-set race re-reads and decides again; a writer
 #: that keeps winning this often means something is wrong, not busy.
 MAX_CAS_ATTEMPTS = 4
 
 
-class KVSource(KeySource):
+class KVSource(DocumentSource):
     def __init__(self, mount: str, path: str, settings: VaultSettings) -> None:
         self.mount = mount
         self.path = path
@@ -67,29 +66,19 @@ class KVSource(KeySource):
             ),
         )
 
-    def rotate(
-        self, *, min_age: float, retire_after: float, now: float, dry_run: bool, timeline: Timeline
-    ) -> RotationReport:
+    def _update(self, change: Change) -> None:
         for _ in range(MAX_CAS_ATTEMPTS):
             ring, version = self._read()
-            new, report = rotate_ring(
-                ring,
-                source=self.describe(),
-                min_age=min_age,
-                retire_after=retire_after,
-                now=now,
-                dry_run=dry_run,
-                timeline=timeline,
-            )
-            if new is None or dry_run:
-                return report
+            new = change(ring)
+            if new is None:
+                return
             try:
                 self._write(new, version)
             except KeySourceError as exc:
                 if exc.kind != "conflict":
                     raise
-                continue  # another run wrote first: decide again from what it wrote
-            return report
+                continue  # another writer came first: decide again from what it wrote
+            return
         raise KeySourceError(
             f"lost the check-and-set race {MAX_CAS_ATTEMPTS} times in a row; is another writer looping?",
             kind="conflict",

@@ -12,10 +12,9 @@ from pathlib import Path
 
 from .. import _format
 from .._keys import MIN_SECRET_BYTES, KeyRing
-from ._document import rotate_ring
+from ._document import Change, DocumentSource
 from ._errors import KeySourceError, Kind
-from ._source import KeySource, RotationReport, require_keys
-from ._timeline import Timeline
+from ._source import KeySource, require_keys
 
 logger = logging.getLogger("statecodec.kms")
 
@@ -23,7 +22,7 @@ logger = logging.getLogger("statecodec.kms")
 ENV_SECRET_KID = "k0"  # noqa: S105  # nosec B105 - a key id, not a secret
 
 
-class FileSource(KeySource):
+class FileSource(DocumentSource):
     """``file:PATH``: a keyring JSON file (:meth:`KeyRing.to_json`), rewritten atomically on rotation."""
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
@@ -58,60 +57,31 @@ class FileSource(KeySource):
         except ValueError as exc:
             raise self._error(str(exc), "invalid") from None
 
-    def rotate(
-        self, *, min_age: float, retire_after: float, now: float, dry_run: bool, timeline: Timeline
-    ) -> RotationReport:
-        # The lock makes two concurrent runs take turns: the second reads the first's
-        # result, finds a fresh newest key and does nothing (idempotence).
+    def _update(self, change: Change) -> None:
+        # The lock makes two concurrent writers take turns: the second reads the first's
+        # result (a rotation then finds a fresh newest key and does nothing).
         with self._locked():
-            new, report = rotate_ring(
-                self.load(),
-                source=self.describe(),
-                min_age=min_age,
-                retire_after=retire_after,
-                now=now,
-                dry_run=dry_run,
-                timeline=timeline,
-            )
-            if new is not None and not dry_run:
-                self._replace(new.to_json())
-        return report
+            new = change(self.load())
+            if new is None:
+                return
+            try:
+                mode = stat.S_IMODE(self.path.stat().st_mode)  # kept: the operator chose it
+                write_key_file(self.path, new.to_json(), replace=True, mode=mode)
+            except PermissionError:
+                raise self._error("permission denied writing the key file's directory", "denied") from None
 
     def init(self, *, key_type: str, now: float) -> str:
         ring = KeyRing.generate(created_at=int(now))
         try:
-            fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            write_key_file(self.path, ring.to_json(), replace=False)
         except FileExistsError:
             self.load()  # an existing file must at least be a valid ring
             return f"{self.describe()} already exists; left unchanged"
+        except PermissionError:
+            raise self._error("permission denied creating the key file", "denied") from None
         except OSError as exc:
-            raise self._error(f"cannot create the key file: {exc.strerror}", "denied") from None
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(ring.to_json())
-            fh.flush()
-            os.fsync(fh.fileno())
+            raise self._error(f"cannot create the key file: {exc.strerror}", "config") from None
         return f"{self.describe()}: created a key ring with key {ring.primary_kid} (mode 600)"
-
-    def _replace(self, text: str) -> None:
-        """Write via a temporary file and rename, so readers see the old or the new ring, never half."""
-        mode = stat.S_IMODE(self.path.stat().st_mode)
-        fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=f".{self.path.name}.", suffix=".tmp")
-        try:
-            with os.fdopen(fd, "w", encoding="utf-8") as fh:
-                fh.write(text)
-                fh.flush()
-                os.fsync(fh.fileno())
-            os.chmod(tmp, mode)
-            os.replace(tmp, self.path)
-        except BaseException:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
-            raise
-        dir_fd = os.open(self.path.parent, os.O_RDONLY)
-        try:
-            os.fsync(dir_fd)  # the rename itself survives a crash
-        finally:
-            os.close(dir_fd)
 
     @contextlib.contextmanager
     def _locked(self) -> Iterator[None]:
@@ -121,7 +91,8 @@ class FileSource(KeySource):
         try:
             fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o600)
         except OSError as exc:
-            raise self._error(f"cannot create the lock file {lock_path}: {exc.strerror}", "denied") from None
+            kind: Kind = "denied" if isinstance(exc, PermissionError) else "unreachable"
+            raise self._error(f"cannot create the lock file {lock_path}: {exc.strerror}", kind) from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)
             yield
@@ -130,6 +101,41 @@ class FileSource(KeySource):
 
     def _error(self, message: str, kind: Kind) -> KeySourceError:
         return KeySourceError(message, kind=kind, source=self.describe())
+
+
+def write_key_file(path: Path, text: str, *, replace: bool, mode: int = 0o600) -> None:
+    """Write a secret file durably, so that readers see the old content or the new, never half.
+
+    ``replace=False`` creates the file (``FileExistsError`` if it exists) with ``mode``
+    from the first byte: no window in which another user could open it. ``replace=True``
+    writes a temporary file in the same directory (``mkstemp``: private and unique),
+    sets ``mode`` and renames it over ``path``. Either way the data is fsynced, then the
+    directory, so the new name survives a crash too.
+    """
+    if not replace:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(text)
+            fh.flush()
+            os.fsync(fh.fileno())
+    else:
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8") as fh:
+                fh.write(text)
+                fh.flush()
+                os.fsync(fh.fileno())
+            os.chmod(tmp, mode)
+            os.replace(tmp, path)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            raise
+    dir_fd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)
 
 
 class EnvSource(KeySource):

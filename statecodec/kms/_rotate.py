@@ -47,7 +47,7 @@ def rotate(
             f"+ expiry grace {tl.expiry_grace:g}s + 1s); raise it, or pass the timeline your services "
             "really use"
         )
-    return _with_source(
+    return with_source(
         source,
         lambda src: src.rotate(
             min_age=min_age,
@@ -70,10 +70,10 @@ def init_keys(
     no creation times, so ``rotate()`` cannot manage them). A new file or KV document's
     key is stamped ``clock()``.
     """
-    return _with_source(source, lambda src: src.init(key_type=key_type, now=clock()))
+    return with_source(source, lambda src: src.init(key_type=key_type, now=clock()))
 
 
-def _with_source(source: KeySource | str, action: Callable[[KeySource], T]) -> T:
+def with_source(source: KeySource | str, action: Callable[[KeySource], T]) -> T:
     src = source_from_url(source) if isinstance(source, str) else source
     try:
         return action(src)

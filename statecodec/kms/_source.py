@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import abc
+import secrets
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
 from .._humanize import duration
-from .._keys import KeyRing
+from .._keys import Key, KeyRing
 from ._errors import KeySourceError
 from ._timeline import Timeline
 
@@ -103,6 +105,37 @@ class KeySource(abc.ABC):
             source=self.describe(),
         )
 
+    def metadata(self) -> KeyRing:
+        """Every key's id and times; the secrets may be stand-ins (:func:`metadata_ring`).
+
+        What ``keys list`` and ``retire()`` read. A source whose secrets are guarded apart
+        from their metadata (transit) reads only the metadata, so the rotation job's
+        policy, which never sees key material, suffices.
+        """
+        return self.load()
+
+    # Emergency retirement (see ._retire): which keys go, and the two writes it needs.
+    def retire_scope(self, ring: KeyRing, kid: str) -> tuple[tuple[str, ...], str | None]:
+        """The kids that stop verifying when ``kid`` is retired, ``kid`` included, and why if more."""
+        raise self._cannot_retire()
+
+    def add_key(self, *, now: float, timeline: Timeline, notes: list[str]) -> str:
+        """Create a new key (it verifies at its next refresh, mints once promoted); its kid."""
+        raise self._cannot_retire()
+
+    def remove_keys(self, kids: tuple[str, ...], *, now: float, timeline: Timeline, notes: list[str]) -> None:
+        """Make exactly ``kids`` (a :meth:`retire_scope`) stop verifying at the next refresh."""
+        raise self._cannot_retire()
+
+    def _cannot_retire(self) -> KeySourceError:
+        return KeySourceError(
+            "statecodec cannot retire keys it does not store; remove the key from the keyring JSON where "
+            "it is defined (when it is the primary, add a new key first and wait for it to be promoted; "
+            "see docs/keys.md)",
+            kind="unsupported",
+            source=self.describe(),
+        )
+
     def close(self) -> None:  # noqa: B027 - most sources hold nothing to release
         """Release connections. The source stays usable; it reconnects on demand."""
 
@@ -114,3 +147,12 @@ def require_keys(ring: KeyRing, source: str) -> KeyRing:
     if not len(ring):
         raise KeySourceError("the key ring is empty", kind="invalid", source=source)
     return ring
+
+
+def metadata_ring(keys: Iterable[tuple[str, int]]) -> KeyRing:
+    """Key ids and creation times as a ring, for :class:`Timeline` decisions and listings.
+
+    The secrets are random stand-ins, drawn here and never stored or shown: such a ring
+    says which keys exist and when, and verifies nothing anyone ever sealed.
+    """
+    return KeyRing(Key(kid, secrets.token_bytes(32), created_at) for kid, created_at in keys)

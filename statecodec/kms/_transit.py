@@ -19,7 +19,7 @@ from .. import _format
 from .._keys import MIN_SECRET_BYTES, Key, KeyRing
 from ._errors import KeySourceError
 from ._settings import VaultSettings
-from ._source import TRANSIT_KEY_TYPES, KeySource, RotationReport
+from ._source import TRANSIT_KEY_TYPES, KeySource, RotationReport, metadata_ring
 from ._timeline import Timeline
 from ._vault import VaultSession
 
@@ -88,6 +88,22 @@ class TransitSource(KeySource):
         keys = [Key(self.kid(v), self._secret(v, exported[str(v)]), created[v]) for v in versions]
         # No primary: Vault has no notion of promotion; the KeyManager's timeline decides.
         return KeyRing(keys)
+
+    def metadata(self) -> KeyRing:
+        # transit/keys/NAME only: what the rotation policy may read (it never exports).
+        meta = self._metadata()
+        versions = self._live_versions(meta)
+        created = self._creation_times(meta, versions)
+        return metadata_ring((self.kid(v), created[v]) for v in versions)
+
+    @staticmethod
+    def _live_versions(meta: dict[str, Any]) -> list[int]:
+        """The versions export would return: from min_decryption_version to the latest.
+
+        Counted, not read from ``keys``, which hmac-type keys leave out.
+        """
+        first = max(1, int(meta.get("min_decryption_version") or 1))
+        return list(range(first, int(meta["latest_version"]) + 1))
 
     def _metadata(self) -> dict[str, Any]:
         meta: dict[str, Any] = self.session.read(
@@ -213,15 +229,54 @@ class TransitSource(KeySource):
             return []
         target = max(old_enough)
         if not dry_run:
-            self._write_until(
-                f"updating {self.mount}/keys/{self.name}/config",
-                lambda c: c.secrets.transit.update_key_configuration(
-                    self.name, min_decryption_version=target, mount_point=self.mount
-                ),
-                done=lambda meta: int(meta["min_decryption_version"]) >= target,
-                notes=notes,
-            )
+            self._cut_below(target, notes)
         return [self.kid(v) for v in range(current, target) if v in times]
+
+    # ---------------------------------------------------------------- retire
+    def retire_scope(self, ring: KeyRing, kid: str) -> tuple[tuple[str, ...], str | None]:
+        meta = self._metadata()
+        self._dated(meta)  # hmac keys: no creation times, so no safe plan either
+        version = {self.kid(v): v for v in self._live_versions(meta)}.get(kid)
+        if version is None:
+            return (), None  # not a live version: the caller reports it missing
+        older = tuple(self.kid(v) for v in self._live_versions(meta) if v < version)
+        why = (
+            f"transit retires by raising min_decryption_version, so {', '.join(older)} (older) go with {kid}"
+            if older
+            else None
+        )
+        return (*older, kid), why
+
+    def add_key(self, *, now: float, timeline: Timeline, notes: list[str]) -> str:
+        meta = self._metadata()
+        return self._rotate_once(int(meta["latest_version"]), notes)[1]
+
+    def remove_keys(self, kids: tuple[str, ...], *, now: float, timeline: Timeline, notes: list[str]) -> None:
+        meta = self._metadata()
+        live = self._live_versions(meta)
+        cut = [v for v in live if self.kid(v) in kids]
+        if not cut:
+            notes.append(f"{', '.join(kids)} no longer verified (a concurrent retire?)")
+            return
+        target = max(cut) + 1
+        if [v for v in live if v < target] != cut:  # never cut more than was asked
+            raise KeySourceError(
+                f"retiring {', '.join(kids)} would also retire other versions; run the retire again",
+                kind="conflict",
+                source=self.describe(),
+            )
+        self._cut_below(target, notes)
+
+    def _cut_below(self, version: int, notes: list[str]) -> None:
+        """Raise min_decryption_version: versions below ``version`` leave every export."""
+        self._write_until(
+            f"updating {self.mount}/keys/{self.name}/config",
+            lambda c: c.secrets.transit.update_key_configuration(
+                self.name, min_decryption_version=version, mount_point=self.mount
+            ),
+            done=lambda meta: int(meta["min_decryption_version"]) >= version,
+            notes=notes,
+        )
 
     def _write_until(
         self,

@@ -24,7 +24,8 @@ def source_from_url(
 
     Vault sources take their address and credentials from ``vault`` or the ``VAULT_*``
     environment (:meth:`VaultSettings.from_env`); ``vault_options`` override single
-    fields (``timeout=2``, ``role_id=...``). ``export`` picks the transit export type
+    fields (``timeout=2``, ``role_id=...``, or ``client=`` an ``hvac.Client`` your
+    service has already authenticated). ``export`` picks the transit export type
     (``encryption-key`` or ``hmac-key``; by default the one the key's type has).
     """
     scheme, sep, rest = url.partition(":")

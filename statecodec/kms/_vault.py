@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import random
+import re
 import threading
 import time
 from collections.abc import Callable
@@ -21,6 +22,7 @@ import requests
 
 from ._errors import KeySourceError, Kind
 from ._settings import VaultSettings
+from ._tls import TLSConfigError, certificate_problem, tls_session
 
 logger = logging.getLogger("statecodec.kms")
 
@@ -37,9 +39,21 @@ _TRANSIENT = (
 )
 _DENIED = (hx.Forbidden, hx.Unauthorized)
 
+#: Login method -> the setting naming its mount, and that setting's variable (for messages).
+_MOUNTS = {
+    "approle": ("approle_mount", "VAULT_APPROLE_MOUNT"),
+    "kubernetes": ("k8s_mount", "VAULT_K8S_MOUNT"),
+    "jwt": ("jwt_mount", "VAULT_JWT_MOUNT"),
+    "cert": ("cert_mount", "VAULT_CERT_MOUNT"),
+}
+
 
 class VaultSession:
-    """Lazily connects and logs in; renews the token at 2/3 of its lease; re-logs in on 403."""
+    """Lazily connects and logs in; renews the token at 2/3 of its lease; re-logs in on 403.
+
+    With ``settings.client`` (a caller's authenticated ``hvac.Client``) it does none of
+    that: the caller owns the client's token and connection, and a 403 is final.
+    """
 
     def __init__(self, settings: VaultSettings, source: str) -> None:
         self.settings = settings
@@ -70,13 +84,21 @@ class VaultSession:
                     client = self._ready()
                 return call(client)
             except _DENIED as exc:
-                if relogged or self.settings.auth_method == "token":
+                if relogged or not self.settings.relogin:
                     raise self._error(self._denied(what, exc), "denied") from None
                 relogged = True  # the token may have expired or been revoked: log in again, once
-                logger.info("statecodec.kms: %s: Vault answered 403 %s; logging in again", self.source, what)
+                logger.info(
+                    "statecodec.kms: %s: Vault answered 403 %s; logging in again",
+                    self.source,
+                    what,
+                    extra={"source": self.source, "auth_method": self.settings.auth_method},
+                )
                 with self._lock:
                     self._logged_in = False
             except _TRANSIENT as exc:
+                problem = certificate_problem(exc) if isinstance(exc, requests.exceptions.SSLError) else None
+                if problem is not None:  # fails the same way on every retry: the settings are wrong
+                    raise self._error(self._tls_problem(problem), "config") from None
                 attempt += 1
                 if attempt >= attempts:
                     raise self._error(self._unreachable(exc), "unreachable") from None
@@ -99,8 +121,8 @@ class VaultSession:
 
     def close(self) -> None:
         with self._lock:
-            if self._client is not None:
-                self._client.adapter.close()
+            if self._client is not None and self.settings.client is None:
+                self._client.adapter.close()  # a caller's own client stays open
             self._client = None
             self._logged_in = False
 
@@ -115,48 +137,89 @@ class VaultSession:
 
     def _connect(self) -> Any:
         s = self.settings
+        if s.client is not None:
+            self._client = s.client
+            return self._client
         if not s.addr:
             raise self._error(
                 "VAULT_ADDR is not set (export VAULT_ADDR=https://vault.example:8200)", "config"
             )
-        if s.cacert and not Path(s.cacert).is_file():
-            raise self._error(f"VAULT_CACERT={s.cacert} is not a readable file", "config")
+        session = None  # plain HTTP (a dev server, a local agent): no TLS to configure
+        if s.addr.lower().startswith("https://"):
+            try:
+                session = tls_session(s)
+            except TLSConfigError as exc:
+                raise self._error(str(exc), "config") from None
         # token="" keeps hvac from reading VAULT_TOKEN behind our back; _login sets it.
         self._client = hvac.Client(
             url=s.addr,
             token="",  # nosec B106 - empty: no token until _login
-            verify=s.cacert or True,
+            session=session,
             timeout=s.timeout,
             namespace=s.namespace,
         )
         return self._client
 
     def _login(self, client: Any) -> None:
-        s = self.settings
-        method = s.auth_method
+        method = self.settings.auth_method
         try:
-            if method == "approle":
-                if not s.secret_id:
-                    raise self._error("VAULT_ROLE_ID is set but VAULT_SECRET_ID is not", "config")
-                auth = client.auth.approle.login(s.role_id, s.secret_id, mount_point=s.approle_mount)["auth"]
-            elif method == "kubernetes":
-                auth = client.auth.kubernetes.login(s.k8s_role, self._k8s_jwt(), mount_point=s.k8s_mount)[
-                    "auth"
-                ]
-            else:
-                client.token = s.token or _token_file()
-                if not client.token:
-                    raise self._error(
-                        "no Vault credentials: set VAULT_TOKEN, or VAULT_ROLE_ID and VAULT_SECRET_ID "
-                        "(AppRole), or VAULT_K8S_ROLE (Kubernetes)",
-                        "config",
-                    )
-                auth = self._lookup_self(client)
-        except (hx.InvalidRequest, *_DENIED) as exc:
-            raise self._error(f"{method} login failed: {_message(exc)}", "denied") from None
+            auth = self._authenticate(client, method)
+        except (hx.InvalidRequest, hx.InvalidPath, *_DENIED) as exc:
+            # Vault answers 403 to a login at a path where nothing is mounted, too.
+            raise self._error(
+                f"{method} login failed: {_message(exc)} ({self._login_hint(method)})", "denied"
+            ) from None
         self.logins += 1
         self._logged_in = True
         self._schedule(float(auth.get("lease_duration") or 0), bool(auth.get("renewable")))
+
+    def _authenticate(self, client: Any, method: str) -> dict[str, Any]:
+        """Log in with ``method``; the token's ``auth`` block (lease, renewable)."""
+        s = self.settings
+        if method == "client":
+            return {}  # the caller's token: never renewed here, so its lease does not matter
+        if method == "token":
+            client.token = s.token or _token_file()
+            if not client.token:
+                raise self._error(
+                    "no Vault credentials: set VAULT_TOKEN, or VAULT_ROLE_ID and VAULT_SECRET_ID (AppRole), "
+                    "VAULT_K8S_ROLE (Kubernetes), VAULT_JWT_ROLE (JWT/OIDC) or VAULT_CERT_ROLE "
+                    "(TLS certificate)",
+                    "config",
+                )
+            return self._lookup_self(client)
+        if method == "approle":
+            if not s.secret_id:
+                raise self._error("VAULT_ROLE_ID is set but VAULT_SECRET_ID is not", "config")
+            answer = client.auth.approle.login(s.role_id, s.secret_id, mount_point=s.approle_mount)
+        elif method == "kubernetes":
+            jwt = self._read_jwt(s.k8s_jwt_path, "the Kubernetes service account token")
+            answer = client.auth.kubernetes.login(s.k8s_role, jwt, mount_point=s.k8s_mount)
+        elif method == "jwt":
+            answer = client.auth.jwt.jwt_login(s.jwt_role, self._jwt(), path=s.jwt_mount)
+        else:  # cert: the client certificate is presented by the TLS handshake itself (see _tls)
+            if not s.client_cert:
+                raise self._error(
+                    "VAULT_CERT_ROLE is set but VAULT_CLIENT_CERT is not (the certificate to log in with)",
+                    "config",
+                )
+            answer = client.adapter.login(f"/v1/auth/{s.cert_mount}/login", json={"name": s.cert_role})
+        return dict(answer["auth"])
+
+    def _login_hint(self, method: str) -> str:
+        """What to check when a login fails: where the method is mounted, and its credentials."""
+        s = self.settings
+        field, var = _MOUNTS[method]
+        where = f"is the {method} auth method enabled at auth/{getattr(s, field)}/ ({var})"
+        if method == "jwt":
+            source = f"VAULT_JWT_PATH={s.jwt_path}" if s.jwt_path else "VAULT_JWT"
+            return f"{where}, and is the JWT from {source} current and within role {s.jwt_role}'s bounds?"
+        if method == "cert":
+            issuer = f"the CA that issued VAULT_CLIENT_CERT={s.client_cert}"
+            return f"{where}, and does role {s.cert_role} trust {issuer}?"
+        if method == "kubernetes":
+            return f"{where}, and does role {s.k8s_role} accept this service account?"
+        return f"{where}, and are VAULT_ROLE_ID and VAULT_SECRET_ID current?"
 
     def _lookup_self(self, client: Any) -> dict[str, Any]:
         # Only to learn the lease; a token without the default policy still works unrenewed.
@@ -171,7 +234,7 @@ class VaultSession:
             auth = client.auth.token.renew_self()["auth"]
         except (hx.InvalidRequest, hx.InternalServerError, *_DENIED) as exc:
             # Past its max TTL, or revoked: a new login is the only cure.
-            if self.settings.auth_method == "token":
+            if not self.settings.relogin:
                 logger.warning(
                     "statecodec.kms: %s: renewing VAULT_TOKEN failed (%s); it will expire",
                     self.source,
@@ -183,7 +246,7 @@ class VaultSession:
             return
         lease = float(auth.get("lease_duration") or 0)
         self.renewals += 1
-        if lease < self._lease and self.settings.auth_method != "token":
+        if lease < self._lease and self.settings.relogin:
             # The lease was capped by the token's max TTL: start afresh instead of
             # renewing an ever shorter lease until it dies between two refreshes.
             self._login(client)
@@ -194,23 +257,44 @@ class VaultSession:
         self._lease = lease
         self._renew_at = time.monotonic() + lease * 2 / 3 if renewable and lease > 0 else None
 
-    def _k8s_jwt(self) -> str:
-        path = Path(self.settings.k8s_jwt_path)
+    def _jwt(self) -> str:
+        s = self.settings
+        if s.jwt_path:  # re-read at every login: CI systems hand out JWTs that live minutes
+            return self._read_jwt(s.jwt_path, "the JWT in VAULT_JWT_PATH")
+        if s.jwt:
+            return s.jwt
+        raise self._error("VAULT_JWT_ROLE is set but neither VAULT_JWT_PATH nor VAULT_JWT is", "config")
+
+    def _read_jwt(self, file: str, what: str) -> str:
+        path = Path(file)
         try:
             return path.read_text(encoding="utf-8").strip()
-        except OSError as exc:
-            raise self._error(
-                f"cannot read the Kubernetes service account token {path}: {exc.strerror}", "config"
-            ) from None
+        except (OSError, UnicodeDecodeError) as exc:
+            reason = exc.strerror if isinstance(exc, OSError) else "not UTF-8 text"
+            raise self._error(f"cannot read {what} {path}: {reason}", "config") from None
 
     # ----------------------------------------------------------------- errors
     def _error(self, message: str, kind: Kind) -> KeySourceError:
         return KeySourceError(message, kind=kind, source=self.source)
 
+    def _tls_problem(self, problem: str) -> str:
+        where = self.settings.where()
+        if "refused our client certificate" in problem:
+            return f"TLS handshake with {where} failed: {problem}; set VAULT_CLIENT_CERT and VAULT_CLIENT_KEY"
+        if "mismatch" in problem.lower():
+            return (
+                f"TLS verification of {where} failed: {problem}; use an address the certificate names, "
+                "or set VAULT_TLS_SERVER_NAME to a name it holds"
+            )
+        return (
+            f"TLS verification of {where} failed: {problem}; set VAULT_CACERT (or VAULT_CAPATH) to the CA "
+            "that signed the server's certificate"
+        )
+
     def _unreachable(self, exc: BaseException) -> str:
         where = self.settings.where()
         if isinstance(exc, requests.exceptions.SSLError):
-            return f"TLS verification failed for {where}; set VAULT_CACERT to the CA bundle that signed it"
+            return f"TLS handshake with {where} failed ({type(exc).__name__}); is VAULT_ADDR right?"
         if isinstance(exc, requests.exceptions.Timeout):
             return f"Vault at {where} did not answer within {self.settings.timeout:g}s"
         if isinstance(exc, requests.exceptions.ConnectionError):
@@ -229,9 +313,17 @@ class VaultSession:
 
 
 def _message(exc: BaseException) -> str:
+    """One line: ``1 error occurred:\\n\\t* permission denied\\n\\n`` -> the error."""
     if isinstance(exc, hx.VaultError):
-        return ", ".join(exc.errors) if exc.errors else str(exc.args[0] if exc.args else type(exc).__name__)
-    return str(exc)
+        text = "; ".join(exc.errors) if exc.errors else str(exc.args[0] if exc.args else type(exc).__name__)
+    else:
+        text = str(exc)
+    text = _ERROR_COUNT.sub("", text)
+    return "; ".join(part for line in text.splitlines() if (part := line.strip().removeprefix("* ").strip()))
+
+
+#: The go-multierror header Vault puts before its list of errors.
+_ERROR_COUNT = re.compile(r"\b\d+ errors? occurred:")
 
 
 def _token_file() -> str | None:

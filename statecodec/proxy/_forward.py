@@ -19,12 +19,11 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 from typing import Any, Final
-from urllib.parse import quote
 
 import anyio
 import httpx
 
-from ..adapters.asgi import Message, Receive, Scope, Send, dumps
+from ..adapters.asgi import Message, Receive, Scope, Send, dumps, request_path
 
 logger = logging.getLogger("statecodec.proxy")
 
@@ -167,7 +166,7 @@ class UpstreamApp:
         client = scope.get("client")
         if client:
             out = _append_forwarded_for(out, str(client[0]))
-        raw_path = scope.get("raw_path") or quote(scope.get("path", "/")).encode("ascii")
+        raw_path = request_path(scope)  # the path the middleware decided on
         query = scope.get("query_string", b"")
         target = raw_path + (b"?" + query if query else b"")
         url = self.upstream.copy_with(raw_path=target)

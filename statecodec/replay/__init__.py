@@ -4,7 +4,8 @@ Pick one by URL with :func:`store_from_url`, or build one directly:
 
 * :class:`MemoryReplayStore` (``memory:``): one process, tests.
 * :class:`SQLiteReplayStore` (``sqlite:PATH``): one machine, any number of worker processes.
-* :class:`RedisReplayStore` (``redis://``, ``rediss://``, ``valkey://``): many machines.
+* :class:`RedisReplayStore` (``redis://``, ``rediss://``, ``unix://``, ``redis+cluster://``,
+  ``redis+sentinel://``; ``valkey`` spells ``redis``): many machines.
 
 ``redis`` is imported only when :class:`RedisReplayStore` is first used, so that
 ``import statecodec`` works without the ``redis`` extra.

@@ -52,6 +52,14 @@ class ReplayStore(abc.ABC):
         """Async :meth:`consume`; by default in a worker thread."""
         return await asyncio.to_thread(self.consume, key, retention)
 
+    def check(self) -> None:  # noqa: B027 - optional hook, empty by default
+        """Make sure, at start-up, that the store can answer; raise :class:`ReplayStoreError` if not.
+
+        Servers and ``statecodec proxy`` call it before accepting requests, so that an
+        unreachable or misconfigured store stops the start instead of failing every
+        request. The default does nothing (memory and SQLite stores open when built).
+        """
+
     def close(self) -> None:  # noqa: B027 - optional hook, empty by default
         """Release connections or files."""
 

@@ -8,13 +8,28 @@ is a nonce unique to the call, so that a retry of a command whose reply was lost
 timeout after the server executed it) recognises its own write instead of reporting
 the token as replayed; this is what makes retries safe.
 
+One URL names the deployment, and redis-py does the rest: ``redis://`` one server,
+``redis+cluster://`` a Redis Cluster (redis-py routes each key to the primary owning
+its slot and follows the cluster through failovers), ``redis+sentinel://`` the primary
+that Sentinel designates (redis-py asks the sentinels again after a failover). Single-key
+commands only, so the cluster needs no hash tags and keys spread over every primary.
+
+Replication is asynchronous: a consume acknowledged by a primary that dies before its
+replica copied it is lost, and the promoted replica would accept the token once more.
+``wait=N`` closes that window: each consume is followed, on the same connection, by
+``WAIT N timeout``, and a token is accepted only once N replicas hold its entry; with
+fewer the consume fails closed and the entry is taken back (compare-and-delete of this
+call's own nonce), so the token stays redeemable once the replicas are back.
+
+A call that fails closed after its ``SET`` may have run (the connection broke before the
+reply, a failover in the middle of ``WAIT``) reported the token as not consumed, so the
+store takes that entry back, with the same compare-and-delete, before its next command
+(see :class:`_Unsettled`): the client's retry then redeems the token instead of finding it
+"replayed". Deleting an entry that only this call wrote is always safe: nobody accepted
+the token on the strength of it.
+
 ``aconsume`` sends the commands of concurrent callers in batches (see :class:`_Sender`);
 each stays a separate atomic command.
-
-Single-key commands only, so it works unchanged on Redis Cluster: each consume goes to
-the one node that owns its key, and no hash tags are needed because no command ever
-touches two keys. Pass a ``redis.cluster.RedisCluster`` (and a
-``redis.asyncio.RedisCluster``) client to use a cluster.
 
 Needs Redis >= 7.0 or Valkey >= 7.2 (``SET`` with both ``NX`` and ``GET``).
 
@@ -27,64 +42,90 @@ shortening it.
 from __future__ import annotations
 
 import asyncio
+import inspect
 import itertools
 import math
 import os
 import secrets
 import threading
-from typing import Any, Final, TypeAlias
+import time
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from typing import Any, Final, NamedTuple, TypeAlias
 
 import redis
 import redis.asyncio
 import redis.asyncio.cluster
+import redis.asyncio.connection
+import redis.asyncio.sentinel
 import redis.cluster
+import redis.connection
+import redis.sentinel
 from redis.asyncio.retry import Retry as AsyncRetry
 from redis.backoff import ExponentialBackoff
+from redis.exceptions import (
+    AskError,
+    ClusterDownError,
+    MovedError,
+    RedisClusterException,
+    SlotNotCoveredError,
+    TryAgainError,
+)
 from redis.retry import Retry
 
 from .._errors import ReplayStoreError
-from ._url import redact
+from ._url import RedisTarget, parse_redis_url, scrub
 from .base import ReplayStore, invalid_retention
 
 SyncClient: TypeAlias = "redis.Redis | redis.cluster.RedisCluster"
 AsyncClient: TypeAlias = "redis.asyncio.Redis | redis.asyncio.cluster.RedisCluster"
 
 DEFAULT_PREFIX: Final = "statecodec:replay:"
-_SCHEMES: Final = {
-    "redis": "redis",
-    "rediss": "rediss",
-    "valkey": "redis",
-    "valkeys": "rediss",
-    "unix": "unix",
+_DEFAULTS: Final[Mapping[str, Any]] = {
+    "prefix": DEFAULT_PREFIX,
+    "socket_timeout": 2.0,
+    "connect_timeout": 2.0,
+    "retries": 1,
+    "wait": 0,
+    "wait_timeout": 1.0,
 }
-
-
-def normalize_url(url: str) -> str:
-    """``valkey://`` and ``valkeys://`` are aliases of ``redis://`` and ``rediss://``."""
-    scheme, sep, rest = url.partition("://")
-    if not sep or scheme.lower() not in _SCHEMES:
-        raise ValueError(
-            f"not a Redis URL: {redact(url)!r}; use redis://HOST:PORT/DB, rediss://HOST:PORT/DB (TLS), "
-            "valkey://..., valkeys://... or unix:///PATH?db=N"
-        )
-    return f"{_SCHEMES[scheme.lower()]}://{rest}"
+#: Deletes the key only if it still holds this call's nonce: taking back an entry whose
+#: replication WAIT could not confirm never deletes anyone else's.
+RELEASE_SCRIPT: Final = (
+    "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end return 0"
+)
+#: Replies that mean "this node does not (or no longer does) own the slot": nothing ran.
+_ROUTING_ERRORS: Final = (MovedError, AskError, TryAgainError, ClusterDownError, SlotNotCoveredError)
+_TRANSPORT_ERRORS: Final = (redis.ConnectionError, redis.TimeoutError, OSError)
+_CLUSTER_HINT: Final = (
+    "this is a Redis Cluster node: use redis+cluster://HOST:PORT[,HOST:PORT...] so that each key goes to "
+    "the node that owns its slot"
+)
 
 
 class RedisReplayStore(ReplayStore):
     """Consumed keys as expiring Redis/Valkey keys, shared by every machine using the server.
 
-    :param url_or_client: ``redis://HOST:PORT/DB``, ``rediss://...`` (TLS),
-        ``valkey://...``, ``unix:///path/to/socket?db=N``, or a ready ``redis.Redis`` /
-        ``redis.cluster.RedisCluster`` client (which the store then does not close).
-    :param prefix: prepended to every key, so the store can share a database.
-    :param socket_timeout: seconds to wait for a reply before failing closed.
-    :param connect_timeout: seconds to wait for a connection.
-    :param retries: retries after a connection error or timeout (each safe, see the
-        module docstring); keep it small, an unsealing client is waiting.
+    :param url_or_client: a URL (``redis://HOST:PORT/DB``, ``rediss://...`` for TLS,
+        ``unix:///path/to/socket?db=N``, ``redis+cluster://HOST:PORT[,HOST:PORT...]``,
+        ``redis+sentinel://HOST:PORT[,HOST:PORT...]/SERVICE[/DB]``; ``valkey`` spells
+        ``redis``), or a ready ``redis.Redis`` / ``redis.cluster.RedisCluster`` client
+        (which the store then does not close). Options in the URL's query are defaults
+        for the keyword arguments below; the others are redis-py's.
+    :param prefix: prepended to every key, so the store can share a database
+        (default ``statecodec:replay:``).
+    :param socket_timeout: seconds to wait for a reply before failing closed (default 2).
+    :param connect_timeout: seconds to wait for a connection (default 2).
+    :param retries: retries after a connection error, a timeout or a cluster
+        redirection (each safe, see the module docstring); keep it small, an unsealing
+        client is waiting (default 1).
+    :param wait: replicas that must acknowledge each consume before the token is
+        accepted (``WAIT``); 0 (the default) trusts the primary's acknowledgement alone.
+    :param wait_timeout: seconds ``WAIT`` may take (default 1; less than
+        ``socket_timeout``).
     :param async_client: a ``redis.asyncio`` client for :meth:`aconsume`. With a URL the
         store creates one per event loop by itself; with only a sync client and no
         async one, :meth:`aconsume` runs the sync call in a worker thread.
-    :param options: more keyword arguments for ``redis.Redis.from_url`` (TLS files,
+    :param options: more keyword arguments for redis-py's clients (TLS files,
         ``client_name``, ``max_connections``...).
     """
 
@@ -94,38 +135,61 @@ class RedisReplayStore(ReplayStore):
         self,
         url_or_client: str | SyncClient,
         *,
-        prefix: str = DEFAULT_PREFIX,
-        socket_timeout: float = 2.0,
-        connect_timeout: float = 2.0,
-        retries: int = 1,
+        prefix: str | None = None,
+        socket_timeout: float | None = None,
+        connect_timeout: float | None = None,
+        retries: int | None = None,
+        wait: int | None = None,
+        wait_timeout: float | None = None,
         async_client: AsyncClient | None = None,
         **options: Any,
     ) -> None:
-        if not isinstance(prefix, str):
-            raise TypeError("prefix must be a string")
-        if retries < 0:
-            raise ValueError("retries must be >= 0")
-        self.prefix = prefix
+        target = parse_redis_url(url_or_client) if isinstance(url_or_client, str) else None
+        given = {
+            "prefix": prefix,
+            "socket_timeout": socket_timeout,
+            "connect_timeout": connect_timeout,
+            "retries": retries,
+            "wait": wait,
+            "wait_timeout": wait_timeout,
+        }
+        settings = {**_DEFAULTS, **(target.options if target else {})}
+        settings.update((name, value) for name, value in given.items() if value is not None)
+        self.prefix: str = settings["prefix"]
+        self.wait: int = settings["wait"]
+        self.wait_timeout: float = settings["wait_timeout"]
+        self._retries: int = settings["retries"]
+        _check_settings(self.prefix, self._retries, self.wait, self.wait_timeout, settings["socket_timeout"])
         self._async_given = async_client
+        self._unsettled = _Unsettled()
         self._senders: dict[asyncio.AbstractEventLoop, _Sender] = {}
         self._lock = threading.Lock()
-        self._options: dict[str, Any] = {
-            "socket_timeout": socket_timeout,
-            "socket_connect_timeout": connect_timeout,
-            **options,
-        }
-        self._retries = retries
-        if isinstance(url_or_client, str):
-            self._url: str | None = normalize_url(url_or_client)
-            self._where = redact(self._url)
-            self._client: SyncClient = redis.Redis.from_url(
-                self._url, retry=Retry(ExponentialBackoff(cap=0.2, base=0.02), retries), **self._options
+        self._target = target
+        self._is_cluster = (
+            target.topology == "cluster" if target else isinstance(url_or_client, redis.cluster.RedisCluster)
+        )
+        if target is not None:
+            self._where = target.where
+            self._clients: _Clients | None = _Clients(
+                target,
+                {
+                    "socket_timeout": settings["socket_timeout"],
+                    "socket_connect_timeout": settings["connect_timeout"],
+                    **options,
+                },
+                self._retries,
+                sentinel_auth={
+                    name.removeprefix("sentinel_"): settings[name]
+                    for name in ("sentinel_username", "sentinel_password")
+                    if name in settings
+                },
             )
+            self._client: SyncClient | None = None
             self._owns_client = True
         else:
-            self._url = None
             self._where = repr(url_or_client)
-            self._client = url_or_client
+            self._clients = None
+            self._client = url_or_client  # type: ignore[assignment] # a str always has a target
             self._owns_client = False
 
     def __repr__(self) -> str:
@@ -134,42 +198,149 @@ class RedisReplayStore(ReplayStore):
     # ------------------------------------------------------------------ the contract
     def consume(self, key: str, retention: float) -> bool:
         px = _ms(retention)
-        nonce = _nonce()
+        name, nonce = self.prefix + key, _nonce()
         try:
-            previous = self._client.set(self.prefix + key, nonce, nx=True, get=True, px=px)
-        except (redis.RedisError, OSError) as exc:
+            client = self._sync_client()
+            self._take_back_unsettled(client, name)
+            if self.wait:
+                previous = self._set_replicated(client, name, nonce, px)
+            else:
+                previous = client.set(name, nonce, nx=True, get=True, px=px)
+        except Exception as exc:  # deny on error, with the reason and no secret
+            self._unsettled.note(name, nonce, px, exc)
             raise self._error(exc) from None
         return _first(previous, nonce)
 
     async def aconsume(self, key: str, retention: float) -> bool:
         px = _ms(retention)
-        sender = self._async_sender()
+        try:
+            sender = self._async_sender()
+        except Exception as exc:
+            raise self._error(exc) from None
         if sender is None:
             return await super().aconsume(key, retention)
-        nonce = _nonce()
+        name, nonce = self.prefix + key, _nonce()
         try:
-            previous = await sender.set_nx_get(self.prefix + key, nonce, px)
-        except (redis.RedisError, OSError) as exc:
+            previous = await sender.consume(name, nonce, px)
+        except Exception as exc:
+            self._unsettled.note(name, nonce, px, exc)
             raise self._error(exc) from None
         return _first(previous, nonce)
+
+    def check(self) -> None:
+        """Connect now and make sure the store can serve; raise :class:`ReplayStoreError` if not.
+
+        A PING through the client the URL describes (for a cluster: after loading its
+        slot map, which must cover every slot; for Sentinel: on the primary it names),
+        the first-use check that a plain URL does not point at a cluster node, and with
+        ``wait=N`` that every primary has N replicas connected.
+        """
+        try:
+            client = self._sync_client()
+            client.ping()
+            if self.wait:
+                self._check_replicas(client)
+        except Exception as exc:
+            raise self._error(exc) from None
 
     def close(self) -> None:
         """Close the sync connections the store opened (not a client passed in).
 
         Async connections need ``await store.aclose()`` from their event loop.
         """
-        if self._owns_client:
-            self._client.close()
+        with self._lock:
+            client, self._client = self._client, (None if self._owns_client else self._client)
+        if self._owns_client and client is not None:
+            client.close()
+        if self._clients is not None:
+            self._clients.close_sync()
 
     async def aclose(self) -> None:
         """Close the async client of the running loop, and the sync connections."""
         with self._lock:
             sender = self._senders.pop(asyncio.get_running_loop(), None)
         if sender is not None and self._async_given is None:
-            await sender.client.aclose()
+            await sender.aclose()
         self.close()
 
-    # ------------------------------------------------------------------ internals
+    # ------------------------------------------------------------------ sync internals
+    def _sync_client(self) -> SyncClient:
+        client, clients = self._client, self._clients
+        if client is not None:
+            return client
+        if clients is None:  # a client passed in is never dropped
+            raise RuntimeError("the store has no client")
+        with self._lock:
+            if self._client is None:
+                built = clients.sync()
+                try:
+                    if clients.target.topology == "server":
+                        _judge_hello(_sync_hello(built))
+                except BaseException:
+                    built.close()
+                    raise
+                self._client = built
+            return self._client
+
+    def _take_back_unsettled(self, client: SyncClient, name: str) -> None:
+        """Take back what failed calls may have written, before a new SET of ``name``."""
+        for entry in self._unsettled.pending():
+            try:
+                client.eval(RELEASE_SCRIPT, 1, entry.name, entry.nonce)
+            except redis.ResponseError:
+                pass  # refused (an ACL without EVAL): nothing more this store can do
+            except Exception:
+                if any(e.name == name for e in self._unsettled.pending()):
+                    raise  # this very token may still hold a failed call's entry: fail closed
+                return  # unreachable still: next time
+            self._unsettled.settle([entry])
+
+    def _set_replicated(self, client: SyncClient, name: str, nonce: str, px: int) -> object:
+        """SET then WAIT on one connection of the key's primary; take the entry back if unreplicated."""
+
+        def set_and_wait(server: redis.Redis) -> list[Any]:
+            pipe = server.pipeline(transaction=False)
+            pipe.set(name, nonce, nx=True, get=True, px=px)
+            pipe.wait(self.wait, self._wait_ms)
+            replies: list[Any] = pipe.execute(raise_on_error=False)
+            return replies
+
+        if isinstance(client, redis.cluster.RedisCluster):
+            previous, acks = _on_owner(client, name, self._retries, set_and_wait)
+        else:
+            previous, acks = set_and_wait(client)
+        if isinstance(previous, Exception):
+            raise previous  # nothing was written: an error reply to the SET itself
+        if _accepted_without_release(previous, nonce, acks, self.wait):
+            return previous
+        try:
+            client.eval(RELEASE_SCRIPT, 1, name, nonce)
+            released = True
+        except Exception:
+            released = False
+        raise _NotReplicated(acks, self.wait, self.wait_timeout, released)
+
+    def _check_replicas(self, client: SyncClient) -> None:
+        # WAIT on a connection that wrote nothing returns at once with the number of
+        # replicas connected: a cheap question that needs no permission beyond WAIT.
+        cluster: Any = client
+        if isinstance(client, redis.cluster.RedisCluster):
+            nodes = [(node.name, cluster.get_redis_connection(node)) for node in cluster.get_primaries()]
+        else:
+            nodes = [("the primary", cluster)]
+        for label, node in nodes:
+            connected = node.execute_command("WAIT", self.wait, self._wait_ms)
+            if isinstance(connected, int) and connected < self.wait:
+                raise ReplayStoreError(
+                    f"wait={self.wait} but {label} has {connected} replica(s) connected: every consume "
+                    "would fail closed"
+                )
+
+    @property
+    def _wait_ms(self) -> int:
+        return max(1, math.ceil(self.wait_timeout * 1000))
+
+    # ------------------------------------------------------------------ async internals
     def _async_sender(self) -> _Sender | None:
         # redis.asyncio connections belong to the loop that opened them, so each loop
         # gets its own client (a server normally has one loop; tests have many).
@@ -178,22 +349,311 @@ class RedisReplayStore(ReplayStore):
         if sender is not None:
             return sender
         client = self._async_given
+        closers: list[Callable[[], Awaitable[object]]] = []
         if client is None:
-            if self._url is None:
+            if self._clients is None:
                 return None
-            client = redis.asyncio.Redis.from_url(
-                self._url,
-                retry=AsyncRetry(ExponentialBackoff(cap=0.2, base=0.02), self._retries),
-                **self._options,
-            )
+            client, closers = self._clients.async_()
+        verify = (
+            self._clients is not None
+            and self._async_given is None
+            and self._clients.target.topology == "server"
+        )
         with self._lock:
             for stale in [lp for lp in self._senders if lp.is_closed()]:
                 del self._senders[stale]
-            return self._senders.setdefault(loop, _Sender(client))
+            return self._senders.setdefault(loop, _Sender(self, client, closers, verify=verify))
 
+    # ------------------------------------------------------------------ errors
     def _error(self, exc: BaseException) -> ReplayStoreError:
-        what = "timed out" if isinstance(exc, redis.TimeoutError | TimeoutError) else "unreachable or failing"
-        return ReplayStoreError(f"Redis replay store {self._where} {what}: {type(exc).__name__}: {exc}")
+        if isinstance(exc, ReplayStoreError | _NotReplicated):
+            message = f"Redis replay store {self._where}: {exc}"
+        elif not self._is_cluster and (isinstance(exc, MovedError | AskError) or "cluster mode" in str(exc)):
+            cause = f"{type(exc).__name__}: {exc}"
+            message = f"Redis replay store {self._where}: {_CLUSTER_HINT} ({cause})"
+        else:
+            what = (
+                "timed out"
+                if isinstance(exc, redis.TimeoutError | TimeoutError)
+                else "unreachable or failing"
+            )
+            message = f"Redis replay store {self._where} {what}: {type(exc).__name__}: {exc}"
+        return ReplayStoreError(scrub(message, self._target.secrets) if self._target else message)
+
+
+# ---------------------------------------------------------------------------- clients
+class _Clients:
+    """The redis-py clients a URL describes, built by redis-py from the user's URL."""
+
+    def __init__(
+        self, target: RedisTarget, connection: dict[str, Any], retries: int, sentinel_auth: dict[str, str]
+    ) -> None:
+        self.target = target
+        self._connection = connection
+        self._retries = retries
+        self._sentinel_auth = sentinel_auth
+        self._sync_sentinel: Any = None
+        _check_redis_py_options(target, connection)
+
+    def sync(self) -> SyncClient:
+        target, retry = self.target, Retry(_backoff(), self._retries)
+        if target.topology == "server":
+            return redis.Redis.from_url(target.url, retry=retry, **self._connection)
+        if target.topology == "cluster":
+            node: Any = redis.cluster.ClusterNode  # untyped in redis-py
+            return redis.cluster.RedisCluster.from_url(
+                target.url,
+                startup_nodes=[node(host, port) for host, port in target.seeds[1:]],
+                retry=retry,
+                **self._connection,
+            )
+        sentinel: Any = redis.sentinel.Sentinel  # untyped in redis-py
+        options, sentinel_options = self._sentinel_options(
+            redis.connection.parse_url, redis.connection.SSLConnection
+        )
+        self._sync_sentinel = sentinel(list(target.seeds), sentinel_kwargs=sentinel_options)
+        client: redis.Redis = self._sync_sentinel.master_for(target.service, retry=retry, **options)
+        return client
+
+    def async_(self) -> tuple[AsyncClient, list[Callable[[], Awaitable[object]]]]:
+        target, retry = self.target, AsyncRetry(_backoff(), self._retries)
+        if target.topology == "server":
+            return redis.asyncio.Redis.from_url(target.url, retry=retry, **self._connection), []
+        if target.topology == "cluster":
+            node = redis.asyncio.cluster.ClusterNode
+            cluster = redis.asyncio.cluster.RedisCluster.from_url(
+                target.url,
+                startup_nodes=[node(host, port) for host, port in target.seeds[1:]],
+                retry=retry,
+                **self._connection,
+            )
+            return cluster, []
+        sentinel: Any = redis.asyncio.sentinel.Sentinel  # untyped in redis-py
+        options, sentinel_options = self._sentinel_options(
+            redis.asyncio.connection.parse_url, redis.asyncio.connection.SSLConnection
+        )
+        manager = sentinel(list(target.seeds), sentinel_kwargs=sentinel_options)
+        client: redis.asyncio.Redis = manager.master_for(target.service, retry=retry, **options)
+        return client, [server.aclose for server in manager.sentinels]
+
+    def close_sync(self) -> None:
+        sentinel, self._sync_sentinel = self._sync_sentinel, None
+        if sentinel is not None:
+            for server in sentinel.sentinels:
+                server.close()
+
+    def _sentinel_options(
+        self, parse_url: Callable[[str], Any], ssl_class: type
+    ) -> tuple[dict[str, Any], dict[str, Any]]:
+        """redis-py's reading of the URL for the primary, and the sentinels' share of it.
+
+        The sentinels get the socket and TLS options (a rediss+sentinel URL means TLS to
+        the sentinels too) and the sentinel_username/sentinel_password, never the
+        primary's credentials.
+        """
+        options: dict[str, Any] = {**self._connection, **parse_url(self.target.url)}
+        options.pop("host", None)  # the first sentinel's address, not the primary's
+        options.pop("port", None)
+        ssl = options.pop("connection_class", None) is ssl_class
+        sentinel_options = {
+            name: value for name, value in options.items() if name.startswith(("socket_", "ssl_"))
+        }
+        sentinel_options.update(self._sentinel_auth)
+        if ssl:
+            sentinel_options["ssl"] = options["ssl"] = True
+        return options, sentinel_options
+
+
+def _check_redis_py_options(target: RedisTarget, connection: Mapping[str, Any]) -> None:
+    """Refuse an option redis-py would ignore silently or reject only when connecting.
+
+    redis-py hands unknown URL options to its connection class, which fails at the first
+    connection (or, in a cluster, drops them): a typo such as ``wiat=1`` would run without
+    the guarantee it asked for. The accepted names are read from redis-py itself.
+    """
+    parse_url: Any = redis.connection.parse_url  # untyped in redis-py
+    parsed = parse_url(target.url)  # also redis-py's checks of the values
+    given = (parsed.keys() - {"host", "port", "path", "username", "password", "db", "connection_class"}) | (
+        connection.keys() - {"socket_timeout", "socket_connect_timeout"}
+    )
+    base = target.url.partition(":")[0]
+    known = _cluster_options() if target.topology == "cluster" else _connection_options(base)
+    unknown = sorted(given - known)
+    if unknown:
+        client = "redis-py's cluster clients" if target.topology == "cluster" else "redis-py's connections"
+        raise ValueError(
+            f"unknown option {unknown[0]!r}: not one of statecodec's (prefix, wait, wait_timeout, "
+            f"socket_timeout, connect_timeout, retries, sentinel_username, sentinel_password) and not "
+            f"accepted by {client}"
+        )
+    if target.topology == "cluster":
+        # The sync client would only say at its first connection that a cluster has no
+        # database but 0 and no Unix socket; the async one says it when built (no I/O).
+        try:
+            redis.asyncio.cluster.RedisCluster.from_url(target.url, **connection)
+        except (redis.RedisError, RedisClusterException) as exc:
+            raise ValueError(str(exc)) from None
+
+
+def _parameters(*functions: Callable[..., object]) -> set[str]:
+    names: set[str] = set()
+    for function in functions:
+        names |= {
+            p.name
+            for p in inspect.signature(function).parameters.values()
+            if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) and p.name != "self"
+        }
+    return names
+
+
+def _connection_options(scheme: str) -> set[str]:
+    cls = {
+        "rediss": redis.connection.SSLConnection,
+        "unix": redis.connection.UnixDomainSocketConnection,
+    }.get(scheme, redis.connection.Connection)
+    inits = [vars(klass)["__init__"] for klass in cls.__mro__ if "__init__" in vars(klass)]
+    return _parameters(*inits, redis.connection.ConnectionPool.__init__) | set(
+        redis.connection.URL_QUERY_ARGUMENT_PARSERS
+    )
+
+
+def _cluster_options() -> set[str]:
+    # The sync client keeps only REDIS_ALLOWED_KEYS; the async one takes only its parameters.
+    return set(redis.cluster.REDIS_ALLOWED_KEYS) & _parameters(redis.asyncio.cluster.RedisCluster.__init__)
+
+
+def _check_settings(
+    prefix: object, retries: object, wait: object, wait_timeout: float, socket_timeout: float
+) -> None:
+    if not isinstance(prefix, str):
+        raise TypeError("prefix must be a string")
+    for name, value in (("retries", retries), ("wait", wait)):
+        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+            raise ValueError(f"{name} must be an integer >= 0")
+    if not 0 < wait_timeout < math.inf:
+        raise ValueError("wait_timeout must be a positive number of seconds")
+    if wait and wait_timeout >= socket_timeout:
+        raise ValueError(
+            f"wait_timeout ({wait_timeout:g} s) must be shorter than socket_timeout ({socket_timeout:g} s), "
+            "or every WAIT that runs out would look like a dead server"
+        )
+
+
+def _backoff() -> ExponentialBackoff:
+    return ExponentialBackoff(cap=0.2, base=0.02)
+
+
+# ---------------------------------------------------------------------------- topology checks
+def _judge_hello(hello: object) -> None:
+    """A plain URL must name a plain server: say so at first use, not after the first MOVED.
+
+    An error reply to HELLO (a server before Redis 6, an ACL without +hello) says nothing.
+    """
+    if isinstance(hello, redis.ResponseError):
+        return
+    mode = _field(hello, "mode")
+    if mode == "cluster":
+        raise ReplayStoreError(_CLUSTER_HINT)
+    if mode == "sentinel":
+        raise ReplayStoreError(
+            "this is a Sentinel, not a data server: use redis+sentinel://HOST:PORT[,HOST:PORT...]/SERVICE"
+        )
+
+
+def _field(reply: object, name: str) -> str | None:
+    if isinstance(reply, list):  # RESP2 without redis-py's callback: a flat list
+        reply = dict(zip(reply[::2], reply[1::2], strict=False))
+    if not isinstance(reply, dict):
+        return None
+    for key, value in reply.items():
+        if _text(key) == name:
+            return _text(value)
+    return None
+
+
+def _text(value: object) -> str:
+    return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
+
+
+# ---------------------------------------------------------------------------- commands
+_Command: TypeAlias = tuple[Any, ...]
+
+
+def _sync_hello(client: SyncClient) -> object:
+    execute: Any = client.execute_command  # untyped in redis-py
+    try:
+        return execute("HELLO")
+    except redis.ResponseError as exc:
+        return exc
+
+
+def _set_command(name: str, nonce: str, px: int) -> _Command:
+    return ("SET", name, nonce, "NX", "GET", "PX", px)
+
+
+def _release_command(name: str, nonce: str) -> _Command:
+    return ("EVAL", RELEASE_SCRIPT, 1, name, nonce)
+
+
+def _on_owner(
+    client: redis.cluster.RedisCluster, name: str, retries: int, pipeline: Callable[[redis.Redis], list[Any]]
+) -> list[Any]:
+    """Run a pipeline on the primary that owns ``name``'s slot, per redis-py's slot map.
+
+    With WAIT the SET and the WAIT must share one connection (WAIT counts the replicas
+    that acknowledged *this connection's* writes), which redis-py's cluster pipelines do
+    not promise once they follow a redirection. So nothing is followed: a redirection or
+    a dead node refreshes the slot map and sends both again (safe: the nonce).
+    """
+    owner: Any = client.get_node_from_key  # untyped in redis-py
+    for attempt in itertools.count():
+        try:
+            replies = pipeline(client.get_redis_connection(owner(name)))
+            if not isinstance(replies[0], _ROUTING_ERRORS):
+                return replies
+            failure: Exception = replies[0]
+        except (*_ROUTING_ERRORS, *_TRANSPORT_ERRORS) as exc:
+            failure = exc
+        # Refresh even when no retry is left: nothing else would (these commands bypass
+        # redis-py's own redirection handling), and the next call must find the new owner.
+        try:
+            client.nodes_manager.initialize()
+        except (RedisClusterException, *_TRANSPORT_ERRORS, redis.RedisError):
+            raise failure from None  # the whole cluster is unreachable: this call fails closed
+        if attempt >= retries:
+            raise failure
+    raise AssertionError("unreachable")
+
+
+class _NotReplicated(Exception):  # noqa: N818 - a verdict, turned into ReplayStoreError
+    """WAIT saw fewer replicas than asked for: the token is not accepted."""
+
+    def __init__(self, acks: object, wanted: int, timeout: float, released: bool) -> None:
+        self.released = released
+        count = acks if isinstance(acks, int) else 0
+        after = (
+            "its entry was taken back, so a retry can redeem it"
+            if released
+            else "taking its entry back failed too, so it may stay consumed until it expires"
+        )
+        detail = "" if isinstance(acks, int) else f" (WAIT failed: {type(acks).__name__}: {acks})"
+        super().__init__(
+            f"only {count} of {wanted} replica(s) acknowledged the consume within {timeout:g} s{detail}; the "
+            f"token was not accepted and {after}"
+        )
+
+
+def _accepted_without_release(previous: object, nonce: str, acks: object, wanted: int) -> bool:
+    """With wait=N: may this reply stand, or must the entry be taken back and the call fail?
+
+    Someone else's nonce is a replay whatever the replicas hold (rejecting is always
+    safe). A new entry stands once ``wanted`` replicas acknowledged it. Our own nonce
+    means a retry after a lost reply, and the WAIT on the new connection cannot vouch for
+    the earlier connection's write: take it back and fail closed.
+    """
+    if previous is not None:
+        return not _is_own(previous, nonce)
+    return isinstance(acks, int) and acks >= wanted
 
 
 class _Nonces:
@@ -226,14 +686,78 @@ def _ms(retention: float) -> int:
     return math.ceil(retention * 1000)
 
 
-def _first(previous: object, nonce: str) -> bool:
-    # None: the key did not exist and this call created it. Our own nonce: an earlier
-    # attempt of this very call created it and only the reply was lost.
-    if previous is None:
-        return True
+def _is_own(previous: object, nonce: str) -> bool:
     if isinstance(previous, bytes):
         previous = previous.decode("ascii", "replace")
     return previous == nonce
+
+
+def _first(previous: object, nonce: str) -> bool:
+    # None: the key did not exist and this call created it. Our own nonce: an earlier
+    # attempt of this very call created it and only the reply was lost.
+    return previous is None or _is_own(previous, nonce)
+
+
+# ---------------------------------------------------------------------------- async batching
+class _Call:
+    __slots__ = ("future", "name", "nonce", "px")
+
+    def __init__(self, name: str, nonce: str, px: int, future: asyncio.Future[object]) -> None:
+        self.name, self.nonce, self.px, self.future = name, nonce, px, future
+
+
+class _Entry(NamedTuple):
+    """An entry a failed-closed call may have written: key, that call's nonce, when it expires."""
+
+    name: str
+    nonce: str
+    deadline: float
+
+
+class _Unsettled:
+    """Entries that calls reported as not consumed may nonetheless hold: taken back when possible.
+
+    A call fails closed (``store_unavailable``: "the token was not consumed") when the fate
+    of its ``SET`` is unknown: the connection broke after sending it, or WAIT could not
+    confirm it and the compare-and-delete failed too. If the SET did run, the key holds
+    that call's nonce and nobody accepted the token for it, so deleting it is safe at any
+    time; until then a retry of the token would be told "replayed". The store sends the
+    compare-and-delete for each before its next commands. Per process, bounded, and only
+    until the entry would have expired anyway.
+    """
+
+    LIMIT: Final = 100_000
+
+    def __init__(self) -> None:
+        self._entries: dict[tuple[str, str], float] = {}
+        self._lock = threading.Lock()
+
+    def note(self, name: str, nonce: str, px: int, exc: BaseException) -> None:
+        """After a failed call: remember its entry unless it surely holds none."""
+        if isinstance(exc, redis.ResponseError | ReplayStoreError):
+            return  # refused by the server or before sending: nothing was written
+        if isinstance(exc, _NotReplicated) and exc.released:
+            return  # taken back already
+        with self._lock:
+            if len(self._entries) >= self.LIMIT:
+                del self._entries[next(iter(self._entries))]  # the oldest: it expires first
+            self._entries[(name, nonce)] = time.monotonic() + px / 1000
+
+    def pending(self) -> list[_Entry]:
+        """The entries still to take back; they stay listed until :meth:`settle`."""
+        if not self._entries:  # the common case, without the lock
+            return []
+        with self._lock:
+            now = time.monotonic()
+            for expired in [key for key, deadline in self._entries.items() if deadline <= now]:
+                del self._entries[expired]
+            return [_Entry(name, nonce, deadline) for (name, nonce), deadline in self._entries.items()]
+
+    def settle(self, entries: Iterable[_Entry]) -> None:
+        """Entries taken back (or refused for good): forget them."""
+        with self._lock:
+            for entry in entries:
+                self._entries.pop((entry.name, entry.nonce), None)
 
 
 class _Sender:
@@ -241,64 +765,113 @@ class _Sender:
 
     On loopback most of a command's cost is the system calls and wake-ups of one round
     trip, so while one batch is on the wire the calls that arrive queue up and leave as
-    the next batch, in one non-transactional pipeline. This changes nothing about
-    atomicity: every ``SET NX`` is still a separate atomic command on the server, and
-    no command depends on another's result. A failed batch fails each of its calls
-    closed. Cluster clients send one command per call (their pipelines re-route).
+    the next batch, in one non-transactional pipeline per server (for a cluster: per
+    primary, on one connection each, which also keeps the number of connections small).
+    This changes nothing about atomicity: every ``SET NX`` is still a separate atomic
+    command on the server, and no command depends on another's result. With ``wait=N``
+    one ``WAIT`` closes each pipeline: it covers every write before it on that
+    connection. Entries to take back (:class:`_Unsettled`) lead each pipeline, so they go
+    before any new SET of the same token. A failed batch fails each of its calls closed.
     """
 
     _MAX_BATCH: Final = 256
 
-    def __init__(self, client: AsyncClient) -> None:
+    def __init__(
+        self,
+        store: RedisReplayStore,
+        client: AsyncClient,
+        closers: list[Callable[[], Awaitable[object]]],
+        *,
+        verify: bool,
+    ) -> None:
         self.client = client
+        self._wait, self._wait_ms, self._retries = store.wait, store._wait_ms, store._retries
+        self._timeout = store.wait_timeout
+        self._unsettled = store._unsettled
+        self._closers = closers
+        self._cluster = client if isinstance(client, redis.asyncio.cluster.RedisCluster) else None
         self._pool = client.connection_pool if isinstance(client, redis.asyncio.Redis) else None
-        self._queue: list[tuple[str, str, int, asyncio.Future[object]]] = []
+        self._prepared = not verify and self._cluster is None
+        self._queue: list[_Call] = []
         self._flusher: asyncio.Task[None] | None = None
 
-    async def set_nx_get(self, name: str, nonce: str, px: int) -> object:
-        if self._pool is None:
-            return await self.client.set(name, nonce, nx=True, get=True, px=px)
+    async def consume(self, name: str, nonce: str, px: int) -> object:
         loop = asyncio.get_running_loop()
-        future: asyncio.Future[object] = loop.create_future()
-        self._queue.append((name, nonce, px, future))
+        call = _Call(name, nonce, px, loop.create_future())
+        self._queue.append(call)
         if self._flusher is None:
             # Started, not awaited: the calls that are already runnable queue up first.
             self._flusher = loop.create_task(self._flush())
-        return await future
+        return await call.future
+
+    async def aclose(self) -> None:
+        await self.client.aclose()
+        for close in self._closers:
+            await close()
 
     async def _flush(self) -> None:
         try:
             while self._queue:
                 batch = self._queue[: self._MAX_BATCH]
                 del self._queue[: self._MAX_BATCH]
-                await self._send(batch)
+                entries = self._unsettled.pending()
+                try:
+                    await self._prepare()
+                    if self._cluster is not None:
+                        taken_back = await self._send_cluster(self._cluster, batch, entries)
+                    else:
+                        taken_back = await self._send_server(batch, entries)
+                    self._unsettled.settle(taken_back)
+                except BaseException as exc:
+                    _fail(batch, exc)
+                    if not isinstance(exc, Exception):
+                        raise  # cancellation or exit: the callers were failed closed above
         finally:
             self._flusher = None
 
-    async def _send(self, batch: list[tuple[str, str, int, asyncio.Future[object]]]) -> None:
-        commands = [("SET", name, nonce, "NX", "GET", "PX", px) for name, nonce, px, _ in batch]
-        try:
-            replies = await self._pipeline(commands)
-        except BaseException as exc:
-            for *_, future in batch:
-                if not future.done():
-                    future.set_exception(_copy(exc))
-            if not isinstance(exc, Exception):
-                raise  # cancellation or exit: the callers were failed closed above
+    async def _prepare(self) -> None:
+        # Before first use: a cluster client loads its slot map once, here, rather than
+        # from many commands at once (redis-py 8.1 then loses connections under load:
+        # "'NoneType' object has no attribute 'writelines'"); a plain URL must not name a
+        # cluster node or a sentinel.
+        if self._prepared:
             return
-        for (*_, future), reply in zip(batch, replies, strict=True):
-            if future.done():
-                continue  # the caller gave up (cancelled); the entry stands: fail closed
-            if isinstance(reply, Exception):
-                future.set_exception(reply)
-            else:
-                future.set_result(reply)
+        if self._cluster is not None:
+            await self._cluster.initialize()
+        else:
+            _judge_hello((await self._server_roundtrip([("HELLO",)]))[0])
+        self._prepared = True
 
-    async def _pipeline(self, commands: list[tuple[str, str, str, str, str, str, int]]) -> list[object]:
+    def _commands(self, calls: list[_Call], entries: list[_Entry]) -> list[_Command]:
+        commands = [_release_command(e.name, e.nonce) for e in entries]
+        commands += [_set_command(c.name, c.nonce, c.px) for c in calls]
+        if self._wait and calls:
+            commands.append(("WAIT", self._wait, self._wait_ms))
+        return commands
+
+    def _split(
+        self, calls: list[_Call], entries: list[_Entry], replies: list[object]
+    ) -> tuple[list[object], object]:
+        """The SETs' replies and WAIT's, without the take-backs' (done, whatever they say)."""
+        replies = replies[len(entries) :]
+        return replies[: len(calls)], (replies[-1] if self._wait and calls else None)
+
+    # -- one server (or the primary Sentinel names)
+    async def _send_server(self, batch: list[_Call], entries: list[_Entry]) -> list[_Entry]:
+        """Send the batch after the take-backs; return the entries taken back."""
+        replies = await self._server_roundtrip(self._commands(batch, entries))
+        answers, acks = self._split(batch, entries, replies)
+        await self._settle(batch, answers, acks, self._server_release)
+        return entries
+
+    async def _server_release(self, calls: list[_Call]) -> list[object]:
+        return await self._server_roundtrip([_release_command(c.name, c.nonce) for c in calls])
+
+    async def _server_roundtrip(self, commands: list[_Command]) -> list[object]:
         # What redis-py's Pipeline.execute does for a non-transactional pipeline, minus
         # its per-command bookkeeping (response callbacks, metrics), which cost more
         # than the round trip here. The connection, its pool, authentication, TLS,
-        # packing, parsing and the retry policy are redis-py's own.
+        # Sentinel discovery, packing, parsing and the retry policy are redis-py's own.
         pool = self._pool
         if pool is None:
             raise RuntimeError("batching needs a redis.asyncio.Redis client")
@@ -311,24 +884,144 @@ class _Sender:
             await pool.release(conn)
         return replies
 
+    # -- a cluster: one pipeline per primary, each on one connection of that node
+    async def _send_cluster(
+        self, cluster: redis.asyncio.cluster.RedisCluster, batch: list[_Call], entries: list[_Entry]
+    ) -> list[_Entry]:
+        """Send the batch after the take-backs, one pipeline per primary; return those taken back."""
+        calls, backlog = batch, entries
+        taken_back: list[_Entry] = []
+        for attempt in itertools.count():
+            groups = _by_node(cluster, calls, backlog)
+            results = await asyncio.gather(
+                *(self._node_roundtrip(node, self._commands(c, e)) for node, c, e in groups),
+                return_exceptions=True,
+            )
+            calls, backlog = [], []
+            failure: BaseException | None = None
+            for (node, group_calls, group_entries), result in zip(groups, results, strict=True):
+                if isinstance(result, BaseException):
+                    if not isinstance(result, _TRANSPORT_ERRORS):
+                        raise result
+                    calls += group_calls  # safe to send again: each SET carries its caller's nonce
+                    backlog += group_entries
+                    failure = result
+                    continue
+                for entry, reply in zip(group_entries, result, strict=False):
+                    (backlog if isinstance(reply, _ROUTING_ERRORS) else taken_back).append(entry)
+                replies, acks = self._split(group_calls, group_entries, result)
+                moved = [
+                    c for c, r in zip(group_calls, replies, strict=True) if isinstance(r, _ROUTING_ERRORS)
+                ]
+                calls += moved
+                failure = next((r for r in replies if isinstance(r, _ROUTING_ERRORS)), failure)
+                kept = [(c, r) for c, r in zip(group_calls, replies, strict=True) if c not in moved]
 
-async def _roundtrip(
-    conn: redis.asyncio.Connection, commands: list[tuple[str, str, str, str, str, str, int]]
-) -> list[object]:
+                async def release(unreplicated: list[_Call], node: Any = node) -> list[object]:
+                    return await self._node_roundtrip(
+                        node, [_release_command(c.name, c.nonce) for c in unreplicated]
+                    )
+
+                await self._settle([c for c, _ in kept], [r for _, r in kept], acks, release)
+            if not calls and not backlog:
+                return taken_back
+            # Refresh even when no retry is left: nothing else would (these commands bypass
+            # redis-py's own redirection handling), and the next batch must find the new owner.
+            try:
+                await cluster.nodes_manager.initialize()
+                reachable = True
+            except (RedisClusterException, *_TRANSPORT_ERRORS, redis.RedisError):
+                reachable = False  # the whole cluster is unreachable: fail closed now
+            if not calls or not reachable or attempt >= self._retries:
+                _fail(calls, failure or redis.ConnectionError("the cluster did not route the keys"))
+                return taken_back  # the backlog stays listed for the next batch
+        raise AssertionError("unreachable")
+
+    async def _node_roundtrip(self, node: Any, commands: list[_Command]) -> list[object]:
+        conn = node.acquire_connection()
+        try:
+            replies = await _roundtrip(conn, commands)
+        except BaseException:
+            await conn.disconnect()  # the stream may be out of step with the commands
+            raise
+        finally:
+            node.release(conn)
+        return replies
+
+    # -- the verdicts
+    async def _settle(
+        self,
+        calls: list[_Call],
+        replies: list[object],
+        acks: object,
+        release: Callable[[list[_Call]], Awaitable[list[object]]],
+    ) -> None:
+        unreplicated: list[_Call] = []
+        for call, reply in zip(calls, replies, strict=True):
+            if call.future.done():
+                continue  # the caller gave up (cancelled); the entry stands: fail closed
+            if isinstance(reply, Exception):
+                call.future.set_exception(reply)
+            elif self._wait and not _accepted_without_release(reply, call.nonce, acks, self._wait):
+                unreplicated.append(call)
+            else:
+                call.future.set_result(reply)
+        if not unreplicated:
+            return
+        try:
+            outcomes = await release(unreplicated)
+            released = [not isinstance(outcome, Exception) for outcome in outcomes]
+        except Exception:
+            released = [False] * len(unreplicated)
+        for call, ok in zip(unreplicated, released, strict=True):
+            if not call.future.done():
+                call.future.set_exception(_NotReplicated(acks, self._wait, self._timeout, ok))
+
+
+def _by_node(
+    cluster: redis.asyncio.cluster.RedisCluster, calls: list[_Call], entries: list[_Entry]
+) -> list[tuple[Any, list[_Call], list[_Entry]]]:
+    """Calls and take-backs grouped by the primary that owns their slot (redis-py's slot map)."""
+    groups: dict[str, tuple[Any, list[_Call], list[_Entry]]] = {}
+
+    def group(name: str) -> tuple[Any, list[_Call], list[_Entry]]:
+        node: Any = cluster.get_node_from_key(name)  # raises if the slot has no owner
+        return groups.setdefault(node.name, (node, [], []))
+
+    for call in calls:
+        group(call.name)[1].append(call)
+    for entry in entries:
+        group(entry.name)[2].append(entry)
+    return list(groups.values())
+
+
+def _fail(calls: Iterable[_Call], exc: BaseException) -> None:
+    for call in calls:
+        if not call.future.done():
+            call.future.set_exception(_copy(exc))
+
+
+async def _roundtrip(conn: Any, commands: Sequence[_Command]) -> list[object]:
     # Retrying a whole batch is safe: each SET carries its caller's nonce, so one that
     # ran before the connection broke now answers with that nonce and counts as first.
-    await conn.send_packed_command(conn.pack_commands(commands))
-    replies: list[object] = []
-    for _ in commands:
-        try:
-            replies.append(await conn.read_response())
-        except redis.ResponseError as exc:  # an error reply; the stream stays in step
-            replies.append(exc)
+    try:
+        await conn.send_packed_command(conn.pack_commands(commands))
+        replies: list[object] = []
+        for _ in commands:
+            try:
+                replies.append(await conn.read_response())
+            except redis.ResponseError as exc:  # an error reply; the stream stays in step
+                replies.append(exc)
+    except AttributeError as exc:
+        # redis-py 8.1: a connection closed by another task while this one used it
+        # (``'NoneType' object has no attribute 'writelines'``) is a broken transport,
+        # retried like any other (safe: the nonce), not a bug to surface.
+        raise redis.ConnectionError(f"connection lost while in use ({exc})") from exc
     return replies
 
 
 def _copy(exc: BaseException) -> BaseException:
     # One exception object per waiting caller: tracebacks are mutated when raised.
-    if isinstance(exc, redis.RedisError | OSError):
+    if isinstance(exc, redis.RedisError | OSError | ReplayStoreError):
         return type(exc)(*exc.args)
     return redis.ConnectionError(f"replay batch failed: {type(exc).__name__}: {exc}")

@@ -7,17 +7,33 @@
 // `change_ticket` in ONE input_required round with the plan as plaintext JSON in
 // requestState, and on the retry deploys the plan it reads back.
 //
+// The tool `nested_meta(depth)` asks the same way, with a fresh secret in requestState and
+// an `_meta` nested `depth` levels deep (as a server echoing a large request would): the
+// proxy must read an answer of any depth that a JavaScript client can read.
+//
 // --record PATH appends one JSON line per requestState the server issued ({"issued": ...})
 // and per requestState found in any JSON-RPC message of any POST body ({"received": ...,
 // "method": ...}), read from the raw HTTP body before the SDK sees it.
 //
+// --codec protects the state with the SDK's own createRequestStateCodec (HMAC-SHA256, key from
+// $REQUEST_STATE_KEY as hex, else a random one; lifetime --ttl seconds, no bind) as its
+// `requestState.verify` hook: tampering is rejected, replay is not. --second-tool adds
+// `deploy_staging(version)`, the same flow under another name (for cross-tool checks).
+//
 // usage: node ts_upstream_server.mjs [--port 0] [--record PATH] [--response-mode auto|sse|json]
+//                                    [--codec [--ttl SECONDS]] [--second-tool]
 // prints "READY http://127.0.0.1:PORT/mcp" once listening; stops on SIGTERM.
 import { appendFileSync } from 'node:fs';
 import { createServer } from 'node:http';
 import { randomBytes } from 'node:crypto';
 import { parseArgs } from 'node:util';
-import { McpServer, acceptedContent, createMcpHandler, inputRequired } from '@modelcontextprotocol/server';
+import {
+    McpServer,
+    acceptedContent,
+    createMcpHandler,
+    createRequestStateCodec,
+    inputRequired
+} from '@modelcontextprotocol/server';
 import { z } from 'zod';
 
 const { values } = parseArgs({
@@ -26,9 +42,19 @@ const { values } = parseArgs({
         port: { type: 'string', default: '0' },
         record: { type: 'string' },
         instance: { type: 'string', default: 'T' },
-        'response-mode': { type: 'string', default: 'auto' }
+        'response-mode': { type: 'string', default: 'auto' },
+        codec: { type: 'boolean', default: false },
+        ttl: { type: 'string', default: '600' },
+        'second-tool': { type: 'boolean', default: false }
     }
 });
+
+const codec = values.codec
+    ? createRequestStateCodec({
+          key: process.env.REQUEST_STATE_KEY ? Buffer.from(process.env.REQUEST_STATE_KEY, 'hex') : randomBytes(32),
+          ttlSeconds: Number(values.ttl)
+      })
+    : undefined;
 
 function record(entry) {
     if (values.record) {
@@ -43,8 +69,8 @@ function form(message, field, schema) {
     });
 }
 
-function ask(plan) {
-    const state = JSON.stringify(plan);
+async function ask(plan) {
+    const state = codec ? await codec.mint(plan) : JSON.stringify(plan);
     record({ issued: state });
     return inputRequired({
         inputRequests: {
@@ -55,7 +81,7 @@ function ask(plan) {
     });
 }
 
-function deploy(version, ctx) {
+async function deploy(version, ctx, environment) {
     const state = ctx.mcpReq.requestState();
     if (state === undefined) {
         return ask({
@@ -65,7 +91,9 @@ function deploy(version, ctx) {
             steps: [`canary ${version} in eu-west-1`, `roll ${version} to all regions`, 'verify health checks']
         });
     }
-    const plan = JSON.parse(state); // trusted as it is: that is the point of this server
+    // Without --codec, trusted as it is: that is the point of this server. With it, the SDK's
+    // verify hook has checked the MAC and expiry and hands over the decoded plan.
+    const plan = codec ? state : JSON.parse(state);
     const confirm = acceptedContent(ctx.mcpReq.inputResponses, 'confirm_deploy');
     const ticket = acceptedContent(ctx.mcpReq.inputResponses, 'change_ticket');
     if (confirm === undefined || ticket === undefined) {
@@ -79,16 +107,43 @@ function deploy(version, ctx) {
         planned_on: plan.planned_on,
         deployed_on: values.instance
     };
-    const text = outcome.deployed ? `deployed ${outcome.deployed} (plan ${outcome.plan_id})` : 'cancelled';
+    const where = environment === 'production' ? '' : ` to ${environment}`;
+    const text = outcome.deployed ? `deployed ${outcome.deployed}${where} (plan ${outcome.plan_id})` : 'cancelled';
     return { content: [{ type: 'text', text }], structuredContent: outcome };
 }
 
+function nestedMeta(depth, ctx) {
+    if (ctx.mcpReq.requestState() !== undefined) {
+        return { content: [{ type: 'text', text: 'done' }] };
+    }
+    let nested = 'bottom';
+    for (let i = 0; i < depth; i++) {
+        nested = [nested];
+    }
+    const state = JSON.stringify({ secret: `PLAINTEXT-${randomBytes(8).toString('hex')}`, depth });
+    record({ issued: state });
+    const asked = inputRequired({
+        inputRequests: { confirm: form('Continue?', 'confirm', { type: 'boolean', title: 'Confirm' }) },
+        requestState: state
+    });
+    return { ...asked, _meta: { 'example.test/echo': nested } };
+}
+
 function factory() {
-    const server = new McpServer({ name: 'deploy', version: '1.0.0' });
+    const options = codec ? { requestState: { verify: codec.verify } } : undefined;
+    const server = new McpServer({ name: 'deploy', version: '1.0.0' }, options);
+    const environments = values['second-tool'] ? ['production', 'staging'] : ['production'];
+    for (const environment of environments) {
+        server.registerTool(
+            `deploy_${environment}`,
+            { description: `Deploy a release to ${environment}`, inputSchema: z.object({ version: z.string() }) },
+            async ({ version }, ctx) => deploy(version, ctx, environment)
+        );
+    }
     server.registerTool(
-        'deploy_production',
-        { description: 'Deploy a release to production', inputSchema: z.object({ version: z.string() }) },
-        async ({ version }, ctx) => deploy(version, ctx)
+        'nested_meta',
+        { description: 'Ask, with a deeply nested _meta', inputSchema: z.object({ depth: z.number().int().min(0) }) },
+        async ({ depth }, ctx) => nestedMeta(depth, ctx)
     );
     return server;
 }

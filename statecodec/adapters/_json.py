@@ -1,0 +1,291 @@
+"""JSON for a byte-level intermediary: strict for requests, as any client reads it for answers.
+
+The two directions ask opposite questions.
+
+A **request** comes from the attacker, and the application behind the middleware must
+read exactly the document the middleware judged. :func:`loads_strict` therefore refuses
+whatever two parsers could read differently: a BOM, invalid UTF-8, duplicate keys,
+``NaN``/``Infinity``, and numbers beyond the float range such as ``1e400`` (Python reads
+them as infinity, which no JSON can carry on to the application).
+
+An **answer** comes from the protected server, and the question is whether *any* client
+could find a state in it (:func:`may_hold_state` rules most answers out without parsing
+them). :func:`decode_answer` and :func:`read_answer` read it as the most lenient client does:
+UTF-16 and UTF-32 as ``httpx`` detects them, any number of leading byte-order marks,
+invalid UTF-8 replaced as ``fetch()`` does, ``NaN`` as Python's ``json`` reads it,
+duplicate keys with the last one winning (JavaScript's rule), and **no nesting limit**:
+Python's C parser stops near 1,000 levels, ``JSON.parse`` does not, so a deeper answer
+goes through an iterative parser here rather than being taken for "not JSON" and relayed.
+:func:`dumps` writes any decoded document back, at any depth.
+
+:func:`classify` tells, from the first bytes of an answer, whether a client could read it
+as JSON, as a stream of server-sent events, or not at all.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from collections.abc import Callable
+from typing import Any, Final, Literal
+
+Kind = Literal["json", "sse", "other"]
+
+_STRICT_NUMBERS: Final = "NaN, Infinity and numbers beyond the float range are not JSON"
+_WS: Final = re.compile(r"[ \t\n\r]*")
+# Reads one scalar (string, number, literal) at a position: never nested, so never deep.
+_SCALAR: Final = json.JSONDecoder()
+_LEADING: Final = " \t\r\n\ufeff"  # whitespace and byte-order marks before a document
+# The first line of an event stream: a field (data, event, id, retry) or a comment.
+_SSE_START: Final = re.compile(r"(?:data|event|id|retry)(?::|\r|\n|$)|:")
+_SNIFF_BYTES: Final = 64
+
+
+# ---------------------------------------------------------------- requests
+def _finite(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError(_STRICT_NUMBERS)
+    return value
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(_STRICT_NUMBERS)
+
+
+def _unique(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    obj = dict(pairs)
+    if len(obj) != len(pairs):
+        seen: set[str] = set()
+        for key, _ in pairs:
+            if key in seen:
+                raise ValueError(f"duplicate key {key[:40]!r}")
+            seen.add(key)
+    return obj
+
+
+_STRICT: Final = json.JSONDecoder(object_pairs_hook=_unique, parse_constant=_no_constant, parse_float=_finite)
+
+
+def loads_strict(data: bytes) -> Any:
+    """JSON that every conforming parser reads the same way, or ``ValueError``.
+
+    UTF-8 only (no BOM, no repaired bytes), no duplicate keys, no NaN or Infinity, no
+    number that overflows a float. Input nested too deeply for the C parser raises
+    ``ValueError`` too (a request has no business being that deep), never ``RecursionError``.
+    """
+    try:
+        return _STRICT.decode(data.decode("utf-8"))
+    except RecursionError:
+        raise ValueError("JSON nested too deeply") from None
+
+
+# ---------------------------------------------------------------- answers
+def _encoding(data: bytes) -> str:
+    """:func:`json.detect_encoding`, answering the usual UTF-8 document without its checks."""
+    if data[:1] in (b"{", b"[") and data[1:2] != b"\x00":
+        return "utf-8"  # what detect_encoding says for any ASCII first byte and non-null second
+    return json.detect_encoding(data)
+
+
+def decode_answer(data: bytes) -> str:
+    """``data`` as text the way the most lenient client reads it, byte-order marks removed."""
+    return data.decode(_encoding(data), "replace").lstrip(_LEADING)
+
+
+def may_hold_state(text: str) -> bool:
+    """False only when no key of ``text`` can spell ``requestState``: then nothing needs reading.
+
+    A key is a state when it is ``requestState`` or normalises to it as
+    :func:`statecodec.adapters.jsonrpc.state_aliases` normalises (case-folded, ``_`` and
+    ``-`` removed). In ASCII text without ``\\u`` escapes such a key is written with
+    exactly those letters, in some case, with ``_`` and ``-`` between them, so the text
+    normalised the same way contains ``requeststate`` (a false alarm only costs a parse).
+    Any other text, where case folding or an escape could spell it otherwise (U+017F,
+    the long s, folds to ``s``), may hold one.
+    """
+    if not text.isascii() or "\\u" in text:
+        return True
+    return "requeststate" in text.lower().replace("_", "").replace("-", "")
+
+
+def read_answer(text: str) -> Any:
+    """The JSON document of an answer's text, at any depth, or ``ValueError``.
+
+    Duplicate keys keep the last value, as in JavaScript; the shadowed ones are still in
+    the bytes, so a caller about to relay the bytes must ask :func:`has_duplicate_keys`.
+    """
+    try:
+        return json.loads(text)
+    except RecursionError:
+        return loads_deep(text)
+
+
+def has_duplicate_keys(text: str) -> bool:
+    """Whether an object of the JSON ``text`` (which must parse) repeats a key."""
+    found = False
+
+    def pairs_hook(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+        nonlocal found
+        obj = dict(pairs)
+        found = found or len(obj) != len(pairs)
+        return obj
+
+    try:
+        json.loads(text, object_pairs_hook=pairs_hook)
+    except RecursionError:
+        loads_deep(text, pairs_hook)
+    return found
+
+
+def loads_deep(text: str, pairs_hook: Callable[[list[tuple[str, Any]]], Any] = dict) -> Any:
+    """``json.loads(text, object_pairs_hook=pairs_hook)`` without recursion, at any depth.
+
+    The same grammar as Python's ``json`` (NaN and Infinity included) and the same
+    values; slower, so it is only the fallback for what the C parser cannot nest.
+    """
+    frames: list[list[Any]] = []  # open containers: [items, is_object, pending key]
+    pos = _WS.match(text, 0).end()  # type: ignore[union-attr]
+    while True:
+        char = text[pos : pos + 1]
+        value: Any
+        if char in ("{", "["):
+            pos = _WS.match(text, pos + 1).end()  # type: ignore[union-attr]
+            closer = "}" if char == "{" else "]"
+            if text.startswith(closer, pos):
+                value, pos = (pairs_hook([]) if char == "{" else []), pos + 1
+            else:
+                key = None
+                if char == "{":
+                    key, pos = _key(text, pos)
+                frames.append([[], char == "{", key])
+                continue
+        else:
+            value, pos = _scalar(text, pos)
+        # A value is complete: hand it to its container, closing every one that ends here.
+        while True:
+            pos = _WS.match(text, pos).end()  # type: ignore[union-attr]
+            if not frames:
+                if pos != len(text):
+                    raise ValueError(f"Extra data at character {pos}")
+                return value
+            frame = frames[-1]
+            items, is_object = frame[0], frame[1]
+            items.append((frame[2], value) if is_object else value)
+            separator = text[pos : pos + 1]
+            if separator == ",":
+                pos = _WS.match(text, pos + 1).end()  # type: ignore[union-attr]
+                if is_object:
+                    frame[2], pos = _key(text, pos)
+                break
+            if separator != ("}" if is_object else "]"):
+                raise ValueError(f"Expecting ',' or a closing bracket at character {pos}")
+            pos += 1
+            frames.pop()
+            value = pairs_hook(items) if is_object else items
+
+
+def _key(text: str, pos: int) -> tuple[str, int]:
+    if not text.startswith('"', pos):
+        raise ValueError(f"Expecting a property name at character {pos}")
+    key, pos = _scalar(text, pos)
+    pos = _WS.match(text, pos).end()  # type: ignore[union-attr]
+    if not text.startswith(":", pos):
+        raise ValueError(f"Expecting ':' at character {pos}")
+    return key, _WS.match(text, pos + 1).end()  # type: ignore[union-attr]
+
+
+def _scalar(text: str, pos: int) -> tuple[Any, int]:
+    # raw_decode is json.loads at a position, without skipping whitespace: the same
+    # strings, numbers, NaN and Infinity as the C parser reads.
+    value, end = _SCALAR.raw_decode(text, pos)
+    return value, end
+
+
+def classify(data: bytes, *, final: bool) -> Kind | None:
+    """What a client could read in an answer starting with ``data``; ``None``: need more bytes.
+
+    ``"json"`` when the first character after whitespace and byte-order marks opens an
+    object or an array (in UTF-8, UTF-16 or UTF-32), ``"sse"`` when the first line is an
+    event-stream field or comment, ``"other"`` for anything else (HTML, text, binary).
+    """
+    if len(data) < 4 and not final:
+        return None  # the encoding is not known yet
+    encoding = _encoding(data)
+    head = data[:_SNIFF_BYTES].decode(encoding, "replace")
+    start = head.lstrip(_LEADING)
+    if not start and len(data) > _SNIFF_BYTES:  # a long run of whitespace: look at all of it
+        head = data.decode(encoding, "replace")
+        start = head.lstrip(_LEADING)
+    if not start:
+        return "other" if final else None
+    if start[0] in ("{", "["):
+        return "json"
+    line = head.lstrip("\ufeff\r\n")  # blank lines may open an event stream
+    if _SSE_START.match(line):
+        return "sse"
+    if not final and len(line) < len("retry:") and "\n" not in line and "\r" not in line:
+        return None
+    return "other"
+
+
+# ---------------------------------------------------------------- writing
+def dumps(value: Any, *, allow_nan: bool = False) -> bytes:
+    """Compact UTF-8 JSON, never containing a raw line break (safe as one SSE data line).
+
+    Strings holding a lone surrogate (legal in JSON as an escape, not encodable as UTF-8)
+    are written escaped, so any decoded document can be written back, however deep.
+    ``allow_nan`` writes NaN and Infinity back as Python's ``json`` read them (answers).
+    """
+    try:
+        return _dump(value, ensure_ascii=False, allow_nan=allow_nan).encode("utf-8")
+    except UnicodeEncodeError:
+        return _dump(value, ensure_ascii=True, allow_nan=allow_nan).encode("ascii")
+
+
+def _dump(value: Any, *, ensure_ascii: bool, allow_nan: bool) -> str:
+    try:
+        return json.dumps(value, ensure_ascii=ensure_ascii, separators=(",", ":"), allow_nan=allow_nan)
+    except RecursionError:
+        return _dump_deep(value, ensure_ascii=ensure_ascii, allow_nan=allow_nan)
+
+
+def _dump_deep(value: Any, *, ensure_ascii: bool, allow_nan: bool) -> str:
+    """:func:`json.dumps` without recursion, for what :func:`loads_deep` can read."""
+
+    def scalar(item: Any) -> str:
+        return json.dumps(item, ensure_ascii=ensure_ascii, allow_nan=allow_nan)
+
+    parts: list[str] = []
+    frames: list[list[Any]] = []  # [iterator, closer, first]
+
+    def open_value(item: Any) -> None:
+        if isinstance(item, dict):
+            parts.append("{")
+            frames.append([iter(item.items()), "}", True])
+        elif isinstance(item, list | tuple):
+            parts.append("[")
+            frames.append([iter(item), "]", True])
+        else:
+            parts.append(scalar(item))
+
+    end: Any = object()
+    open_value(value)
+    while frames:
+        frame = frames[-1]
+        item: Any = next(frame[0], end)
+        if item is end:
+            parts.append(frame[1])
+            frames.pop()
+            continue
+        if not frame[2]:
+            parts.append(",")
+        frame[2] = False
+        if frame[1] == "}":
+            key, item = item
+            if not isinstance(key, str):
+                raise TypeError(f"keys must be str, not {type(key).__name__}")
+            parts.append(scalar(key) + ":")
+        open_value(item)
+    return "".join(parts)

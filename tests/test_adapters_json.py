@@ -1,0 +1,147 @@
+"""statecodec.adapters._json: strict requests, lenient answers at any depth, the state prefilter."""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from statecodec.adapters import _json
+from statecodec.adapters.jsonrpc import state_aliases
+
+scalars = (
+    st.none()
+    | st.booleans()
+    | st.integers(min_value=-(2**70), max_value=2**70)
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text()
+)
+documents = st.recursive(
+    scalars,
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4),
+)
+
+
+def nested(depth: int) -> str:
+    return '{"a":' * depth + '[1.5, NaN, "\\ud800"]' + "}" * depth
+
+
+@given(documents, st.sampled_from([None, 1]))
+def test_the_deep_parser_reads_what_json_reads(document: Any, indent: int | None) -> None:
+    text = json.dumps(document, indent=indent)
+    assert _json.loads_deep(text) == json.loads(text)
+    assert json.loads(_json.dumps(document)) == document
+
+
+@pytest.mark.parametrize(
+    "text", ["[1,]", '{"a" 1}', "[1 2]", "{,}", "tru", "[", '{"a":1}x', "", "01", '"\x01"']
+)
+def test_the_deep_parser_refuses_what_json_refuses(text: str) -> None:
+    with pytest.raises(ValueError):
+        json.loads(text)
+    with pytest.raises(ValueError):
+        _json.loads_deep(text)
+
+
+def test_answers_of_any_depth_are_read_and_written_back() -> None:
+    for depth in (10, 5_000, 50_000):
+        text = nested(depth)
+        document = _json.read_answer(text)
+        written = _json.dumps(document, allow_nan=True)
+        assert written.count(b'{"a":') == depth and written.endswith(b'[1.5,NaN,"\\ud800"]' + b"}" * depth)
+    assert not _json.has_duplicate_keys(nested(5_000))
+    assert _json.has_duplicate_keys(nested(5_000).replace('{"a":', '{"a":0,"a":', 1))
+
+
+def test_strict_requests() -> None:
+    assert _json.loads_strict(b'{"a":[1,2.5,"\\ud800"]}') == {"a": [1, 2.5, "\ud800"]}
+    for bad in (
+        b'{"a":1e400}',
+        b'{"a":-1E+999}',
+        b'{"a":NaN}',
+        b'{"a":Infinity}',
+        b'\xef\xbb\xbf{"a":1}',
+        b'{"a":1,"a":2}',
+        b'{"a":"\xff"}',
+        b"[" * 100_000 + b"]" * 100_000,
+    ):
+        with pytest.raises(ValueError):
+            _json.loads_strict(bad)
+
+
+def test_answers_are_decoded_as_the_most_lenient_client_does() -> None:
+    document = {"a": "é"}
+    for data in (
+        json.dumps(document).encode(),
+        b"\xef\xbb\xbf\xef\xbb\xbf" + json.dumps(document).encode(),
+        json.dumps(document, ensure_ascii=False).encode("utf-16"),
+        json.dumps(document, ensure_ascii=False).encode("utf-16-be"),
+        json.dumps(document, ensure_ascii=False).encode("utf-32"),
+    ):
+        assert _json.read_answer(_json.decode_answer(data)) == document
+    assert _json.read_answer(_json.decode_answer(b'{"a":"\xff"}')) == {"a": "\ufffd"}
+    assert math.isnan(_json.read_answer("[NaN]")[0])
+
+
+@pytest.mark.parametrize(
+    ("data", "kind"),
+    [
+        (b'{"a":1}', "json"),
+        (b"\n\t [1]", "json"),
+        (b"\xef\xbb\xbf{}", "json"),
+        ("{}".encode("utf-16-le"), "json"),
+        (b" " * 10_000 + b"{}", "json"),
+        (b"data: {}\n\n", "sse"),
+        (b"\r\n\r\nevent: message\n", "sse"),
+        (b": keep-alive\n", "sse"),
+        (b"retry\n", "sse"),
+        (b"<html>", "other"),
+        (b'"a string"', "other"),
+        (b"\x89PNG\r\n", "other"),
+        (b"  \n", "other"),
+        (b"", "other"),
+    ],
+)
+def test_classify(data: bytes, kind: str) -> None:
+    assert _json.classify(data, final=True) == kind
+    if len(data) >= 6 and kind != "other":
+        assert _json.classify(data, final=False) == kind
+
+
+def test_classify_waits_for_enough_bytes() -> None:
+    assert _json.classify(b"{", final=False) is None  # the encoding is not known yet
+    assert _json.classify(b"ret", final=False) is None  # "retry:" needs six characters
+    assert _json.classify(b"    ", final=False) is None
+
+
+def spellings() -> st.SearchStrategy[str]:
+    """Keys that normalise to requestState as state_aliases does: case, ``_``, ``-``, folds."""
+    letters = st.tuples(*(st.sampled_from(sorted({c, c.upper()})) for c in "requeststate"))
+    separators = st.lists(st.sampled_from(["", "", "_", "-", "__"]), min_size=12, max_size=12)
+    # U+017F (long s) folds to "s", U+FB06 (the "st" ligature) to "st".
+    folded = st.sampled_from(["reque\u017ftState", "REQUE\u017fTSTATE", "reque\ufb06\ufb06ate"])
+    return (
+        st.tuples(letters, separators).map(lambda p: "".join(a + b for a, b in zip(*p, strict=True))) | folded
+    )
+
+
+@given(spellings(), st.booleans())
+def test_no_spelling_of_requeststate_escapes_the_prefilter(key: str, ascii_only: bool) -> None:
+    assert key == "requestState" or state_aliases({key: 1}) == [key]
+    text = json.dumps({"result": {"content": [], key: "plain"}}, ensure_ascii=ascii_only)
+    assert _json.may_hold_state(text)
+    escaped = text.replace(key, "".join(f"\\u{ord(c):04x}" for c in key))
+    assert _json.may_hold_state(escaped)
+
+
+def test_the_prefilter_lets_ordinary_answers_through_unparsed() -> None:
+    answer = {
+        "jsonrpc": "2.0",
+        "id": 1,
+        "result": {"content": [{"type": "text", "text": "state of requests"}]},
+    }
+    assert not _json.may_hold_state(json.dumps(answer))

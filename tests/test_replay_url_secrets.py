@@ -1,0 +1,174 @@
+"""No secret of a replay-store URL in a repr, an error, a log line or CLI output.
+
+A Redis URL can carry secrets in its userinfo (``redis://user:PASSWORD@...``) and in its
+query (``password=``, ``ssl_password=``, ``sentinel_password=``). Each is replaced by
+``***`` wherever statecodec shows the URL or an error about it: the store's repr, the
+``store_unavailable`` detail and the codec's warning, URL errors, ``statecodec verify``
+and the proxy's start-up log and exit message. The scan looks for each secret as
+written and percent-decoded.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+from pathlib import Path
+from urllib.parse import quote
+
+import pytest
+from click.testing import CliRunner
+from fixtures_valkey import ValkeyServer, free_port
+from processes import await_line, spawn, stop
+
+import statecodec as sc
+from statecodec.cli import main
+from statecodec.cli._exit import ExitCode
+from statecodec.replay import store_from_url
+from statecodec.replay._url import redact
+
+USER_PW = "Us3r:P@ss/w#rd"  # ':', '@', '/' and '#' must be percent-encoded in a URL
+QUERY_PW = "Qu3ry-Pa55w0rd"
+SSL_PW = "Ssl-Pa55phrase"
+SENTINEL_PW = "S3ntinel-Pa55"
+UPSTREAM_PW = "Up5tream-Pa55"
+SECRETS = [USER_PW, QUERY_PW, SSL_PW, SENTINEL_PW, UPSTREAM_PW]
+BINDING = sc.Binding(principal="alice", audience="svc", method="tools/call", target="pay")
+
+
+def assert_no_secret(*texts: str) -> None:
+    for text in texts:
+        for secret in SECRETS:
+            for form in {secret, quote(secret, safe=""), quote(secret)}:
+                assert form not in text, f"{secret!r} shown as {form!r} in: {text}"
+
+
+def urls(port: int) -> list[str]:
+    user = quote(USER_PW, safe="")
+    return [
+        f"redis://app:{user}@127.0.0.1:{port}/0?retries=0",
+        f"redis://127.0.0.1:{port}/0?password={QUERY_PW}&retries=0",
+        f"rediss://app:{user}@127.0.0.1:{port}/0?ssl_password={SSL_PW}&retries=0",
+        # redis-py's async cluster client takes no ssl_password: a cluster URL refuses it.
+        f"valkeys+cluster://app:{user}@127.0.0.1:{port},127.0.0.1:{port}?password={QUERY_PW}&retries=0",
+        f"redis+sentinel://:{user}@127.0.0.1:{port}/mymaster/0?sentinel_password={SENTINEL_PW}&retries=0",
+        f"unix://app:{user}@/tmp/no-such.sock?db=0&password={QUERY_PW}",
+    ]
+
+
+def test_redact_replaces_every_secret_and_keeps_the_rest() -> None:
+    user = quote(USER_PW, safe="")
+    url = f"redis+sentinel://u:{user}@h1:1,h2:2/svc/0?sentinel_password={SENTINEL_PW}&prefix=p:"
+    assert redact(url) == "redis+sentinel://u:***@h1:1,h2:2/svc/0?sentinel_password=***&prefix=p:"
+    # A password written without percent-encoding still counts as one.
+    assert redact(f"redis://u:{USER_PW}@host:6379/0") == "redis://u:***@host:6379/0"
+    assert redact("rediss://host/0?ssl_password=x&Password=y&auth_token=z&client_name=c") == (
+        "rediss://host/0?ssl_password=***&Password=***&auth_token=***&client_name=c"
+    )
+    assert redact("redis://host/0#a-fragment") == "redis://host/0#***"
+
+
+def test_reprs_and_store_unavailable_details_and_warnings(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.DEBUG)
+    port = free_port()  # nothing listens: every consume fails
+    shown: list[str] = []
+    for url in urls(port):
+        store = store_from_url(url)
+        codec = sc.StateCodec(sc.KeyRing.generate("k1"), replay=store)
+        shown += [repr(store), repr(codec)]
+        with pytest.raises(sc.InvalidState) as info:
+            codec.unseal(codec.seal(b"x", BINDING), BINDING)
+        assert info.value.reason == "store_unavailable"
+        shown += [str(info.value), info.value.detail or "", repr(info.value)]
+        with pytest.raises(sc.ReplayStoreError) as failed:
+            store.check()
+        shown.append(str(failed.value))
+        store.close()
+    shown += [record.getMessage() for record in caplog.records]
+    assert any("store unavailable" in line for line in shown)  # the scan saw real messages
+    assert_no_secret(*shown)
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        f"redis://app:{quote(USER_PW, safe='')}@localhost:6379/0?pool=big",
+        f"redis://app:{quote(USER_PW, safe='')}@localhost:99999/0",
+        f"redis://localhost:6379/0?password={QUERY_PW}&wait=x",
+        f"rediss://localhost:6379/0?ssl_password={SSL_PW}&wiat=1",
+        f"redis+sentinel://:{quote(USER_PW, safe='')}@h1?sentinel_password={SENTINEL_PW}",
+        f"redis://app:{USER_PW}@localhost:6379/0",  # unencoded: '#' starts a fragment
+        f"redis+cluster://app:{quote(USER_PW, safe='')}@h1:1,h2:x?password={QUERY_PW}",
+        f"redis://localhost:6379/0?sentinel_password={SENTINEL_PW}",
+    ],
+)
+def test_url_errors(url: str) -> None:
+    with pytest.raises(ValueError) as info:
+        store_from_url(url)
+    assert "invalid replay store URL" in str(info.value)
+    assert_no_secret(str(info.value))
+
+
+def test_cli_verify_output(tmp_path: Path) -> None:
+    ring = sc.KeyRing.generate("k1")
+    keys = tmp_path / "keys.json"
+    keys.write_text(ring.to_json())
+    keys.chmod(0o600)
+    token = sc.StateCodec(ring).seal(b"x", None)
+    runner = CliRunner()
+    outputs = []
+    with ValkeyServer(extra_args=["--requirepass", USER_PW]) as server:
+        good = f"redis://:{quote(USER_PW, safe='')}@127.0.0.1:{server.port}/0?client_name=verify"
+        for url in [good, *urls(free_port())]:
+            for extra in ([], ["--json"]):
+                result = runner.invoke(
+                    main,
+                    [
+                        "verify",
+                        token,
+                        "--keys",
+                        f"file:{keys}",
+                        "--unbound",
+                        "--replay",
+                        url,
+                        "--consume",
+                        *extra,
+                    ],
+                )
+                outputs += [result.stdout, result.stderr]
+                assert result.exit_code in (0, ExitCode.STORE, ExitCode.REPLAYED), result.output
+    assert "consumed now in redis://:***@127.0.0.1" in "".join(outputs)
+    assert json.loads(outputs[2])["exit_code"] == ExitCode.REPLAYED  # the second run, with --json
+    assert_no_secret(*outputs)
+
+
+def test_proxy_start_up_log_and_exit_message(tmp_path: Path) -> None:
+    keys = tmp_path / "keys.json"
+    keys.write_text(sc.KeyRing.generate().to_json())
+    keys.chmod(0o600)
+    upstream = f"http://127.0.0.1:{free_port()}/mcp?token={UPSTREAM_PW}"  # (credentials are refused)
+    base = [sys.executable, "-m", "statecodec.cli", "proxy", "--upstream", upstream, "--audience", "svc",
+            "--keys", f"file:{keys}", "--listen", "127.0.0.1:0", "--log-level", "debug"]  # fmt: skip
+    logs = []
+    with ValkeyServer(extra_args=["--requirepass", USER_PW]) as server:
+        user = quote(USER_PW, safe="")
+        log = tmp_path / "started.log"
+        proc = spawn(
+            [*base, "--replay", f"redis://default:{user}@127.0.0.1:{server.port}/0?client_name=proxy"], log
+        )
+        try:
+            await_line(proc, "listening on ", log)
+        finally:
+            stop(proc)
+        logs.append(log.read_text())
+        assert "replay=redis://default:***@127.0.0.1" in logs[-1] and "/mcp?token=***" in logs[-1]
+    for url in urls(free_port()):
+        log = tmp_path / "refused.log"
+        proc = spawn([*base, "--replay", url], log)
+        try:
+            assert proc.wait(timeout=60) == ExitCode.STORE
+        finally:
+            stop(proc)
+        logs.append(log.read_text())
+        assert "statecodec: error:" in logs[-1]
+    assert_no_secret(*logs)
