@@ -31,7 +31,7 @@ CLEAN_ENV: dict[str, str | None] = {"STATECODEC_KEYS": None, "STATECODEC_DEBUG":
 DAY = 86400
 POLICIES = ROOT / "docs" / "policies"
 #: A services' timeline with a 3 s promotion delay, so retiring a primary waits seconds, not minutes.
-FAST = ["--refresh-interval", "1s", "--clock-skew", "0s", "--max-ttl", "10s", "--leeway", "0s"]
+FAST = ["--refresh-interval", "1s", "--max-skew", "0s", "--max-ttl", "10s", "--expiry-grace", "0s"]
 FAST += ["--staleness-limit", "2s"]
 
 
@@ -236,7 +236,7 @@ def test_vault_errors_name_the_fix(monkeypatch: pytest.MonkeyPatch, tmp_path: Pa
 def test_retire_shows_the_plan_and_asks_first(tmp_path: Path) -> None:
     now = int(time.time())
     path = tmp_path / "keys.json"
-    ring = KeyRing([Key.generate("old", now=now - DAY), Key.generate("cur", now=now - 3600)], "cur")
+    ring = KeyRing([Key.generate("old", created_at=now - DAY), Key.generate("cur", created_at=now - 3600)], "cur")
     spec = write_ring(path, ring)
     before = path.read_text()
 
@@ -264,7 +264,7 @@ def test_retire_shows_the_plan_and_asks_first(tmp_path: Path) -> None:
 
 def test_retire_the_primary_makes_a_new_key_and_waits(tmp_path: Path) -> None:
     path = tmp_path / "keys.json"
-    spec = write_ring(path, KeyRing.generate("leaked", now=int(time.time()) - DAY))
+    spec = write_ring(path, KeyRing.generate("leaked", created_at=int(time.time()) - DAY))
     result = run("keys", "retire", "leaked", "--keys", spec, "--yes", "--json", *FAST)
     doc = json.loads(result.stdout)
     VALIDATOR.validate(doc)

@@ -60,7 +60,7 @@ class DocumentSource(KeySource):
         added: list[str] = []
 
         def change(ring: KeyRing) -> KeyRing:
-            key = Key.generate(_unused_kid(ring), now=int(now))
+            key = Key.generate(_unused_kid(ring), created_at=int(now))
             added.append(key.kid)
             return with_primary([*ring.keys, key], ring.primary_kid, timeline, now)
 
