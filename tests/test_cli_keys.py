@@ -236,7 +236,9 @@ def test_vault_errors_name_the_fix(monkeypatch: pytest.MonkeyPatch, tmp_path: Pa
 def test_retire_shows_the_plan_and_asks_first(tmp_path: Path) -> None:
     now = int(time.time())
     path = tmp_path / "keys.json"
-    ring = KeyRing([Key.generate("old", created_at=now - DAY), Key.generate("cur", created_at=now - 3600)], "cur")
+    ring = KeyRing(
+        [Key.generate("old", created_at=now - DAY), Key.generate("cur", created_at=now - 3600)], "cur"
+    )
     spec = write_ring(path, ring)
     before = path.read_text()
 

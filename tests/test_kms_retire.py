@@ -303,7 +303,9 @@ def test_dry_run_changes_nothing_and_a_pending_key_takes_over(tmp_path: Path) ->
 
 def test_refusals(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     path = tmp_path / "ring.json"
-    path.write_text(KeyRing([Key.generate("a", created_at=0), Key.generate("b", created_at=1)], "b").to_json())
+    path.write_text(
+        KeyRing([Key.generate("a", created_at=0), Key.generate("b", created_at=1)], "b").to_json()
+    )
     with pytest.raises(KeySourceError, match=r"no key nope \(keys: a, b\); nothing retired") as info:
         retire(f"file:{path}", "nope", timeline=TL)
     assert info.value.kind == "missing"
