@@ -16,6 +16,10 @@ with raw JSON-RPC over HTTP/1.1 keep-alive (no MCP client in the measurement):
   each ``--workers`` count (default 1 and 2), completed flows per second, and the CPU time
   of each proxy (all its processes) per round.
 
+``--baseline TREE`` adds the proxy of another source tree (for instance a ``git worktree``
+of the commit before a change) to the throughput phase, run by this interpreter with
+the same packages: the before and after of a change measured in one run.
+
 The results JSON keeps the quantiles of each latency distribution (p1 to p99); the plot
 of them (``--plot results.json``, drawn after each run with matplotlib from the ``bench``
 group) is what docs/performance.md shows.
@@ -205,6 +209,13 @@ def parse_args() -> argparse.Namespace:
         help="proxy worker counts whose throughput is measured, comma-separated (latency uses the first)",
     )
     parser.add_argument(
+        "--baseline",
+        type=Path,
+        metavar="TREE",
+        help="also measure the throughput and CPU of the proxy of this source tree (one worker), "
+        "e.g. a `git worktree` of an older commit, side by side with this one",
+    )
+    parser.add_argument(
         "--plot", type=Path, help="only draw the plot of this results JSON (needs matplotlib)"
     )
     args = parser.parse_args()
@@ -215,7 +226,7 @@ def parse_args() -> argparse.Namespace:
 
 
 async def measure(
-    args: argparse.Namespace, direct: str, proxies: dict[int, tuple[str, int]]
+    args: argparse.Namespace, direct: str, proxies: dict[int | str, tuple[str, int]]
 ) -> dict[str, Any]:
     first = args.workers[0]
     targets = {"direct": direct, "proxy": proxies[first][0]}
@@ -256,7 +267,7 @@ def table(report: dict[str, Any]) -> str:
         f"Throughput ({report['settings']['concurrency']} flows in flight), direct: "
         f"{t['direct']['flows_per_s']} flows/s; load average {report['settings']['load_average']}",
         "",
-        "| proxy workers | proxied flows/s | ratio to direct | proxy CPU per round (ms) |",
+        "| proxy (workers) | proxied flows/s | ratio to direct | proxy CPU per round (ms) |",
         "|---|---|---|---|",
     ]
     for count, result in report["workers"].items():
@@ -264,6 +275,14 @@ def table(report: dict[str, Any]) -> str:
             f"| {count} | {result['flows_per_s']} | {result['ratio']} | {result['cpu_ms_per_round']} |"
         )
     return "\n".join(rows)
+
+
+def _tree(path: Path) -> str:
+    """The commit a baseline tree is at, as ``git describe`` says."""
+    described = subprocess.run(
+        ["git", "describe", "--always", "--dirty"], cwd=path, capture_output=True, text=True, check=False
+    )
+    return described.stdout.strip() or str(path)
 
 
 def cpu_seconds(pid: int) -> float:
@@ -322,18 +341,22 @@ def main() -> None:
         upstream, upstream_url = start(command, "READY ", tmp / "upstream.log", cwd)
         procs: list[subprocess.Popen[str]] = []
         try:
-            proxies: dict[int, tuple[str, int]] = {}
-            for count in args.workers:  # one proxy per worker count, sharing keys and store
+            proxies: dict[int | str, tuple[str, int]] = {}
+            # One proxy per worker count, sharing keys and store; the baseline's from its tree.
+            runs: list[tuple[int | str, int, Path]] = [(count, count, ROOT) for count in args.workers]
+            if args.baseline is not None:
+                runs.append(("baseline", 1, args.baseline.resolve()))
+            for label, count, tree in runs:
                 replay = f"sqlite:{tmp / 'replay.db'}"
                 proc, base = start(
                     [sys.executable, "-m", "statecodec.cli", "proxy", "--upstream", upstream_url,
                      "--listen", "127.0.0.1:0", "--keys", f"file:{keys}", "--replay", replay,
                      "--audience", "deploy", "--mode", args.mode, "--log-level", "warning",
-                     "--workers", str(count)],
-                    "listening on ", tmp / f"proxy-{count}.log",
+                     *(["--workers", str(count)] if tree == ROOT else [])],
+                    "listening on ", tmp / f"proxy-{label}.log", cwd=tree,
                 )  # fmt: skip
                 procs.append(proc)
-                proxies[count] = (base + "/mcp", proc.pid)
+                proxies[label] = (base + "/mcp", proc.pid)
             report = asyncio.run(measure(args, upstream_url, proxies))
         finally:
             for proc in procs:
@@ -346,6 +369,7 @@ def main() -> None:
         "seconds": args.seconds,
         "concurrency": args.concurrency,
         "workers": args.workers,
+        "baseline": None if args.baseline is None else _tree(args.baseline),
         "replay": "sqlite",
         "python": platform.python_version(),
         "machine": f"{platform.machine()}, {os.cpu_count()} CPUs",
