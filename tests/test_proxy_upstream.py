@@ -10,11 +10,13 @@ are real bytes on a real socket. tests/test_proxy_forward.py covers the common c
 from __future__ import annotations
 
 import asyncio
+import ssl
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
+from pki import issue_server_cert, make_ca
 
 from statecodec.proxy import Timeouts, UpstreamApp
 
@@ -60,7 +62,9 @@ async def _read_request(reader: asyncio.StreamReader) -> Received | None:
 async def scripted() -> AsyncIterator[Callable[..., Scripted]]:
     servers: list[asyncio.Server] = []
 
-    async def make(answers: list[bytes], close_after: set[int] | None = None) -> Scripted:
+    async def make(
+        answers: list[bytes], close_after: set[int] | None = None, tls: ssl.SSLContext | None = None
+    ) -> Scripted:
         script = Scripted(answers, close_after or set())
 
         async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -76,9 +80,10 @@ async def scripted() -> AsyncIterator[Callable[..., Scripted]]:
             finally:
                 writer.close()
 
-        server = await asyncio.start_server(serve, "127.0.0.1", 0)
+        server = await asyncio.start_server(serve, "127.0.0.1", 0, ssl=tls)
         servers.append(server)
-        script.url = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}/mcp"
+        scheme = "https" if tls is not None else "http"
+        script.url = f"{scheme}://127.0.0.1:{server.sockets[0].getsockname()[1]}/mcp"
         return script
 
     yield make  # type: ignore[misc]
@@ -269,3 +274,28 @@ async def test_a_header_that_would_split_the_request_is_refused_before_sending(
         await app.aclose()
     assert status == 400
     assert upstream.received == []
+
+
+async def test_an_https_upstream_is_verified_against_the_given_trust(
+    scripted: Callable[..., Any], tmp_path: Any
+) -> None:
+    ca = make_ca()
+    cert, key = issue_server_cert(ca, "127.0.0.1").write(tmp_path, "upstream")
+    served = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    served.load_cert_chain(cert, key)
+    upstream = await scripted([OK, OK], tls=served)
+    trusting = ssl.create_default_context(cadata=ca.cert_pem)
+    app = UpstreamApp(upstream.url, tls=trusting)
+    try:
+        assert await call(app, scope()) == (
+            200,
+            [{"type": "http.response.body", "body": b"{}", "more_body": False}],
+        )
+    finally:
+        await app.aclose()
+    stranger = UpstreamApp(upstream.url)  # the system's trust store knows nothing of this CA
+    try:
+        assert (await call(stranger, scope()))[0] == 502
+    finally:
+        await stranger.aclose()
+    assert len(upstream.received) == 1  # nothing was sent over the untrusted connection
