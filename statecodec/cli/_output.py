@@ -144,7 +144,7 @@ class _LibraryLogs(logging.Handler):
         debug = bool(os.environ.get("STATECODEC_DEBUG"))
         if not debug and not (record.name.startswith("statecodec.kms") and record.levelno >= logging.WARNING):
             return
-        message = record.getMessage().removeprefix("statecodec.kms: ").splitlines()[0]
+        message = record.getMessage().splitlines()[0]
         level = record.levelname.lower()
         # click.echo looks up the current stderr, which tests and pipes may have replaced.
         click.echo(f"statecodec: {level}: {message}", err=True)
