@@ -23,6 +23,7 @@ class ExitCode(enum.IntEnum):
     KEY_SOURCE_DOWN = 7
     SERVER = 8
     INTERNAL = 70  # EX_SOFTWARE from sysexits.h
+    OUTPUT_CLOSED = 141  # 128 + SIGPIPE, what a shell reports for a writer killed by a closed pipe
 
     @property
     def slug(self) -> str:
@@ -42,6 +43,8 @@ EXIT_CODES: Final[dict[ExitCode, str]] = {
     ExitCode.KEY_SOURCE_DOWN: "key source (Vault/OpenBao) unreachable, sealed or refusing; retry later",
     ExitCode.SERVER: "probe could not run: server unreachable, not MCP, not 2026-07-28, or no flow completed",
     ExitCode.INTERNAL: "internal error: a bug in statecodec, please report it",
+    ExitCode.OUTPUT_CLOSED: "stdout was closed (its reader, such as head -1, went away) before the command "
+    "knew its result; once it knows, it exits with that code, closed stdout or not",
 }
 
 

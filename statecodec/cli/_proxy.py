@@ -27,7 +27,7 @@ from .._codec import DEFAULT_MAX_TOKEN_BYTES, DEFAULT_TTL, StateCodec
 from .._humanize import duration, one_line
 from ..adapters.asgi import DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_RESPONSE_BYTES, ASGIApp, PrincipalFn
 from ._exit import CliError, ExitCode
-from ._output import classify
+from ._output import classify, echo
 from ._params import DURATION, keys_option, require_keys
 
 logger = logging.getLogger("statecodec.proxy")
@@ -414,8 +414,7 @@ def _run(
                 url, redact(upstream), mode, audience, principal.describe(), redact(replay),
                 extra={**_telemetry.fields("proxy_started", audience=audience, mode=mode), "url": url},
             )  # fmt: skip
-            click.echo(f"listening on {url}")
-            sys.stdout.flush()
+            echo(f"listening on {url}")
 
         # uvicorn handles SIGINT/SIGTERM itself (graceful shutdown), then re-raises the
         # signal to the handler it found: make that one a no-op, so shutdown ends here,
@@ -482,7 +481,7 @@ async def _serve_then_close(serving: Any, closer: Any, admin: tuple[ASGIApp, soc
                 logger.info(
                     "admin endpoints on %s", url, extra={**_telemetry.fields("admin_started"), "url": url}
                 )
-                click.echo(f"admin on {url}")
+                echo(f"admin on {url}")
             await serving
     finally:
         if closer is not None:
