@@ -12,7 +12,9 @@ to correlate, useless to replay), and client-supplied text (targets) is clipped.
   call. Its instruments (``statecodec.unseals``, unit ``{token}``...) translate to the
   Prometheus names below under OpenTelemetry's Prometheus exporter;
 - through ``prometheus-client`` (``statecodec[ops]``, in the proxy's extra), into
-  :func:`prometheus_registry`, which :mod:`statecodec.ops` serves on ``/metrics``. When
+  :func:`prometheus_registry`, which :mod:`statecodec.ops` serves on ``/metrics``; only
+  once :func:`enable_prometheus` ran (importing :mod:`statecodec.ops` does), so a server
+  that never serves ``/metrics`` pays nothing for it. When
   ``PROMETHEUS_MULTIPROC_DIR`` is set before ``prometheus_client`` is first imported, the
   values go to that directory's files and a serving process sums every process's
   (prometheus-client's multiprocess mode; see :mod:`statecodec.ops`).
@@ -29,7 +31,7 @@ could be user data or grow the number of series without bound.
 The recorders run on every MRTR request, so they cost as little as the libraries allow:
 each starts as a stub that, on its first call, imports what is installed (importing
 ``statecodec`` stays free of both), creates the instruments and rebinds every recorder
-name in this module to its final function. Callers look them up as
+name in this module to its final function (once more if Prometheus is enabled later). Callers look them up as
 ``_telemetry.record_seal`` at call time, so they get the final function from then on.
 
 Multi-round flows (issue 21) add their record fields (``flow``, ``round``) to
@@ -124,7 +126,9 @@ _ATTRIBUTES_CACHED: Final = 256
 _lock = threading.Lock()
 _resolved = False
 _otel_missing = False  # True once the first call found opentelemetry-api missing
-_registry: Any = None  # the prometheus_client CollectorRegistry, once resolved with it
+_registry: Any = None  # the prometheus_client CollectorRegistry, once enabled
+_otel_side: dict[str, Callable[..., None]] = {}
+_prometheus_side: dict[str, Callable[..., None]] = {}
 
 
 def _noop(*args: object) -> None:
@@ -264,33 +268,49 @@ def _both(first: Callable[..., None] | None, second: Callable[..., None] | None)
 
 def resolve() -> None:
     """Bind every recorder for good (at the first record, or now: servers call it at start-up)."""
-    global _resolved, _otel_missing, _registry  # noqa: PLW0603 - rebound once, see the module doc
+    global _resolved, _otel_missing, _otel_side  # noqa: PLW0603 - bound once, see the module doc
     with _lock:
         if _resolved:
             return
-        otel: dict[str, Callable[..., None]] = {}
-        prom: dict[str, Callable[..., None]] = {}
         try:
             from opentelemetry import metrics  # noqa: PLC0415 - optional dependency, imported on first use
         except ImportError:
             _otel_missing = True
         else:
-            otel = _otel(metrics.get_meter(METER_NAME))
+            _otel_side = _otel(metrics.get_meter(METER_NAME))
+        _bind()
+        _resolved = True
+
+
+def enable_prometheus() -> None:
+    """Count for Prometheus too, from now on (:mod:`statecodec.ops` calls it when imported).
+
+    Off until then, so a server that never serves ``/metrics`` pays nothing for it. Without
+    ``prometheus-client`` installed this does nothing.
+    """
+    global _registry, _prometheus_side  # noqa: PLW0603 - bound once, see the module doc
+    with _lock:
+        if _registry is not None:
+            return
         try:
             from prometheus_client import CollectorRegistry  # noqa: PLC0415 - optional dependency
         except ImportError:
-            pass
-        else:
-            _registry = CollectorRegistry(auto_describe=True)
-            prom = _prometheus(_registry)
-        namespace = globals()
-        for name in _RECORDERS:
-            namespace[name] = _both(otel.get(name), prom.get(name))
-        _resolved = True
+            return
+        _registry = CollectorRegistry(auto_describe=True)
+        _prometheus_side = _prometheus(_registry)
+        if _resolved:
+            _bind()  # already recording for OpenTelemetry: rebind with both
+
+
+def _bind() -> None:
+    namespace = globals()
+    for name in _RECORDERS:
+        namespace[name] = _both(_otel_side.get(name), _prometheus_side.get(name))
 
 
 def prometheus_registry() -> Any:
     """The ``prometheus_client.CollectorRegistry`` the recorders count into (``None`` without it)."""
+    enable_prometheus()
     resolve()
     return _registry
 

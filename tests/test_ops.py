@@ -276,7 +276,7 @@ def test_several_processes_are_summed(tmp_path: Path, monkeypatch: pytest.Monkey
     directory.mkdir()
     worker = textwrap.dedent(
         """
-        from statecodec import _telemetry
+        from statecodec import _telemetry, ops  # a worker of the proxy imports ops, as the proxy does
         for _ in range(3):
             _telemetry.record_unseal("encrypt", "tools/call", "tampered", 400)
         _telemetry.record_proxy_request(200, 0.01)
@@ -293,6 +293,27 @@ def test_several_processes_are_summed(tmp_path: Path, monkeypatch: pytest.Monkey
     assert sample(text, "statecodec_proxy_requests_total", code="200") == 2
     assert sample(text, "statecodec_token_size_bytes_count") == 6
     assert sample(text, "statecodec_minting") == 1  # read from this process's keys at scrape time
+
+
+def test_prometheus_counting_starts_with_statecodec_ops() -> None:
+    """A server that never imports statecodec.ops pays nothing for Prometheus (not even the import)."""
+    script = textwrap.dedent(
+        """
+        import sys
+        from statecodec import _telemetry
+        _telemetry.record_unseal("sign", "tools/call", "ok", 100)
+        print("before", "prometheus_client" in sys.modules, _telemetry._registry is None)
+        from statecodec import ops
+        _telemetry.record_unseal("sign", "tools/call", "tampered", 100)
+        body, _ = ops.exposition()
+        print("after", body.count(b'statecodec_unseals_total{outcome="tampered"} 1.0'),
+              body.count(b'statecodec_unseals_total{outcome="ok"} 0.0'))
+        """
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=True
+    )
+    assert out.stdout.split() == ["before", "False", "True", "after", "1", "1"]
 
 
 # ------------------------------------------------------------------ logs

@@ -13,12 +13,17 @@ OpenTelemetry instruments (``statecodec[otel]``) keep counting alongside.
 
 Needs ``statecodec[ops]`` (prometheus-client, python-json-logger) for metrics and JSON
 logs; docs/operations.md lists the metrics, the log fields and the alerting rules.
+Importing this module turns on the Prometheus side of statecodec's counters (before, a
+server that serves no ``/metrics`` pays nothing for them).
 """
 
+from .. import _telemetry
 from ._app import app
 from ._health import Check, Health, Readiness
 from ._logs import json_formatter
 from ._metrics import MULTIPROCESS_ENV, KeyGauges, exposition
+
+_telemetry.enable_prometheus()  # a server importing this serves /metrics: count for it
 
 __all__ = [
     "MULTIPROCESS_ENV",
