@@ -9,11 +9,13 @@ never reads a request body.
 from __future__ import annotations
 
 import json
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
-from ..adapters.asgi import ASGIApp, Receive, Scope, Send
 from ._health import Health
 from ._metrics import exposition
+
+if TYPE_CHECKING:  # types only: serving these endpoints needs none of the middleware
+    from ..adapters.asgi import ASGIApp, Receive, Scope, Send
 
 _TEXT: Final = [(b"content-type", b"text/plain; charset=utf-8")]
 _JSON: Final = [(b"content-type", b"application/json")]
