@@ -8,6 +8,7 @@ own parser reading every exposition.
 
 from __future__ import annotations
 
+import ast
 import asyncio
 import json
 import logging
@@ -320,6 +321,44 @@ def test_prometheus_counting_starts_with_statecodec_ops() -> None:
 def test_fields_never_carry_a_whole_token_id_or_an_unbounded_target() -> None:
     facts = _telemetry.fields("token_rejected", token_id="ab" * 16, target="x" * 500, kid=None)
     assert facts == {"event": "token_rejected", "token_id": "abababab", "target": "x" * 120 + "..."}
+
+
+_LEVELS = {"debug", "info", "warning", "error", "exception", "critical"}
+
+
+def _library_log_calls() -> Iterator[tuple[str, ast.Call]]:
+    """Every ``logger.<level>(...)`` call in the package's source, with where it is."""
+    for path in sorted((ROOT / "statecodec").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if (
+                isinstance(node, ast.Call)
+                and isinstance(node.func, ast.Attribute)
+                and node.func.attr in _LEVELS
+                and isinstance(node.func.value, ast.Name)
+                and node.func.value.id == "logger"
+            ):
+                yield f"{path.relative_to(ROOT)}:{node.lineno}", node
+
+
+def test_every_library_log_call_carries_an_event_field_and_no_logger_name_in_its_message() -> None:
+    """Read from the source: a log call added later (another module, another branch) keeps the rule."""
+    calls = list(_library_log_calls())
+    assert len(calls) > 30  # the scan finds the package's log calls
+    problems = []
+    for where, call in calls:
+        extra = next((k.value for k in call.keywords if k.arg == "extra"), None)
+        if extra is None:
+            problems.append(f"{where}: no extra= fields")
+        elif (
+            isinstance(extra, ast.Dict)
+            and not any(isinstance(k, ast.Constant) and k.value == "event" for k in extra.keys)
+            and not any(k is None for k in extra.keys)
+        ):  # {**_telemetry.fields(...), ...} is fine
+            problems.append(f"{where}: extra= without an event")
+        message = call.args[0] if call.args else None
+        if isinstance(message, ast.Constant) and str(message.value).lower().startswith("statecodec"):
+            problems.append(f"{where}: the message repeats the logger name: {message.value[:40]!r}")
+    assert not problems, "\n".join(problems)
 
 
 def test_json_formatter_writes_one_object_per_line_with_the_fields() -> None:
