@@ -45,7 +45,7 @@ def make_codec(args: argparse.Namespace) -> StateCodec:
         ring,
         mode=args.mode,
         ttl=args.ttl,
-        leeway=args.leeway,
+        max_skew=args.max_skew,
         replay=store_from_url(args.replay),
         namespace=SERVER_NAME,
     )
@@ -61,7 +61,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--replay", default="memory:", help="replay store URL, e.g. sqlite:/path/replay.db")
     parser.add_argument("--mode", choices=["sign", "encrypt"], default="encrypt")
     parser.add_argument("--ttl", type=int, default=600, help="token lifetime in seconds")
-    parser.add_argument("--leeway", type=int, default=60, help="clock skew tolerated, in seconds")
+    parser.add_argument("--max-skew", type=int, default=60, help="clock skew tolerated, in seconds")
     parser.add_argument(
         "--boundary",
         choices=["statecodec", "sdk"],

@@ -52,7 +52,8 @@ with atheris.instrument_imports(include=["statecodec"]) if _FUZZING else context
 
 NOW: Final = 1_800_000_000
 TTL: Final = 600
-LEEWAY: Final = 60
+MAX_SKEW: Final = 60
+EXPIRY_GRACE: Final = 30  # not the default 0, so that the two allowances are told apart
 MAX_TOKEN_BYTES: Final = 4096
 
 
@@ -80,7 +81,13 @@ BINDING: Final = Binding(
 BINDINGS: Final = (BINDING, UNBOUND)
 CODECS: Final = {
     mode: StateCodec(
-        RING, mode=mode, ttl=TTL, leeway=LEEWAY, max_token_bytes=MAX_TOKEN_BYTES, clock=lambda: NOW
+        RING,
+        mode=mode,
+        ttl=TTL,
+        max_skew=MAX_SKEW,
+        expiry_grace=EXPIRY_GRACE,
+        max_token_bytes=MAX_TOKEN_BYTES,
+        clock=lambda: NOW,
     )
     for mode in (Mode.SIGN, Mode.ENCRYPT)
 }
@@ -90,7 +97,7 @@ _BY_CHAR: Final = {"s": Mode.SIGN, "e": Mode.ENCRYPT}
 class Minted(NamedTuple):
     mode: Mode
     kid: str
-    case: str  # which time case: fresh, in-leeway-future, future, edge-expiring, expired
+    case: str  # which time case: fresh, in-skew-future, future, edge-expiring, expired
     payload: bytes
     binding: Binding
     valid: bool  # what the policy says at NOW
@@ -101,12 +108,12 @@ def _minted() -> Iterator[tuple[str, Minted]]:
     payloads = (b"", b"x", b'{"step":2,"cart":[1,2,3]}', bytes(range(256)), b"\x00" * 700)
     times = {
         "fresh": NOW - 10,
-        "in-leeway-future": NOW + LEEWAY,
-        "future": NOW + LEEWAY + 1,
-        "edge-expiring": NOW - TTL - LEEWAY + 1,
-        "expired": NOW - TTL - LEEWAY,
+        "in-skew-future": NOW + MAX_SKEW,
+        "future": NOW + MAX_SKEW + 1,
+        "edge-expiring": NOW - TTL - EXPIRY_GRACE,  # NOW = exp + grace: the last second
+        "expired": NOW - TTL - EXPIRY_GRACE - 1,
     }
-    valid_times = ("fresh", "in-leeway-future", "edge-expiring")
+    valid_times = ("fresh", "in-skew-future", "edge-expiring")
     n = 0
     for mode, codec in CODECS.items():
         for key in RING.keys:
@@ -183,9 +190,9 @@ def _policy(parsed: _format.ParsedToken, key: Key, binding: Binding, token_len: 
         return "unknown_key"
     if parsed.expires_at < parsed.issued_at:
         return "malformed"
-    if parsed.expires_at + LEEWAY <= NOW:
+    if parsed.expires_at + EXPIRY_GRACE < NOW:  # NOW is a whole second
         return "expired"
-    if parsed.issued_at > NOW + LEEWAY:
+    if parsed.issued_at > NOW + MAX_SKEW:
         return "not_yet_valid"
     if not hmac.compare_digest(binding.tag(key.bind_key), parsed.bind_tag):
         return "binding_mismatch"

@@ -6,6 +6,13 @@ and binding tag read and judged. Consuming the token id in the replay store come
 so nothing that fails a check can burn a valid token. Any unexpected exception fails
 closed (deny-on-error) as ``internal_error``.
 
+Time, in whole seconds like the token's own ``iat`` and ``exp``: a token is valid at
+``now`` while ``iat - max_skew <= floor(now) <= exp + expiry_grace``. So with ``ttl=600``
+and the default grace of 0 it is accepted through the 600th second after its issue
+(``now < exp + 1``) and rejected from the 601st; and it may come from an instance whose
+clock runs up to ``max_skew`` seconds ahead (``iat <= now + max_skew``, exact for a
+fractional ``now`` too).
+
 The codec knows nothing about MCP: adapters build the :class:`Binding` and map
 :class:`InvalidState` to the wire error.
 """
@@ -33,7 +40,8 @@ from .replay.base import ReplayStore
 logger = logging.getLogger("statecodec")
 
 DEFAULT_TTL: Final = 600
-DEFAULT_LEEWAY: Final = 60
+DEFAULT_MAX_SKEW: Final = 60
+DEFAULT_EXPIRY_GRACE: Final = 0
 DEFAULT_MAX_TOKEN_BYTES: Final = 8192
 
 
@@ -73,11 +81,19 @@ class StateCodec:
     :param mode: :attr:`Mode.SIGN` or :attr:`Mode.ENCRYPT`. A codec accepts only tokens of
         its own mode and format version: the token never chooses the algorithm.
     :param ttl: default lifetime of minted tokens, in seconds.
-    :param leeway: clock skew tolerated between instances, both ways, in seconds.
+    :param max_skew: how far, in whole seconds, the clocks of the instances sharing the
+        keys may disagree: a token issued up to this far in the future (by an instance
+        whose clock runs ahead) is accepted. Also how long past its acceptance a token id
+        stays in the replay store, for an instance whose clock runs behind.
+    :param expiry_grace: whole seconds a token is still accepted past its expiry;
+        0 (the default) is strict: a TTL means what it says.
     :param replay: a :class:`ReplayStore`; when set, each token unseals at most once.
     :param namespace: prefix of replay-store entries, so services sharing a store never
         collide (defaults to ``"default"``).
-    :param clock: returns the current Unix time; inject one in tests.
+    :param clock: returns the current Unix time, ``time.time`` by default. It is the one
+        way time enters the codec: to seal or check "as of" another instant (tests, a
+        server with its own time source, ``statecodec verify --at``), give a codec a clock
+        that returns that instant.
     """
 
     def __init__(
@@ -86,7 +102,8 @@ class StateCodec:
         *,
         mode: Mode | str = Mode.SIGN,
         ttl: int = DEFAULT_TTL,
-        leeway: int = DEFAULT_LEEWAY,
+        max_skew: int = DEFAULT_MAX_SKEW,
+        expiry_grace: int = DEFAULT_EXPIRY_GRACE,
         max_token_bytes: int = DEFAULT_MAX_TOKEN_BYTES,
         replay: ReplayStore | None = None,
         namespace: str = "default",
@@ -94,8 +111,11 @@ class StateCodec:
     ) -> None:
         if not isinstance(keys, KeyProvider):
             raise TypeError("keys must be a KeyRing or a KeyProvider (keyring() and signing_key())")
-        if not 0 < ttl < 2**31 or not 0 <= leeway < 2**31:
-            raise ValueError("ttl must be positive and leeway non-negative (seconds)")
+        if not 0 < ttl < 2**31:
+            raise ValueError(f"ttl must be a positive number of seconds, got {ttl!r}")
+        for name, value in (("max_skew", max_skew), ("expiry_grace", expiry_grace)):
+            if not (0 <= value < 2**31 and value == int(value)):
+                raise ValueError(f"{name} must be a whole number of seconds >= 0, got {value!r}")
         if max_token_bytes < 128:
             raise ValueError("max_token_bytes below 128 cannot hold a token")
         if replay is not None and not callable(getattr(replay, "consume", None)):
@@ -103,7 +123,8 @@ class StateCodec:
         self.mode = Mode(mode)
         self.keys = keys
         self.ttl = int(ttl)
-        self.leeway = int(leeway)
+        self.max_skew = int(max_skew)
+        self.expiry_grace = int(expiry_grace)
         self.max_token_bytes = int(max_token_bytes)
         self.replay = replay
         self.namespace = namespace
@@ -113,28 +134,31 @@ class StateCodec:
         self._mode_char = _MODE_CHAR[self.mode]
         # Tested on every seal and unseal: an attribute read, not an enum comparison.
         self._signs = self.mode is Mode.SIGN
-        # Replay entries: "<namespace>:<token id hex>", kept until exp + 2 * leeway on this
-        # codec's clock, handed to the store as a retention from now (the comment above
-        # _store_down). Every instance sharing a store must use the same leeway.
+        # Expired from this instant after exp: floor(now) > exp + expiry_grace.
+        self._expired_after = self.expiry_grace + 1
+        # Replay entries: "<namespace>:<token id hex>", kept until exp + expiry_grace + 1 +
+        # max_skew on this codec's clock, handed to the store as a retention from now (the
+        # comment above _store_down). Every instance sharing a store must use the same
+        # max_skew and expiry_grace.
         self._replay_prefix = namespace + ":"
-        self._kept_after_expiry = 2 * self.leeway
+        self._kept_after_expiry = self._expired_after + self.max_skew
         self._store_failing = False  # log a store outage once, not once per request
 
     def __repr__(self) -> str:
         return (
-            f"StateCodec(mode={self.mode.value!r}, ttl={self.ttl}, leeway={self.leeway}, "
+            f"StateCodec(mode={self.mode.value!r}, ttl={self.ttl}, max_skew={self.max_skew}, "
+            f"expiry_grace={self.expiry_grace}, "
             f"keys={self.keys!r}, replay={self.replay!r})"
         )
 
     # ------------------------------------------------------------------ sealing
     def seal(self, payload: bytes, binding: Binding | None = None, *, ttl: int | None = None) -> str:
         """Mint a token carrying ``payload``, bound to ``binding``, valid for ``ttl`` seconds."""
-        return self.seal_at_time(payload, binding, self.clock(), ttl=ttl)
-
-    def seal_at_time(
-        self, payload: bytes, binding: Binding | None, now: float, *, ttl: int | None = None
-    ) -> str:
+        # The key first, then the clock: a key manager may promote a new key between the
+        # two reads, and iat must never predate the moment the key was chosen, or other
+        # instances (and the key's own timeline) see a token minted before its promotion.
         key = self.keys.signing_key()
+        now = self.clock()
         if not self._signs:
             # One call for the whole 24-byte nonce: its first 16 bytes are the token id.
             fresh = os.urandom(_format.NONCE_LEN)
@@ -190,15 +214,7 @@ class StateCodec:
 
         With a replay store and ``consume=True`` (the default), a token unseals only once.
         """
-        return self._unseal(token, binding, None, consume)
-
-    def unseal_at_time(
-        self, token: str, binding: Binding | None, now: float, *, consume: bool = True
-    ) -> OpenedState:
-        return self._unseal(token, binding, now, consume)
-
-    def _unseal(self, token: str, binding: Binding | None, now: float | None, consume: bool) -> OpenedState:
-        now = self._instant(now)
+        now = self._now()
         opened = self._guarded_open(token, binding, now, True)
         if consume and self.replay is not None:
             try:
@@ -214,7 +230,7 @@ class StateCodec:
         self, token: str, binding: Binding | None = None, *, consume: bool = True
     ) -> OpenedState:
         """:meth:`unseal` for async servers: the replay store is awaited, never blocking the loop."""
-        now = self._instant(None)
+        now = self._now()
         opened = self._guarded_open(token, binding, now, True)
         if consume and self.replay is not None:
             try:
@@ -226,22 +242,21 @@ class StateCodec:
             self._judge_replay(opened, first)
         return opened
 
-    def verify_unbound(self, token: str, *, now: float | None = None) -> OpenedState:
+    def verify_unbound(self, token: str) -> OpenedState:
         """Check format, key, MAC/AEAD and times but NOT the binding; never consumes.
 
         For debugging tools (``statecodec verify`` without binding options). Never use
         this to accept a token in a server: the binding is what ties it to the user.
         """
-        return self._guarded_open(token, None, self._instant(now), False)
+        return self._guarded_open(token, None, self._now(), False)
 
     # -------------------------------------------------------------- internals
-    def _instant(self, now: float | None) -> float:
+    def _now(self) -> float:
         # The clock is guarded too: a clock that raises or returns NaN (every comparison
         # with NaN is False, so no token would ever expire) must reject the token, not
         # escape or accept it.
         try:
-            if now is None:
-                now = self.clock()
+            now = self.clock()
             if math.isfinite(now):
                 return now
         except Exception as exc:
@@ -300,14 +315,17 @@ class StateCodec:
         # From here on the header (kid, iat, exp, token_id, bind_tag) is authentic.
         if exp < iat:
             raise InvalidState("malformed", "expires before it was issued", kid=kid, token_id=tid)
-        if now >= exp + self.leeway:
+        if now >= exp + self._expired_after:  # floor(now) > exp + expiry_grace
             raise InvalidState(
-                "expired", f"expired {duration(now - exp)} ago (leeway {self.leeway}s)", kid=kid, token_id=tid
+                "expired",
+                f"expired {duration(now - exp)} ago (expiry grace {self.expiry_grace}s)",
+                kid=kid,
+                token_id=tid,
             )
-        if iat > now + self.leeway:
+        if iat > now + self.max_skew:  # the same as iat > floor(now) + max_skew: iat is whole
             raise InvalidState(
                 "not_yet_valid",
-                f"issued {duration(iat - now)} in the future, beyond the {self.leeway}s leeway "
+                f"issued {duration(iat - now)} in the future, beyond the {self.max_skew}s skew allowance "
                 "(clock skew between instances?)",
                 kid=kid,
                 token_id=tid,
@@ -337,15 +355,16 @@ class StateCodec:
             raise InvalidState("unknown_key", f"key {kid} was retired {retired} ago", kid=kid)
         return key
 
-    # Why exp + 2 * leeway (self._kept_after_expiry): keep the entry while ANY instance may
-    # still accept the token. This one rejects it from exp + leeway on its own clock, but an
-    # instance whose clock is behind by up to the leeway accepts until exp + 2 * leeway on
-    # this clock: forgetting earlier would let that instance redeem the token a second
-    # time (tests/test_faults_clock.py replays exactly that).
+    # Why exp + expiry_grace + 1 + max_skew (self._kept_after_expiry): keep the entry while
+    # ANY instance may still accept the token. This one rejects it from exp + expiry_grace + 1
+    # on its own clock, but an instance whose clock is behind by up to max_skew (the most the
+    # fleet's clocks may disagree) accepts it until max_skew later on this clock: forgetting
+    # earlier would let that instance redeem the token a second time
+    # (tests/test_faults_clock.py replays exactly that).
     # Why a retention (that instant minus now) rather than the instant: the store measures
     # it on its own clock, so a store whose clock disagrees with this codec's by any amount
     # still remembers the entry exactly as long as needed. The retention is always positive
-    # here: the token passed the expiry check, so now < exp + leeway.
+    # here, more than max_skew: the token passed the expiry check.
 
     def _store_down(self, opened: OpenedState, exc: BaseException) -> InvalidState:
         kind = getattr(self.replay, "kind", type(self.replay).__name__)

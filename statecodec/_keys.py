@@ -103,11 +103,12 @@ class Key:
         object.__setattr__(self, "_bind", _keyed_hmac(self.bind_key))
 
     @classmethod
-    def generate(cls, kid: str | None = None, *, now: int | None = None) -> Key:
+    def generate(cls, kid: str | None = None, *, created_at: int | None = None) -> Key:
+        """A fresh 32-byte key, stamped ``created_at`` (Unix seconds; default: the current time)."""
         return cls(
             kid or new_kid(),
             secrets.token_bytes(32),
-            int(time.time()) if now is None else now,
+            int(time.time()) if created_at is None else created_at,
         )
 
     def sign_mac(self, signed: bytes) -> bytes:
@@ -182,9 +183,9 @@ class KeyRing:
 
     # --- construction -------------------------------------------------------------
     @classmethod
-    def generate(cls, kid: str | None = None, *, now: int | None = None) -> KeyRing:
-        """A ring of one fresh 32-byte key, which is primary."""
-        key = Key.generate(kid, now=now)
+    def generate(cls, kid: str | None = None, *, created_at: int | None = None) -> KeyRing:
+        """A ring of one fresh 32-byte key, which is primary (see :meth:`Key.generate`)."""
+        key = Key.generate(kid, created_at=created_at)
         return cls([key], key.kid)
 
     @classmethod

@@ -15,7 +15,8 @@ import json
 import math
 import os
 import struct
-from collections.abc import Mapping, Sequence
+import time
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
@@ -39,15 +40,16 @@ def mcp_py_v1_seal(
     secrets: Sequence[bytes | str],
     state: str,
     *,
-    now: float,
     method: str,
     target: str,
     arguments: Mapping[str, Any] | None = None,
     principal: str | None = None,
     audience: str | None = None,
     ttl: float = 600.0,
+    clock: Callable[[], float] = time.time,
 ) -> str:
-    """The claims envelope ``RequestStateBoundary`` seals at ``now``, keys in the SDK's order."""
+    """The claims envelope ``RequestStateBoundary`` seals at ``clock()``, keys in the SDK's order."""
+    now = clock()
     claims: dict[str, Any] = {
         "v": mcp_py_v1.ENVELOPE_VERSION,
         "iat": now,
@@ -85,8 +87,13 @@ def rs1_seal(key: bytes, payload: bytes, associated_data: bytes, expiry_ms: int)
 
 
 def rs1_token(
-    key: bytes, payload: bytes, associated_data: bytes = b"", *, now: float, ttl: float | None = 600
+    key: bytes,
+    payload: bytes,
+    associated_data: bytes = b"",
+    *,
+    ttl: float | None = 600,
+    clock: Callable[[], float] = time.time,
 ) -> str:
-    """What rmcp seals at ``now``: ``now_ms + ttl_ms``, or 0 (never expires) without a TTL."""
-    expiry = 0 if ttl is None else min(math.floor(now * 1000) + int(ttl * 1000), 2**63 - 1)
+    """What rmcp seals at ``clock()``: ``now_ms + ttl_ms``, or 0 (never expires) without a TTL."""
+    expiry = 0 if ttl is None else min(math.floor(clock() * 1000) + int(ttl * 1000), 2**63 - 1)
     return rs1_seal(key, payload, associated_data, expiry)

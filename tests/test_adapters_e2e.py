@@ -196,7 +196,7 @@ async def test_bad_token_gets_the_uniform_error(deploy_cluster: Cluster, case: s
             audience=AUDIENCE,
         )
         plan = json.dumps({"version": version, "plan_id": "old", "planned_on": "x", "steps": []}).encode()
-        state = deploy_cluster.codec().seal_at_time(plan, binding, time.time() - 7200, ttl=600)
+        state = deploy_cluster.codec(clock=lambda: time.time() - 7200).seal(plan, binding, ttl=600)
     elif case == "replayed":
         async with connect(lb_b) as alice_b:  # the first redemption, on B, succeeds
             first = await round_two(alice_b, state)

@@ -51,7 +51,7 @@ def run_json(
 
 @pytest.fixture
 def ring() -> KeyRing:
-    return KeyRing.generate("k8", now=T0 - 86400)
+    return KeyRing.generate("k8", created_at=T0 - 86400)
 
 
 @pytest.fixture
@@ -184,9 +184,9 @@ def test_inspect_flags_a_token_over_the_default_limit(keys: str) -> None:
 
 def test_inspect_names_the_other_sdks_formats(ring: KeyRing) -> None:
     secret = ring.primary.secret
-    ts = ts_v1.seal(secret, {"step": 1}, now=T0, bind="user:alice")
-    py = mcp_py_v1_seal([secret], "state", now=T0, method="tools/call", target="t")
-    rs = rs1_token(secret, b"hello", now=T0)
+    ts = ts_v1.seal(secret, {"step": 1}, clock=lambda: T0, bind="user:alice")
+    py = mcp_py_v1_seal([secret], "state", clock=lambda: T0, method="tools/call", target="t")
+    rs = rs1_token(secret, b"hello", clock=lambda: T0)
     for token, fmt, name in (
         (ts, "ts-v1", "TypeScript SDK v1"),
         (py, "mcp-py-v1", "Python SDK v1"),
@@ -318,13 +318,23 @@ def test_verify_expired_and_not_yet_valid(keys: str) -> None:
     token = mint(keys)
     result = run("verify", token, "--keys", keys, "--at", str(T0 + 600 + 180))
     assert result.exit_code == ExitCode.INVALID
-    assert result.stdout.strip() == "INVALID  expired: expired 3m ago (leeway 60s)"
-    # The leeway is a duration option, and --at takes ISO 8601.
+    assert result.stdout.strip() == "INVALID  expired: expired 3m ago (expiry grace 0s)"
+    # Strict by default: the 600th second is the last (ttl 600), the 601st is expired.
+    assert run("verify", token, "--keys", keys, "--at", str(T0 + 600.5)).exit_code == 0
+    assert run("verify", token, "--keys", keys, "--at", str(T0 + 601)).exit_code == ExitCode.INVALID
+    # The grace is a duration option, and --at takes ISO 8601.
+    graced = ("--at", "2026-07-28T12:12:00Z", "--expiry-grace", "2m")
+    assert run("verify", token, "--keys", keys, *graced).exit_code == 0
+    assert run("verify", token, "--keys", keys, *graced, "--max-skew", "1h").exit_code == 0
     assert (
-        run("verify", token, "--keys", keys, "--at", "2026-07-28T12:12:00Z", "--leeway", "5m").exit_code == 0
+        run("verify", token, "--keys", keys, "--at", "2026-07-28T12:12:00Z", "--max-skew", "1h").exit_code
+        == ExitCode.INVALID
     )
-    doc = run_json("verify", token, "--keys", keys, "--at", str(T0 - 600))
-    assert doc["error"]["reason"] == "not_yet_valid" and "in the future" in doc["error"]["message"]
+    # --max-skew: issued up to that far in the future.
+    doc = run_json("verify", token, "--keys", keys, "--at", str(T0 - 61))
+    assert doc["error"]["reason"] == "not_yet_valid" and "60s skew allowance" in doc["error"]["message"]
+    assert run("verify", token, "--keys", keys, "--at", str(T0 - 60)).exit_code == 0
+    assert run("verify", token, "--keys", keys, "--at", str(T0 - 61), "--max-skew", "61s").exit_code == 0
 
 
 def test_verify_tampered(keys: str) -> None:
@@ -337,7 +347,7 @@ def test_verify_tampered(keys: str) -> None:
 
 def test_verify_unknown_key_names_the_ring(tmp_path: Path, keys: str) -> None:
     token = mint(keys)
-    other = KeyRing.generate("k9", now=T0).with_key(KeyRing.generate("k10", now=T0).primary)
+    other = KeyRing.generate("k9", created_at=T0).with_key(KeyRing.generate("k10", created_at=T0).primary)
     path = tmp_path / "other.json"
     path.write_text(other.to_json())
     path.chmod(0o600)
@@ -406,8 +416,17 @@ def test_verify_store_unavailable_leaves_the_token_unconsumed(tmp_path: Path, ke
         (["--replay", "memory:", "--consume", "--unbound", "--at", "now"], "do not combine it with --at"),
         (["--unbound", "--principal", "a"], "do not combine"),
         (["--at", "noon"], "not a time"),
-        (["--leeway", "-5"], "not a duration"),
-        (["--leeway", "99999999999999d"], "Invalid value for '--leeway': '99999999999999d' is out of range"),
+        (["--max-skew", "-5"], "not a duration"),
+        (["--expiry-grace", "1.5"], "not a duration"),
+        (["--leeway", "5"], "No such option"),
+        (
+            ["--max-skew", "99999999999999d"],
+            "Invalid value for '--max-skew': '99999999999999d' is out of range",
+        ),
+        (
+            ["--expiry-grace", "99999999999d"],
+            "Invalid value for '--expiry-grace': '99999999999d' is out of range",
+        ),
         (["--at", "99999999999"], "Invalid value for '--at': '99999999999' is out of range"),
         (["--format", "jwt"], "jwt"),
         (["--bind-value", "x"], "--bind-value (ts-v1 only)"),
@@ -465,7 +484,7 @@ def test_a_key_file_readable_by_others_draws_a_warning(tmp_path: Path, ring: Key
 
 # ------------------------------------------------------------ other SDKs' formats
 def test_verify_typescript_sdk_tokens(keys: str, ring: KeyRing) -> None:
-    token = ts_v1.seal(ring.primary.secret, {"step": 1}, now=T0, bind="user:alice")
+    token = ts_v1.seal(ring.primary.secret, {"step": 1}, clock=lambda: T0, bind="user:alice")
     unbound = run_json("verify", token, "--keys", keys, "--at", str(T0))
     assert unbound["format"] == "ts-v1" and unbound["binding_checked"] is False
     assert unbound["claims"]["payload"]["value"] == {"step": 1}
@@ -482,7 +501,7 @@ def test_verify_python_sdk_tokens(keys: str, ring: KeyRing) -> None:
     token = mcp_py_v1_seal(
         [ring.primary.secret],
         '{"n": 1}',
-        now=T0,
+        clock=lambda: T0,
         audience="srv",
         method="tools/call",
         target="book",
@@ -501,7 +520,7 @@ def test_verify_python_sdk_tokens(keys: str, ring: KeyRing) -> None:
 
 
 def test_verify_rmcp_tokens(keys: str, ring: KeyRing) -> None:
-    token = rs1_token(ring.primary.secret, b"hello", b"session-7", now=T0)
+    token = rs1_token(ring.primary.secret, b"hello", b"session-7", clock=lambda: T0)
     ok = run_json("verify", token, "--keys", keys, "--at", str(T0), "--associated-data", "session-7")
     assert ok["valid"] and ok["claims"]["payload"]["value"] == "hello"
     missing = run("verify", token, "--keys", keys, "--at", str(T0))
@@ -509,7 +528,7 @@ def test_verify_rmcp_tokens(keys: str, ring: KeyRing) -> None:
 
 
 def test_consume_is_refused_for_formats_without_token_id(keys: str, ring: KeyRing) -> None:
-    token = rs1_token(ring.primary.secret, b"x", now=T0)
+    token = rs1_token(ring.primary.secret, b"x", clock=lambda: T0)
     result = run("verify", token, "--keys", keys, "--replay", "memory:", "--consume")
     assert result.exit_code == ExitCode.USAGE and "--replay" in result.stderr
 

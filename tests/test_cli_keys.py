@@ -31,7 +31,7 @@ CLEAN_ENV: dict[str, str | None] = {"STATECODEC_KEYS": None, "STATECODEC_DEBUG":
 DAY = 86400
 POLICIES = ROOT / "docs" / "policies"
 #: A services' timeline with a 3 s promotion delay, so retiring a primary waits seconds, not minutes.
-FAST = ["--refresh-interval", "1s", "--clock-skew", "0s", "--max-ttl", "10s", "--leeway", "0s"]
+FAST = ["--refresh-interval", "1s", "--max-skew", "0s", "--max-ttl", "10s", "--expiry-grace", "0s"]
 FAST += ["--staleness-limit", "2s"]
 
 
@@ -103,10 +103,10 @@ def test_generate_rejects_a_bad_kid() -> None:
 
 # -------------------------------------------------------------------- list
 def test_list_shows_states_and_never_secrets(tmp_path: Path) -> None:
-    old = Key.generate("old", now=T0 - 3 * DAY)
-    current = Key.generate("current", now=T0 - 600)
-    fresh = Key.generate("fresh", now=T0 - 30)
-    gone = Key("gone", Key.generate(now=T0).secret, T0 - 9 * DAY, T0 - 5 * DAY)
+    old = Key.generate("old", created_at=T0 - 3 * DAY)
+    current = Key.generate("current", created_at=T0 - 600)
+    fresh = Key.generate("fresh", created_at=T0 - 30)
+    gone = Key("gone", Key.generate(created_at=T0).secret, T0 - 9 * DAY, T0 - 5 * DAY)
     ring = KeyRing([gone, old, current, fresh], "current")
     spec = write_ring(tmp_path / "keys.json", ring)
 
@@ -127,7 +127,7 @@ def test_list_shows_states_and_never_secrets(tmp_path: Path) -> None:
 
 
 def test_list_timeline_options_move_the_promotion(tmp_path: Path) -> None:
-    ring = KeyRing([Key.generate("a", now=T0 - DAY), Key.generate("b", now=T0 - 600)], "a")
+    ring = KeyRing([Key.generate("a", created_at=T0 - DAY), Key.generate("b", created_at=T0 - 600)], "a")
     spec = write_ring(tmp_path / "keys.json", ring)
     default = run_json("keys", "list", "--keys", spec, "--at", str(T0))
     assert default["primary"] == "b"  # promoted after ~2 minutes with the default timeline
@@ -140,7 +140,7 @@ def test_list_timeline_options_move_the_promotion(tmp_path: Path) -> None:
 
 
 def test_list_reads_env_specs_and_the_default_from_statecodec_keys() -> None:
-    ring = KeyRing.generate("envkey", now=T0 - DAY)
+    ring = KeyRing.generate("envkey", created_at=T0 - DAY)
     env = {"RING_JSON": ring.to_json(), "STATECODEC_KEYS": "env:RING_JSON"}
     doc = run_json("keys", "list", env=env)
     assert doc["source"] == "env:RING_JSON" and doc["primary"] == "envkey"
@@ -165,7 +165,7 @@ def test_init_refuses_env_sources_with_the_fix() -> None:
 # ------------------------------------------------------------------ rotate
 def test_rotate_dry_run_then_rotate_then_idempotent(tmp_path: Path) -> None:
     path = tmp_path / "keys.json"
-    spec = write_ring(path, KeyRing.generate("k1", now=T0 - 2 * DAY))
+    spec = write_ring(path, KeyRing.generate("k1", created_at=T0 - 2 * DAY))
     args = ["keys", "rotate", "--keys", spec, "--min-age", "24h", "--retire-after", "2h"]
 
     dry = run_json(*args, "--dry-run")
@@ -181,7 +181,7 @@ def test_rotate_dry_run_then_rotate_then_idempotent(tmp_path: Path) -> None:
 
 
 def test_rotate_refuses_a_retirement_shorter_than_the_timeline(tmp_path: Path) -> None:
-    spec = write_ring(tmp_path / "keys.json", KeyRing.generate("k1", now=T0))
+    spec = write_ring(tmp_path / "keys.json", KeyRing.generate("k1", created_at=T0))
     result = run("keys", "rotate", "--keys", spec, "--min-age", "1h", "--retire-after", "10m")
     assert result.exit_code == ExitCode.KEYS
     assert result.stderr.startswith("statecodec: error: rotation refused: retire_after=10m is too short")
@@ -236,7 +236,9 @@ def test_vault_errors_name_the_fix(monkeypatch: pytest.MonkeyPatch, tmp_path: Pa
 def test_retire_shows_the_plan_and_asks_first(tmp_path: Path) -> None:
     now = int(time.time())
     path = tmp_path / "keys.json"
-    ring = KeyRing([Key.generate("old", now=now - DAY), Key.generate("cur", now=now - 3600)], "cur")
+    ring = KeyRing(
+        [Key.generate("old", created_at=now - DAY), Key.generate("cur", created_at=now - 3600)], "cur"
+    )
     spec = write_ring(path, ring)
     before = path.read_text()
 
@@ -264,7 +266,7 @@ def test_retire_shows_the_plan_and_asks_first(tmp_path: Path) -> None:
 
 def test_retire_the_primary_makes_a_new_key_and_waits(tmp_path: Path) -> None:
     path = tmp_path / "keys.json"
-    spec = write_ring(path, KeyRing.generate("leaked", now=int(time.time()) - DAY))
+    spec = write_ring(path, KeyRing.generate("leaked", created_at=int(time.time()) - DAY))
     result = run("keys", "retire", "leaked", "--keys", spec, "--yes", "--json", *FAST)
     doc = json.loads(result.stdout)
     VALIDATOR.validate(doc)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import inspect
 import logging
 import math
 import pickle
@@ -58,10 +59,23 @@ def _codec(mode: sc.Mode | str = sc.Mode.SIGN, **kw: Any) -> sc.StateCodec:
     return sc.StateCodec(kw.pop("keys", RING), mode=mode, **kw)
 
 
+def _at(codec: sc.StateCodec, now: float) -> sc.StateCodec:
+    """``codec`` with its hand-moved clock set to ``now``: time enters only through the clock."""
+    assert isinstance(codec.clock, Clock)
+    codec.clock.now = now
+    return codec
+
+
 def _reason(codec: sc.StateCodec, token: Any, binding: sc.Binding | None = FULL, now: float = T0) -> str:
     with pytest.raises(sc.InvalidState) as info:
-        codec.unseal_at_time(token, binding, now)
+        _at(codec, now).unseal(token, binding)
     return info.value.reason
+
+
+def _detail(codec: sc.StateCodec, token: str, now: float) -> str:
+    with pytest.raises(sc.InvalidState) as info:
+        _at(codec, now).unseal(token, FULL)
+    return info.value.detail
 
 
 CODECS = {m: _codec(m) for m in MODES}
@@ -82,8 +96,8 @@ bindings = st.builds(
 @given(payload=st.binary(max_size=2048), binding=st.none() | bindings)
 def test_round_trip(mode: sc.Mode, payload: bytes, binding: sc.Binding | None) -> None:
     codec = CODECS[mode]
-    token = codec.seal_at_time(payload, binding, T0)
-    opened = codec.unseal_at_time(token, binding, T0 + 1)
+    token = _at(codec, T0).seal(payload, binding)
+    opened = _at(codec, T0 + 1).unseal(token, binding)
     assert type(opened) is sc.OpenedState and len(opened) == len(sc.OpenedState._fields)
     assert opened.payload == payload
     assert (opened.kid, opened.issued_at, opened.expires_at, opened.mode) == ("k1", T0, T0 + 600, mode)
@@ -131,9 +145,9 @@ def test_encrypt_hides_the_payload_and_sign_does_not() -> None:
 @pytest.mark.parametrize("mode", MODES)
 def test_fresh_token_id_and_nonce_every_time(mode: sc.Mode) -> None:
     codec = _codec(mode)
-    tokens = [codec.seal_at_time(b"same", FULL, T0) for _ in range(20)]
+    tokens = [_at(codec, T0).seal(b"same", FULL) for _ in range(20)]
     assert len(set(tokens)) == 20
-    ids = {codec.unseal_at_time(t, FULL, T0).token_id for t in tokens}
+    ids = {_at(codec, T0).unseal(t, FULL).token_id for t in tokens}
     assert len(ids) == 20
     if mode is sc.Mode.ENCRYPT:
         hl = 1 + 2 + 8 + 32
@@ -144,7 +158,7 @@ def test_fresh_token_id_and_nonce_every_time(mode: sc.Mode) -> None:
 def test_encrypt_nonce_is_the_token_id_then_the_suffix() -> None:
     # Opened with PyNaCl's public API, not the codec: the 24-byte nonce is tid || the 8
     # bytes after the header, and the associated data is the prefix and the header.
-    token = _codec(sc.Mode.ENCRYPT).seal_at_time(b"secret state", FULL, T0)
+    token = _codec(sc.Mode.ENCRYPT).seal(b"secret state", FULL)
     raw = _format.b64decode(token[5:])
     hl = 1 + 2 + 8 + 32
     tid, suffix, sealed = raw[hl - 32 : hl - 16], raw[hl : hl + 8], raw[hl + 8 :]
@@ -173,9 +187,9 @@ def test_seal_refuses_bad_ttl_and_times() -> None:
         with pytest.raises(ValueError, match="ttl"):
             codec.seal(b"x", ttl=ttl)
     with pytest.raises(ValueError, match="2\\*\\*32"):
-        codec.seal_at_time(b"x", None, 2**32 - 10)  # would expire after 2106
+        _at(codec, 2**32 - 10).seal(b"x", None)  # would expire after 2106
     with pytest.raises(ValueError):
-        codec.seal_at_time(b"x", None, -5)
+        _at(codec, -5).seal(b"x", None)
 
 
 @pytest.mark.parametrize(
@@ -183,7 +197,12 @@ def test_seal_refuses_bad_ttl_and_times() -> None:
     [
         ({"ttl": 0}, ValueError),
         ({"ttl": 2**31}, ValueError),
-        ({"leeway": -1}, ValueError),
+        ({"max_skew": -1}, ValueError),
+        ({"max_skew": 1.5}, ValueError),
+        ({"max_skew": 2**31}, ValueError),
+        ({"expiry_grace": -1}, ValueError),
+        ({"expiry_grace": 0.5}, ValueError),
+        ({"expiry_grace": float("nan")}, ValueError),
         ({"max_token_bytes": 127}, ValueError),
         ({"mode": "compress"}, ValueError),
         ({"keys": b"secret"}, TypeError),
@@ -207,7 +226,7 @@ _REPLACEMENTS = "AQgw_-9z=+/. \n\u00e9"
 @pytest.mark.parametrize("mode", MODES)
 def test_every_single_character_change_is_rejected(mode: sc.Mode) -> None:
     codec = _codec(mode)
-    token = codec.seal_at_time(b"state", FULL, T0)
+    token = _at(codec, T0).seal(b"state", FULL)
     tried = 0
     for i, original in enumerate(token):
         for c in _REPLACEMENTS:
@@ -222,7 +241,7 @@ def test_every_single_character_change_is_rejected(mode: sc.Mode) -> None:
 @pytest.mark.parametrize("mode", MODES)
 def test_every_bit_flip_of_the_decoded_bytes_is_rejected(mode: sc.Mode) -> None:
     codec = _codec(mode)
-    token = codec.seal_at_time(b"state", FULL, T0)
+    token = _at(codec, T0).seal(b"state", FULL)
     raw = _format.b64decode(token[5:])
     reasons: set[str] = set()
     for i in range(len(raw)):
@@ -239,7 +258,7 @@ def test_every_bit_flip_of_the_decoded_bytes_is_rejected(mode: sc.Mode) -> None:
 @pytest.mark.parametrize("mode", MODES)
 def test_every_truncation_is_rejected(mode: sc.Mode) -> None:
     codec = _codec(mode)
-    token = codec.seal_at_time(b"state", FULL, T0)
+    token = _at(codec, T0).seal(b"state", FULL)
     for n in range(len(token)):
         assert _reason(codec, token[:n]) in {"malformed", "tampered"}
     raw = _format.b64decode(token[5:])
@@ -250,7 +269,7 @@ def test_every_truncation_is_rejected(mode: sc.Mode) -> None:
 @pytest.mark.parametrize("mode", MODES)
 def test_extensions_are_rejected(mode: sc.Mode) -> None:
     codec = _codec(mode)
-    token = codec.seal_at_time(b"state", FULL, T0)
+    token = _at(codec, T0).seal(b"state", FULL)
     raw = _format.b64decode(token[5:])
     for extra in (b"\x00", b"\x00" * 3, b"\xff" * 40):
         assert _reason(codec, token[:5] + _format.b64encode(raw + extra)) == "tampered"
@@ -270,45 +289,45 @@ def test_arbitrary_input_only_ever_raises_invalid_state(mode: sc.Mode, junk: str
 @pytest.mark.parametrize("mode", MODES)
 def test_cross_key_same_kid_is_tampered(mode: sc.Mode) -> None:
     impostor = sc.KeyRing([sc.Key("k1", bytes(range(5, 37)))], primary="k1")
-    token = _codec(mode, keys=impostor).seal_at_time(b"x", FULL, T0)
+    token = _codec(mode, keys=impostor).seal(b"x", FULL)
     assert _reason(_codec(mode), token) == "tampered"
 
 
 @pytest.mark.parametrize("mode", MODES)
 def test_cross_key_other_kid_is_unknown(mode: sc.Mode) -> None:
-    token = _codec(mode, keys=sc.KeyRing.generate("stranger")).seal_at_time(b"x", FULL, T0)
+    token = _codec(mode, keys=sc.KeyRing.generate("stranger")).seal(b"x", FULL)
     assert _reason(_codec(mode), token) == "unknown_key"
 
 
 def test_cross_mode_same_key() -> None:
-    signed = _codec(sc.Mode.SIGN).seal_at_time(b"x", FULL, T0)
-    sealed = _codec(sc.Mode.ENCRYPT).seal_at_time(b"x", FULL, T0)
+    signed = _codec(sc.Mode.SIGN).seal(b"x", FULL)
+    sealed = _codec(sc.Mode.ENCRYPT).seal(b"x", FULL)
     assert _reason(_codec(sc.Mode.ENCRYPT), signed) == "wrong_mode"
     assert _reason(_codec(sc.Mode.SIGN), sealed) == "wrong_mode"
     # Relabelling the prefix does not help: the prefix is inside the MAC / associated data,
     # and the two modes use independent subkeys.
     # (Payloads long enough for either mode's trailer, so the relabelled body parses.)
-    long_signed = _codec(sc.Mode.SIGN).seal_at_time(b"x" * 20, FULL, T0)
-    long_sealed = _codec(sc.Mode.ENCRYPT).seal_at_time(b"x" * 20, FULL, T0)
+    long_signed = _codec(sc.Mode.SIGN).seal(b"x" * 20, FULL)
+    long_sealed = _codec(sc.Mode.ENCRYPT).seal(b"x" * 20, FULL)
     assert _reason(_codec(sc.Mode.ENCRYPT), "sc1e." + long_signed[5:]) == "tampered"
     assert _reason(_codec(sc.Mode.SIGN), "sc1s." + long_sealed[5:]) == "tampered"
 
 
 def test_non_primary_keys_verify_and_only_the_kid_key_is_tried() -> None:
     old_only = sc.KeyRing([RING.require("old")], primary="old")
-    token = _codec(keys=old_only).seal_at_time(b"x", FULL, T0)
-    assert _codec().unseal_at_time(token, FULL, T0).kid == "old"
+    token = _codec(keys=old_only).seal(b"x", FULL)
+    assert _codec().unseal(token, FULL).kid == "old"
     # A k1 token relabelled as "old" is checked under "old" only, and fails there.
-    raw = _format.b64decode(_codec().seal_at_time(b"x", FULL, T0)[5:])
+    raw = _format.b64decode(_codec().seal(b"x", FULL)[5:])
     assert raw[:3] == b"\x02k1"
     assert _reason(_codec(), "sc1s." + _format.b64encode(b"\x03old" + raw[3:])) == "tampered"
 
 
 def test_retired_key() -> None:
     ring = RING.retire("old", T0 + 100)
-    token = _codec(keys=RING.with_primary("old")).seal_at_time(b"x", FULL, T0)
+    token = _codec(keys=RING.with_primary("old")).seal(b"x", FULL)
     codec = _codec(keys=ring)
-    assert codec.unseal_at_time(token, FULL, T0 + 99).kid == "old"
+    assert _at(codec, T0 + 99).unseal(token, FULL).kid == "old"
     assert _reason(codec, token, now=T0 + 100) == "unknown_key"
 
 
@@ -328,40 +347,40 @@ _FIELDS: list[tuple[str, Any]] = [
 @pytest.mark.parametrize(("field", "value"), _FIELDS)
 def test_cross_binding_each_field(mode: sc.Mode, field: str, value: Any) -> None:
     codec = _codec(mode)
-    token = codec.seal_at_time(b"x", FULL, T0)
+    token = _at(codec, T0).seal(b"x", FULL)
     assert _reason(codec, token, FULL.replace(**{field: value})) == "binding_mismatch"
-    assert codec.unseal_at_time(token, FULL, T0).payload == b"x"
+    assert _at(codec, T0).unseal(token, FULL).payload == b"x"
 
 
 @pytest.mark.parametrize("field", ["principal", "audience", "method", "target", "argument_digest"])
 def test_present_versus_absent(field: str) -> None:
     codec = _codec()
     without = FULL.replace(**{field: None})
-    assert _reason(codec, codec.seal_at_time(b"x", FULL, T0), without) == "binding_mismatch"
-    assert _reason(codec, codec.seal_at_time(b"x", without, T0), FULL) == "binding_mismatch"
+    assert _reason(codec, _at(codec, T0).seal(b"x", FULL), without) == "binding_mismatch"
+    assert _reason(codec, _at(codec, T0).seal(b"x", without), FULL) == "binding_mismatch"
     if field != "argument_digest":
         empty = FULL.replace(**{field: ""})
-        assert _reason(codec, codec.seal_at_time(b"x", without, T0), empty) == "binding_mismatch"
+        assert _reason(codec, _at(codec, T0).seal(b"x", without), empty) == "binding_mismatch"
 
 
 def test_bound_versus_unbound() -> None:
     codec = _codec()
-    assert _reason(codec, codec.seal_at_time(b"x", FULL, T0), None) == "binding_mismatch"
-    assert _reason(codec, codec.seal_at_time(b"x", None, T0), FULL) == "binding_mismatch"
-    assert codec.unseal_at_time(codec.seal_at_time(b"x", None, T0), sc.UNBOUND, T0).payload == b"x"
+    assert _reason(codec, _at(codec, T0).seal(b"x", FULL), None) == "binding_mismatch"
+    assert _reason(codec, _at(codec, T0).seal(b"x", None), FULL) == "binding_mismatch"
+    assert _at(codec, T0).unseal(_at(codec, T0).seal(b"x", None), sc.UNBOUND).payload == b"x"
 
 
 def test_cross_audience_with_a_shared_key() -> None:
     """Two services share a key ring; a token minted for one is refused by the other."""
     deploy, billing = _codec(), _codec()
-    token = deploy.seal_at_time(b"x", FULL, T0)
+    token = _at(deploy, T0).seal(b"x", FULL)
     assert _reason(billing, token, FULL.replace(audience="billing-svc")) == "binding_mismatch"
-    assert deploy.unseal_at_time(token, FULL, T0).payload == b"x"
+    assert _at(deploy, T0).unseal(token, FULL).payload == b"x"
 
 
 def test_binding_tag_is_not_readable() -> None:
     """The header holds a keyed tag, never the values or an unkeyed hash of them."""
-    token = _codec().seal_at_time(b"", FULL, T0)
+    token = _codec().seal(b"", FULL)
     raw = _format.b64decode(token[5:])
     assert b"alice" not in raw
     assert FULL.encoded[-16:] not in raw
@@ -370,38 +389,49 @@ def test_binding_tag_is_not_readable() -> None:
 
 # ------------------------------------------------------------------ time edges
 @pytest.mark.parametrize("mode", MODES)
-def test_expiry_edges(mode: sc.Mode) -> None:
-    codec = _codec(mode, ttl=600, leeway=60)
-    token = codec.seal_at_time(b"x", FULL, T0)
+def test_expiry_is_strict_by_default(mode: sc.Mode) -> None:
+    # Whole seconds, like the token's times: accepted while floor(now) <= exp. A TTL of 600
+    # means the 600th second after iat is the last one (a fractional now inside it too).
+    codec = _codec(mode, ttl=600)
+    assert (codec.max_skew, codec.expiry_grace) == (60, 0)
+    token = _at(codec, T0).seal(b"x", FULL)
     exp = T0 + 600
-    for now in (T0, exp - 1, exp, exp + 59, exp + 59.999):
-        assert codec.unseal_at_time(token, FULL, now).payload == b"x", now
-    for now in (exp + 60, exp + 61, exp + 10**6):
+    for now in (T0, exp - 1, exp, exp + 0.5, exp + 0.999):
+        assert _at(codec, now).unseal(token, FULL).payload == b"x", now
+    for now in (exp + 1, exp + 1.001, exp + 59, exp + 10**6):
         assert _reason(codec, token, now=now) == "expired", now
 
 
 @pytest.mark.parametrize("mode", MODES)
-def test_expiry_without_leeway(mode: sc.Mode) -> None:
-    codec = _codec(mode, ttl=10, leeway=0)
-    token = codec.seal_at_time(b"x", FULL, T0)
-    assert codec.unseal_at_time(token, FULL, T0 + 9).payload == b"x"
-    assert _reason(codec, token, now=T0 + 10) == "expired"
+def test_expiry_grace_extends_expiry_and_nothing_else(mode: sc.Mode) -> None:
+    codec = _codec(mode, ttl=10, max_skew=0, expiry_grace=30)
+    token = _at(codec, T0).seal(b"x", FULL)
+    assert _at(codec, T0 + 40.999).unseal(token, FULL).payload == b"x"  # exp + grace
+    assert _reason(codec, token, now=T0 + 41) == "expired"
+    assert _reason(codec, token, now=T0 - 1) == "not_yet_valid"  # no skew allowance from the grace
+    detail = _detail(codec, token, now=T0 + 100)
+    assert detail == "expired 1m30s ago (expiry grace 30s)"
 
 
 @pytest.mark.parametrize("mode", MODES)
 def test_issued_in_the_future(mode: sc.Mode) -> None:
-    codec = _codec(mode, leeway=60)
-    token = codec.seal_at_time(b"x", FULL, T0)
-    assert codec.unseal_at_time(token, FULL, T0 - 60).payload == b"x"  # iat = now + leeway
-    assert _reason(codec, token, now=T0 - 61) == "not_yet_valid"  # iat = now + leeway + 1
-    assert _reason(codec, token, now=T0 - 60.5) == "not_yet_valid"
-    strict = _codec(mode, leeway=0)
-    assert _reason(strict, token, now=T0 - 1) == "not_yet_valid"
+    codec = _codec(mode, max_skew=60)
+    token = _at(codec, T0).seal(b"x", FULL)
+    assert _at(codec, T0 - 60).unseal(token, FULL).payload == b"x"  # iat = now + max_skew
+    assert _at(codec, T0 - 59.5).unseal(token, FULL).payload == b"x"
+    assert _reason(codec, token, now=T0 - 61) == "not_yet_valid"  # iat = now + max_skew + 1
+    assert _reason(codec, token, now=T0 - 60.001) == "not_yet_valid"  # exact: iat - now > max_skew
+    assert "beyond the 60s skew allowance" in _detail(codec, token, now=T0 - 90)
+    strict = _codec(mode, max_skew=0)
+    assert _at(strict, T0).unseal(token, FULL).payload == b"x"
+    assert _reason(strict, token, now=T0 - 0.5) == "not_yet_valid"
+    # The skew allowance never extends expiry: that is the grace's job.
+    assert _reason(_codec(mode, max_skew=3600), token, now=T0 + 601) == "expired"
 
 
 def test_the_order_of_checks() -> None:
     codec = _codec()
-    token = codec.seal_at_time(b"x", FULL, T0)
+    token = _at(codec, T0).seal(b"x", FULL)
     late = T0 + 10**6
     tampered = token[:-3] + ("A" if token[-3] != "A" else "B") + token[-2:]
     assert _reason(codec, "x" * 9000, now=late) == "too_large"
@@ -413,22 +443,22 @@ def test_the_order_of_checks() -> None:
 
 def test_rejections_name_the_token() -> None:
     codec = _codec()
-    token = codec.seal_at_time(b"x", FULL, T0)
-    opened = codec.unseal_at_time(token, FULL, T0)
+    token = _at(codec, T0).seal(b"x", FULL)
+    opened = _at(codec, T0).unseal(token, FULL)
     with pytest.raises(sc.InvalidState) as info:
-        codec.unseal_at_time(token, FULL, T0 + 3600)
+        _at(codec, T0 + 3600).unseal(token, FULL)
     assert (info.value.kid, info.value.token_id) == ("k1", opened.token_id)
     assert "expired 50m ago" in info.value.detail
 
 
 def test_verify_unbound_skips_only_the_binding() -> None:
     codec = _codec(replay=MemoryReplayStore())
-    token = codec.seal_at_time(b"x", FULL, T0)
-    assert codec.verify_unbound(token, now=T0).payload == b"x"
-    assert codec.verify_unbound(token, now=T0).payload == b"x"  # never consumes
+    token = _at(codec, T0).seal(b"x", FULL)
+    assert _at(codec, T0).verify_unbound(token).payload == b"x"
+    assert _at(codec, T0).verify_unbound(token).payload == b"x"  # never consumes
     with pytest.raises(sc.InvalidState, match="expired"):
-        codec.verify_unbound(token, now=T0 + 10**6)
-    assert codec.unseal_at_time(token, FULL, T0).payload == b"x"
+        _at(codec, T0 + 10**6).verify_unbound(token)
+    assert _at(codec, T0).unseal(token, FULL).payload == b"x"
 
 
 # ------------------------------------------------------------------ deny on error
@@ -451,11 +481,11 @@ class _BrokenProvider:
 def test_unexpected_exception_fails_closed(caplog: pytest.LogCaptureFixture) -> None:
     provider = _BrokenProvider(RING)
     codec = _codec(keys=provider)
-    token = codec.seal_at_time(b"x", FULL, T0)
-    assert codec.unseal_at_time(token, FULL, T0).payload == b"x"
+    token = _at(codec, T0).seal(b"x", FULL)
+    assert _at(codec, T0).unseal(token, FULL).payload == b"x"
     provider.broken = True
     with caplog.at_level(logging.ERROR, logger="statecodec"), pytest.raises(sc.InvalidState) as info:
-        codec.unseal_at_time(token, FULL, T0)
+        _at(codec, T0).unseal(token, FULL)
     assert info.value.reason == "internal_error"
     assert info.value.__cause__ is None and info.value.__suppress_context__
     assert "RuntimeError" in info.value.detail
@@ -465,7 +495,7 @@ def test_unexpected_exception_fails_closed(caplog: pytest.LogCaptureFixture) -> 
 
 def test_wrong_binding_type_fails_closed() -> None:
     codec = _codec()
-    token = codec.seal_at_time(b"x", FULL, T0)
+    token = _at(codec, T0).seal(b"x", FULL)
     assert _reason(codec, token, "alice") == "internal_error"  # type: ignore[arg-type]
 
 
@@ -488,14 +518,15 @@ class _FlakyStore(MemoryReplayStore):
 @pytest.mark.parametrize("mode", MODES)
 def test_second_unseal_is_replayed(mode: sc.Mode) -> None:
     store = _FlakyStore()
-    codec = _codec(mode, replay=store, namespace="deploy", leeway=60)
-    token = codec.seal_at_time(b"x", FULL, T0)
-    opened = codec.unseal_at_time(token, FULL, T0 + 0.25)
-    # kept until exp + 2 * leeway: an instance whose clock lags by the leeway still accepts it
-    # till then; the store gets that as a retention from now, to measure on its own clock
-    assert store.calls == [(f"deploy:{opened.token_id}", 600 + 2 * 60 - 0.25)]
+    codec = _codec(mode, replay=store, namespace="deploy", max_skew=60, expiry_grace=5)
+    token = _at(codec, T0).seal(b"x", FULL)
+    opened = _at(codec, T0 + 0.25).unseal(token, FULL)
+    # This codec accepts it while now < exp + grace + 1; an instance whose clock lags by up
+    # to max_skew, until max_skew later. The store gets that as a retention from now, to
+    # measure on its own clock.
+    assert store.calls == [(f"deploy:{opened.token_id}", 600 + 5 + 1 + 60 - 0.25)]
     with pytest.raises(sc.InvalidState) as info:
-        codec.unseal_at_time(token, FULL, T0 + 1)
+        _at(codec, T0 + 1).unseal(token, FULL)
     assert info.value.reason == "replayed"
     assert info.value.token_id == opened.token_id
 
@@ -503,7 +534,7 @@ def test_second_unseal_is_replayed(mode: sc.Mode) -> None:
 def test_failed_checks_never_consume() -> None:
     store = _FlakyStore()
     codec = _codec(replay=store)
-    token = codec.seal_at_time(b"x", FULL, T0)
+    token = _at(codec, T0).seal(b"x", FULL)
     assert _reason(codec, token, FULL.replace(principal="mallory")) == "binding_mismatch"
     assert _reason(codec, token, now=T0 - 3600) == "not_yet_valid"
     raw = bytearray(_format.b64decode(token[5:]))
@@ -511,36 +542,36 @@ def test_failed_checks_never_consume() -> None:
     assert _reason(codec, "sc1s." + _format.b64encode(bytes(raw))) == "tampered"
     assert store.calls == []
     assert len(store) == 0
-    assert codec.unseal_at_time(token, FULL, T0).payload == b"x"
+    assert _at(codec, T0).unseal(token, FULL).payload == b"x"
 
 
 def test_consume_false_leaves_the_token_usable() -> None:
     codec = _codec(replay=MemoryReplayStore(clock=Clock(T0)))
-    token = codec.seal_at_time(b"x", FULL, T0)
-    codec.unseal_at_time(token, FULL, T0, consume=False)
-    codec.unseal_at_time(token, FULL, T0)
+    token = _at(codec, T0).seal(b"x", FULL)
+    _at(codec, T0).unseal(token, FULL, consume=False)
+    _at(codec, T0).unseal(token, FULL)
     assert _reason(codec, token) == "replayed"
 
 
 def test_store_failure_is_store_unavailable_and_leaves_the_token(caplog: pytest.LogCaptureFixture) -> None:
     store = _FlakyStore()
     codec = _codec(replay=store)
-    token = codec.seal_at_time(b"x", FULL, T0)
+    token = _at(codec, T0).seal(b"x", FULL)
     store.down = True
     with caplog.at_level(logging.WARNING, logger="statecodec"), pytest.raises(sc.InvalidState) as info:
-        codec.unseal_at_time(token, FULL, T0)
+        _at(codec, T0).unseal(token, FULL)
     assert info.value.reason == "store_unavailable"
     assert "not consumed" in info.value.detail
     assert "replay store unavailable" in caplog.text
     store.down = False
-    assert codec.unseal_at_time(token, FULL, T0).payload == b"x"
+    assert _at(codec, T0).unseal(token, FULL).payload == b"x"
     assert _reason(codec, token) == "replayed"
 
 
 def test_full_memory_store_fails_closed() -> None:
     codec = _codec(replay=MemoryReplayStore(max_entries=1, clock=Clock(T0)))
-    first, second = (codec.seal_at_time(b"x", FULL, T0) for _ in range(2))
-    codec.unseal_at_time(first, FULL, T0)
+    first, second = (_at(codec, T0).seal(b"x", FULL) for _ in range(2))
+    _at(codec, T0).unseal(first, FULL)
     assert _reason(codec, second) == "store_unavailable"
 
 
@@ -574,6 +605,34 @@ async def test_aunseal_without_a_store_and_its_clock() -> None:
     clock.now = T0 + 10**6
     with pytest.raises(sc.InvalidState, match="expired"):
         await codec.aunseal(token, FULL)
+
+
+async def test_time_enters_only_through_the_clock() -> None:
+    # One way for every entry point: seal, unseal, aunseal and verify_unbound all read the
+    # codec's clock, and none takes an instant of its own (no *_at_time twins, no now=).
+    clock = Clock(T0 + 0.9)
+    codec = _codec(clock=clock, ttl=600)
+    token = codec.seal(b"x", FULL)
+    assert codec.verify_unbound(token).issued_at == T0  # truncated to the whole second
+    clock.now = T0 + 600.9  # the last accepted second, for every entry point
+    assert codec.unseal(token, FULL, consume=False).payload == b"x"
+    assert (await codec.aunseal(token, FULL, consume=False)).payload == b"x"
+    assert codec.verify_unbound(token).payload == b"x"
+    clock.now = T0 + 601
+    for attempt in (lambda: codec.unseal(token, FULL), lambda: codec.verify_unbound(token)):
+        with pytest.raises(sc.InvalidState, match="expired"):
+            attempt()
+    with pytest.raises(sc.InvalidState, match="expired"):
+        await codec.aunseal(token, FULL)
+    public = {name for name in dir(sc.StateCodec) if not name.startswith("_")}
+    assert not {name for name in public if name.endswith("_at_time")}
+    for method in (
+        sc.StateCodec.seal,
+        sc.StateCodec.unseal,
+        sc.StateCodec.aunseal,
+        sc.StateCodec.verify_unbound,
+    ):
+        assert "now" not in inspect.signature(method).parameters
 
 
 def test_repr_of_codec_is_safe_and_useful() -> None:

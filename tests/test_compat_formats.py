@@ -36,11 +36,11 @@ PY_EXPECT = mcp_py_v1.Expected("tools/call", "t", mcp_py_v1.arguments_digest({"x
 
 
 def ts_token(payload: object = None, *, bind: str | None = None) -> str:
-    return ts_v1.seal(SECRET, payload, now=NOW, bind=bind)
+    return ts_v1.seal(SECRET, payload, clock=lambda: NOW, bind=bind)
 
 
 def py_token(state: str = "state") -> str:
-    return mcp_py_v1_seal([SECRET], state, now=NOW, audience="svc", **PY_BOUND)  # type: ignore[arg-type]
+    return mcp_py_v1_seal([SECRET], state, clock=lambda: NOW, audience="svc", **PY_BOUND)  # type: ignore[arg-type]
 
 
 # ------------------------------------------------------------------------------ detect
@@ -73,10 +73,10 @@ def test_detect_python_v1_reads_kid_and_size() -> None:
 
 
 def test_detect_rs1_reads_expiry_and_payload() -> None:
-    info = detect(rs1_token(SECRET, b"step=2", now=NOW))
+    info = detect(rs1_token(SECRET, b"step=2", clock=lambda: NOW))
     assert (info.name, info.format, info.mode) == ("rmcp rs1", "rs1", "sign")
     assert info.expires_at == NOW + 600 and info.payload == b"step=2"
-    never = detect(rs1_token(SECRET, b"x", now=NOW, ttl=None))
+    never = detect(rs1_token(SECRET, b"x", clock=lambda: NOW, ttl=None))
     assert never.expires_at is None and never.fields["never_expires"] is True
 
 
@@ -111,15 +111,15 @@ def test_absurd_times_are_not_passed_on_as_datetimes() -> None:
     assert info.fields["exp_out_of_range"] == "inf"
     huge = "v1." + b64encode(b'{"p":1,"exp":' + b"9" * 400 + b"}") + "." + b64encode(bytes(32))
     assert detect(huge).expires_at is None and detect(huge).fields["exp_out_of_range"].startswith("999")
-    far = rs1_token(SECRET, b"x", now=2.0**62 / 1000)
+    far = rs1_token(SECRET, b"x", clock=lambda: 2.0**62 / 1000)
     assert detect(far).expires_at is None and detect(far).fields["expiry_ms"] > 2**61
     # And a key holder's token valid "forever" verifies without an unrepresentable time.
     key_holder = "v1." + b64encode(b'{"p":1,"exp":1e999}')
     key_holder += "." + b64encode(hmac.digest(SECRET, key_holder.encode(), hashlib.sha256))
-    ok = verify("ts-v1", key_holder, [SECRET], now=NOW)
+    ok = verify("ts-v1", key_holder, [SECRET], clock=lambda: NOW)
     assert ok.expires_at is None and ok.claims["exp_out_of_range"] == "inf"
     sealed = mcp_py_v1_cipher_seal([SECRET], b'{"v":1,"iat":0,"exp":1e999,"s":"x"}')
-    ok = verify("mcp-py-v1", sealed, [SECRET], now=NOW)
+    ok = verify("mcp-py-v1", sealed, [SECRET], clock=lambda: NOW)
     assert ok.expires_at is None and ok.claims["exp"] == "inf" and ok.issued_at == 0.0
     json.dumps(dict(ok.claims), allow_nan=False)
 
@@ -131,7 +131,7 @@ def test_an_expiry_of_minus_infinity_is_expired_not_an_internal_error() -> None:
     py_token_ = mcp_py_v1_cipher_seal([SECRET], b'{"v":1,"iat":0,"exp":-1e999,"s":"x"}')
     for fmt, token in (("ts-v1", ts_token_), ("mcp-py-v1", py_token_)):
         with pytest.raises(InvalidState) as err:
-            verify(fmt, token, [SECRET], now=NOW)
+            verify(fmt, token, [SECRET], clock=lambda: NOW)
         assert err.value.reason == "expired", (fmt, err.value)
 
 
@@ -157,64 +157,73 @@ def test_registry_lists_every_format() -> None:
 
 def test_verify_sc1_with_and_without_binding() -> None:
     token = StateCodec(RING, clock=lambda: NOW).seal(b"p", Binding(principal="alice", method="tools/call"))
-    unbound = verify("sc1", token, RING, now=NOW)
+    unbound = verify("sc1", token, RING, clock=lambda: NOW)
     assert unbound.payload == b"p" and unbound.kid == "k1" and unbound.checked == ()
     assert "principal" in unbound.unchecked
-    bound = verify("sc1", token, RING, VerifyOptions(principal="alice", method="tools/call"), now=NOW)
+    bound = verify(
+        "sc1", token, RING, VerifyOptions(principal="alice", method="tools/call"), clock=lambda: NOW
+    )
     assert bound.checked and not bound.unchecked
     with pytest.raises(InvalidState) as err:
-        verify("sc1", token, RING, VerifyOptions(principal="bob", method="tools/call"), now=NOW)
+        verify("sc1", token, RING, VerifyOptions(principal="bob", method="tools/call"), clock=lambda: NOW)
     assert err.value.reason == "binding_mismatch"
     with pytest.raises(TypeError):
-        verify("sc1", token, [SECRET], now=NOW)
+        verify("sc1", token, [SECRET], clock=lambda: NOW)
 
 
 def test_verify_ts_v1_with_a_ring_and_raw_secrets() -> None:
     other = b"some-other-secret-in-the-ring-0123456789"
     token = ts_token({"n": 1}, bind="alice")
     ring = KeyRing.from_secret(other, kid="k0").with_key(RING.require("k1"))
-    unbound = verify("ts-v1", token, ring, now=NOW)  # tries k0, then k1
+    unbound = verify("ts-v1", token, ring, clock=lambda: NOW)  # tries k0, then k1
     assert json.loads(unbound.payload or b"") == {"n": 1} and unbound.unchecked == ("bind",)
-    assert verify("ts-v1", token, [SECRET], VerifyOptions(bind="alice"), now=NOW).checked == ("bind",)
+    assert verify("ts-v1", token, [SECRET], VerifyOptions(bind="alice"), clock=lambda: NOW).checked == (
+        "bind",
+    )
     with pytest.raises(InvalidState) as err:
-        verify("ts-v1", token, [SECRET], VerifyOptions(bind="bob"), now=NOW)
+        verify("ts-v1", token, [SECRET], VerifyOptions(bind="bob"), clock=lambda: NOW)
     assert err.value.reason == "binding_mismatch"
     with pytest.raises(InvalidState) as err:
-        verify("ts-v1", token, [other], now=NOW)
+        verify("ts-v1", token, [other], clock=lambda: NOW)
     assert err.value.reason == "tampered" and "1 key" in err.value.detail
     with pytest.raises(InvalidState) as err:
-        verify("ts-v1", token, [SECRET], now=NOW + 601)
+        verify("ts-v1", token, [SECRET], clock=lambda: NOW + 601)
     assert err.value.reason == "expired"
 
 
 def test_verify_mcp_py_v1_checks_only_what_is_given() -> None:
     token = py_token()
-    partial = verify("mcp-py-v1", token, [SECRET], VerifyOptions(method="tools/call", target="t"), now=NOW)
+    partial = verify(
+        "mcp-py-v1", token, [SECRET], VerifyOptions(method="tools/call", target="t"), clock=lambda: NOW
+    )
     assert partial.payload == b"state" and partial.checked == ("method", "target")
     assert partial.unchecked == ("arguments", "audience", "principal")
     assert partial.claims["m"] == "tools/call" and "s" not in partial.claims
     full = VerifyOptions(
         principal="alice", audience="svc", method="tools/call", target="t", arguments={"x": 1}
     )
-    assert verify("mcp-py-v1", token, RING, full, now=NOW).unchecked == ()
+    assert verify("mcp-py-v1", token, RING, full, clock=lambda: NOW).unchecked == ()
     for wrong in (
         VerifyOptions(arguments={"x": 2}),
         VerifyOptions(principal="bob"),
         VerifyOptions(audience="x"),
     ):
         with pytest.raises(InvalidState) as err:
-            verify("mcp-py-v1", token, [SECRET], wrong, now=NOW)
+            verify("mcp-py-v1", token, [SECRET], wrong, clock=lambda: NOW)
         assert err.value.reason == "binding_mismatch"
     with pytest.raises(InvalidState) as err:
-        verify("mcp-py-v1", token, [b"z" * 32], now=NOW)
+        verify("mcp-py-v1", token, [b"z" * 32], clock=lambda: NOW)
     assert err.value.reason == "unknown_key"
 
 
 def test_verify_rs1_needs_the_associated_data() -> None:
-    token = rs1_token(SECRET, b"x", b"ctx", now=NOW)
-    assert verify("rs1", token, [SECRET], VerifyOptions(associated_data=b"ctx"), now=NOW).payload == b"x"
+    token = rs1_token(SECRET, b"x", b"ctx", clock=lambda: NOW)
+    assert (
+        verify("rs1", token, [SECRET], VerifyOptions(associated_data=b"ctx"), clock=lambda: NOW).payload
+        == b"x"
+    )
     with pytest.raises(InvalidState) as err:
-        verify("rs1", token, [SECRET], now=NOW)
+        verify("rs1", token, [SECRET], clock=lambda: NOW)
     assert err.value.reason == "tampered" and "associated data" in err.value.detail
 
 
@@ -232,17 +241,17 @@ def test_retired_keys_do_not_verify_foreign_formats() -> None:
     ring = KeyRing.from_secret(b"the-new-primary-secret-0123456789abcdef", kid="k0")
     ring = ring.with_key(RING.require("k1")).retire("k1", at=int(NOW) - 1)
     token = ts_token({"n": 1})
-    assert verify("ts-v1", token, ring, now=NOW - 2).payload == b'{"n": 1}'
+    assert verify("ts-v1", token, ring, clock=lambda: NOW - 2).payload == b'{"n": 1}'
     with pytest.raises(InvalidState) as err:
-        verify("ts-v1", token, ring, now=NOW)
+        verify("ts-v1", token, ring, clock=lambda: NOW)
     assert err.value.reason == "tampered"
     alone = KeyRing.from_secret(b"the-new-primary-secret-0123456789abcdef", kid="k0")
     with pytest.raises(InvalidState) as err:
         verify(
             "rs1",
-            rs1_token(SECRET, b"x", now=NOW),
+            rs1_token(SECRET, b"x", clock=lambda: NOW),
             alone.with_key(RING.require("k1")).retire("k1", at=0),
-            now=NOW,
+            clock=lambda: NOW,
         )
     assert err.value.reason == "tampered"
 
@@ -267,13 +276,13 @@ GARBAGE = [
 
 def _readers() -> list[tuple[str, Callable[[str], object]]]:
     return [
-        ("ts-v1", lambda t: ts_v1.unseal(t, SECRET, now=NOW, bind=None)),
-        ("ts-v1-unbound", lambda t: ts_v1.unseal(t, SECRET, now=NOW)),
-        ("mcp-py-v1", lambda t: mcp_py_v1.unseal(t, [SECRET], now=NOW, expect=PY_EXPECT)),
+        ("ts-v1", lambda t: ts_v1.unseal(t, SECRET, clock=lambda: NOW, bind=None)),
+        ("ts-v1-unbound", lambda t: ts_v1.unseal(t, SECRET, clock=lambda: NOW)),
+        ("mcp-py-v1", lambda t: mcp_py_v1.unseal(t, [SECRET], clock=lambda: NOW, expect=PY_EXPECT)),
         ("mcp-py-v1-cipher", lambda t: mcp_py_v1.decrypt(t, [SECRET])),
-        ("rs1", lambda t: rs1.unseal(t, SECRET, b"", now=NOW)),
+        ("rs1", lambda t: rs1.unseal(t, SECRET, b"", clock=lambda: NOW)),
         *(
-            (f"verify {f}", lambda t, f=f: verify(f, t, [SECRET], now=NOW))
+            (f"verify {f}", lambda t, f=f: verify(f, t, [SECRET], clock=lambda: NOW))
             for f in ("ts-v1", "mcp-py-v1", "rs1")
         ),
     ]
@@ -311,7 +320,7 @@ def test_authentic_but_odd_ts_envelopes_fail_closed(body: bytes) -> None:
     text = b64encode(body)
     mac = hmac.digest(SECRET, b"v1." + text.encode(), hashlib.sha256)
     try:
-        ts_v1.unseal(f"v1.{text}.{b64encode(mac)}", SECRET, now=NOW, bind=None)
+        ts_v1.unseal(f"v1.{text}.{b64encode(mac)}", SECRET, clock=lambda: NOW, bind=None)
     except InvalidState as exc:
         assert exc.reason in {"malformed", "expired", "binding_mismatch"}
 
@@ -330,30 +339,38 @@ def test_an_unexpected_error_fails_closed_with_its_traceback_in_the_log(
 
 
 def test_unusable_keys_are_refused_before_any_token_is_read() -> None:
-    tokens = {"ts-v1": ts_token(1), "mcp-py-v1": py_token(), "rs1": rs1_token(SECRET, b"x", now=NOW)}
+    tokens = {
+        "ts-v1": ts_token(1),
+        "mcp-py-v1": py_token(),
+        "rs1": rs1_token(SECRET, b"x", clock=lambda: NOW),
+    }
     for bad in (b"short", 12345, bytes(8)):
         with pytest.raises((TypeError, ValueError)):
-            ts_v1.seal(bad, 1, now=NOW)  # type: ignore[arg-type]
+            ts_v1.seal(bad, 1, clock=lambda: NOW)  # type: ignore[arg-type]
         for fmt, token in tokens.items():
             with pytest.raises((TypeError, ValueError)):
-                verify(fmt, token, [bad], now=NOW)  # type: ignore[list-item]
+                verify(fmt, token, [bad], clock=lambda: NOW)  # type: ignore[list-item]
     with pytest.raises(ValueError):
-        ts_v1.seal(SECRET, 1, now=NOW, ttl_seconds=float("nan"))
+        ts_v1.seal(SECRET, 1, clock=lambda: NOW, ttl_seconds=float("nan"))
     with pytest.raises(TypeError):
-        rs1.unseal(tokens["rs1"], SECRET, "ctx", now=NOW)  # type: ignore[arg-type]
+        rs1.unseal(tokens["rs1"], SECRET, "ctx", clock=lambda: NOW)  # type: ignore[arg-type]
 
 
 def test_errors_never_show_keys() -> None:
     other = b"compat-formats-other-secret-0123456789"
-    tokens = {"ts-v1": ts_token(1), "mcp-py-v1": py_token(), "rs1": rs1_token(SECRET, b"x", now=NOW)}
+    tokens = {
+        "ts-v1": ts_token(1),
+        "mcp-py-v1": py_token(),
+        "rs1": rs1_token(SECRET, b"x", clock=lambda: NOW),
+    }
     for fmt, token in tokens.items():
         with pytest.raises(InvalidState) as err:
-            verify(fmt, token, [other], now=NOW)
+            verify(fmt, token, [other], clock=lambda: NOW)
         for shown in (str(err.value), repr(err.value), err.value.detail or ""):
             assert other.decode() not in shown and SECRET.decode() not in shown, fmt
 
 
 def test_real_clock_defaults_work() -> None:
-    # Without now=, verify reads the real clock: a fresh token verifies, as the SDKs would.
-    fresh = ts_v1.seal(SECRET, 1, now=time.time())
+    # Without clock=lambda: , verify reads the real clock: a fresh token verifies, as the SDKs would.
+    fresh = ts_v1.seal(SECRET, 1)
     assert abs((verify("ts-v1", fresh, [SECRET]).expires_at or 0) - time.time() - 600) < 5

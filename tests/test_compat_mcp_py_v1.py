@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import base64
 import time
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -235,10 +236,11 @@ async def sdk_accepts(server: Server, token: str, args: dict[str, Any] = ARGS) -
     return text.text
 
 
-def ours_seal(state: str, *, now: float | None = None, audience: str | None = AUDIENCE, **bound: Any) -> str:
+def ours_seal(
+    state: str, *, clock: Callable[[], float] = time.time, audience: str | None = AUDIENCE, **bound: Any
+) -> str:
     """What an SDK server with ``RequestStateSecurity(keys=[SECRET], audience=...)`` mints."""
-    now = time.time() if now is None else now
-    return mcp_py_v1_seal([SECRET], state, now=now, audience=audience, **bound)
+    return mcp_py_v1_seal([SECRET], state, clock=clock, audience=audience, **bound)
 
 
 def ours_open(
@@ -249,11 +251,11 @@ def ours_open(
     arguments: dict[str, Any] | None = None,
     principal: str | None = None,
     audience: str | None = AUDIENCE,
-    now: float | None = None,
+    clock: Callable[[], float] = time.time,
 ) -> OpenedMcpPyV1:
     """Everything the SDK boundary checks; ``principal=None`` means "must be anonymous"."""
     expect = Expected(method, target, arguments_digest(arguments), audience, principal)
-    return unseal(token, [SECRET], now=time.time() if now is None else now, expect=expect)
+    return unseal(token, [SECRET], expect=expect, clock=clock)
 
 
 BOUND: dict[str, Any] = {
@@ -361,12 +363,12 @@ async def test_expiry_against_the_sdk() -> None:
     server, _ = make_server(_Principal())
     token = await sdk_minted_token(server)
     exp = ours_open(token, **BOUND).expires_at
-    assert ours_open(token, **BOUND, now=exp - 0.001).state == "round-1"
+    assert ours_open(token, **BOUND, clock=lambda: exp - 0.001).state == "round-1"
     with pytest.raises(InvalidState) as err:
-        ours_open(token, **BOUND, now=exp)  # the SDK accepts only now < exp
+        ours_open(token, **BOUND, clock=lambda: exp)  # the SDK accepts only now < exp
     assert err.value.reason == "expired"
 
-    stale = ours_seal("stale", **BOUND, now=time.time() - 601)
+    stale = ours_seal("stale", **BOUND, clock=lambda: time.time() - 601)
     with pytest.raises(MCPError):
         await sdk_accepts(server, stale)
     with pytest.raises(InvalidState) as err:
@@ -377,10 +379,10 @@ async def test_expiry_against_the_sdk() -> None:
 async def test_future_minted_tokens_against_the_sdk() -> None:
     server, _ = make_server(_Principal())
     # Within the SDK's 60 s future skew: accepted by both.
-    near = ours_seal("near", **BOUND, now=time.time() + 30)
+    near = ours_seal("near", **BOUND, clock=lambda: time.time() + 30)
     assert await sdk_accepts(server, near) == "near"
     assert ours_open(near, **BOUND).state == "near"
-    far = ours_seal("far", **BOUND, now=time.time() + 300)
+    far = ours_seal("far", **BOUND, clock=lambda: time.time() + 300)
     with pytest.raises(MCPError):
         await sdk_accepts(server, far)
     with pytest.raises(InvalidState) as err:

@@ -30,18 +30,18 @@ def b64(raw: bytes) -> str:
     return base64.urlsafe_b64encode(raw).rstrip(b"=").decode()
 
 
-def reason(token: str, ad: bytes = b"", now: float = 10.0, key: bytes = KEY) -> str | None:
+def reason(token: str, ad: bytes = b"", at: float = 10.0, key: bytes = KEY) -> str | None:
     try:
-        rs1.unseal(token, key, ad, now=now)
+        rs1.unseal(token, key, ad, clock=lambda: at)
     except InvalidState as exc:
         return exc.reason
     return None
 
 
 def test_known_answer_vector() -> None:
-    assert rs1_token(KEY, b"state", b"user:alice", now=1.0, ttl=60) == KNOWN_ANSWER
+    assert rs1_token(KEY, b"state", b"user:alice", clock=lambda: 1.0, ttl=60) == KNOWN_ANSWER
     assert rs1_seal(KEY, b"state", b"user:alice", 61_000) == KNOWN_ANSWER
-    opened = rs1.unseal(KNOWN_ANSWER, KEY, b"user:alice", now=1.0)
+    opened = rs1.unseal(KNOWN_ANSWER, KEY, b"user:alice", clock=lambda: 1.0)
     assert opened.payload == b"state" and opened.expires_at == 61.0
 
 
@@ -49,33 +49,33 @@ def test_known_answer_vector() -> None:
 @pytest.mark.parametrize("ad", [b"", b"user:alice|tools/call:weather"])
 def test_reference_tokens_open(payload: bytes, ad: bytes) -> None:
     token = rs1_seal(KEY, payload, ad, 61_000)
-    opened = rs1.unseal(token, KEY, ad, now=31.0)
+    opened = rs1.unseal(token, KEY, ad, clock=lambda: 31.0)
     assert opened.payload == payload and opened.expires_at == 61.0
 
 
 def test_ttl_boundaries_follow_rmcp() -> None:
     token = rs1_seal(KEY, b"state", b"", 61_000)
-    assert reason(token, now=31.0) is None  # 30 s later: valid
-    assert reason(token, now=61.0) is None  # now_ms == expiry: still valid (now_ms > expiry expires)
-    assert reason(token, now=61.001) == "expired"
-    assert reason(token, now=62.0) == "expired"  # rmcp's past_ttl_is_expired
+    assert reason(token, at=31.0) is None  # 30 s later: valid
+    assert reason(token, at=61.0) is None  # now_ms == expiry: still valid (now_ms > expiry expires)
+    assert reason(token, at=61.001) == "expired"
+    assert reason(token, at=62.0) == "expired"  # rmcp's past_ttl_is_expired
 
 
 def test_no_ttl_tokens_are_refused_but_read() -> None:
     # rmcp accepts a token sealed without a TTL for ever; a replayable-for-ever token is refused.
     token = rs1_seal(KEY, b"state", b"", 0)
-    assert rs1_token(KEY, b"state", now=1.0, ttl=None) == token
-    assert reason(token, now=2**40) == "expired"
+    assert rs1_token(KEY, b"state", clock=lambda: 1.0, ttl=None) == token
+    assert reason(token, at=2**40) == "expired"
     info = detect(token)  # inspect still shows what it is
     assert info.payload == b"state" and info.expires_at is None and info.fields["never_expires"] is True
 
 
 def test_negative_expiry_is_expired() -> None:
-    assert reason(rs1_seal(KEY, b"s", b"", -5), now=0.0) == "expired"
+    assert reason(rs1_seal(KEY, b"s", b"", -5), at=0.0) == "expired"
 
 
 def test_associated_data_must_match() -> None:
-    token = rs1_token(KEY, b"state", b"user:alice", now=1.0)
+    token = rs1_token(KEY, b"state", b"user:alice", clock=lambda: 1.0)
     assert reason(token, b"user:alice") is None
     assert reason(token, b"user:bob") == "tampered"
     assert reason(token, b"") == "tampered"  # forgetting the context fails closed
@@ -84,7 +84,7 @@ def test_associated_data_must_match() -> None:
 
 
 def test_tampering_is_rejected() -> None:
-    token = rs1_token(KEY, b"amount=100", now=1.0)
+    token = rs1_token(KEY, b"amount=100", clock=lambda: 1.0)
     _, body, tag = token.split(".")
     forged_body = b64(base64.urlsafe_b64decode(body + "==")[:8] + b"amount=999")
     assert reason(f"rs1.{forged_body}.{tag}") == "tampered"
@@ -97,7 +97,7 @@ def test_tampering_is_rejected() -> None:
 
 
 def test_structure_errors_are_malformed() -> None:
-    token = rs1_token(KEY, b"state", now=1.0)
+    token = rs1_token(KEY, b"state", clock=lambda: 1.0)
     for bad in (
         "rs1",
         "rs1.onlybody",
@@ -122,4 +122,4 @@ def test_authentic_but_short_body_is_malformed() -> None:
 
 def test_keys_shorter_than_32_bytes_are_refused() -> None:
     with pytest.raises(ValueError):
-        rs1.unseal(KNOWN_ANSWER, b"key", b"user:alice", now=1.0)
+        rs1.unseal(KNOWN_ANSWER, b"key", b"user:alice", clock=lambda: 1.0)

@@ -13,7 +13,6 @@ import base64
 import json
 import shutil
 import subprocess
-import time
 from pathlib import Path
 from typing import Any
 
@@ -80,7 +79,7 @@ def bind_value(ctx: dict[str, Any] | None) -> str | None:
 
 def our_reason(token: str, ctx: dict[str, Any] | None, now: float) -> str | None:
     try:
-        ts_v1.unseal(token, KEY, now=now, bind=bind_value(ctx))
+        ts_v1.unseal(token, KEY, clock=lambda: now, bind=bind_value(ctx))
     except InvalidState as exc:
         return exc.reason
     return None
@@ -109,13 +108,13 @@ def test_mint_is_byte_identical_to_the_sdk(bind: bool) -> None:
     )
     for payload, result in zip(PAYLOADS, results, strict=True):
         assert result["ok"], result
-        assert ts_v1.seal(KEY, payload, now=NOW, bind=bind_value(ctx)) == result["token"], payload
+        assert ts_v1.seal(KEY, payload, clock=lambda: NOW, bind=bind_value(ctx)) == result["token"], payload
 
 
 def test_binary_key_and_custom_ttl_are_byte_identical() -> None:
     (result,) = run_ts([{"op": "mint", "payload": {"a": 1}, "now": NOW}], key=BIN_KEY, ttl=30)
-    assert ts_v1.seal(BIN_KEY, {"a": 1}, now=NOW, ttl_seconds=30) == result["token"]
-    assert ts_v1.unseal(result["token"], BIN_KEY, now=NOW, bind=None).expires_at == int(NOW) + 30
+    assert ts_v1.seal(BIN_KEY, {"a": 1}, clock=lambda: NOW, ttl_seconds=30) == result["token"]
+    assert ts_v1.unseal(result["token"], BIN_KEY, clock=lambda: NOW, bind=None).expires_at == int(NOW) + 30
 
 
 @pytest.mark.parametrize("bind", [False, True], ids=["unbound", "bound"])
@@ -125,7 +124,7 @@ def test_sdk_tokens_open_with_ours(bind: bool) -> None:
         [{"op": "mint", "payload": p, "ctx": ctx} for p in PAYLOADS], bind_field="principal" if bind else None
     )
     for payload, result in zip(PAYLOADS, results, strict=True):
-        opened = ts_v1.unseal(result["token"], KEY, now=time.time(), bind=bind_value(ctx))
+        opened = ts_v1.unseal(result["token"], KEY, bind=bind_value(ctx))
         assert opened.payload == payload
         assert opened.bound is bind
 
@@ -133,7 +132,7 @@ def test_sdk_tokens_open_with_ours(bind: bool) -> None:
 @pytest.mark.parametrize("bind", [False, True], ids=["unbound", "bound"])
 def test_our_tokens_verify_in_the_sdk(bind: bool) -> None:
     ctx = {"principal": "alice"} if bind else None
-    tokens = [ts_v1.seal(KEY, p, now=time.time(), bind=bind_value(ctx)) for p in PAYLOADS]
+    tokens = [ts_v1.seal(KEY, p, bind=bind_value(ctx)) for p in PAYLOADS]
     results = run_ts(
         [{"op": "verify", "token": t, "ctx": ctx} for t in tokens], bind_field="principal" if bind else None
     )
@@ -149,8 +148,8 @@ def _flip(token: str, index: int) -> str:
 
 def test_every_rejection_reason_agrees_with_the_sdk() -> None:
     """One token per failure the SDK distinguishes, judged by both at the same instant."""
-    good = ts_v1.seal(KEY, {"n": 1}, now=NOW, bind="alice")
-    plain = ts_v1.seal(KEY, {"n": 1}, now=NOW)
+    good = ts_v1.seal(KEY, {"n": 1}, clock=lambda: NOW, bind="alice")
+    plain = ts_v1.seal(KEY, {"n": 1}, clock=lambda: NOW)
     exp = int(NOW) + 600
     body, mac = good[3:].split(".")
     cases: list[tuple[str, str, dict[str, Any] | None, float]] = [
@@ -163,7 +162,7 @@ def test_every_rejection_reason_agrees_with_the_sdk() -> None:
         ("mac byte changed", _flip(good, len(good) - 5), {"principal": "alice"}, NOW),
         (
             "minted with another key",
-            ts_v1.seal("x" * 40, 1, now=NOW, bind="alice"),
+            ts_v1.seal("x" * 40, 1, clock=lambda: NOW, bind="alice"),
             {"principal": "alice"},
             NOW,
         ),
@@ -191,7 +190,7 @@ def test_stricter_than_the_sdk_on_non_canonical_mac_encodings() -> None:
     This documents a real difference (a TS token string is malleable without the key), so a
     replay store keyed on the token string must only see tokens this reader accepted.
     """
-    token = ts_v1.seal(KEY, "x", now=NOW)
+    token = ts_v1.seal(KEY, "x", clock=lambda: NOW)
     body, mac = token[3:].split(".")
     raw = base64.urlsafe_b64decode(mac + "=")
     last_bits_set = base64.urlsafe_b64encode(raw).decode().rstrip("=")[:-1]
@@ -211,5 +210,5 @@ def test_lone_surrogates_in_the_bind_value_match_text_encoder() -> None:
     (minted,) = run_ts(
         [{"op": "mint", "payload": 1, "ctx": {"principal": odd}, "now": NOW}], bind_field="principal"
     )
-    assert ts_v1.seal(KEY, 1, now=NOW, bind=odd) == minted["token"]
-    assert ts_v1.unseal(minted["token"], KEY, now=NOW, bind="user-\ufffd-half").payload == 1
+    assert ts_v1.seal(KEY, 1, clock=lambda: NOW, bind=odd) == minted["token"]
+    assert ts_v1.unseal(minted["token"], KEY, clock=lambda: NOW, bind="user-\ufffd-half").payload == 1

@@ -45,7 +45,7 @@ REJECTIONS = {
 }
 DETAILS = {
     "replayed": "this token was already redeemed (single use)",
-    "expired": "expired 1h50m ago (leeway 60s)",
+    "expired": "expired 1h50m ago (expiry grace 0s)",
     "binding_mismatch": "the token was sealed for a different principal, audience, method, target",
 }
 

@@ -145,11 +145,11 @@ def test_outage_keeps_verifying_stops_minting_after_the_limit_and_recovers(
     caplog.set_level(logging.DEBUG, logger="statecodec")
     clock = Clock()
     manager = make_manager(
-        openbao_persistent, proxy, clock, refresh_interval=10, jitter=0, clock_skew=0, max_ttl=600,
-        leeway=5, staleness_limit=30,
+        openbao_persistent, proxy, clock, refresh_interval=10, jitter=0, max_skew=0, max_ttl=600,
+        staleness_limit=30,
     )  # fmt: skip
     manager.start(background=False)  # the test drives refreshes and time itself
-    codec = StateCodec(manager, ttl=600, leeway=5, replay=MemoryReplayStore(clock=clock), clock=clock)
+    codec = StateCodec(manager, ttl=600, max_skew=0, replay=MemoryReplayStore(clock=clock), clock=clock)
     minted_before = [codec.seal(b"%d" % i, BINDING) for i in range(30)]
 
     with fault(kind, openbao_persistent, proxy):
@@ -191,11 +191,11 @@ def test_background_refresh_recovers_by_itself(
     # unseal, and the manager must come back without anybody calling it.
     caplog.set_level(logging.DEBUG, logger="statecodec")
     manager = make_manager(
-        openbao_persistent, proxy, refresh_interval=0.25, jitter=0, clock_skew=0, max_ttl=60, leeway=5,
+        openbao_persistent, proxy, refresh_interval=0.25, jitter=0, max_skew=0, max_ttl=60,
         staleness_limit=1.5,
     )  # fmt: skip
     with manager:
-        codec = StateCodec(manager, ttl=60, leeway=5)
+        codec = StateCodec(manager, ttl=60, max_skew=0)
         token = codec.seal(b"before", BINDING)
         with fault("sealed", openbao_persistent, proxy):
             deadline = time.monotonic() + 15

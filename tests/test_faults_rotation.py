@@ -37,9 +37,12 @@ CONCURRENCY = 8
 REPLAY_EVERY = 10
 ROTATE_EVERY = 3.0
 # A compressed timeline, the same in the servers and in the rotation job.
-TIMING = {"refresh_interval": 1.0, "jitter": 0.1, "clock_skew": 0.0, "max_ttl": 30.0, "leeway": 5.0,
+# max_skew 2 s: the processes share one clock, but on a loaded machine a refresh can run
+# late, and D = refresh * (1 + jitter) + max_skew + 1 s must cover it (docs/keys.md: "plus
+# slack for slow refreshes"); with 0 an instance once met a key its peer had just promoted.
+TIMING = {"refresh_interval": 1.0, "jitter": 0.1, "max_skew": 2.0, "max_ttl": 30.0, "expiry_grace": 0.0,
           "staleness_limit": 5.0}  # fmt: skip
-TTL, LEEWAY = 30, 5
+TTL = 30
 TOOL = "deploy_production"
 PROTOCOL = "2026-07-28"
 META = {
@@ -78,7 +81,8 @@ def serve(argv: list[str]) -> None:
         manager,
         mode=args.mode,
         ttl=TTL,
-        leeway=LEEWAY,
+        max_skew=int(TIMING["max_skew"]),
+        expiry_grace=int(TIMING["expiry_grace"]),
         replay=store_from_url(args.replay),
         namespace="deploy",
     )
@@ -177,7 +181,15 @@ class Load:
         queue: asyncio.Queue[int] = asyncio.Queue()
         for i in range(flows):
             queue.put_nowait(i)
-        limits = httpx.Limits(max_connections=CONCURRENCY * 2, max_keepalive_connections=CONCURRENCY * 2)
+        # No client-side keep-alive expiry. httpcore's pool closes an idle connection whose
+        # expiry has passed even when it was just handed to a request that has not started
+        # yet; on a loaded machine that request then fails with ReadError
+        # (ClosedResourceError <- "pop from an empty deque", seen with expiries of 1 s and
+        # of 5 s). Connections the server closes are still dropped: the pool checks an idle
+        # connection for EOF before it reuses it.
+        limits = httpx.Limits(
+            max_connections=CONCURRENCY * 2, max_keepalive_connections=CONCURRENCY * 2, keepalive_expiry=None
+        )
         async with httpx.AsyncClient(timeout=60, headers=HEADERS, limits=limits) as http:
 
             async def worker() -> None:

@@ -23,7 +23,7 @@ NOW = 1_800_000_000
 
 
 def _codec(**kw: object) -> sc.StateCodec:
-    return sc.StateCodec(sc.KeyRing.generate(now=NOW - 10), clock=lambda: NOW, **kw)  # type: ignore[arg-type]
+    return sc.StateCodec(sc.KeyRing.generate(created_at=NOW - 10), clock=lambda: NOW, **kw)  # type: ignore[arg-type]
 
 
 class _AsyncByMistake(ReplayStore):
@@ -78,20 +78,25 @@ def test_non_finite_time_rejects(value: float) -> None:
     with pytest.raises(sc.InvalidState) as info:
         broken.unseal(token)
     assert info.value.reason == "internal_error"
-    with pytest.raises(sc.InvalidState):
-        sealer.unseal_at_time(token, None, value)
-    with pytest.raises(sc.InvalidState):
-        sealer.verify_unbound(token, now=value)
+    with pytest.raises(sc.InvalidState) as info:
+        broken.verify_unbound(token)
+    assert info.value.reason == "internal_error"
+    with pytest.raises(sc.InvalidState) as info:
+        asyncio.run(broken.aunseal(token))
+    assert info.value.reason == "internal_error"
 
 
 def test_nan_never_accepts_an_expired_token() -> None:
-    codec = _codec(ttl=10, leeway=0)
+    now = [float(NOW)]
+    codec = sc.StateCodec(sc.KeyRing.generate(created_at=NOW - 10), ttl=10, max_skew=0, clock=lambda: now[0])
     token = codec.seal(b"x")
+    now[0] = NOW + 11
     with pytest.raises(sc.InvalidState) as info:
-        codec.unseal_at_time(token, None, NOW + 11)
+        codec.unseal(token)
     assert info.value.reason == "expired"
+    now[0] = math.nan
     with pytest.raises(sc.InvalidState):
-        codec.unseal_at_time(token, None, math.nan)
+        codec.unseal(token)
 
 
 def test_a_raising_clock_fails_closed() -> None:

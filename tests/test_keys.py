@@ -84,7 +84,7 @@ def test_short_or_non_bytes_secrets_are_refused(secret: object) -> None:
 
 
 def test_generate_makes_fresh_random_keys() -> None:
-    a, b = sc.Key.generate(now=5), sc.Key.generate(now=5)
+    a, b = sc.Key.generate(created_at=5), sc.Key.generate(created_at=5)
     assert len(a.secret) == 32
     assert a.secret != b.secret
     assert a.kid != b.kid
@@ -117,7 +117,7 @@ def _ring() -> sc.KeyRing:
 
 
 def test_generate_ring() -> None:
-    ring = sc.KeyRing.generate(now=7)
+    ring = sc.KeyRing.generate(created_at=7)
     assert len(ring) == 1
     assert ring.primary is ring.keys[0]
     assert ring.primary_kid == ring.primary.kid
@@ -189,17 +189,20 @@ def test_with_primary_and_retire_and_without() -> None:
 def test_rotation_in_three_phases() -> None:
     """Publish a new key, promote it, retire the old one after the longest token lifetime."""
     ring = _ring()
-    old_token = sc.StateCodec(ring).seal_at_time(b"before", None, 1000)
+    old_token = sc.StateCodec(ring, clock=lambda: 1000).seal(b"before", None)
     published = ring.with_key(sc.Key("next", bytes(range(3, 35))))
     promoted = published.with_primary("next")
-    new_token = sc.StateCodec(promoted).seal_at_time(b"after", None, 1000)
-    assert sc.StateCodec(published).unseal_at_time(new_token, None, 1000).kid == "next"
-    assert sc.StateCodec(promoted).unseal_at_time(old_token, None, 1000).kid == "new"
-    retired = promoted.retire("new", 1000 + 600 + 60)
-    codec = sc.StateCodec(retired)
-    assert codec.unseal_at_time(old_token, None, 1000 + 600 + 59).payload == b"before"
+    new_token = sc.StateCodec(promoted, clock=lambda: 1000).seal(b"after", None)
+    assert sc.StateCodec(published, clock=lambda: 1000).unseal(new_token, None).kid == "next"
+    assert sc.StateCodec(promoted, clock=lambda: 1000).unseal(old_token, None).kid == "new"
+    # Accepted through the second exp (grace 0): retire from exp + 1 on.
+    retired = promoted.retire("new", 1000 + 600 + 1)
+    now = [1000 + 600.5]
+    codec = sc.StateCodec(retired, clock=lambda: now[0])
+    assert codec.unseal(old_token, None).payload == b"before"
+    now[0] = 1000 + 600 + 1
     with pytest.raises(sc.InvalidState) as info:
-        codec.unseal_at_time(old_token, None, 1000 + 600 + 60)
+        codec.unseal(old_token, None)
     assert info.value.reason == "unknown_key"  # the kid is judged before the times
 
 

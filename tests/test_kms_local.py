@@ -25,7 +25,7 @@ from statecodec.kms import (
     source_from_url,
 )
 
-TL = Timeline(refresh_interval=10, jitter=0.1, clock_skew=5, max_ttl=300, leeway=5, staleness_limit=100)
+TL = Timeline(refresh_interval=10, jitter=0.1, max_skew=5, max_ttl=300, staleness_limit=100)
 DAY = 86400
 
 
@@ -79,7 +79,7 @@ def test_bad_urls(url: str) -> None:
 # ------------------------------------------------------------------------------ file:
 def test_file_init_load_and_permissions(tmp_path: Path) -> None:
     path = tmp_path / "ring.json"
-    message = init_keys(f"file:{path}", now=1000)
+    message = init_keys(f"file:{path}", clock=lambda: 1000)
     assert "created" in message
     assert stat.S_IMODE(path.stat().st_mode) == 0o600
     ring = FileSource(path).load()
@@ -117,36 +117,40 @@ def test_world_readable_file_is_warned_about_once(tmp_path: Path, caplog: pytest
 
 def test_file_rotate_is_idempotent_and_retires(tmp_path: Path) -> None:
     path = tmp_path / "ring.json"
-    init_keys(f"file:{path}", now=0)
+    init_keys(f"file:{path}", clock=lambda: 0)
     first = FileSource(path).load().keys[0].kid
 
-    report = rotate(f"file:{path}", min_age=DAY, retire_after=2 * 3600, now=DAY, timeline=TL)
+    report = rotate(f"file:{path}", min_age=DAY, retire_after=2 * 3600, clock=lambda: DAY, timeline=TL)
     assert report.rotated and report.new_kid and report.newest_age == DAY
     second = report.new_kid
-    again = rotate(f"file:{path}", min_age=DAY, retire_after=2 * 3600, now=DAY + 10, timeline=TL)
+    again = rotate(f"file:{path}", min_age=DAY, retire_after=2 * 3600, clock=lambda: DAY + 10, timeline=TL)
     assert not again.rotated and not again.changed  # idempotent
     ring = FileSource(path).load()
     assert ring.kids == (first, second)
     assert ring.primary_kid == first  # the new key is not promoted yet (D = 17 s)
-    rotate(f"file:{path}", min_age=DAY, retire_after=2 * 3600, now=DAY + 17, timeline=TL)
+    rotate(f"file:{path}", min_age=DAY, retire_after=2 * 3600, clock=lambda: DAY + 17, timeline=TL)
     assert FileSource(path).load().primary_kid == second  # the document follows the timeline
 
     # Two hours after the second key appeared, the first retires (and the doc's primary moves on).
-    report = rotate(f"file:{path}", min_age=DAY, retire_after=2 * 3600, now=DAY + 7200, timeline=TL)
+    report = rotate(f"file:{path}", min_age=DAY, retire_after=2 * 3600, clock=lambda: DAY + 7200, timeline=TL)
     assert report.retired == (first,) and not report.rotated
     ring = FileSource(path).load()
     assert ring.require(first).retires_at == DAY + 7200
     # A retire_after later the tombstone goes, secret and all.
-    report = rotate(f"file:{path}", min_age=DAY, retire_after=2 * 3600, now=DAY + 4 * 3600, timeline=TL)
+    report = rotate(
+        f"file:{path}", min_age=DAY, retire_after=2 * 3600, clock=lambda: DAY + 4 * 3600, timeline=TL
+    )
     assert report.removed == (first,)
     assert FileSource(path).load().kids == (second,)
 
 
 def test_rotate_dry_run_changes_nothing(tmp_path: Path) -> None:
     path = tmp_path / "ring.json"
-    init_keys(f"file:{path}", now=0)
+    init_keys(f"file:{path}", clock=lambda: 0)
     before = path.read_bytes()
-    report = rotate(f"file:{path}", min_age=DAY, retire_after=3600, now=2 * DAY, dry_run=True, timeline=TL)
+    report = rotate(
+        f"file:{path}", min_age=DAY, retire_after=3600, clock=lambda: 2 * DAY, dry_run=True, timeline=TL
+    )
     assert report.rotated and report.dry_run
     assert "would create" in str(report)
     assert path.read_bytes() == before
@@ -154,7 +158,7 @@ def test_rotate_dry_run_changes_nothing(tmp_path: Path) -> None:
 
 def test_rotate_refuses_a_retire_after_shorter_than_the_window(tmp_path: Path) -> None:
     path = tmp_path / "ring.json"
-    init_keys(f"file:{path}", now=0)
+    init_keys(f"file:{path}", clock=lambda: 0)
     with pytest.raises(ValueError, match="too short"):
         rotate(f"file:{path}", min_age=DAY, retire_after=60)  # default timeline needs ~28 min
     with pytest.raises(ValueError, match="min_age"):
@@ -163,7 +167,7 @@ def test_rotate_refuses_a_retire_after_shorter_than_the_window(tmp_path: Path) -
 
 def test_rotate_keeps_the_file_mode(tmp_path: Path) -> None:
     path = tmp_path / "ring.json"
-    init_keys(f"file:{path}", now=0)
+    init_keys(f"file:{path}", clock=lambda: 0)
     path.chmod(0o640)
     rotate(f"file:{path}", min_age=0, retire_after=DAY, timeline=TL)
     assert stat.S_IMODE(path.stat().st_mode) == 0o640
@@ -173,10 +177,10 @@ def test_rotate_keeps_the_file_mode(tmp_path: Path) -> None:
 def test_two_concurrent_file_rotations_add_one_key(tmp_path: Path) -> None:
     """Real processes racing on the same file: the lock serialises them, the second is a no-op."""
     path = tmp_path / "ring.json"
-    init_keys(f"file:{path}", now=0)
+    init_keys(f"file:{path}", clock=lambda: 0)
     script = (
         "import sys; from statecodec.kms import rotate, Timeline; "
-        "tl = Timeline(refresh_interval=10, clock_skew=5, max_ttl=300, leeway=5, staleness_limit=100); "
+        "tl = Timeline(refresh_interval=10, max_skew=5, max_ttl=300, staleness_limit=100); "
         f"r = rotate('file:{path}', min_age=3600, retire_after=3600, timeline=tl); print(r.rotated)"
     )
     procs = [
@@ -190,7 +194,7 @@ def test_two_concurrent_file_rotations_add_one_key(tmp_path: Path) -> None:
 
 def test_concurrent_threads_with_readers_never_see_half_a_file(tmp_path: Path) -> None:
     path = tmp_path / "ring.json"
-    init_keys(f"file:{path}", now=0)
+    init_keys(f"file:{path}", clock=lambda: 0)
     errors: list[Exception] = []
     stop = threading.Event()
 
@@ -206,7 +210,13 @@ def test_concurrent_threads_with_readers_never_see_half_a_file(tmp_path: Path) -
     for t in threads:
         t.start()
     for i in range(30):
-        rotate(f"file:{path}", min_age=0, retire_after=TL.min_retire_after, now=1000 + i, timeline=TL)
+        rotate(
+            f"file:{path}",
+            min_age=0,
+            retire_after=TL.min_retire_after,
+            clock=lambda at=1000 + i: at,
+            timeline=TL,
+        )
     stop.set()
     for t in threads:
         t.join()
@@ -216,7 +226,7 @@ def test_concurrent_threads_with_readers_never_see_half_a_file(tmp_path: Path) -
 
 # ------------------------------------------------------------------------------- env:
 def test_env_keyring_json(monkeypatch: pytest.MonkeyPatch) -> None:
-    ring = KeyRing.generate(now=5)
+    ring = KeyRing.generate(created_at=5)
     monkeypatch.setenv("SC_TEST_KEYS", ring.to_json())
     assert EnvSource("SC_TEST_KEYS").load() == ring
 
@@ -268,11 +278,9 @@ def test_env_cannot_rotate_or_init(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_background_refresh_picks_up_a_rotated_file(tmp_path: Path) -> None:
     """The refresh thread (0.05 s) sees a new key without any call from the test."""
     path = tmp_path / "ring.json"
-    init_keys(f"file:{path}", now=0)
-    tl = Timeline(refresh_interval=0.05, jitter=0.1, clock_skew=0, max_ttl=60, leeway=0, staleness_limit=5)
-    with KeyManager(
-        f"file:{path}", refresh_interval=0.05, clock_skew=0, max_ttl=60, leeway=0, staleness_limit=5
-    ) as mgr:
+    init_keys(f"file:{path}", clock=lambda: 0)
+    tl = Timeline(refresh_interval=0.05, jitter=0.1, max_skew=0, max_ttl=60, staleness_limit=5)
+    with KeyManager(f"file:{path}", refresh_interval=0.05, max_skew=0, max_ttl=60, staleness_limit=5) as mgr:
         assert mgr.status()["running"]
         report = rotate(f"file:{path}", min_age=0, retire_after=tl.min_retire_after, timeline=tl)
         deadline = threading.Event()
@@ -286,7 +294,7 @@ def test_background_refresh_picks_up_a_rotated_file(tmp_path: Path) -> None:
 
 async def test_async_context_manager(tmp_path: Path) -> None:
     path = tmp_path / "ring.json"
-    init_keys(f"file:{path}", now=0)
+    init_keys(f"file:{path}", clock=lambda: 0)
     async with KeyManager(f"file:{path}", refresh_interval=0.05, staleness_limit=1) as keys:
         codec = StateCodec(keys)
         assert (await codec.aunseal(codec.seal(b"async"))).payload == b"async"

@@ -41,9 +41,9 @@ from statecodec.kms import (
 TIMING = {
     "refresh_interval": 1.0,
     "jitter": 0.1,
-    "clock_skew": 0.5,
+    "max_skew": 0.5,
     "max_ttl": 30.0,
-    "leeway": 0.0,
+    "expiry_grace": 0.0,
     "staleness_limit": 3.0,
 }
 TL = Timeline(**TIMING)  # promotion delay 3 s; retiring the primary waits 3.5 s
@@ -198,8 +198,8 @@ def retire_during_traffic(
 
 def two_key_ring(now: float) -> tuple[KeyRing, list[str]]:
     """Ring: "a" replaced 10 s ago (verify-only), "b" the primary; tokens minted with "a" before."""
-    a = Key.generate("a", now=int(now) - 20)
-    b = Key.generate("b", now=int(now) - 10)
+    a = Key.generate("a", created_at=int(now) - 20)
+    b = Key.generate("b", created_at=int(now) - 10)
     ring = KeyRing([a, b], "b")
     assert TL.plan(ring, now).ring.primary_kid == "b"
     by_a = StateCodec(KeyRing([a], "a"), ttl=30)
@@ -226,8 +226,8 @@ def test_retire_the_primary_of_a_key_file_while_two_services_run(
     stored = KeyRing.from_json(path.read_text())
     # Cut once the successor was promoted (3 s after its creation) on every clock (+0.5 s).
     assert report.successor is not None and report.cut_at is not None
-    assert report.cut_at >= stored.require(report.successor).created_at + TL.promotion_delay + TL.clock_skew
-    assert 0 < report.wait <= TL.promotion_delay + TL.clock_skew
+    assert report.cut_at >= stored.require(report.successor).created_at + TL.promotion_delay + TL.max_skew
+    assert 0 < report.wait <= TL.promotion_delay + TL.max_skew
     assert set(stored.kids) == {"a", report.successor}  # exactly "b" left; "a" stays as it was
     assert stored.require("a").retires_at is None and stored.primary_kid == report.successor
 
@@ -288,8 +288,8 @@ def test_retire_on_transit_cuts_the_version_and_every_older_one(
 def test_dry_run_changes_nothing_and_a_pending_key_takes_over(tmp_path: Path) -> None:
     now = time.time()
     path = tmp_path / "ring.json"
-    b = Key.generate("b", now=int(now) - 100)
-    c = Key.generate("c", now=int(now) - 1)  # published a second ago: pending
+    b = Key.generate("b", created_at=int(now) - 100)
+    c = Key.generate("c", created_at=int(now) - 1)  # published a second ago: pending
     path.write_text(KeyRing([b, c], "b").to_json())
     before = path.read_text()
     plan = retire(f"file:{path}", "b", timeline=TL, dry_run=True)
@@ -303,7 +303,9 @@ def test_dry_run_changes_nothing_and_a_pending_key_takes_over(tmp_path: Path) ->
 
 def test_refusals(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     path = tmp_path / "ring.json"
-    path.write_text(KeyRing([Key.generate("a", now=0), Key.generate("b", now=1)], "b").to_json())
+    path.write_text(
+        KeyRing([Key.generate("a", created_at=0), Key.generate("b", created_at=1)], "b").to_json()
+    )
     with pytest.raises(KeySourceError, match=r"no key nope \(keys: a, b\); nothing retired") as info:
         retire(f"file:{path}", "nope", timeline=TL)
     assert info.value.kind == "missing"
@@ -319,7 +321,7 @@ def test_refusals(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
 def test_a_change_during_the_wait_stops_the_cut(tmp_path: Path) -> None:
     """If the successor vanishes while waiting (an operator, a restore), the primary is not cut."""
     path = tmp_path / "ring.json"
-    path.write_text(KeyRing([Key.generate("b", now=int(time.time()) - 100)], "b").to_json())
+    path.write_text(KeyRing([Key.generate("b", created_at=int(time.time()) - 100)], "b").to_json())
     progress: list[str] = []
 
     def meanwhile(seconds: float) -> None:

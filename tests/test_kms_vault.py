@@ -32,7 +32,7 @@ from statecodec.kms._transit import TransitSource
 
 POLICIES = Path(__file__).resolve().parent.parent / "docs" / "policies"
 DAY = 86400
-TL = Timeline(refresh_interval=1, jitter=0.1, clock_skew=1, max_ttl=10, leeway=1, staleness_limit=5)
+TL = Timeline(refresh_interval=1, jitter=0.1, max_skew=1, max_ttl=10, staleness_limit=5)
 
 
 def unique(prefix: str = "k") -> str:
@@ -163,7 +163,7 @@ def test_kv_init_load_and_string_form(vault_env: OpenBao) -> None:
     ring = source_from_url(url).load()
     assert len(ring) == 1 and ring.primary_kid == ring.kids[0]
 
-    other = KeyRing.generate(now=7)
+    other = KeyRing.generate(created_at=7)
     vault_env.client().secrets.kv.v2.create_or_update_secret(
         f"{path}-text", secret={"keyring": other.to_json()}, mount_point="secret"
     )
@@ -186,13 +186,13 @@ def test_kv_errors(vault_env: OpenBao) -> None:
 def test_kv_rotate_is_idempotent_and_uses_check_and_set(vault_env: OpenBao) -> None:
     url = f"vault-kv:secret/statecodec/{unique()}"
     t0 = time.time()
-    init_keys(url, now=t0)
+    init_keys(url, clock=lambda: t0)
     first = source_from_url(url).load().kids[0]
     # Four jobs at once, a day later: exactly one new key (the losers re-read and stand down).
     reports: list[Any] = []
     threads = [
         threading.Thread(
-            target=lambda: reports.append(rotate(url, min_age=DAY, retire_after=3600, now=t0 + DAY))
+            target=lambda: reports.append(rotate(url, min_age=DAY, retire_after=3600, clock=lambda: t0 + DAY))
         )
         for _ in range(4)
     ]
@@ -205,7 +205,7 @@ def test_kv_rotate_is_idempotent_and_uses_check_and_set(vault_env: OpenBao) -> N
     assert len(ring) == 2
     second = next(k for k in ring.kids if k != first)
     # Two hours on, the first key is marked retired.
-    report = rotate(url, min_age=DAY, retire_after=7200, now=t0 + DAY + 7200)
+    report = rotate(url, min_age=DAY, retire_after=7200, clock=lambda: t0 + DAY + 7200)
     assert report.retired == (first,) and not report.rotated
     assert source_from_url(url).load().require(first).retires_at is not None
     assert source_from_url(url).load().primary_kid == second
@@ -219,24 +219,24 @@ def test_transit_rotate_idempotent_then_retires(vault_env: OpenBao) -> None:
     url = f"vault-transit:transit/{name}"
     init_keys(url)
     t0 = time.time()
-    assert not rotate(url, min_age=DAY, retire_after=2 * DAY, now=t0).rotated  # v1 is fresh
-    report = rotate(url, min_age=DAY, retire_after=2 * DAY, now=t0 + DAY + 5)
+    assert not rotate(url, min_age=DAY, retire_after=2 * DAY, clock=lambda: t0).rotated  # v1 is fresh
+    report = rotate(url, min_age=DAY, retire_after=2 * DAY, clock=lambda: t0 + DAY + 5)
     assert report.rotated and report.new_kid == f"{name}-v2" and report.retired == ()
-    assert not rotate(url, min_age=DAY, retire_after=2 * DAY, now=t0 + 5).rotated  # v2 is fresh
+    assert not rotate(url, min_age=DAY, retire_after=2 * DAY, clock=lambda: t0 + 5).rotated  # v2 is fresh
 
-    dry = rotate(url, min_age=DAY, retire_after=2 * DAY, now=t0 + 2 * DAY + 5, dry_run=True)
+    dry = rotate(url, min_age=DAY, retire_after=2 * DAY, clock=lambda: t0 + 2 * DAY + 5, dry_run=True)
     assert dry.rotated and dry.new_kid == f"{name}-v3" and dry.retired == (f"{name}-v1",)
     meta = vault_env.client().secrets.transit.read_key(name)["data"]
     assert (meta["latest_version"], meta["min_decryption_version"]) == (2, 1)
 
     # v2 is two days old: v1 goes (min_decryption_version 2); no rotation with a 10-day min-age.
-    report = rotate(url, min_age=10 * DAY, retire_after=2 * DAY, now=t0 + 2 * DAY + 5)
+    report = rotate(url, min_age=10 * DAY, retire_after=2 * DAY, clock=lambda: t0 + 2 * DAY + 5)
     assert not report.rotated and report.retired == (f"{name}-v1",)
     meta = vault_env.client().secrets.transit.read_key(name)["data"]
     assert meta["min_decryption_version"] == 2 and meta["latest_version"] == 2
     assert source_from_url(url).load().kids == (f"{name}-v2",)
     # Idempotent: nothing more to retire; the newest version never retires.
-    again = rotate(url, min_age=10 * DAY, retire_after=2 * DAY, now=t0 + 9 * DAY)
+    again = rotate(url, min_age=10 * DAY, retire_after=2 * DAY, clock=lambda: t0 + 9 * DAY)
     assert not again.changed
 
 
@@ -256,7 +256,7 @@ def test_concurrent_transit_rotations_make_at_most_one_extra_version_each(vault_
         try:
             # retire_after a minute under min_age: the version made now is retire_after old
             # at `later` however long the jobs take to start (timestamps are whole seconds).
-            reports.append(rotate(url, min_age=DAY, retire_after=DAY - 60, now=later))
+            reports.append(rotate(url, min_age=DAY, retire_after=DAY - 60, clock=lambda: later))
         except BaseException as exc:  # reported by the assertion below
             errors.append(exc)
 
@@ -374,8 +374,8 @@ def test_rotation_policy_rotates_but_never_sees_keys(
     monkeypatch.setenv("VAULT_TOKEN", job)
     url = f"vault-transit:transit/{name}"
     t0 = time.time()
-    assert rotate(url, min_age=DAY, retire_after=2 * DAY, now=t0 + DAY + 5).rotated
-    report = rotate(url, min_age=10 * DAY, retire_after=2 * DAY, now=t0 + 2 * DAY + 5)
+    assert rotate(url, min_age=DAY, retire_after=2 * DAY, clock=lambda: t0 + DAY + 5).rotated
+    report = rotate(url, min_age=10 * DAY, retire_after=2 * DAY, clock=lambda: t0 + 2 * DAY + 5)
     assert report.retired == (f"{name}-v1",)
     with pytest.raises(KeySourceError, match="permission denied reading transit/export/encryption-key/"):
         source_from_url(url).load()
@@ -455,13 +455,12 @@ def test_manager_over_transit_promotes_after_the_delay(vault_env: OpenBao) -> No
         url,
         refresh_interval=1,
         jitter=0.1,
-        clock_skew=1,
+        max_skew=1,
         max_ttl=10,
-        leeway=1,
         staleness_limit=5,
         clock=lambda: clock[0],
     ).start(background=False)
-    codec = StateCodec(mgr, ttl=10, leeway=1, clock=lambda: clock[0])
+    codec = StateCodec(mgr, ttl=10, max_skew=1, clock=lambda: clock[0])
     assert codec.unseal(codec.seal(b"a")).kid == f"{name}-v1"
     vault_env.client().secrets.transit.rotate_key(name)
     mgr.refresh_now()

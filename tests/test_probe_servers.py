@@ -14,9 +14,9 @@ has users, knows alice and bob. The probe runs as a subprocess, the real command
 the five documents as the table in docs/probe.md and compares it with the committed one
 (``STATECODEC_UPDATE_DOCS=1`` rewrites it). Nothing is mocked.
 
-Lifetimes are 10 s where a server lets us choose one, and the probe waits past it (plus
-statecodec's 60 s clock-skew leeway behind the proxy, whose leeway is not configurable),
-so the expiry check really runs; that wait overlaps the other checks.
+Lifetimes are 10 s where a server lets us choose one, and the probe waits past it (statecodec
+expires a state strictly at its TTL), so the expiry check really runs; that wait overlaps the
+other checks.
 """
 
 from __future__ import annotations
@@ -139,7 +139,7 @@ def server_py_sdk(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Target]:
 @pytest.fixture(scope="module")
 def server_py_statecodec(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Target]:
     tmp = tmp_path_factory.mktemp("py-statecodec")
-    flags = ("--ttl", str(TTL), "--leeway", "0")
+    flags = ("--ttl", str(TTL))
     for url in deploy_server(tmp, f"sqlite:{tmp / 'replay.sqlite3'}", *flags):
         yield Target(
             "4. Python `MCPServer` + statecodec `protect()`",
@@ -171,7 +171,7 @@ def server_proxied(tmp_path_factory: pytest.TempPathFactory, jwks_server: JWKSSe
             yield Target(
                 "5. server 1 behind `statecodec proxy`",
                 base + "/mcp",
-                [*PROBE, *users, "--wait", f"{TTL + 62}s"],  # the proxy's leeway is statecodec's 60 s
+                [*PROBE, *users, "--wait", f"{TTL + 2}s"],
             )
 
 

@@ -132,7 +132,9 @@ async def test_bad_token_is_rejected_before_the_upstream(
         sent = tamper(state)
     elif case == "expired":
         plan = json.dumps({"version": version, "plan_id": "stale", "planned_on": "x", "steps": []}).encode()
-        sent = proxied.codec().seal_at_time(plan, proxied.binding("alice"), time.time() - 7200, ttl=600)
+        past = proxied.codec()
+        past.clock = lambda: time.time() - 7200  # what the service sealed two hours ago
+        sent = past.seal(plan, proxied.binding("alice"), ttl=600)
     elif case == "replayed":
         async with connect(Balancer(proxied.bases(), pin="B"), bearer=alice) as client:
             first = await round_two(client, state)  # the one redemption, through B

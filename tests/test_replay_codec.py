@@ -150,19 +150,21 @@ def test_namespaced_keys_in_the_sqlite_table(tmp_path: Path) -> None:
 def test_entries_outlive_the_token_and_then_go(tmp_path: Path) -> None:
     # The store keeps an entry while any instance may still accept the token.
     store = SQLiteReplayStore(tmp_path / "r.db")
-    codec = sc.StateCodec(RING, replay=store, ttl=30, leeway=5)
+    codec = sc.StateCodec(RING, replay=store, ttl=30, max_skew=5, expiry_grace=2)
     opened = codec.unseal(codec.seal(b"t", ALICE), ALICE)
     with sqlite3.connect(tmp_path / "r.db") as conn:
         (expires_at,) = conn.execute("SELECT expires_at FROM statecodec_replay").fetchone()
-    assert expires_at >= opened.expires_at + 2 * codec.leeway
+    # Accepted here while now < exp + grace + 1, and max_skew longer by an instance behind.
+    last_acceptance = opened.expires_at + 2 + 1 + 5
+    assert expires_at >= last_acceptance
     # ...measured from the store's reading of the host clock, a moment after the codec's.
-    assert expires_at <= opened.expires_at + 2 * codec.leeway + 1
+    assert expires_at <= last_acceptance + 1
     store.close()
 
 
 # ------------------------------------------------------- the codec's clock is not the store's
 YEAR = 365 * 24 * 3600
-TTL, LEEWAY = 300, 60
+TTL, MAX_SKEW = 300, 60
 
 
 def _remembered_for(store: ReplayStore, key: str) -> float:
@@ -181,6 +183,10 @@ def _remembered_for(store: ReplayStore, key: str) -> float:
     return pttl / 1000
 
 
+def _sealed_at(instant: float, binding: sc.Binding) -> str:
+    return sc.StateCodec(RING, ttl=TTL, clock=lambda: instant).seal(b"once", binding)
+
+
 @pytest.mark.parametrize("offset", [-YEAR, YEAR], ids=["codec-a-year-behind", "codec-a-year-ahead"])
 async def test_single_use_does_not_depend_on_the_codec_and_store_clocks_agreeing(
     store: ReplayStore, offset: int
@@ -189,14 +195,14 @@ async def test_single_use_does_not_depend_on_the_codec_and_store_clocks_agreeing
     # time with (the machine's, or the Valkey server's). A deadline computed on one and
     # judged on the other was forgotten at once (codec behind: every token redeemed
     # twice) or kept for a year (codec ahead). A retention from now is neither.
-    codec = sc.StateCodec(RING, replay=store, ttl=TTL, leeway=LEEWAY, clock=lambda: time.time() + offset)
-    for late in (0, TTL + LEEWAY - 1):  # redeemed at once, and in the last second it may be
-        now = time.time() + offset - late
-        token = codec.seal_at_time(b"once", ALICE, now)
+    codec = sc.StateCodec(RING, replay=store, ttl=TTL, max_skew=MAX_SKEW, clock=lambda: time.time() + offset)
+    for late in (0, TTL - 1):  # redeemed at once, and a second before its last second
+        token = _sealed_at(time.time() + offset - late, ALICE)
         opened = codec.unseal(token, ALICE)
         assert _reason(codec.unseal, token, ALICE) == "replayed"
         assert await _areason(codec, token, ALICE) == "replayed"
-        needed = opened.expires_at + 2 * LEEWAY - (time.time() + offset)  # until no instance accepts it
+        # Until no instance accepts it: exp + expiry_grace (0) + 1 + max_skew on this clock.
+        needed = opened.expires_at + 1 + MAX_SKEW - (time.time() + offset)
         remembered = _remembered_for(store, f"default:{opened.token_id}")
         assert needed - 1 <= remembered <= needed + 1
     token = codec.seal(b"async", ALICE)

@@ -62,6 +62,7 @@ class Traffic:
         self.codec = codec
         self.outcomes: dict[str, list[str]] = {}
         self._retry: collections.deque[str] = collections.deque()
+        self._in_flight = 0  # tokens handed to a client whose outcome is not recorded yet
         self._lock = threading.Lock()
         self._producing = True
         self._stop = threading.Event()
@@ -78,8 +79,14 @@ class Traffic:
         """No new tokens; wait until every token that failed closed has been accepted."""
         with self._lock:
             self._producing = False
+
+        def settled() -> bool:
+            # A token a client is redeeming right now may still fail closed and come back.
+            with self._lock:
+                return not self._retry and not self._in_flight
+
         try:
-            wait_until(lambda: not self._retry, "every token that failed closed is accepted", BOUND)
+            wait_until(settled, "every token that failed closed is accepted", BOUND)
         finally:
             self._stop.set()
             for worker in self._workers:
@@ -88,15 +95,18 @@ class Traffic:
     def _next(self) -> str | None:
         with self._lock:
             if self._retry:
+                self._in_flight += 1
                 return self._retry.popleft()
             if not self._producing:
                 return None
             token = self.codec.seal(uuid.uuid4().bytes, BINDING)
             self.outcomes[token] = []
+            self._in_flight += 1
             return token
 
     def _record(self, token: str, outcome: str) -> None:
         with self._lock:
+            self._in_flight -= 1
             self.outcomes[token].append(outcome)
             if outcome == "store_unavailable":
                 self._retry.append(token)

@@ -133,14 +133,14 @@ def _minted(**want: object) -> str:
 def test_oracle_catches_a_codec_that_ignores_expiry(monkeypatch: pytest.MonkeyPatch) -> None:
     expired = _minted(mode=harness.Mode.SIGN, kid="fz-a", case="expired", binding=harness.BINDING)
     harness.check_one(expired.encode())
-    monkeypatch.setattr(harness.CODECS[harness.Mode.SIGN], "leeway", 10**6)
+    monkeypatch.setattr(harness.CODECS[harness.Mode.SIGN], "_expired_after", 10**6)
     with pytest.raises(harness.ContractViolationError, match="accepted a token it must reject"):
         harness.check_one(expired.encode())
 
 
 def test_oracle_catches_a_codec_that_rejects_valid_tokens(monkeypatch: pytest.MonkeyPatch) -> None:
     valid = _minted(mode=harness.Mode.ENCRYPT, kid="fz-b", case="edge-expiring", binding=harness.BINDING)
-    monkeypatch.setattr(harness.CODECS[harness.Mode.ENCRYPT], "leeway", 0)
+    monkeypatch.setattr(harness.CODECS[harness.Mode.ENCRYPT], "_expired_after", 0)
     with pytest.raises(harness.ContractViolationError, match="rejected a valid minted token"):
         harness.check_one(valid.encode())
 

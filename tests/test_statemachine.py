@@ -3,11 +3,12 @@
 Hypothesis drives random sequences of: minting tokens under different bindings and
 TTLs (also on an instance whose clock runs ahead), advancing the clock, publishing /
 promoting / retiring / removing keys, redeeming tokens (right binding, wrong binding,
-tampered, on a second instance whose clock is off by up to the leeway either way),
-against a real :class:`MemoryReplayStore` that keeps the true time.
+tampered, on a second instance whose clock is off either way, all redeeming instances'
+clocks within ``max_skew`` of one another), against a real :class:`MemoryReplayStore`
+that keeps the true time.
 
-This machine found the replay that made replay entries live until ``exp + 2 * leeway``
-(an instance whose clock lags accepts that long); tests/test_faults_clock.py pins it.
+This machine found the replay that made replay entries outlive the token's expiry by the
+skew (an instance whose clock lags accepts that long); tests/test_faults_clock.py pins it.
 
 A small, independent model says what must happen to every redemption, and the machine
 checks the codec agrees exactly (accept, or reject with the model's reason). So no
@@ -25,7 +26,11 @@ from hypothesis.stateful import Bundle, RuleBasedStateMachine, initialize, invar
 from statecodec import UNBOUND, Binding, InvalidState, Key, KeyRing, Mode, StateCodec
 from statecodec.replay.memory import MemoryReplayStore
 
-LEEWAY = 30
+MAX_SKEW = 30
+EXPIRY_GRACE = 10  # not the default 0, so that the model tells the two allowances apart
+# Redeeming instances' clock offsets: a window of width MAX_SKEW around the true time, the
+# fleet's promise (minting instances may be further ahead: seal_on_instance_ahead).
+SKEWED = st.integers(-20, MAX_SKEW - 20)
 START = 1_700_000_000
 BINDINGS = (
     UNBOUND,
@@ -85,7 +90,8 @@ class CodecMachine(RuleBasedStateMachine):
             self.holder,
             mode=self.mode,
             ttl=600,
-            leeway=LEEWAY,
+            max_skew=MAX_SKEW,
+            expiry_grace=EXPIRY_GRACE,
             replay=self.store,
             clock=lambda: self.now + skew,
         )
@@ -96,9 +102,9 @@ class CodecMachine(RuleBasedStateMachine):
         key = self.holder.ring.get(issued.kid)
         if key is None or not key.verifies_at(t):
             return "unknown_key"
-        if t >= issued.exp + LEEWAY:
+        if t > issued.exp + EXPIRY_GRACE:
             return "expired"
-        if issued.iat > t + LEEWAY:
+        if issued.iat > t + MAX_SKEW:
             return "not_yet_valid"
         if BINDINGS[binding] != BINDINGS[issued.binding]:
             return "binding_mismatch"
@@ -131,9 +137,9 @@ class CodecMachine(RuleBasedStateMachine):
         kid = self.holder.ring.primary.kid
         return Issued(token, kid, self.now, self.now + ttl, binding, payload)
 
-    @rule(target=tokens, binding=st.integers(0, len(BINDINGS) - 1), skew=st.integers(1, 2 * LEEWAY))
+    @rule(target=tokens, binding=st.integers(0, len(BINDINGS) - 1), skew=st.integers(1, 2 * MAX_SKEW))
     def seal_on_instance_ahead(self, binding: int, skew: int) -> Issued:
-        # A minting instance whose clock runs ahead, within the leeway or beyond it.
+        # A minting instance whose clock runs ahead, within max_skew or beyond it.
         token = self._codec(skew).seal(b"ahead", BINDINGS[binding], ttl=60)
         kid = self.holder.ring.primary.kid
         return Issued(token, kid, self.now + skew, self.now + skew + 60, binding, b"ahead")
@@ -142,11 +148,11 @@ class CodecMachine(RuleBasedStateMachine):
     def advance_clock(self, seconds: int) -> None:
         self.now += seconds
 
-    @rule(issued=tokens, offset=st.integers(-LEEWAY - 2, LEEWAY + 2))
+    @rule(issued=tokens, offset=st.integers(-MAX_SKEW - 2, MAX_SKEW + 2))
     def advance_to_near_expiry(self, issued: Issued, offset: int) -> None:
-        # The interesting seconds are around exp + leeway, where instances with different
-        # clocks disagree about expiry; jump there (time only moves forward).
-        self.now = max(self.now, issued.exp + LEEWAY + offset)
+        # The interesting seconds are around exp + expiry_grace, where instances with
+        # different clocks disagree about expiry; jump there (time only moves forward).
+        self.now = max(self.now, issued.exp + EXPIRY_GRACE + offset)
 
     @rule(issued=tokens)
     def redeem(self, issued: Issued) -> None:
@@ -156,11 +162,11 @@ class CodecMachine(RuleBasedStateMachine):
     def redeem_with_any_binding(self, issued: Issued, binding: int) -> None:
         self._redeem(self.codec, issued, binding, self.now)
 
-    @rule(issued=tokens, skew=st.integers(-LEEWAY, LEEWAY))
+    @rule(issued=tokens, skew=SKEWED)
     def redeem_on_skewed_instance(self, issued: Issued, skew: int) -> None:
-        # A second instance sharing keys and store, its clock off by up to the leeway
-        # either way; the store keeps the true time. An instance behind accepts for up to
-        # `leeway` seconds longer, so the store must remember consumed ids that long.
+        # A second instance sharing keys and store, its clock off either way; the store
+        # keeps the true time. An instance behind accepts for up to max_skew seconds longer
+        # than one ahead, so the store must remember consumed ids that long.
         self._redeem(self._codec(skew), issued, issued.binding, self.now + skew)
 
     @rule(issued=tokens, position=st.integers(0, 10_000), char=st.sampled_from("AQgw-_"))

@@ -17,6 +17,7 @@ import hashlib
 import hmac
 import importlib.util
 import json
+import math
 import re
 import struct
 from pathlib import Path
@@ -64,8 +65,10 @@ def _codec(doc: dict[str, Any], case: dict[str, Any]) -> sc.StateCodec:
         sc.KeyRing.from_dict(doc["keyrings"][case["keyring"]]),
         mode=case["mode"],
         ttl=case["ttl"],
-        leeway=case["leeway"],
+        max_skew=case["max_skew"],
+        expiry_grace=case["expiry_grace"],
         max_token_bytes=case["max_token_bytes"],
+        clock=lambda: case["now"],
     )
 
 
@@ -97,10 +100,10 @@ def test_vector(file: str, case: dict[str, Any]) -> None:
     expected = case["expected"]
     if "reason" in expected:
         with pytest.raises(sc.InvalidState) as info:
-            codec.unseal_at_time(case["token"], binding, case["now"])
+            codec.unseal(case["token"], binding)
         assert info.value.reason == expected["reason"], info.value.detail
         return
-    opened = codec.unseal_at_time(case["token"], binding, case["now"])
+    opened = codec.unseal(case["token"], binding)
     assert opened.payload == bytes.fromhex(expected["payload_hex"])
     assert opened.kid == expected["kid"]
     assert (opened.issued_at, opened.expires_at) == (expected["issued_at"], expected["expires_at"])
@@ -154,6 +157,18 @@ def _ref_binding_encoded(doc: dict[str, Any] | None) -> bytes:
     for key in sorted(extra, key=lambda k: k.encode("utf-8")):
         out += _ref_field(key) + _ref_field(extra[key])
     return out
+
+
+def _ref_times_valid(iat: int, exp: int, case: dict[str, Any]) -> bool:
+    """Steps 10-11 of docs/format.md: whole seconds, compared with floor(now)."""
+    second = math.floor(case["now"])
+    return iat - case["max_skew"] <= second <= exp + case["expiry_grace"]
+
+
+def _ref_header_times(token: str) -> tuple[int, int]:
+    raw = _ref_b64decode(token[5:])
+    iat, exp = struct.unpack(">II", raw[1 + raw[0] : 9 + raw[0]])
+    return iat, exp
 
 
 def _ref_open(token: str, ring: dict[str, Any], mode: str, binding: dict[str, Any] | None) -> dict[str, Any]:
@@ -216,8 +231,8 @@ def test_reference_opener_from_the_spec(file: str, case: dict[str, Any]) -> None
     assert got["encoded"].hex() == inter["binding_encoded"]
     assert got["tag"].hex() == inter["binding_tag"]
     assert len(case["token"]) <= case["max_token_bytes"]
-    # Time rules of the spec: accepted iff iat <= now + leeway and now < exp + leeway.
-    assert got["iat"] <= case["now"] + case["leeway"] and case["now"] < got["exp"] + case["leeway"]
+    # Time rules of the spec, in whole seconds: iat - max_skew <= floor(now) <= exp + expiry_grace.
+    assert _ref_times_valid(got["iat"], got["exp"], case)
     if "canonical_arguments" in inter:
         arguments = case["binding"]["arguments"]
         assert inter["canonical_arguments"].encode() == rfc8785.dumps(arguments)
@@ -225,6 +240,28 @@ def test_reference_opener_from_the_spec(file: str, case: dict[str, Any]) -> None
     if case["mode"] == "encrypt":
         suffix = _ref_b64decode(case["token"][5:])[len(got["header"]) :][:8]
         assert bytes.fromhex(inter["nonce"]) == got["tid"] + suffix
+
+
+TIME_NEGATIVE = [(f, c) for f, c in CASES if c["expected"].get("reason") in {"expired", "not_yet_valid"}]
+
+
+@pytest.mark.parametrize(("file", "case"), TIME_NEGATIVE, ids=[c["name"] for _, c in TIME_NEGATIVE])
+def test_reference_time_rule_rejects_the_time_negatives(file: str, case: dict[str, Any]) -> None:
+    iat, exp = _ref_header_times(case["token"])
+    assert not _ref_times_valid(iat, exp, case)
+    too_late = math.floor(case["now"]) > exp + case["expiry_grace"]
+    assert case["expected"]["reason"] == ("expired" if too_late else "not_yet_valid")
+
+
+def test_the_time_edges_are_in_the_set() -> None:
+    # ttl 600, expiry_grace 0: 600 s after iat accepted, 601 s rejected; max_skew 60:
+    # issued 60 s in the future accepted, 61 s rejected; and a fractional now on each side.
+    edges = {
+        (c["mode"], c["now"] - c["expected"]["issued_at"]) for _, c in POSITIVE if c["expiry_grace"] == 0
+    }
+    assert {("sign", 600), ("encrypt", 600), ("sign", 600.75), ("sign", -60), ("encrypt", -60)} <= edges
+    late = {c["now"] - _ref_header_times(c["token"])[0] for _, c in TIME_NEGATIVE if c["expiry_grace"] == 0}
+    assert {601, -61, -60.25} <= late
 
 
 def test_derived_subkeys_follow_the_spec() -> None:

@@ -168,12 +168,13 @@ class Cluster:
             tuple(r.instance for r in self.running),
         )
 
-    async def codec(self, service: str) -> StateCodec:
-        """A codec on the service's keys and no replay store, to seal what the service sealed in the past."""
+    async def codec(self, service: str, *, clock: Callable[[], float]) -> StateCodec:
+        """A codec on the service's keys, no replay store, to seal as the service did at ``clock()``."""
         manager = KeyManager(self.settings.keys)
         self.managers.append(manager)
         await asyncio.to_thread(manager.start, background=False)
-        return StateCodec(manager, mode=self.settings.mode, ttl=self.settings.ttl, namespace=service)
+        settings = self.settings
+        return StateCodec(manager, mode=settings.mode, ttl=settings.ttl, namespace=service, clock=clock)
 
     async def start(self, name: str, service: str) -> None:
         manager = KeyManager(self.settings.keys)

@@ -288,7 +288,7 @@ def _server_said(records: list[Logged]) -> str:
 
 async def expired_token(running: Cluster, settings: Settings) -> str:
     """Alice's token as the service sealed it two hours ago: authentic, bound right, long expired."""
-    codec = await running.codec(SERVER_NAME)
+    codec = await running.codec(SERVER_NAME, clock=lambda: time.time() - EXPIRED_AGE)
     binding = jsonrpc.binding_for(
         "tools/call",
         {"name": TOOL, "arguments": {"version": VERSION}},
@@ -296,7 +296,7 @@ async def expired_token(running: Cluster, settings: Settings) -> str:
         audience=SERVER_NAME,
     )
     plan = {"version": VERSION, "plan_id": "0ld0ld00", "planned_on": "A", "steps": []}
-    return codec.seal_at_time(json.dumps(plan).encode(), binding, time.time() - EXPIRED_AGE, ttl=settings.ttl)
+    return codec.seal(json.dumps(plan).encode(), binding, ttl=settings.ttl)
 
 
 async def run(settings: Settings, report: Callable[[Event], None]) -> list[str]:

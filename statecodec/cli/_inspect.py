@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from typing import Any, Final
 
 import click
@@ -12,7 +11,7 @@ from ..compat import FormatInfo, detect
 from ._describe import DEFAULT_LIMIT, moment, payload_fields, table, token_rows
 from ._exit import CliError, ExitCode
 from ._output import Outcome, Output, command
-from ._params import MAX_INPUT_BYTES, TIME, read_token
+from ._params import MAX_INPUT_BYTES, TIME, clock_at, read_token
 
 WARNING: Final = (
     "UNVERIFIED: decoded without keys; anyone can forge every field shown. "
@@ -57,7 +56,7 @@ def inspect_command(out: Output, *, token: str, at: float | None) -> Outcome:
     Needs no keys. Recognises statecodec tokens and the TypeScript SDK v1, Python SDK v1
     and Rust rmcp rs1 formats.
     """
-    now = time.time() if at is None else at
+    now = clock_at(at)()
     info = detect(read_token(token), max_token_bytes=MAX_INPUT_BYTES)
     if not info.recognised:
         raise CliError(

@@ -31,7 +31,7 @@ from ..kms._local import write_key_file
 from ._describe import moment
 from ._exit import CliError, ExitCode
 from ._output import Outcome, Output, command
-from ._params import DURATION, TIME, F, OrderedGroup, keys_option, require_keys
+from ._params import DURATION, TIME, F, OrderedGroup, clock_at, keys_option, require_keys
 
 
 @click.group("keys", cls=OrderedGroup)
@@ -102,9 +102,9 @@ def timeline_options(fn: F) -> F:
 
 _TIMELINE = {
     "refresh_interval": "How often services reload keys.",
-    "clock_skew": "Clock difference tolerated between instances.",
+    "max_skew": "Clock difference tolerated between instances (the codecs' max_skew).",
     "max_ttl": "Longest token lifetime any service mints.",
-    "leeway": "The codecs' expiry leeway.",
+    "expiry_grace": "Time the codecs accept a token past its expiry (their expiry_grace).",
     "staleness_limit": "How long services mint with a ring they cannot refresh.",
 }
 
@@ -123,7 +123,7 @@ def list_command(
     Shows each key's id, state, creation, promotion and retirement times, never a secret.
     From transit it reads only the key's metadata, so the rotation job's policy suffices.
     """
-    now = time.time() if at is None else at
+    now = clock_at(at)()
     source = source_from_url(require_keys(keys_spec))
     try:
         ring = source.metadata()

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import time
-
 import click
 
 from .. import _format
@@ -13,7 +11,16 @@ from . import _sources
 from ._describe import iso, moment
 from ._exit import CliError, ExitCode
 from ._output import Outcome, Output, command
-from ._params import DURATION, TIME, BindingOptions, binding_options, keys_option, read_input, require_keys
+from ._params import (
+    DURATION,
+    TIME,
+    BindingOptions,
+    binding_options,
+    clock_at,
+    keys_option,
+    read_input,
+    require_keys,
+)
 
 
 @click.command("mint")
@@ -64,7 +71,8 @@ def mint_command(
     """
     if ttl <= 0:
         raise click.BadParameter("must be positive", param_hint="'--ttl'")
-    now = time.time() if at is None else at
+    clock = clock_at(at)
+    now = clock()
     if now + ttl > _format.MAX_TIME:
         raise click.BadParameter(
             f"the token would expire after {iso(_format.MAX_TIME)}, the last time a token can carry",
@@ -72,10 +80,10 @@ def mint_command(
         )
     bound = binding.to_binding()
     data = read_input(payload, "payload")
-    with _sources.key_manager(require_keys(keys_spec), now=now) as keys:
-        codec = StateCodec(keys, mode=mode, max_token_bytes=max_token_bytes)
+    with _sources.key_manager(require_keys(keys_spec), clock=clock) as keys:
+        codec = StateCodec(keys, mode=mode, max_token_bytes=max_token_bytes, clock=clock)
         try:
-            token = codec.seal_at_time(data, bound, now, ttl=ttl)
+            token = codec.seal(data, bound, ttl=ttl)
         except ValueError as exc:  # payload too large for a token, or times out of range
             raise CliError(ExitCode.IO, str(exc)) from None
     parsed = _format.parse(token, max_token_bytes)

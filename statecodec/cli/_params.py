@@ -32,7 +32,8 @@ _UNITS: Final = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
 _DURATION_RE: Final = re.compile(r"(?:\d+[smhdw])+|\d+")
 _PART_RE: Final = re.compile(r"(\d+)([smhdw])")
 _UNIX_RE: Final = re.compile(r"\d{1,12}(?:\.\d+)?")
-#: The longest duration any option takes: what the codec's ttl and leeway fit in (68 years).
+#: The longest duration any option takes: what the codec's ttl, max_skew and expiry_grace
+#: fit in (68 years).
 MAX_DURATION: Final = 2**31 - 1
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -69,12 +70,12 @@ def _too_long(text: str) -> str:
     return f"{text[:40]!r} is out of range; the longest duration is {duration(MAX_DURATION)} (68 years)"
 
 
-def parse_time(text: str, now: float | None = None) -> float:
-    """``now``, Unix seconds, ISO 8601 (naive means UTC) or ``+10m`` / ``-3m`` from now.
+def parse_time(text: str, clock: Callable[[], float] = time.time) -> float:
+    """``now``, Unix seconds, ISO 8601 (naive means UTC) or ``+10m`` / ``-3m`` from ``clock()``.
 
     Between 1970 and 2106, the times a token can carry; anything else is a usage error.
     """
-    moment = _parse_time(text.strip(), time.time() if now is None else now)
+    moment = _parse_time(text.strip(), clock())
     if not 0 <= moment <= MAX_TIME:
         raise ValueError(
             f"{text.strip()[:40]!r} is out of range; a time is between 1970-01-01 and "
@@ -100,6 +101,17 @@ def _parse_time(text: str, current: float) -> float:
     if moment.tzinfo is None:
         moment = moment.replace(tzinfo=dt.UTC)
     return moment.timestamp()
+
+
+def clock_at(at: float | None) -> Callable[[], float]:
+    """The clock of a command with ``--at``: stopped at that instant, else the real one.
+
+    Everything the command builds (key manager, codec, compat readers) takes this one
+    clock, the way statecodec passes time everywhere.
+    """
+    if at is None:
+        return time.time
+    return lambda: at
 
 
 class Duration(click.ParamType[int]):

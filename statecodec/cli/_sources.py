@@ -9,8 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import sqlite3
-import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from .._errors import StateCodecError
@@ -26,8 +25,8 @@ _TRANSIENT = frozenset({"unreachable", "conflict"})
 
 
 @contextlib.contextmanager
-def key_manager(spec: str, *, now: float | None = None, **timeline: Any) -> Iterator[KeyManager]:
-    """Keys from ``spec`` loaded once, as the services see them at ``now``.
+def key_manager(spec: str, *, clock: Callable[[], float], **timeline: Any) -> Iterator[KeyManager]:
+    """Keys from ``spec`` loaded once, as the services see them at ``clock()``.
 
     A :class:`~statecodec.kms.KeyManager` rather than the raw ring: it chooses the primary
     by the rotation timeline and gives replaced keys their retirement time, so ``mint``
@@ -35,7 +34,7 @@ def key_manager(spec: str, *, now: float | None = None, **timeline: Any) -> Iter
     """
     from ..kms import KeyManager  # noqa: PLC0415 - hvac and friends load only when needed
 
-    manager = KeyManager(spec, clock=(lambda: now) if now is not None else time.time, **timeline)
+    manager = KeyManager(spec, clock=clock, **timeline)
     try:
         manager.start(background=False)
         yield manager

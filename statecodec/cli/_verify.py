@@ -8,13 +8,19 @@ user it was never issued to. It never consumes a token unless ``--consume`` is g
 
 from __future__ import annotations
 
-import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import click
 
-from .._codec import DEFAULT_LEEWAY, DEFAULT_MAX_TOKEN_BYTES, OpenedState, StateCodec
+from .._codec import (
+    DEFAULT_EXPIRY_GRACE,
+    DEFAULT_MAX_SKEW,
+    DEFAULT_MAX_TOKEN_BYTES,
+    OpenedState,
+    StateCodec,
+)
 from .._errors import InvalidState
 from .._humanize import duration
 from .._keys import KeyProvider
@@ -31,6 +37,7 @@ from ._params import (
     TIME,
     BindingOptions,
     binding_options,
+    clock_at,
     keys_option,
     read_token,
     require_keys,
@@ -56,7 +63,8 @@ class _Sc1Options:
     replay_url: str | None
     consume: bool
     namespace: str
-    leeway: int
+    max_skew: int
+    expiry_grace: int
     max_token_bytes: int
 
 
@@ -68,8 +76,8 @@ def _check_sc1_flags(binding: BindingOptions, opts: _Sc1Options, at: float | Non
     if opts.consume and opts.replay_url is None:
         raise click.UsageError("--consume needs --replay URL, the store to redeem the token in")
     if opts.consume and at is not None:
-        # The store expires its entries by the real clock; redeeming "as of" another time
-        # would record an entry that the store may already consider expired.
+        # Redeeming burns the token for real, now: judging it "as of" another time could
+        # burn a token the server would still accept (or redeem one it already rejects).
         raise click.UsageError("--consume redeems the token now; do not combine it with --at")
     if opts.consume and not binding.given and not opts.unbound:
         raise click.UsageError(
@@ -126,11 +134,18 @@ def _resolve_format(fmt: str, token: str) -> str:
 @click.option("--namespace", default="default", show_default=True, help="Replay namespace of the server.")
 @click.option("--at", type=TIME, metavar="TIME", help="Verify as of TIME (ISO 8601, Unix, +10m, -3m).")
 @click.option(
-    "--leeway",
+    "--max-skew",
     type=DURATION,
-    default=duration(DEFAULT_LEEWAY),
+    default=duration(DEFAULT_MAX_SKEW),
     show_default=True,
-    help="Clock skew tolerated.",
+    help="Accept a token issued up to this far in the future (a server whose clock runs ahead).",
+)
+@click.option(
+    "--expiry-grace",
+    type=DURATION,
+    default=duration(DEFAULT_EXPIRY_GRACE),
+    show_default=True,
+    help="Accept a token this long past its expiry (0: the TTL is exact).",
 )
 @click.option(
     "--max-token-bytes",
@@ -184,19 +199,26 @@ def verify_command(
             raise click.UsageError(f"not applicable to an sc1 token: {', '.join(misplaced)}")
     else:
         _check_foreign_flags(fmt, binding, opts, bind_value, associated_data)
-    now = time.time() if at is None else at
-    with _sources.key_manager(require_keys(keys_spec), now=now) as keys:
+    clock = clock_at(at)
+    with _sources.key_manager(require_keys(keys_spec), clock=clock) as keys:
         if fmt == "sc1":
-            return _verify_sc1(out, text, keys, binding, opts, now=now)
+            return _verify_sc1(out, text, keys, binding, opts, clock=clock)
         ad = None if associated_data is None else associated_data.encode("utf-8", "surrogateescape")
         options = _compat_options(binding, bind=bind_value, associated_data=ad)
-        return _verify_foreign(out, fmt, text, keys, options, now=now)
+        return _verify_foreign(out, fmt, text, keys, options, clock=clock)
 
 
 # ---------------------------------------------------------------------------- sc1
 def _verify_sc1(
-    out: Output, token: str, keys: KeyProvider, binding: BindingOptions, opts: _Sc1Options, *, now: float
+    out: Output,
+    token: str,
+    keys: KeyProvider,
+    binding: BindingOptions,
+    opts: _Sc1Options,
+    *,
+    clock: Callable[[], float],
 ) -> Outcome:
+    now = clock()
     mode = opts.mode or ("encrypt" if token.startswith("sc1e.") else "sign")
     bound = binding.to_binding()
     check_binding = bound is not None or opts.unbound
@@ -212,15 +234,17 @@ def _verify_sc1(
         codec = StateCodec(
             keys,
             mode=mode,
-            leeway=opts.leeway,
+            max_skew=opts.max_skew,
+            expiry_grace=opts.expiry_grace,
             max_token_bytes=opts.max_token_bytes,
             replay=store,
             namespace=opts.namespace,
+            clock=clock,
         )
         if check_binding:
-            opened = codec.unseal_at_time(token, bound, now, consume=opts.consume)
+            opened = codec.unseal(token, bound, consume=opts.consume)
         else:
-            opened = codec.verify_unbound(token, now=now)
+            opened = codec.verify_unbound(token)
     except InvalidState as exc:
         return _invalid(out, base, exc)
     finally:
@@ -276,12 +300,19 @@ def _compat_options(
 
 
 def _verify_foreign(
-    out: Output, fmt: str, token: str, keys: KeyProvider, options: VerifyOptions, *, now: float
+    out: Output,
+    fmt: str,
+    token: str,
+    keys: KeyProvider,
+    options: VerifyOptions,
+    *,
+    clock: Callable[[], float],
 ) -> Outcome:
+    now = clock()
     mode = "encrypt" if fmt == "mcp-py-v1" else "sign"
     base: dict[str, Any] = {"format": fmt, "mode": mode, "at": moment(now, now)}
     try:
-        verified = compat_verify(fmt, token, keys, options, now=now)
+        verified = compat_verify(fmt, token, keys, options, clock=clock)
     except InvalidState as exc:
         return _invalid(out, {**base, "binding_checked": False, "binding": None}, exc)
     except (TypeError, ValueError) as exc:  # arguments or keys unusable for this format

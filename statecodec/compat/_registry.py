@@ -28,6 +28,8 @@ from ._detect import MCP_PY_V1, RS1, SC1, TS_V1, ts_v1_facts
 #: What to verify with: a statecodec key provider (``KeyRing``, ``KeyManager``) or raw
 #: secrets. (Not a :class:`statecodec.kms.KeySource`, which is where a ring comes from.)
 VerifyKeys = KeyProvider | Sequence[bytes | str]
+#: Returns the current Unix time, as every ``clock`` in statecodec.
+Clock = Callable[[], float]
 
 _BINDING_FIELDS: Final = ("principal", "audience", "method", "target", "arguments")
 
@@ -70,7 +72,7 @@ class Verified:
 class CompatFormat:
     id: str
     name: str
-    verify: Callable[[str, VerifyKeys, VerifyOptions, float], Verified]
+    verify: Callable[[str, VerifyKeys, VerifyOptions, Clock], Verified]
 
 
 def verify(
@@ -79,14 +81,16 @@ def verify(
     keys: VerifyKeys,
     options: VerifyOptions | None = None,
     *,
-    now: float | None = None,
+    clock: Clock = time.time,
 ) -> Verified:
     """Verify ``token`` as format ``format_id`` or raise :class:`InvalidState`.
 
-    ``KeyError`` for an unknown format id; ``TypeError``/``ValueError`` for unusable keys.
+    ``clock`` gives the time to judge expiry and key retirement at (``time.time``; a
+    fixed instant for ``statecodec verify --at``). ``KeyError`` for an unknown format id;
+    ``TypeError``/``ValueError`` for unusable keys.
     """
     fmt = FORMATS[format_id]
-    return fmt.verify(token, keys, options or VerifyOptions(), time.time() if now is None else now)
+    return fmt.verify(token, keys, options or VerifyOptions(), clock)
 
 
 def _secrets(keys: VerifyKeys, now: float) -> list[bytes | str]:
@@ -112,16 +116,13 @@ def _try_each(
     raise InvalidState("tampered", f"{what} does not verify under any of the {len(secrets)} key(s)")
 
 
-def _verify_sc1(token: str, keys: VerifyKeys, options: VerifyOptions, now: float) -> Verified:
+def _verify_sc1(token: str, keys: VerifyKeys, options: VerifyOptions, clock: Clock) -> Verified:
     if not isinstance(keys, KeyProvider):
         raise TypeError("sc1 tokens name their key by kid: pass a key ring, not raw secrets")
     mode = Mode.ENCRYPT if token.startswith("sc1e.") else Mode.SIGN
-    codec = StateCodec(keys, mode=mode)
+    codec = StateCodec(keys, mode=mode, clock=clock)
     given = {f: getattr(options, f) for f in _BINDING_FIELDS if getattr(options, f) is not None}
-    if given:
-        opened = codec.unseal_at_time(token, Binding(**given), now, consume=False)
-    else:
-        opened = codec.verify_unbound(token, now=now)
+    opened = codec.unseal(token, Binding(**given), consume=False) if given else codec.verify_unbound(token)
     return Verified(
         "sc1",
         SC1,
@@ -135,20 +136,20 @@ def _verify_sc1(token: str, keys: VerifyKeys, options: VerifyOptions, now: float
     )
 
 
-def _verify_ts_v1(token: str, keys: VerifyKeys, options: VerifyOptions, now: float) -> Verified:
+def _verify_ts_v1(token: str, keys: VerifyKeys, options: VerifyOptions, clock: Clock) -> Verified:
     bind = UNCHECKED if options.bind is None else options.bind
 
     def open_one(secret: bytes | str) -> Verified:
-        opened = ts_v1.unseal(token, secret, now=now, bind=bind)
+        opened = ts_v1.unseal(token, secret, bind=bind, clock=clock)
         payload, exp, claims = ts_v1_facts(opened.payload, opened.expires_at, opened.bound)
         checked = () if bind is UNCHECKED else ("bind",)
         unchecked = ("bind",) if bind is UNCHECKED and opened.bound else ()
         return Verified("ts-v1", TS_V1, payload, exp, claims=claims, checked=checked, unchecked=unchecked)
 
-    return _try_each(_secrets(keys, now), open_one, "the MAC")
+    return _try_each(_secrets(keys, clock()), open_one, "the MAC")
 
 
-def _verify_mcp_py_v1(token: str, keys: VerifyKeys, options: VerifyOptions, now: float) -> Verified:
+def _verify_mcp_py_v1(token: str, keys: VerifyKeys, options: VerifyOptions, clock: Clock) -> Verified:
     u = UNCHECKED
     expect = mcp_py_v1.Expected(
         u if options.method is None else options.method,
@@ -157,7 +158,7 @@ def _verify_mcp_py_v1(token: str, keys: VerifyKeys, options: VerifyOptions, now:
         u if options.audience is None else options.audience,
         u if options.principal is None else options.principal,
     )
-    opened = mcp_py_v1.unseal(token, _secrets(keys, now), now=now, expect=expect)
+    opened = mcp_py_v1.unseal(token, _secrets(keys, clock()), expect=expect, clock=clock)
     # Non-finite numbers (a key holder can write 1e999) are not JSON: show them as text.
     claims = {
         k: str(v) if isinstance(v, float) and not math.isfinite(v) else v
@@ -179,17 +180,17 @@ def _verify_mcp_py_v1(token: str, keys: VerifyKeys, options: VerifyOptions, now:
     )
 
 
-def _verify_rs1(token: str, keys: VerifyKeys, options: VerifyOptions, now: float) -> Verified:
+def _verify_rs1(token: str, keys: VerifyKeys, options: VerifyOptions, clock: Clock) -> Verified:
     ad = options.associated_data or b""
 
     def open_one(secret: bytes | str) -> Verified:
-        opened = rs1.unseal(token, secret, ad, now=now)
+        opened = rs1.unseal(token, secret, ad, clock=clock)
         return Verified(
             "rs1", RS1, opened.payload, displayable_time(opened.expires_at), checked=("associated_data",)
         )
 
     try:
-        return _try_each(_secrets(keys, now), open_one, "the tag")
+        return _try_each(_secrets(keys, clock()), open_one, "the tag")
     except InvalidState as exc:
         if exc.reason == "tampered" and options.associated_data is None:
             raise InvalidState(

@@ -36,7 +36,8 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
-from collections.abc import Mapping, Sequence
+import time
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final, NamedTuple
 
@@ -174,15 +175,16 @@ def unseal(
     token: str,
     secrets: Sequence[bytes | str],
     *,
-    now: float,
     expect: Expected,
+    clock: Callable[[], float] = time.time,
     max_token_bytes: int = DEFAULT_MAX_TOKEN_BYTES,
 ) -> OpenedMcpPyV1:
     """Decrypt, check the times, then each field of ``expect`` that is not :data:`UNCHECKED`.
 
-    ``TypeError``/``ValueError`` for unusable secrets.
+    Times are judged at ``clock()`` (``time.time``). ``TypeError``/``ValueError`` for
+    unusable secrets.
     """
-    return _unseal(token, _ring(secrets), now, expect, max_token_bytes)
+    return _unseal(token, _ring(secrets), clock, expect, max_token_bytes)
 
 
 def _ring(secrets: Sequence[bytes | str]) -> dict[bytes, AESGCM]:
@@ -215,7 +217,11 @@ def _decrypt(token: str, ring: Mapping[bytes, AESGCM], max_token_bytes: int) -> 
 
 @fail_closed("Python SDK v1")
 def _unseal(
-    token: str, ring: Mapping[bytes, AESGCM], now: float, expect: Expected, max_token_bytes: int
+    token: str,
+    ring: Mapping[bytes, AESGCM],
+    clock: Callable[[], float],
+    expect: Expected,
+    max_token_bytes: int,
 ) -> OpenedMcpPyV1:
     kid, plaintext = _decrypt(token, ring, max_token_bytes)
     claims = loads(plaintext, "claims envelope")
@@ -224,7 +230,8 @@ def _unseal(
     iat, exp, state = claims["iat"], claims["exp"], claims["s"]
     if claims["v"] != ENVELOPE_VERSION or not isinstance(state, str):
         raise InvalidState("malformed", f"claims envelope version {claims['v']!r} or state type", kid=kid)
-    # Stated positively, as in the SDK, so NaN-like surprises fail the comparison.
+    # Stated positively, as in the SDK, so NaN-like surprises (a NaN clock too) fail the comparison.
+    now = clock()
     if not (is_number(iat) and iat <= now + FUTURE_SKEW):
         raise InvalidState(
             "not_yet_valid", f"minted in the future (beyond the {FUTURE_SKEW:.0f}s skew)", kid=kid

@@ -25,6 +25,8 @@ import hashlib
 import hmac
 import math
 import struct
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Final, NamedTuple
 
@@ -79,20 +81,22 @@ def unseal(
     key: bytes | str,
     associated_data: bytes,
     *,
-    now: float,
+    clock: Callable[[], float] = time.time,
     max_token_bytes: int = DEFAULT_MAX_TOKEN_BYTES,
 ) -> OpenedRs1:
     """Verify ``token`` against ``associated_data`` (``b""`` for none) or raise :class:`InvalidState`.
 
-    ``TypeError``/``ValueError`` for a bad key.
+    Expiry is judged at ``clock()`` (``time.time``). ``TypeError``/``ValueError`` for a bad key.
     """
     if not isinstance(associated_data, bytes):
         raise TypeError("associated_data must be bytes")
-    return _unseal(token, secret_bytes(key), associated_data, now, max_token_bytes)
+    return _unseal(token, secret_bytes(key), associated_data, clock, max_token_bytes)
 
 
 @fail_closed("rmcp rs1")
-def _unseal(token: str, key: bytes, associated_data: bytes, now: float, max_token_bytes: int) -> OpenedRs1:
+def _unseal(
+    token: str, key: bytes, associated_data: bytes, clock: Callable[[], float], max_token_bytes: int
+) -> OpenedRs1:
     parsed = parse(token, max_token_bytes)
     # compare_digest also rejects a tag of the wrong length, as rmcp's verify_slice does.
     if not hmac.compare_digest(mac(key, associated_data, parsed.body), parsed.tag):
@@ -108,7 +112,7 @@ def _unseal(token: str, key: bytes, associated_data: bytes, now: float, max_toke
         raise InvalidState(
             "expired", "token never expires (sealed without a TTL): refused, it replays for ever"
         )
-    now_ms = math.floor(now * 1000)
+    now_ms = math.floor(clock() * 1000)  # inside fail_closed: a NaN clock is an internal_error
     if now_ms > expiry:
         raise InvalidState("expired", f"expired {duration((now_ms - expiry) / 1000)} ago")
     return OpenedRs1(parsed.body[EXPIRY_LEN:], expiry / 1000)

@@ -33,6 +33,8 @@ import hashlib
 import hmac
 import json
 import math
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Final, NamedTuple
 
@@ -102,17 +104,24 @@ def read_envelope(body: bytes) -> dict[str, Any]:
 
 
 def seal(
-    key: bytes | str, payload: Any, *, now: float, ttl_seconds: float = DEFAULT_TTL, bind: str | None = None
+    key: bytes | str,
+    payload: Any,
+    *,
+    ttl_seconds: float = DEFAULT_TTL,
+    bind: str | None = None,
+    clock: Callable[[], float] = time.time,
 ) -> str:
-    """The token the SDK mints at ``now`` for ``payload`` (any JSON value).
+    """The token the SDK mints at ``clock()`` for ``payload`` (any JSON value).
 
     ``bind`` is what the SDK's ``bind(ctx)`` returns; ``None`` when no ``bind`` is configured.
+    ``clock`` returns the current Unix time (``time.time``), as everywhere in statecodec:
+    to mint "as of" another instant, give a clock that returns it.
     """
     material = secret_bytes(key)
     if not is_number(ttl_seconds) or not math.isfinite(ttl_seconds) or ttl_seconds <= 0:
         raise ValueError(f"ttl_seconds must be a positive finite number of seconds, got {ttl_seconds!r}")
     ttl = int(ttl_seconds) if float(ttl_seconds).is_integer() else ttl_seconds  # 600, not 600.0, like JS
-    envelope: dict[str, Any] = {"p": payload, "exp": math.floor(now) + ttl}
+    envelope: dict[str, Any] = {"p": payload, "exp": math.floor(clock()) + ttl}
     if bind is not None:
         envelope["b"] = bind_tag(material, bind)
     body = b64encode(_dumps(envelope))
@@ -124,21 +133,24 @@ def unseal(
     token: str,
     key: bytes | str,
     *,
-    now: float,
     bind: str | None = UNCHECKED,
+    clock: Callable[[], float] = time.time,
     max_token_bytes: int = DEFAULT_MAX_TOKEN_BYTES,
 ) -> OpenedTsV1:
     """Verify ``token`` (MAC, expiry, bind tag) as the SDK does, or raise :class:`InvalidState`.
 
     ``bind``: what the server's ``bind(ctx)`` returns; ``None`` for a server without
     ``bind`` (a tag in the token then fails); :data:`UNCHECKED` leaves the tag unchecked,
-    which only ``statecodec verify`` may do. ``TypeError``/``ValueError`` for a bad key.
+    which only ``statecodec verify`` may do. Expiry is judged at ``clock()`` (``time.time``).
+    ``TypeError``/``ValueError`` for a bad key.
     """
-    return _unseal(token, secret_bytes(key), now, bind, max_token_bytes)
+    return _unseal(token, secret_bytes(key), clock, bind, max_token_bytes)
 
 
 @fail_closed("TypeScript SDK v1")
-def _unseal(token: str, key: bytes, now: float, bind: str | None, max_token_bytes: int) -> OpenedTsV1:
+def _unseal(
+    token: str, key: bytes, clock: Callable[[], float], bind: str | None, max_token_bytes: int
+) -> OpenedTsV1:
     parsed = parse(token, max_token_bytes)
     if not hmac.compare_digest(hmac.digest(key, parsed.signed, hashlib.sha256), parsed.mac):
         raise InvalidState(
@@ -146,8 +158,10 @@ def _unseal(token: str, key: bytes, now: float, bind: str | None, max_token_byte
         )
     envelope = read_envelope(parsed.body)
     exp = envelope["exp"]
-    if exp < math.floor(now):
-        raise InvalidState("expired", f"expired {ago(math.floor(now) - exp)} ago (no leeway in TS v1)")
+    # Read inside fail_closed: a clock that raises or returns NaN is an internal_error.
+    now = math.floor(clock())
+    if exp < now:
+        raise InvalidState("expired", f"expired {ago(now - exp)} ago (TS v1 has no expiry grace)")
     tag = envelope.get("b", _ABSENT)
     if bind is not UNCHECKED:
         _check_bind_tag(key, tag, bind)

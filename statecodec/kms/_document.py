@@ -60,7 +60,7 @@ class DocumentSource(KeySource):
         added: list[str] = []
 
         def change(ring: KeyRing) -> KeyRing:
-            key = Key.generate(_unused_kid(ring), now=int(now))
+            key = Key.generate(_unused_kid(ring), created_at=int(now))
             added.append(key.kid)
             return with_primary([*ring.keys, key], ring.primary_kid, timeline, now)
 
@@ -107,7 +107,7 @@ def rotate_ring(
     keys = list(ring.keys)
     new: Key | None = None
     if newest is None or now - newest.created_at >= min_age:
-        new = Key.generate(_unused_kid(ring), now=int(now))
+        new = Key.generate(_unused_kid(ring), created_at=int(now))
         keys.append(new)
         live.append(new)
 

@@ -93,7 +93,7 @@ class KVSource(DocumentSource):
                 raise
         else:
             return f"{self.describe()} already holds a key ring ({', '.join(ring.kids)}); left unchanged"
-        ring = KeyRing.generate(now=int(now))
+        ring = KeyRing.generate(created_at=int(now))
         try:
             self._write(ring, 0)
         except KeySourceError as err:

@@ -72,7 +72,7 @@ class FileSource(DocumentSource):
                 raise self._error("permission denied writing the key file's directory", "denied") from None
 
     def init(self, *, key_type: str, now: float) -> str:
-        ring = KeyRing.generate(now=int(now))
+        ring = KeyRing.generate(created_at=int(now))
         try:
             write_key_file(self.path, ring.to_json(), replace=False)
         except FileExistsError:

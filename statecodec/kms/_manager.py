@@ -28,9 +28,9 @@ from .._keys import Key, KeyRing
 from ._errors import KeySourceError
 from ._source import KeySource
 from ._timeline import (
-    DEFAULT_CLOCK_SKEW,
+    DEFAULT_EXPIRY_GRACE,
     DEFAULT_JITTER,
-    DEFAULT_LEEWAY,
+    DEFAULT_MAX_SKEW,
     DEFAULT_MAX_TTL,
     DEFAULT_REFRESH_INTERVAL,
     DEFAULT_STALENESS_LIMIT,
@@ -56,14 +56,16 @@ class KeyManager:
     All instances sharing a source must use the same timing (see :class:`Timeline`):
 
     * a key verifies as soon as a refresh sees it;
-    * it mints once it is ``refresh_interval * (1 + jitter) + clock_skew + 1`` seconds
+    * it mints once it is ``refresh_interval * (1 + jitter) + max_skew + 1`` seconds
       old, when every instance verifies it; the newest such key is primary;
-    * the key it replaces verifies for ``staleness_limit + max_ttl + leeway`` more.
+    * the key it replaces verifies for ``staleness_limit + max_ttl + expiry_grace + 1``
+      seconds more.
 
     When the source fails, the last good ring keeps verifying and minting; once it is
     older than ``staleness_limit``, minting stops (:class:`KeyUnavailable`) and
     verification goes on. Each outage is logged once, with its cause, and so is the
-    recovery. ``max_ttl`` must be at least the ``ttl`` of every codec using the keys.
+    recovery. ``max_ttl`` must be at least the ``ttl`` of every codec using the keys, and
+    ``max_skew`` and ``expiry_grace`` the codecs' own.
 
     Threaded servers: ``start()`` at boot, ``stop()`` at shutdown (or ``with``). Async
     servers: ``async with manager:`` (the first load runs in a worker thread). In
@@ -76,14 +78,14 @@ class KeyManager:
         *,
         refresh_interval: float = DEFAULT_REFRESH_INTERVAL,
         jitter: float = DEFAULT_JITTER,
-        clock_skew: float = DEFAULT_CLOCK_SKEW,
+        max_skew: float = DEFAULT_MAX_SKEW,
         max_ttl: float = DEFAULT_MAX_TTL,
-        leeway: float = DEFAULT_LEEWAY,
+        expiry_grace: float = DEFAULT_EXPIRY_GRACE,
         staleness_limit: float = DEFAULT_STALENESS_LIMIT,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.source = source_from_url(source) if isinstance(source, str) else source
-        self.timeline = Timeline(refresh_interval, jitter, clock_skew, max_ttl, leeway, staleness_limit)
+        self.timeline = Timeline(refresh_interval, jitter, max_skew, max_ttl, expiry_grace, staleness_limit)
         self.clock = clock
         self._view: _View | None = None
         self._load_lock = threading.Lock()  # one refresh at a time

@@ -6,7 +6,7 @@ an order, because every instance refreshes on its own:
 1. If the key is the primary (instances mint with it), something else must mint first.
    A pending key, if there is one, takes over; otherwise a new key is created. Before
    the cut, that successor must be promoted on every instance: ``promotion_delay`` after
-   its creation (by then every instance has loaded it) plus ``clock_skew`` (by then every
+   its creation (by then every instance has loaded it) plus ``max_skew`` (by then every
    instance's clock says it is promoted). Cutting earlier would make an instance that
    refreshes in between mint with a key the others do not verify yet, or fall back to an
    older key the others already consider retired.
@@ -117,7 +117,7 @@ def retire(
 
     ``timeline`` must be the services' (:class:`Timeline`; default the library's). When
     ``kid`` is the primary, a successor is made (or a pending key chosen) first and this
-    call waits, up to ``promotion_delay + clock_skew`` seconds, until every instance
+    call waits, up to ``promotion_delay + max_skew`` seconds, until every instance
     mints with it; then the key is cut at the source. ``dry_run`` changes nothing and
     reports the plan. ``expect``: the kids a person confirmed from a dry run; if the run
     would retire others (the source changed meanwhile), it refuses. ``progress``
@@ -157,7 +157,7 @@ def _retire(
     successor = plan.successor
     if plan.new_key:
         successor = src.add_key(now=clock(), timeline=tl, notes=notes)
-        ready_at = src.metadata().require(successor).created_at + tl.promotion_delay + tl.clock_skew
+        ready_at = src.metadata().require(successor).created_at + tl.promotion_delay + tl.max_skew
         _log(src, f"created {successor} to take over from {kid}", kid=kid, successor=successor)
     started = clock()
     if ready_at > started:
@@ -195,9 +195,9 @@ def _plan(
         pending = [s for s in timing.states if s.state == "pending" and s.kid not in retired]
         if pending:
             first = min(pending, key=lambda s: s.created_at)  # the first to be promoted
-            successor, ready_at = first.kid, first.promotes_at + tl.clock_skew
+            successor, ready_at = first.kid, first.promotes_at + tl.max_skew
         else:  # a new key, created now
-            ready_at = now + tl.promotion_delay + tl.clock_skew
+            ready_at = now + tl.promotion_delay + tl.max_skew
     plan = RetirementReport(
         source=src.describe(),
         kid=kid,

@@ -21,11 +21,13 @@ def rotate(
     *,
     min_age: float,
     retire_after: float,
-    now: float | None = None,
     dry_run: bool = False,
     timeline: Timeline | None = None,
+    clock: Callable[[], float] = time.time,
 ) -> RotationReport:
     """Rotate if the newest key is at least ``min_age`` old; retire keys past their window.
+
+    Ages are judged at ``clock()``, read once (``time.time``; a fixed instant in tests).
 
     Idempotent: run it every hour with ``min_age=24h`` and it rotates once a day. Two runs
     at once are safe: files are locked, KV writes use check-and-set, and transit (which
@@ -42,31 +44,33 @@ def rotate(
             f"retire_after={duration(retire_after)} is too short: a replaced key must verify for "
             f"{duration(tl.min_retire_after)} after its successor is created (promotion delay "
             f"{tl.promotion_delay}s + staleness limit {tl.staleness_limit:g}s + max ttl {tl.max_ttl:g}s "
-            f"+ leeway {tl.leeway:g}s); raise it, or pass the timeline your services really use"
+            f"+ expiry grace {tl.expiry_grace:g}s + 1s); raise it, or pass the timeline your services "
+            "really use"
         )
     return with_source(
         source,
         lambda src: src.rotate(
             min_age=min_age,
             retire_after=retire_after,
-            now=time.time() if now is None else now,
+            now=clock(),
             dry_run=dry_run,
             timeline=tl,
         ),
     )
 
 
-def init_keys(source: KeySource | str, *, key_type: str = DEFAULT_KEY_TYPE, now: float | None = None) -> str:
+def init_keys(
+    source: KeySource | str, *, key_type: str = DEFAULT_KEY_TYPE, clock: Callable[[], float] = time.time
+) -> str:
     """Create the transit key, KV document or key file when absent; never overwrite one.
 
     Transit keys are created exportable (statecodec needs the secret bytes) with
     deletion disallowed; ``key_type`` is one of ``chacha20-poly1305`` (default),
     ``xchacha20-poly1305``, ``aes256-gcm96`` or ``hmac`` (transit only; hmac keys carry
-    no creation times, so ``rotate()`` cannot manage them).
+    no creation times, so ``rotate()`` cannot manage them). A new file or KV document's
+    key is stamped ``clock()``.
     """
-    return with_source(
-        source, lambda src: src.init(key_type=key_type, now=time.time() if now is None else now)
-    )
+    return with_source(source, lambda src: src.init(key_type=key_type, now=clock()))
 
 
 def with_source(source: KeySource | str, action: Callable[[KeySource], T]) -> T:

@@ -4,14 +4,19 @@ Several instances refresh their rings independently, so a key that one instance 
 with must already be in every other instance's ring, and a key must keep verifying for
 as long as any instance may have minted a still-valid token with it. With
 
-    D = R * (1 + jitter) + clock_skew + 1 s     (1 s: source timestamps are whole seconds)
-    M = staleness_limit + max_ttl + leeway
+    D = R * (1 + jitter) + max_skew + 1 s       (1 s: source timestamps are whole seconds)
+    M = staleness_limit + max_ttl + expiry_grace + 1 s
+                                                (1 s: a token is accepted through the whole
+                                                 second exp + expiry_grace)
 
 a key created at ``c`` is *published* at once (verifies on every instance by ``c + D``),
 *promoted* at ``c + D`` (the newest promoted key is primary and mints), and the key it
 replaced verifies until ``c + D + M`` and is then *retired*. ``M`` counts the staleness
 limit because an instance cut off from the source keeps minting with its old primary
-for that long; its tokens must still verify everywhere else.
+for that long; its tokens must still verify everywhere else. ``D`` counts ``max_skew``
+because an instance whose clock runs ahead promotes that much early; ``M`` does not:
+a token's ``exp`` and a key's ``retires_at`` are both read on the verifier's clock, so
+however the minter's clock was off, the key outlives the token by the same margin.
 
 The rotation job may remove a key from the source once the next key is ``D + M`` old
 (:attr:`Timeline.min_retire_after`); ``rotate()`` refuses a shorter ``retire_after``.
@@ -29,14 +34,17 @@ from .._keys import Key, KeyRing
 
 DEFAULT_REFRESH_INTERVAL: Final = 60.0
 DEFAULT_JITTER: Final = 0.1
-DEFAULT_CLOCK_SKEW: Final = 60.0
+DEFAULT_MAX_SKEW: Final = 60.0  # the codec's default max_skew
 DEFAULT_MAX_TTL: Final = 600.0  # the codec's default ttl
-DEFAULT_LEEWAY: Final = 60.0  # the codec's default leeway
+DEFAULT_EXPIRY_GRACE: Final = 0.0  # the codec's default expiry_grace
 DEFAULT_STALENESS_LIMIT: Final = 900.0
 
 #: Source timestamps (transit metadata, ``created_at``) are truncated to whole seconds,
 #: so a key may be up to this much younger than its timestamp says.
 TIMESTAMP_GRANULARITY: Final = 1.0
+#: A token is accepted through the whole second ``exp + expiry_grace``, so until just
+#: before ``exp + expiry_grace + 1`` (see statecodec/_codec.py).
+LAST_SECOND: Final = 1.0
 
 State = Literal["primary", "verify-only", "pending", "retired"]
 
@@ -76,9 +84,9 @@ class Timeline:
 
     refresh_interval: float = DEFAULT_REFRESH_INTERVAL
     jitter: float = DEFAULT_JITTER
-    clock_skew: float = DEFAULT_CLOCK_SKEW
+    max_skew: float = DEFAULT_MAX_SKEW
     max_ttl: float = DEFAULT_MAX_TTL
-    leeway: float = DEFAULT_LEEWAY
+    expiry_grace: float = DEFAULT_EXPIRY_GRACE
     staleness_limit: float = DEFAULT_STALENESS_LIMIT
 
     def __post_init__(self) -> None:
@@ -86,8 +94,8 @@ class Timeline:
             raise ValueError("refresh_interval must be positive")
         if not 0 <= self.jitter < 1:
             raise ValueError("jitter is a fraction of refresh_interval in [0, 1)")
-        if self.clock_skew < 0 or self.leeway < 0 or not self.max_ttl > 0:
-            raise ValueError("clock_skew and leeway must be >= 0 and max_ttl > 0")
+        if not (self.max_skew >= 0 and self.expiry_grace >= 0 and self.max_ttl > 0):
+            raise ValueError("max_skew and expiry_grace must be >= 0 and max_ttl > 0")
         if self.staleness_limit < self.max_refresh_gap:
             # Otherwise an instance would stop minting between two healthy refreshes.
             raise ValueError(
@@ -102,12 +110,12 @@ class Timeline:
     @property
     def promotion_delay(self) -> int:
         """D: by then every instance that refreshes on schedule verifies the new key."""
-        return math.ceil(self.max_refresh_gap + self.clock_skew + TIMESTAMP_GRANULARITY)
+        return math.ceil(self.max_refresh_gap + self.max_skew + TIMESTAMP_GRANULARITY)
 
     @property
     def retirement_margin(self) -> int:
         """M: how long a replaced key keeps verifying after its successor's promotion."""
-        return math.ceil(self.staleness_limit + self.max_ttl + self.leeway)
+        return math.ceil(self.staleness_limit + self.max_ttl + self.expiry_grace + LAST_SECOND)
 
     @property
     def min_retire_after(self) -> int:
@@ -120,20 +128,21 @@ class Timeline:
     def plan(self, ring: KeyRing, now: float) -> Plan:
         """Choose the primary by time and give each replaced key its ``retires_at``.
 
-        The newest promoted key is primary. If no key is promoted yet (a fresh
-        deployment, or every key was just replaced in an emergency), the oldest live key
-        mints: nobody can hold an older ring that lacks it. The stored ``primary`` only
-        breaks ties between keys created in the same second.
+        The invariant: while any live key is promoted, the primary is a promoted key, so
+        every instance that refreshes on schedule verifies what this one mints. The
+        newest promoted key not marked for retirement is primary; if every promoted key
+        is marked (an operator retiring a leaked key before its successor is promoted),
+        the one that verifies longest keeps minting until the successor is promoted, and
+        never past its own ``retires_at``. Only when no live key is promoted yet (a fresh
+        deployment, or every key was just replaced in an emergency) does an unpromoted
+        key mint: the oldest, which nobody can hold an older ring without. The stored
+        ``primary`` only breaks ties between keys created in the same second.
         """
         live = _by_age(ring, now)
         if not live:
             states = tuple(self._state(k, "retired", k.retires_at) for k in ring.keys)
             return Plan(KeyRing(ring.keys), states, None)
-        # A key already marked for retirement never becomes primary: it would stop
-        # verifying while its fresh tokens are still valid.
-        usable = [k for k in live if k.retires_at is None] or live
-        promoted = [k for k in usable if self.promotes_at(k) <= now]
-        primary = promoted[-1] if promoted else usable[0]
+        primary = self._primary(live, now)
         cut = live.index(primary)
         retire = {
             k.kid: _earliest(k.retires_at, self.promotes_at(successor) + self.retirement_margin)
@@ -143,11 +152,24 @@ class Timeline:
             Key(k.kid, k.secret, k.created_at, retire[k.kid]) if k.kid in retire else k for k in ring.keys
         ]
         pending = [self.promotes_at(k) for k in live if self.promotes_at(k) > now]
+        if primary.retires_at is not None:  # a retiring primary hands over when it retires
+            pending.append(primary.retires_at)
         return Plan(
             KeyRing(keys, primary.kid),
             tuple(self._classify(k, primary, now) for k in keys),
             min(pending) if pending else None,
         )
+
+    def _primary(self, live: list[Key], now: float) -> Key:
+        promoted = [k for k in live if self.promotes_at(k) <= now]
+        # A key marked for retirement mints only when it must: it stops verifying while
+        # its fresh tokens may still be valid.
+        steady = [k for k in promoted if k.retires_at is None]
+        if steady:
+            return steady[-1]
+        if promoted:
+            return max(promoted, key=lambda k: k.retires_at or 0)
+        return ([k for k in live if k.retires_at is None] or live)[0]
 
     def _classify(self, key: Key, primary: Key, now: float) -> KeyState:
         if key.kid == primary.kid:
@@ -165,9 +187,9 @@ class Timeline:
         return {
             "refresh_interval": self.refresh_interval,
             "jitter": self.jitter,
-            "clock_skew": self.clock_skew,
+            "max_skew": self.max_skew,
             "max_ttl": self.max_ttl,
-            "leeway": self.leeway,
+            "expiry_grace": self.expiry_grace,
             "staleness_limit": self.staleness_limit,
             "promotion_delay": self.promotion_delay,
             "retirement_margin": self.retirement_margin,
@@ -179,15 +201,15 @@ def key_states(  # noqa: PLR0917 - positional order promised to the CLI
     ring: KeyRing,
     now: float,
     refresh_interval: float = DEFAULT_REFRESH_INTERVAL,
-    clock_skew: float = DEFAULT_CLOCK_SKEW,
+    max_skew: float = DEFAULT_MAX_SKEW,
     max_ttl: float = DEFAULT_MAX_TTL,
-    leeway: float = DEFAULT_LEEWAY,
+    expiry_grace: float = DEFAULT_EXPIRY_GRACE,
     *,
     jitter: float = DEFAULT_JITTER,
     staleness_limit: float = DEFAULT_STALENESS_LIMIT,
 ) -> list[KeyState]:
     """Each key's state (primary / verify-only / pending / retired) and its timeline at ``now``."""
-    timeline = Timeline(refresh_interval, jitter, clock_skew, max_ttl, leeway, staleness_limit)
+    timeline = Timeline(refresh_interval, jitter, max_skew, max_ttl, expiry_grace, staleness_limit)
     return list(timeline.plan(ring, now).states)
 
 

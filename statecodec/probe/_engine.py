@@ -23,7 +23,6 @@ from typing import Any, Final
 
 import anyio
 
-from .._codec import DEFAULT_LEEWAY as SC1_LEEWAY
 from ..adapters.jsonrpc import WIRE_ERROR_CODE, WIRE_ERROR_MESSAGE
 from ._model import (
     CHECKS,
@@ -357,15 +356,10 @@ class _Run:
         )
         if attempt.verdict is Verdict.FAIL:
             note = f"still accepted {waited:.0f}s after it was issued: its lifetime is longer than --wait"
-            if (
-                expires is not None
-                and analyse(flow.state).format == "sc1"
-                and time.time() < expires + SC1_LEEWAY
-            ):
+            if expires is not None and analyse(flow.state).format == "sc1" and time.time() >= expires:
                 note += (
-                    " (statecodec accepts a state up to its clock-skew leeway, "
-                    f"{SC1_LEEWAY}s by default, after "
-                    "it expires: wait longer than the lifetime plus the leeway to tell)"
+                    " (a statecodec server with expiry_grace set accepts a state that long after it "
+                    "expires: wait longer than the lifetime plus the grace to tell)"
                 )
             attempt = replace(attempt, note=note)
         return CheckResult("expiry", (attempt,), {"waited_seconds": round(waited, 1)})

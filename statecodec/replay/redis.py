@@ -318,7 +318,7 @@ class RedisReplayStore(ReplayStore):
             released = True
         except Exception:
             released = False
-        raise _NotReplicated(acks, self.wait, self.wait_timeout, released)
+        raise _NotReplicated(acks, self.wait, self.wait_timeout, released, retried=previous is not None)
 
     def _check_replicas(self, client: SyncClient) -> None:
         # WAIT on a connection that wrote nothing returns at once with the number of
@@ -628,7 +628,9 @@ def _on_owner(
 class _NotReplicated(Exception):  # noqa: N818 - a verdict, turned into ReplayStoreError
     """WAIT saw fewer replicas than asked for: the token is not accepted."""
 
-    def __init__(self, acks: object, wanted: int, timeout: float, released: bool) -> None:
+    def __init__(
+        self, acks: object, wanted: int, timeout: float, released: bool, *, retried: bool = False
+    ) -> None:
         self.released = released
         count = acks if isinstance(acks, int) else 0
         after = (
@@ -636,11 +638,13 @@ class _NotReplicated(Exception):  # noqa: N818 - a verdict, turned into ReplaySt
             if released
             else "taking its entry back failed too, so it may stay consumed until it expires"
         )
-        detail = "" if isinstance(acks, int) else f" (WAIT failed: {type(acks).__name__}: {acks})"
-        super().__init__(
-            f"only {count} of {wanted} replica(s) acknowledged the consume within {timeout:g} s{detail}; the "
-            f"token was not accepted and {after}"
-        )
+        if retried:
+            # Our own earlier write (its reply was lost): this connection's WAIT says nothing about it.
+            why = "a resent consume found its own earlier entry, which this connection's WAIT can't vouch for"
+        else:
+            detail = "" if isinstance(acks, int) else f" (WAIT failed: {type(acks).__name__}: {acks})"
+            why = f"only {count} of {wanted} replica(s) acknowledged the consume within {timeout:g} s{detail}"
+        super().__init__(f"{why}; the token was not accepted and {after}")
 
 
 def _accepted_without_release(previous: object, nonce: str, acks: object, wanted: int) -> bool:
@@ -957,6 +961,7 @@ class _Sender:
         release: Callable[[list[_Call]], Awaitable[list[object]]],
     ) -> None:
         unreplicated: list[_Call] = []
+        retried: set[int] = set()  # ids of calls whose SET found their own earlier entry
         for call, reply in zip(calls, replies, strict=True):
             if call.future.done():
                 continue  # the caller gave up (cancelled); the entry stands: fail closed
@@ -964,6 +969,8 @@ class _Sender:
                 call.future.set_exception(reply)
             elif self._wait and not _accepted_without_release(reply, call.nonce, acks, self._wait):
                 unreplicated.append(call)
+                if reply is not None:
+                    retried.add(id(call))
             else:
                 call.future.set_result(reply)
         if not unreplicated:
@@ -975,7 +982,8 @@ class _Sender:
             released = [False] * len(unreplicated)
         for call, ok in zip(unreplicated, released, strict=True):
             if not call.future.done():
-                call.future.set_exception(_NotReplicated(acks, self._wait, self._timeout, ok))
+                again = id(call) in retried
+                call.future.set_exception(_NotReplicated(acks, self._wait, self._timeout, ok, retried=again))
 
 
 def _by_node(

@@ -16,8 +16,12 @@ mutations of valid tokens; the few that must carry an *authentic* but impossible
 Vector file layout (see also docs/format.md, "Test vectors")::
 
     {"format": ..., "keyrings": {NAME: <key ring JSON>}, "derived_subkeys": {...},
-     "cases": [{"name", "description", "keyring", "mode", "ttl", "leeway",
-                "max_token_bytes", "now", "binding", "token", "expected", ...}]}
+     "cases": [{"name", "description", "keyring", "mode", "ttl", "max_skew",
+                "expiry_grace", "max_token_bytes", "now", "binding", "token", "expected",
+                ...}]}
+
+``now`` is a number of Unix seconds and may have a fraction: the verifier compares the
+token's whole-second times with ``floor(now)`` (docs/format.md, step 10-11).
 
 ``binding`` is null for "no binding" or an object with ``principal``, ``audience``,
 ``method``, ``target`` (string or null), ``argument_digest`` (hex or null), ``extra``
@@ -198,9 +202,10 @@ class _Builder:
         payload: bytes,
         binding: dict[str, Any] | None,
         iat: int,
-        now: int,
+        now: float,
         ttl: int = 600,
-        leeway: int = 60,
+        max_skew: int = 60,
+        expiry_grace: int = 0,
         ring: str = "main",
         kid: str = "k2025b",
         max_token_bytes: int = 8192,
@@ -229,7 +234,8 @@ class _Builder:
             intermediate["canonical_arguments"] = canonical_json(binding["arguments"]).decode("utf-8")
         if mode == "encrypt":
             intermediate["nonce"] = (_fixed("tid/" + name, 16) + _fixed("nonce/" + name, 8)).hex()
-        case = self._case(name, description, mode, ring, ttl, leeway, max_token_bytes, now, bjson, token)
+        times = (ttl, max_skew, expiry_grace, now)
+        case = self._case(name, description, mode, ring, times, max_token_bytes, bjson, token)
         case["expected"] = {
             "payload_hex": payload.hex(),
             "kid": kid,
@@ -249,14 +255,16 @@ class _Builder:
         *,
         mode: str,
         binding: dict[str, Any] | None,
-        now: int = NOW,
+        now: float = NOW,
         ttl: int = 600,
-        leeway: int = 60,
+        max_skew: int = 60,
+        expiry_grace: int = 0,
         ring: str = "main",
         max_token_bytes: int = 8192,
     ) -> None:
+        times = (ttl, max_skew, expiry_grace, now)
         case = self._case(
-            name, description, mode, ring, ttl, leeway, max_token_bytes, now, _binding_json(binding), token
+            name, description, mode, ring, times, max_token_bytes, _binding_json(binding), token
         )
         case["expected"] = {"reason": reason}
         self.files["negative.json"].append(case)
@@ -267,20 +275,20 @@ class _Builder:
         description: str,
         mode: str,
         ring: str,
-        ttl: int,
-        leeway: int,
+        times: tuple[int, int, int, float],
         max_token_bytes: int,
-        now: int,
         binding: dict[str, Any] | None,
         token: str,
     ) -> dict[str, Any]:
+        ttl, max_skew, expiry_grace, now = times
         return {
             "name": name,
             "description": description,
             "keyring": ring,
             "mode": mode,
             "ttl": ttl,
-            "leeway": leeway,
+            "max_skew": max_skew,
+            "expiry_grace": expiry_grace,
             "max_token_bytes": max_token_bytes,
             "now": now,
             "binding": binding,
@@ -367,17 +375,17 @@ def _positives(g: _Builder) -> None:
             kid="k2024a",
         )
         g.positive(
-            f"{m}-exp-plus-leeway-minus-1",
-            "now = exp + leeway - 1: the last accepted second",
+            f"{m}-at-exp",
+            "ttl 600, expiry_grace 0: now = exp, 600 s after iat, is the last accepted second",
             mode=mode,
             payload=b"edge",
             binding=FULL,
             iat=iat,
-            now=iat + 600 + 59,
+            now=iat + 600,
         )
         g.positive(
-            f"{m}-iat-at-leeway",
-            "iat = now + leeway: issued in the future, within leeway",
+            f"{m}-iat-at-max-skew",
+            "max_skew 60: iat = now + 60, issued 60 s in the future, is accepted",
             mode=mode,
             payload=b"skew",
             binding=FULL,
@@ -419,23 +427,32 @@ def _positives(g: _Builder) -> None:
         now=NOW,
     )
     g.positive(
-        "s-at-exp",
-        "now = exp with leeway 60 is still valid",
+        "s-at-exp-plus-fraction",
+        "now = exp + 0.75: floor(now) = exp, still the last accepted second",
         mode="sign",
         payload=b"e",
         binding=FULL,
         iat=iat,
-        now=iat + 600,
+        now=iat + 600.75,
     )
     g.positive(
-        "s-leeway-0-last-second",
-        "leeway 0, now = exp - 1",
+        "s-within-max-skew-fraction",
+        "now = iat - 59.5: issued 59.5 s in the future, within max_skew 60",
         mode="sign",
         payload=b"e",
         binding=FULL,
         iat=iat,
-        now=iat + 599,
-        leeway=0,
+        now=iat - 59.5,
+    )
+    g.positive(
+        "s-expiry-grace-last-second",
+        "expiry_grace 30: now = exp + 30 is the last accepted second",
+        mode="sign",
+        payload=b"e",
+        binding=FULL,
+        iat=iat,
+        now=iat + 630,
+        expiry_grace=30,
     )
     g.positive(
         "s-ttl-1",
@@ -446,7 +463,7 @@ def _positives(g: _Builder) -> None:
         iat=NOW,
         now=NOW,
         ttl=1,
-        leeway=0,
+        max_skew=0,
     )
     g.positive(
         "s-max-time",
@@ -805,23 +822,42 @@ def _negatives(g: _Builder) -> None:
 
     # --- expired / not_yet_valid
     neg(
-        "expired-at-exp-plus-leeway",
-        "now = exp + leeway",
+        "expired-at-exp-plus-1",
+        "ttl 600, expiry_grace 0: now = exp + 1, 601 s after iat",
         "expired",
         s,
         mode="sign",
         binding=FULL,
-        now=iat + 600 + 60,
+        now=iat + 601,
     )
     neg(
-        "expired-leeway-0-at-exp",
-        "leeway 0, now = exp",
+        "expired-at-exp-plus-1-encrypt",
+        "ttl 600, expiry_grace 0: now = exp + 1, 601 s after iat",
+        "expired",
+        e,
+        mode="encrypt",
+        binding=FULL,
+        now=iat + 601,
+    )
+    neg(
+        "expired-beyond-expiry-grace",
+        "expiry_grace 30: now = exp + 31",
         "expired",
         s,
         mode="sign",
         binding=FULL,
-        now=iat + 600,
-        leeway=0,
+        now=iat + 631,
+        expiry_grace=30,
+    )
+    neg(
+        "expired-max-skew-does-not-extend-expiry",
+        "max_skew 3600, expiry_grace 0: now = exp + 1 is still expired",
+        "expired",
+        s,
+        mode="sign",
+        binding=FULL,
+        now=iat + 601,
+        max_skew=3600,
     )
     neg("expired-encrypt", "a day later", "expired", e, mode="encrypt", binding=FULL, now=NOW + 86_400)
     neg(
@@ -834,11 +870,37 @@ def _negatives(g: _Builder) -> None:
         now=NOW + 86_400,
     )
     neg(
-        "not-yet-valid", "iat = now + leeway + 1", "not_yet_valid", s, mode="sign", binding=FULL, now=iat - 61
+        "not-yet-valid",
+        "max_skew 60: iat = now + 61, issued 61 s in the future",
+        "not_yet_valid",
+        s,
+        mode="sign",
+        binding=FULL,
+        now=iat - 61,
+    )
+    neg(
+        "not-yet-valid-fraction",
+        "max_skew 60: now = iat - 60.25, issued 60.25 s in the future",
+        "not_yet_valid",
+        s,
+        mode="sign",
+        binding=FULL,
+        now=iat - 60.25,
+    )
+    neg(
+        "not-yet-valid-expiry-grace-does-not-extend-skew",
+        "max_skew 0, expiry_grace 3600: iat = now + 1",
+        "not_yet_valid",
+        s,
+        mode="sign",
+        binding=FULL,
+        now=iat - 1,
+        max_skew=0,
+        expiry_grace=3600,
     )
     neg(
         "not-yet-valid-encrypt",
-        "iat = now + leeway + 1",
+        "max_skew 60: iat = now + 61, issued 61 s in the future",
         "not_yet_valid",
         e,
         mode="encrypt",
