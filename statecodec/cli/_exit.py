@@ -11,6 +11,8 @@ from __future__ import annotations
 import enum
 from typing import Final
 
+from .._humanize import one_line
+
 
 class ExitCode(enum.IntEnum):
     OK = 0
@@ -56,9 +58,11 @@ class CliError(Exception):
     """
 
     def __init__(self, code: ExitCode, message: str, *, reason: str | None = None) -> None:
-        super().__init__(message)
+        # One line wherever it goes (the terminal, --json, a JSON log record), whatever
+        # the dependency it quotes put in its own text; never clipped.
+        self.message = one_line(message, limit=None)
+        super().__init__(self.message)
         self.code = code
-        self.message = message
         self.reason = reason
 
 

@@ -125,7 +125,7 @@ class Output:
             prefix = "statecodec: error:"
             if self.err_color:
                 prefix = click.style(prefix, fg="red", bold=True)
-            click.echo(f"{prefix} {one_line(outcome.error.message)}", err=True, color=self.err_color)
+            click.echo(f"{prefix} {outcome.error.message}", err=True, color=self.err_color)
 
     @staticmethod
     def _emit_record(command: str, outcome: Outcome) -> None:
@@ -134,7 +134,7 @@ class Output:
 
         error = outcome.error
         message = one_line(
-            error.message if error is not None and not outcome.lines else "; ".join(outcome.lines)
+            error.message if error is not None and not outcome.lines else "; ".join(outcome.lines), limit=None
         )
         level = logging.INFO if outcome.exit_code is ExitCode.OK else logging.ERROR
         record = logging.LogRecord("statecodec.cli", level, __file__, 0, message, (), None)

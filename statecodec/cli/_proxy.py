@@ -24,7 +24,7 @@ import click
 
 from .. import _telemetry
 from .._codec import DEFAULT_MAX_TOKEN_BYTES, DEFAULT_TTL, StateCodec
-from .._humanize import duration, one_line
+from .._humanize import duration
 from ..adapters.asgi import DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_RESPONSE_BYTES, ASGIApp, PrincipalFn
 from ._exit import CliError, ExitCode
 from ._output import classify, echo
@@ -283,7 +283,7 @@ def proxy_command(**params: Any) -> None:
         if os.environ.get("STATECODEC_DEBUG"):
             raise
         error = classify(exc)
-        message = one_line(error.message)
+        message = error.message  # one line (CliError)
         if log_format == "json":  # the one line is a JSON object too
             logger.critical(
                 "%s",
