@@ -111,6 +111,7 @@ PROMETHEUS: Final[Mapping[str, tuple[str, ...]]] = {
     "statecodec_upstream_errors_total": ("kind",),
     "statecodec_minting": (),
     "statecodec_key_ring_age_seconds": (),
+    "statecodec_key_refresh_interval_seconds": (),
 }
 MODES: Final = ("sign", "encrypt")
 #: ``kind`` of ``statecodec_upstream_errors_total``.

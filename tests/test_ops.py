@@ -171,6 +171,11 @@ def test_keys_that_cannot_mint_fail_readiness(tmp_path: Path) -> None:
         assert readiness.failing == ["keys"]
         assert "minting stopped" in readiness.checks["keys"].detail
         assert manager.status()["state"] == "stale"
+        # The gauges an alert reads: minting stopped, a ring older than three refresh intervals.
+        gauges = samples(ops.exposition(health)[0].decode())
+        assert gauges[("statecodec_minting", ())] == 0
+        assert gauges[("statecodec_key_ring_age_seconds", ())] == pytest.approx(1100)
+        assert gauges[("statecodec_key_refresh_interval_seconds", ())] == 60
     finally:
         manager.stop()
 
@@ -382,7 +387,8 @@ def exported_names() -> set[str]:
     manager_like = KeyRing.generate()
     body, _ = ops.exposition(ops.Health(manager_like))
     names = {s.name for family in text_string_to_metric_families(body.decode()) for s in family.samples}
-    return names | {"statecodec_key_ring_age_seconds"}  # a KeyManager only: checked by test_proxy_ops
+    # A KeyManager only (test_proxy_ops checks them there).
+    return names | {"statecodec_key_ring_age_seconds", "statecodec_key_refresh_interval_seconds"}
 
 
 def used_metrics(text: str) -> set[str]:

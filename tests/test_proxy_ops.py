@@ -148,6 +148,7 @@ def test_counters_move_for_an_accepted_round_a_replay_and_a_tamper(watched: Watc
     assert delta(after, before, "statecodec_replay_store_errors_total") == 0
     assert after[("statecodec_minting", ())] == 1
     assert 0 <= after[("statecodec_key_ring_age_seconds", ())] < 120
+    assert after[("statecodec_key_refresh_interval_seconds", ())] == 60  # the KeyManager's default
     # Every documented family is there, with its documented labels only, and nothing else.
     exported = {name for name, _ in after if name.startswith("statecodec_")}
     families = {name.removesuffix("_bucket").removesuffix("_count").removesuffix("_sum") for name in exported}

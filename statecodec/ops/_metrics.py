@@ -2,12 +2,13 @@
 
 The counters and histograms are recorded by :mod:`statecodec._telemetry` into a
 prometheus-client registry of their own (never the global one, which an application
-or OpenTelemetry's Prometheus exporter may fill with the same names). Two gauges are
+or OpenTelemetry's Prometheus exporter may fill with the same names). The gauges are
 read when scraped, from the server's key provider:
 
 - ``statecodec_minting``: 1 while the keys can mint, 0 once minting stopped;
-- ``statecodec_key_ring_age_seconds``: how old the ring is (a
-  :class:`~statecodec.kms.KeyManager` only; its refresh interval is the healthy age).
+- ``statecodec_key_ring_age_seconds``: how old the ring is, and
+  ``statecodec_key_refresh_interval_seconds``: how often it is reloaded (a
+  :class:`~statecodec.kms.KeyManager` only; a healthy ring is younger than the interval).
 
 **Several worker processes.** Each process counts on its own. With
 ``PROMETHEUS_MULTIPROC_DIR`` set (to an empty directory) in the environment of every
@@ -45,7 +46,8 @@ class KeyGauges:
         minting.add_metric([], 1.0 if self.health.keys_check().ok else 0.0)
         yield minting
         status = getattr(self.health.keys, "status", None)
-        age = status().get("age") if callable(status) else None
+        state: dict[str, Any] = status() if callable(status) else {}
+        age = state.get("age")
         if age is not None:
             ring_age = GaugeMetricFamily(
                 "statecodec_key_ring_age_seconds",
@@ -53,6 +55,16 @@ class KeyGauges:
             )
             ring_age.add_metric([], float(age))
             yield ring_age
+        interval = state.get("timeline", {}).get("refresh_interval")
+        if interval is not None:
+            # Exported so an alert compares the age with this instance's own setting
+            # (docs/ops/alerts.yml: older than three intervals), not a number copied by hand.
+            refresh = GaugeMetricFamily(
+                "statecodec_key_refresh_interval_seconds",
+                "how often the key ring is reloaded from its source (a healthy ring is younger)",
+            )
+            refresh.add_metric([], float(interval))
+            yield refresh
 
 
 class _Exported:
