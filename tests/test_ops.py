@@ -301,6 +301,63 @@ def test_several_processes_are_summed(tmp_path: Path, monkeypatch: pytest.Monkey
     assert sample(text, "statecodec_minting") == 1  # read from this process's keys at scrape time
 
 
+def test_the_opentelemetry_instruments_translate_to_the_prometheus_names() -> None:
+    """Through OpenTelemetry's own Prometheus exporter (no statecodec.ops): the documented names."""
+    pytest.importorskip("opentelemetry.exporter.prometheus", reason="it is in the test dependency group")
+    script = textwrap.dedent(
+        """
+        import asyncio
+        from opentelemetry import metrics
+        from opentelemetry.exporter.prometheus import PrometheusMetricReader
+        from opentelemetry.sdk.metrics import MeterProvider
+        from prometheus_client import REGISTRY, generate_latest
+        metrics.set_meter_provider(MeterProvider(metric_readers=[PrometheusMetricReader()]))
+
+        from statecodec import KeyRing, StateCodec, _telemetry
+        from statecodec.adapters import jsonrpc
+        from statecodec.replay import MemoryReplayStore
+
+        async def accepted_then_replayed():
+            codec = StateCodec(KeyRing.generate(), mode="encrypt", replay=MemoryReplayStore())
+            binding = jsonrpc.binding_for("tools/call", {"name": "t"}, principal=None, audience="a")
+            judged = jsonrpc.Judged("tools/call", {"name": "t"}, lambda: binding)
+            sealed = jsonrpc.seal_result(codec, judged, {"resultType": "input_required", "requestState": "s"})
+            params = {"name": "t", "requestState": sealed["requestState"]}
+            await jsonrpc.judge_request(codec, "tools/call", params, lambda: binding)
+            try:
+                await jsonrpc.judge_request(codec, "tools/call", params, lambda: binding)
+            except jsonrpc.WireError:
+                pass
+
+        asyncio.run(accepted_then_replayed())
+        _telemetry.record_store_error("redis")
+        _telemetry.record_key_refresh_failure()
+        print(generate_latest(REGISTRY).decode())
+        """
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=True
+    )
+    families = [f for f in text_string_to_metric_families(out.stdout) if f.name.startswith("statecodec_")]
+    exported = {s.name for family in families for s in family.samples}
+    assert {re.sub(r"_(bucket|count|sum)$", "", name) for name in exported} <= set(_telemetry.PROMETHEUS)
+
+    def value(name: str, **labels: str) -> float:
+        return sum(
+            s.value
+            for family in families
+            for s in family.samples
+            if s.name == name and labels.items() <= s.labels.items()
+        )
+
+    assert value("statecodec_unseals_total", outcome="ok") == 1
+    assert value("statecodec_unseals_total", outcome="replayed") == 1
+    assert value("statecodec_seals_total", mode="encrypt") == 1
+    assert value("statecodec_token_size_bytes_count") == 3
+    assert value("statecodec_replay_store_errors_total") == 1
+    assert value("statecodec_key_refresh_failures_total") == 1
+
+
 def test_prometheus_counting_starts_with_statecodec_ops() -> None:
     """A server that never imports statecodec.ops pays nothing for Prometheus (not even the import)."""
     script = textwrap.dedent(
