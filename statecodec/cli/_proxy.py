@@ -1,10 +1,11 @@
 """``statecodec proxy``: protect an MCP server in any language by deployment alone.
 
 A long-running command, so it does not print the one-shot ``--json`` document of the
-other commands: it prints ``listening on URL`` on stdout once it accepts connections,
-logs to stderr (rejections at WARNING, with the reason and never a token), and exits
-with the usual codes when it cannot start (3 keys, 4 replay store, 6 address in use,
-7 key source down).
+other commands: it prints ``admin on URL`` (with ``--admin-listen``) and then
+``listening on URL`` on stdout once it accepts connections, logs to stderr (rejections
+at WARNING, with the reason and never a token; ``--log-format json``: one JSON object
+per line), and exits with the usual codes when it cannot start, before it listens
+(3 keys, 4 replay store, 6 address in use, 7 key source down).
 """
 
 from __future__ import annotations
@@ -14,20 +15,24 @@ import contextlib
 import functools
 import logging
 import os
+import queue
 import signal
 import socket
 import sys
+import tempfile
+import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TextIO
 
 import click
 
+from .. import _telemetry
 from .._codec import DEFAULT_MAX_TOKEN_BYTES, DEFAULT_TTL, StateCodec
 from .._humanize import duration
-from ..adapters.asgi import DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_RESPONSE_BYTES, PrincipalFn
+from ..adapters.asgi import DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_RESPONSE_BYTES, ASGIApp, PrincipalFn
 from ._exit import CliError, ExitCode
-from ._output import classify
+from ._output import classify, echo
 from ._params import DURATION, keys_option, require_keys
 
 logger = logging.getLogger("statecodec.proxy")
@@ -149,7 +154,7 @@ def _listen(value: str) -> tuple[str, int]:
 )
 @click.option(
     "--namespace",
-    help="Replay-store namespace (default: \"default\", as for every statecodec codec); "
+    help='Replay-store namespace (default: "default", as for every statecodec codec); '
     "every server accepting the same tokens must use the same one.",
 )
 @click.option(
@@ -247,7 +252,20 @@ def _listen(value: str) -> tuple[str, int]:
     "store, so memory: is refused with more than one.",
 )
 @click.option(
+    "--admin-listen",
+    metavar="HOST:PORT",
+    help="Serve /livez, /readyz and /metrics (Prometheus) on this separate address "
+    "(default: off). Keep it private: clients never need it.",
+)
+@click.option(
     "--log-level", type=click.Choice(["debug", "info", "warning", "error"]), default="info", show_default=True
+)
+@click.option(
+    "--log-format",
+    type=click.Choice(["text", "json"]),
+    default="text",
+    show_default=True,
+    help="json: one JSON object per line on stderr, with every record field (event, reason, kid...).",
 )
 def proxy_command(**params: Any) -> None:
     """Reverse proxy sealing every requestState of an unprotected MCP server.
@@ -266,31 +284,76 @@ def proxy_command(**params: Any) -> None:
     )
     principal.check()
     host, port = _listen(params.pop("listen"))
+    admin = params.pop("admin_listen")
+    admin_address = None if admin is None else _listen(admin)
+    log_format = params.pop("log_format")
     log_level = params.pop("log_level")
-    _configure_logging(log_level)
+    _configure_logging(log_level, log_format)
     try:
-        _run(_Settings(principal=principal, log_level=log_level, **params), host, port)
+        settings = _Settings(principal=principal, log_level=log_level, log_format=log_format, **params)
+        _run(settings, host, port, admin_address)
     except (click.exceptions.Exit, click.exceptions.Abort, click.ClickException, KeyboardInterrupt):
         raise
     except Exception as exc:
         if os.environ.get("STATECODEC_DEBUG"):
             raise
         error = classify(exc)
-        click.echo(f"statecodec: error: {error.message}", err=True)
+        message = error.message  # one line (CliError)
+        if log_format == "json":  # the one line is a JSON object too
+            logger.critical(
+                "%s",
+                message,
+                extra={
+                    **_telemetry.fields("proxy_failed", reason=error.code.slug),
+                    "exit_code": int(error.code),
+                },
+            )
+        else:
+            click.echo(f"statecodec: error: {message}", err=True)
         sys.exit(int(error.code))
 
 
 class _ProxyLogHandler(logging.StreamHandler):  # type: ignore[type-arg]
-    """One line per record on stderr; installed once even if the command runs twice in a process."""
+    """One line per record on the current stderr; installed once even if the command runs twice.
+
+    The stream is looked up at each record, as ``click.echo`` does, so a stream replaced
+    since (a test runner's capture, already closed) is never written to.
+    """
+
+    @property
+    def stream(self) -> TextIO:
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, value: TextIO) -> None:
+        pass
 
 
-def _configure_logging(level: str) -> None:
-    lib = logging.getLogger("statecodec")
-    if not any(isinstance(h, _ProxyLogHandler) for h in lib.handlers):
-        handler = _ProxyLogHandler(sys.stderr)
-        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
-        lib.addHandler(handler)
-    lib.setLevel(level.upper())
+class _TextFormatter(logging.Formatter):
+    """``TIME LEVEL LOGGER: message``, with the message on one line (JSON does that by itself)."""
+
+    def __init__(self) -> None:
+        super().__init__("%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+    def formatMessage(self, record: logging.LogRecord) -> str:  # noqa: N802 - logging's name
+        return super().formatMessage(record).replace("\n", " ")
+
+
+def _configure_logging(level: str, log_format: str) -> None:
+    """Every record of the process (statecodec's, uvicorn's, httpx's) through one handler on the root."""
+    if log_format == "json":
+        from ..ops import json_formatter  # noqa: PLC0415 - python-json-logger only when asked for
+
+        formatter: logging.Formatter = json_formatter()
+    else:
+        formatter = _TextFormatter()
+    root = logging.getLogger()
+    handler = next((h for h in root.handlers if isinstance(h, _ProxyLogHandler)), None)
+    if handler is None:
+        handler = _ProxyLogHandler()
+        root.addHandler(handler)
+    handler.setFormatter(formatter)
+    logging.getLogger("statecodec").setLevel(level.upper())
 
 
 @dataclass(frozen=True)
@@ -299,6 +362,7 @@ class _Settings:
 
     principal: PrincipalOptions
     log_level: str
+    log_format: str
     upstream: str
     keys_spec: str | None
     replay: str
@@ -318,7 +382,8 @@ class _Settings:
     workers: int
 
 
-def _run(settings: _Settings, host: str, port: int) -> None:
+def _run(settings: _Settings, host: str, port: int, admin_address: tuple[str, int] | None) -> None:
+    from .. import ops  # noqa: PLC0415
     from ..proxy import bind_socket  # noqa: PLC0415 - loaded only for this command
     from ..replay._url import redact  # noqa: PLC0415
 
@@ -329,36 +394,46 @@ def _run(settings: _Settings, host: str, port: int) -> None:
             "--workers N needs a replay store the workers share (sqlite:PATH or redis://...): "
             "with memory: each worker would accept every token once"
         )
+    with contextlib.ExitStack() as stack:
+        if settings.workers > 1 and admin_address is not None:
+            stack.enter_context(_metrics_shared_by_workers())
+        _telemetry.resolve()  # the metrics libraries load now, not on the first request
+        _without_created_series()
 
-    def bound() -> socket.socket:
-        try:
-            return bind_socket(host, port)
-        except OSError as exc:
-            raise CliError(ExitCode.IO, f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
+        def ready(url: str) -> None:
+            logger.info(
+                "%s -> %s mode=%s audience=%r principal=%s replay=%s workers=%d",
+                url, redact(settings.upstream), settings.mode, settings.audience,
+                settings.principal.describe(), redact(settings.replay), settings.workers,
+                extra={
+                    **_telemetry.fields(
+                        "proxy_started",
+                        audience=settings.audience,
+                        mode=settings.mode,
+                        workers=settings.workers,
+                    ),
+                    "url": url,
+                },
+            )  # fmt: skip
+            echo(f"listening on {url}")
 
-    def ready(url: str) -> None:
-        logger.info(
-            "statecodec proxy: %s -> %s mode=%s audience=%r principal=%s replay=%s workers=%d",
-            url, redact(settings.upstream), settings.mode, settings.audience,
-            settings.principal.describe(), redact(settings.replay), settings.workers,
-        )  # fmt: skip
-        click.echo(f"listening on {url}")
-        sys.stdout.flush()
+        # Keys, store and options are checked here, before listening: exit 2/3/4/7. With
+        # workers they stay open in the supervisor for /readyz; each worker builds its own.
+        app, closer, health = stack.enter_context(_built(settings))
+        sock = stack.enter_context(contextlib.closing(_bind(bind_socket, host, port)))
+        admin = None
+        if admin_address is not None:
+            admin = (
+                ops.app(health),
+                stack.enter_context(contextlib.closing(_bind(bind_socket, *admin_address))),
+            )
+        if settings.workers == 1:
+            _serve_on(app, closer, sock, settings, ready, admin=admin)
+            return
+        from ..proxy import Supervisor  # noqa: PLC0415
 
-    if settings.workers == 1:
-        with _built(settings) as (app, closer):
-            sock = bound()
-            try:
-                _serve_on(app, closer, sock, settings, ready)
-            finally:
-                sock.close()
-        return
-    from ..proxy import Supervisor  # noqa: PLC0415
-
-    with _built(settings):  # keys, store and options checked here: exit 2/3/4/7 before listening
-        pass
-    sock = bound()
-    try:
+        if admin is not None:
+            stack.enter_context(_admin_in_thread(*admin))
         supervisor = Supervisor(
             functools.partial(_serve_worker, settings),
             sock,
@@ -366,15 +441,14 @@ def _run(settings: _Settings, host: str, port: int) -> None:
             stop_timeout=settings.graceful_timeout,
         )
         code = supervisor.run(lambda: ready(_url_of(sock)))
-    finally:
-        sock.close()
     if code:
         sys.exit(code)
 
 
 @contextlib.contextmanager
-def _built(settings: _Settings) -> Iterator[tuple[Any, Any]]:
-    """The proxy application and the object to close at shutdown; keys and store are live inside."""
+def _built(settings: _Settings) -> Iterator[tuple[Any, Any, Any]]:
+    """The proxy application, the object to close at shutdown, and the readiness checks."""
+    from .. import ops  # noqa: PLC0415
     from ..kms import KeyManager  # noqa: PLC0415 - loaded only for this command
     from ..proxy import ProxyOptions, Timeouts, build_proxy  # noqa: PLC0415
     from ._sources import open_store  # noqa: PLC0415
@@ -390,7 +464,7 @@ def _built(settings: _Settings) -> Iterator[tuple[Any, Any]]:
         passthrough_paths=settings.passthrough_paths,
     )
     manager = KeyManager(require_keys(settings.keys_spec), max_ttl=max(float(settings.ttl), 600.0))
-    manager.start()
+    manager.start()  # exit 3 or 7 before listening if no keys can be had
     try:
         store = open_store(settings.replay, check=True)  # exit 4 before listening if it cannot serve
         try:
@@ -409,14 +483,26 @@ def _built(settings: _Settings) -> Iterator[tuple[Any, Any]]:
                 app = build_proxy(codec, options, principal=principal_fn)
             except ValueError as exc:
                 raise CliError(ExitCode.USAGE, str(exc)) from None
-            yield app, closer
+            health = ops.Health(manager, store)
+            try:
+                yield app, closer, health
+            finally:
+                health.close()
         finally:
             store.close()
     finally:
         manager.stop()
 
 
-def _serve_on(app: Any, closer: Any, sock: socket.socket, settings: _Settings, ready: Any) -> None:
+def _serve_on(
+    app: Any,
+    closer: Any,
+    sock: socket.socket,
+    settings: _Settings,
+    ready: Any,
+    *,
+    admin: tuple[ASGIApp, socket.socket] | None = None,
+) -> None:
     from ..proxy import event_loop_factory, serve  # noqa: PLC0415
 
     # uvicorn handles SIGINT/SIGTERM itself (graceful shutdown), then re-raises the
@@ -435,6 +521,7 @@ def _serve_on(app: Any, closer: Any, sock: socket.socket, settings: _Settings, r
                         on_ready=ready,
                     ),
                     closer,
+                    admin,
                 )
             )
     finally:
@@ -444,14 +531,85 @@ def _serve_on(app: Any, closer: Any, sock: socket.socket, settings: _Settings, r
 
 def _serve_worker(settings: _Settings, sock: socket.socket, announce: Any) -> None:
     """One ``--workers`` process: the same proxy as a single one, on the inherited socket."""
-    _configure_logging(settings.log_level)
+    _configure_logging(settings.log_level, settings.log_format)
     try:
-        with _built(settings) as (app, closer):
+        _telemetry.resolve()
+        with _built(settings) as (app, closer, _):
             _serve_on(app, closer, sock, settings, lambda url: announce())
     except Exception as exc:
         error = classify(exc) if not isinstance(exc, click.ClickException) else None
-        logger.error("statecodec proxy: worker cannot serve: %s", error.message if error else exc)
+        logger.error(
+            "worker cannot serve: %s",
+            error.message if error else exc,
+            extra=_telemetry.fields("worker_failed", reason=error.code.slug if error else "usage"),
+        )
         sys.exit(int(error.code) if error else 2)
+
+
+@contextlib.contextmanager
+def _metrics_shared_by_workers() -> Iterator[None]:
+    """``PROMETHEUS_MULTIPROC_DIR`` for the workers, so the supervisor's /metrics sums them.
+
+    Set before any worker starts (each is a fresh interpreter that inherits it): an empty
+    directory of this run's own, removed at exit, unless the operator set one.
+    """
+    from ..ops import MULTIPROCESS_ENV  # noqa: PLC0415
+
+    if os.environ.get(MULTIPROCESS_ENV):
+        yield
+        return
+    with tempfile.TemporaryDirectory(prefix="statecodec-proxy-metrics-") as directory:
+        os.environ[MULTIPROCESS_ENV] = directory
+        try:
+            yield
+        finally:
+            del os.environ[MULTIPROCESS_ENV]
+
+
+@contextlib.contextmanager
+def _admin_in_thread(app: ASGIApp, sock: socket.socket) -> Iterator[str]:
+    """The admin listener on a thread and event loop of its own, while the supervisor's
+    main thread watches the workers; its URL is printed before the proxy's."""
+    from ..proxy._admin import START_TIMEOUT, admin_listener  # noqa: PLC0415
+
+    loop = asyncio.new_event_loop()
+    started: queue.Queue[str | BaseException] = queue.Queue()
+    stop: asyncio.Future[None] | None = None
+
+    async def serve_admin() -> None:
+        nonlocal stop
+        stop = loop.create_future()
+        try:
+            async with admin_listener(app, sock) as url:
+                started.put(url)
+                await stop
+        except BaseException as exc:
+            started.put(exc)
+            raise
+
+    thread = threading.Thread(
+        target=loop.run_until_complete, args=(serve_admin(),), name="statecodec-admin", daemon=True
+    )
+    thread.start()
+    try:
+        result = started.get(timeout=START_TIMEOUT + 10)
+        if isinstance(result, BaseException):
+            raise CliError(ExitCode.IO, f"the admin listener did not start: {result}")
+        logger.info(
+            "admin endpoints on %s", result, extra={**_telemetry.fields("admin_started"), "url": result}
+        )
+        echo(f"admin on {result}")
+        yield result
+    finally:
+        loop.call_soon_threadsafe(_release, stop)
+        thread.join(15)
+        if not thread.is_alive():
+            loop.close()
+
+
+def _release(stop: asyncio.Future[None] | None) -> None:
+    if stop is not None and not stop.done():
+        stop.set_result(None)
 
 
 def _url_of(sock: socket.socket) -> str:
@@ -459,13 +617,43 @@ def _url_of(sock: socket.socket) -> str:
     return f"http://{f'[{host}]' if ':' in host else host}:{port}"
 
 
+def _without_created_series() -> None:
+    """No ``*_created`` series next to each counter: they double what Prometheus stores.
+
+    A process-wide prometheus-client setting, so only this command (which owns its
+    process) sets it, never the library.
+    """
+    with contextlib.suppress(ImportError):
+        from prometheus_client import disable_created_metrics  # noqa: PLC0415
+
+        disable_created_metrics()  # type: ignore[no-untyped-call]
+
+
+def _bind(bind: Any, host: str, port: int) -> socket.socket:
+    try:
+        sock: socket.socket = bind(host, port)
+    except OSError as exc:
+        raise CliError(ExitCode.IO, f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
+    return sock
+
+
 def _ignore(signum: int, frame: Any) -> None:
     """Stand-in for the default handlers while uvicorn runs (see :func:`_run`)."""
 
 
-async def _serve_then_close(serving: Any, closer: Any) -> None:
+async def _serve_then_close(serving: Any, closer: Any, admin: tuple[ASGIApp, socket.socket] | None) -> None:
+    """The admin listener first (its URL printed), then the proxy until shutdown."""
+    from ..proxy._admin import admin_listener  # noqa: PLC0415
+
     try:
-        await serving
+        async with contextlib.AsyncExitStack() as stack:
+            if admin is not None:
+                url = await stack.enter_async_context(admin_listener(*admin))
+                logger.info(
+                    "admin endpoints on %s", url, extra={**_telemetry.fields("admin_started"), "url": url}
+                )
+                echo(f"admin on {url}")
+            await serving
     finally:
         if closer is not None:
             await closer.aclose()

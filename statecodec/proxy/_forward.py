@@ -36,6 +36,7 @@ from urllib.parse import urlsplit
 
 import anyio
 
+from .. import _telemetry
 from ..adapters.asgi import Message, Receive, Scope, Send, dumps, request_path
 from ._upstream import Pool, Response, UpstreamError, check_fields
 
@@ -260,7 +261,10 @@ class UpstreamApp:
         try:
             head = self._head(scope, headers, body.data)
         except (ValueError, UnicodeError):
-            logger.warning("statecodec proxy: a request that would not frame as HTTP/1.1 was refused")
+            logger.warning(
+                "a request that would not frame as HTTP/1.1 was refused",
+                extra=_telemetry.fields("request_refused", status=400, detail="unframable"),
+            )
             await _error(send, 400, "Bad request")
             return
         timeouts = self.timeouts
@@ -277,11 +281,24 @@ class UpstreamApp:
         except _ClientGone:
             return
         except TimeoutError as exc:
-            logger.warning("statecodec proxy: upstream timed out (%s)", type(exc).__name__)
+            _telemetry.record_upstream_error("timeout")
+            logger.warning(
+                "upstream timed out (%s)",
+                type(exc).__name__,
+                extra=_telemetry.fields("upstream_error", kind="timeout", status=504),
+            )
             await _error(send, 504, "Upstream timed out")
             return
         except (UpstreamError, OSError) as exc:
-            logger.warning("statecodec proxy: upstream unavailable (%s: %s)", type(exc).__name__, exc)
+            _telemetry.record_upstream_error("unreachable")
+            logger.warning(
+                "upstream unavailable (%s: %s)",
+                type(exc).__name__,
+                exc,
+                extra=_telemetry.fields(
+                    "upstream_error", kind="unreachable", status=502, detail=type(exc).__name__
+                ),
+            )
             await _error(send, 502, "Upstream unavailable")
             return
         complete = False
@@ -383,4 +400,9 @@ async def _relay(response: Response, receive: Receive, send: Send) -> bool:
 def _broke_off(exc: BaseException) -> None:
     # The response is left unfinished: the server then drops the connection, and the
     # client sees a truncated response instead of a complete-looking one.
-    logger.warning("statecodec proxy: upstream stream broke off (%s)", type(exc).__name__)
+    _telemetry.record_upstream_error("broken")
+    logger.warning(
+        "upstream stream broke off (%s)",
+        type(exc).__name__,
+        extra=_telemetry.fields("upstream_error", kind="broken", detail=type(exc).__name__),
+    )

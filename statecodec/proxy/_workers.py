@@ -28,6 +28,8 @@ from collections.abc import Callable
 from multiprocessing.context import SpawnProcess
 from typing import Any
 
+from .. import _telemetry
+
 logger = logging.getLogger("statecodec.proxy")
 
 #: ``target(sock, announce)`` runs in a worker: it serves on ``sock`` and calls ``announce()``
@@ -104,13 +106,18 @@ class Supervisor:
                 proc = self._procs[index]
                 if proc is not None and proc.exitcode is not None:
                     logger.error(
-                        "statecodec proxy: worker %d exited with %d before it was ready",
+                        "worker %d exited with %d before it was ready",
                         index + 1,
                         proc.exitcode,
+                        extra=_telemetry.fields("worker_failed", worker=index + 1, exit_code=proc.exitcode),
                     )
                     return proc.exitcode or 1
             if time.monotonic() > deadline:
-                logger.error("statecodec proxy: workers not ready after %.0f s", _START_TIMEOUT)
+                logger.error(
+                    "workers not ready after %.0f s",
+                    _START_TIMEOUT,
+                    extra=_telemetry.fields("worker_failed", reason="start_timeout"),
+                )
                 return 1
         return 0 if self._stopping else None
 
@@ -123,8 +130,11 @@ class Supervisor:
                 if self._stopping or proc is None:
                     break
                 logger.error(
-                    "statecodec proxy: worker %d (pid %s) exited with %s; starting it again",
+                    "worker %d (pid %s) exited with %s; starting it again",
                     index + 1, proc.pid, proc.exitcode,
+                    extra=_telemetry.fields(
+                        "worker_restarted", worker=index + 1, pid=proc.pid, exit_code=proc.exitcode
+                    ),
                 )  # fmt: skip
                 time.sleep(_RESPAWN_DELAY)  # a crash loop must not spin
                 self._start(index)
@@ -138,6 +148,10 @@ class Supervisor:
         for proc in procs:
             proc.join(max(0.0, deadline - time.monotonic()))
             if proc.exitcode is None:
-                logger.error("statecodec proxy: worker pid %s did not stop; killed", proc.pid)
+                logger.error(
+                    "worker pid %s did not stop; killed",
+                    proc.pid,
+                    extra=_telemetry.fields("worker_killed", pid=proc.pid),
+                )
                 proc.kill()
                 proc.join(5)

@@ -49,6 +49,7 @@ import weakref
 from collections.abc import Callable
 from typing import Final, Literal
 
+from .. import _telemetry
 from .._errors import ReplayStoreError
 from .base import ReplayStore, invalid_retention
 
@@ -227,7 +228,12 @@ class SQLiteReplayStore(ReplayStore):
         try:
             self._connection().execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
         except sqlite3.Error as exc:  # the consume succeeded; the WAL is only longer for now
-            logger.warning("statecodec: checkpointing %s failed, will retry: %s", self.path, exc)
+            logger.warning(
+                "checkpointing %s failed, will retry: %s",
+                self.path,
+                exc,
+                extra=_telemetry.fields("checkpoint_failed", store=self.kind, detail=str(exc)),
+            )
         return first
 
     def purge(self) -> int:
@@ -326,7 +332,10 @@ class SQLiteReplayStore(ReplayStore):
         except sqlite3.Error as exc:
             # The consume already succeeded; a failed purge only delays reclaiming space.
             logger.warning(
-                "statecodec: purging expired entries from %s failed, will retry: %s", self.path, exc
+                "purging expired entries from %s failed, will retry: %s",
+                self.path,
+                exc,
+                extra=_telemetry.fields("purge_failed", store=self.kind, detail=str(exc)),
             )
 
     @staticmethod
