@@ -196,3 +196,35 @@ def peak_alloc(op: Callable[[], object]) -> int:
         return max(0, tracemalloc.get_traced_memory()[1] - base)
     finally:
         tracemalloc.stop()
+
+
+# ---------------------------------------------------------------- distributions and plots
+#: The quantiles a results JSON keeps of a latency distribution: enough for the box plots
+#: (quartiles, whiskers at p1 and p99) and the tables, without every sample in the file.
+QUANTILES = (1, 5, 10, 25, 50, 75, 90, 95, 99)
+
+
+def distribution(values: Sequence[float], digits: int = 4) -> dict[str, float]:
+    """``{"n": ..., "p1": ..., ..., "p99": ...}`` of ``values`` (nearest-rank quantiles)."""
+    ordered = sorted(values)
+    last = len(ordered) - 1
+    out: dict[str, float] = {"n": len(ordered)}
+    for q in QUANTILES:
+        out[f"p{q}"] = round(ordered[min(last, round(q / 100 * last))], digits)
+    return out
+
+
+def draw_boxes(ax: Any, dists: Sequence[dict[str, float]], labels: Sequence[str]) -> None:
+    """Horizontal box plots from :func:`distribution` results: box p25-p75, whiskers p1-p99."""
+    stats = [
+        {
+            "label": name,
+            "med": d["p50"],
+            "q1": d["p25"],
+            "q3": d["p75"],
+            "whislo": d["p1"],
+            "whishi": d["p99"],
+        }
+        for d, name in zip(dists, labels, strict=True)
+    ]
+    ax.bxp(stats, orientation="horizontal", showfliers=False)

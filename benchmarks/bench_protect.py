@@ -1,7 +1,21 @@
-"""What ``protect(...)`` costs on a real MRTR round through the MCP SDK, in process.
+"""What ``protect(...)`` costs on a real MRTR round through the MCP SDK.
 
-    .venv/bin/python benchmarks/bench_protect.py            # full run, writes benchmarks/results/
+    .venv/bin/python benchmarks/bench_protect.py            # in process, writes benchmarks/results/
     .venv/bin/python benchmarks/bench_protect.py --quick
+    .venv/bin/python benchmarks/bench_protect.py --transport http   # where servers really run
+
+``--transport http`` runs ``MCPServer`` under uvicorn (on uvloop and httptools when they
+are installed, as ``uvicorn.run`` would) over streamable HTTP on loopback, one server
+per variant (unprotected, the SDK's own ``RequestStateBoundary``, statecodec SIGN and
+ENCRYPT), driven by the official ``mcp`` client. Variants are interleaved in a fresh
+random order each repeat; each round's wall time is recorded (client and server share
+one process and one event loop, so a round's wall time is their CPU work plus the
+kernel's loopback work). The figure is each variant's p50, and its overhead the median
+over repeats of the ratio of per-repeat p50s. It writes ``protect-http.json`` and the
+plot of the round-time distributions (``protect-http.png``, matplotlib from the
+``bench`` group).
+
+The rest of this docstring is about the in-process run.
 
 One timed round is one complete multi-round-trip exchange, as a client makes it:
 
@@ -74,6 +88,7 @@ from mcp.client import Client
 from mcp.client._memory import InMemoryTransport
 from mcp.server.context import CallNext, HandlerResult, ServerRequestContext
 from mcp.server.lowlevel import Server
+from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.request_state import RequestStateBoundary, RequestStateSecurity
 
 from statecodec import Binding, KeyRing, StateCodec
@@ -462,8 +477,179 @@ async def bench(transport: str, repeats: int, rounds: int, seed: int) -> dict[st
     }
 
 
+# ---------------------------------------------------------------- over streamable HTTP
+HTTP_VARIANTS = (UNPROTECTED, SDK, SIGN, ENCRYPT)
+
+
+def make_mcpserver(variant: str, ring: KeyRing, secret: bytes) -> MCPServer[Any]:
+    """``MCPServer`` with the ``book`` tool: asks once, then completes (checks its own state)."""
+    security = RequestStateSecurity(keys=[secret], bind_principal=lambda ctx: PRINCIPAL)
+    server: MCPServer[Any] = MCPServer(AUDIENCE, request_state_security=security, log_level="WARNING")
+
+    @server.tool(name=TARGET)
+    async def book(
+        city: str, days: int, units: str, ctx: Context
+    ) -> types.CallToolResult | types.InputRequiredResult:
+        if ctx.request_state is None:
+            return types.InputRequiredResult(input_requests={"confirm": QUESTION}, request_state=STATE)
+        if ctx.request_state != STATE or not ctx.input_responses:
+            raise ValueError("the handler did not get its own state back")
+        return DONE
+
+    if variant == UNPROTECTED:  # the SDK's boundary out: the handler's plaintext travels as it is
+        server.middleware[:] = [m for m in server.middleware if not isinstance(m, RequestStateBoundary)]
+    elif variant in (SIGN, ENCRYPT):
+        protect(server, codec_for(variant, ring), principal=lambda ctx: PRINCIPAL)
+    return server
+
+
+async def timed_rounds(client: Client, n: int) -> list[float]:
+    """``n`` rounds; each one's wall time in ms."""
+    session = client.session
+    times = []
+    for _ in range(n):
+        t0 = time.perf_counter_ns()
+        first = await session.call_tool(TARGET, ARGS, allow_input_required=True)
+        second = await session.call_tool(
+            TARGET,
+            ARGS,
+            input_responses=ANSWERS,
+            request_state=first.request_state,  # type: ignore[union-attr]
+            allow_input_required=True,
+        )
+        times.append((time.perf_counter_ns() - t0) / 1e6)
+        if not isinstance(second, types.CallToolResult) or second.is_error:
+            raise AssertionError(f"round did not complete: {second!r}")
+    return times
+
+
+async def bench_http(repeats: int, rounds: int, seed: int) -> dict[str, Any]:
+    import httpx2  # noqa: PLC0415 - the mcp client's HTTP library
+    import uvicorn  # noqa: PLC0415
+    from mcp.client.streamable_http import streamable_http_client  # noqa: PLC0415
+
+    from statecodec.proxy import bind_socket  # noqa: PLC0415
+
+    ring, secret = KeyRing.generate(), os.urandom(32)
+    servers: list[uvicorn.Server] = []
+    tasks: list[asyncio.Task[None]] = []
+    urls: dict[str, str] = {}
+    for variant in HTTP_VARIANTS:
+        sock = bind_socket("127.0.0.1", 0)
+        config = uvicorn.Config(
+            make_mcpserver(variant, ring, secret).streamable_http_app(),
+            log_level="warning",
+            access_log=False,
+            lifespan="on",
+        )
+        server = uvicorn.Server(config)
+        servers.append(server)
+        tasks.append(asyncio.create_task(server.serve(sockets=[sock])))
+        urls[variant] = f"http://127.0.0.1:{sock.getsockname()[1]}/mcp"
+    while not all(server.started for server in servers):
+        await asyncio.sleep(0.05)
+    per_round: dict[str, list[float]] = {v: [] for v in HTTP_VARIANTS}
+    p50s: dict[str, list[float]] = {v: [] for v in HTTP_VARIANTS}
+    try:
+        async with HostedClients() as clients:
+            for variant in HTTP_VARIANTS:
+                http = httpx2.AsyncClient(timeout=60)
+                clients.start(variant, streamable_http_client(urls[variant], http_client=http))
+
+                async def prepare(client: Client) -> None:
+                    await client.session.list_tools()
+                    await timed_rounds(client, max(5, rounds // 4))  # warm-up
+
+                await clients.call(variant, prepare)
+            for order in interleaved(HTTP_VARIANTS, repeats, seed):
+                for variant in order:
+                    times = await clients.call(variant, lambda client: timed_rounds(client, rounds))
+                    per_round[variant].extend(times)
+                    p50s[variant].append(statistics.median(times))
+    finally:
+        for server in servers:
+            server.should_exit = True
+        await asyncio.gather(*tasks, return_exceptions=True)
+    base, sdk = p50s[UNPROTECTED], p50s[SDK]
+    rows = []
+    for variant in HTTP_VARIANTS:
+        rows.append(
+            {
+                "variant": variant,
+                "p50_ms": statistics.median(per_round[variant]),
+                "p99_ms": sorted(per_round[variant])[int(0.99 * (len(per_round[variant]) - 1))],
+                "added_p50_ms": paired_diff(p50s[variant], base),
+                "overhead_pct": None if variant == UNPROTECTED else overhead(p50s[variant], base),
+                "vs_sdk_pct": None if variant in (UNPROTECTED, SDK) else overhead(p50s[variant], sdk),
+                "repeat_p50s_ms": [round(x, 4) for x in p50s[variant]],
+                "distribution_ms": _harness.distribution(per_round[variant]),
+            }
+        )
+    return {"transport": "http", "repeats": repeats, "rounds_per_sample": rounds, "rows": rows}
+
+
+def plot_http(path: Any, out: Any) -> None:
+    """The per-round time distributions of the HTTP run, from its JSON."""
+    import json  # noqa: PLC0415
+
+    import matplotlib  # noqa: PLC0415 - the bench dependency group
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt  # noqa: PLC0415
+
+    result = json.loads(path.read_text())
+    rows = result["http"]["rows"]
+    fig, ax = plt.subplots(figsize=(10, 3.2))
+    _harness.draw_boxes(ax, [r["distribution_ms"] for r in rows][::-1], [r["variant"] for r in rows][::-1])
+    ax.set_xlabel("ms per MRTR round over streamable HTTP (box: quartiles, whiskers: p1-p99)")
+    ax.set_title(f"bench_protect --transport http, load average {result['load_average_before'][0]:.1f}")
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+
+
+def main_http(args: Any) -> int:
+    import importlib.util  # noqa: PLC0415
+
+    repeats, rounds = (5, 40) if args.quick else (15, 100)
+    loop_factory = None
+    if importlib.util.find_spec("uvloop") is not None:
+        import uvloop  # noqa: PLC0415
+
+        loop_factory = uvloop.new_event_loop
+    with asyncio.Runner(loop_factory=loop_factory) as runner:
+        http = runner.run(bench_http(repeats, rounds, args.seed))
+    result: dict[str, Any] = {
+        "command": "python benchmarks/bench_protect.py --transport http" + (" --quick" if args.quick else ""),
+        "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "machine": _harness.machine("uvicorn", "uvloop", "httptools", "httpx2"),
+        "load_average_before": os.getloadavg(),
+        "event_loop": "uvloop" if loop_factory else "asyncio",
+        "http": http,
+    }
+    result["load_average_after"] = os.getloadavg()
+    path = _harness.write_json(result, args.out, "protect-http-quick" if args.quick else "protect-http")
+    print("| variant | p50 ms per round | p99 ms | added p50 ms | vs unprotected | vs SDK boundary |")
+    print("|---|---:|---:|---:|---:|---:|")
+    for r in http["rows"]:
+        over = "" if r["overhead_pct"] is None else f"{r['overhead_pct']:+.1f}%"
+        vs_sdk = "" if r["vs_sdk_pct"] is None else f"{r['vs_sdk_pct']:+.1f}%"
+        figures = f"{r['p50_ms']:.3f} | {r['p99_ms']:.3f} | {r['added_p50_ms']:+.3f}"
+        print(f"| {r['variant']} | {figures} | {over} | {vs_sdk} |")
+    print(f"load average {result['load_average_before']} -> {result['load_average_after']}\nwrote {path}")
+    try:
+        plot_http(path, path.with_suffix(".png"))
+        print(f"plot: {path.with_suffix('.png')}")
+    except ImportError:
+        print("plot skipped: matplotlib is in the bench dependency group (pip install --group bench)")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = _harness.parser(__doc__).parse_args(argv)
+    parser = _harness.parser(__doc__)
+    parser.add_argument("--transport", choices=["in-process", "http"], default="in-process")
+    args = parser.parse_args(argv)
+    if args.transport == "http":
+        return main_http(args)
     repeats, rounds = (5, 50) if args.quick else (21, 200)
     result: dict[str, Any] = {
         "command": "python benchmarks/bench_protect.py" + (" --quick" if args.quick else ""),

@@ -12,8 +12,17 @@ with raw JSON-RPC over HTTP/1.1 keep-alive (no MCP client in the measurement):
   a noisy phase of a shared machine hits both alike; per round (round 1 = the call that
   gets ``input_required``, round 2 = the retry with the state), p50 and p99 of wall time,
   and the added latency as proxied minus direct;
-* throughput: ``--concurrency`` flows in flight, direct then proxied, completed flows per
-  second.
+* throughput: ``--concurrency`` flows in flight, direct then proxied through a proxy of
+  each ``--workers`` count (default 1 and 2), completed flows per second, and the CPU time
+  of each proxy (all its processes) per round.
+
+``--baseline TREE`` adds the proxy of another source tree (for instance a ``git worktree``
+of the commit before a change) to the throughput phase, run by this interpreter with
+the same packages: the before and after of a change measured in one run.
+
+The results JSON keeps the quantiles of each latency distribution (p1 to p99); the plot
+of them (``--plot results.json``, drawn after each run with matplotlib from the ``bench``
+group) is what docs/performance.md shows.
 
 Both phases stop at ``--flows`` or ``--seconds``, whichever comes first. Every process
 runs on the same machine, so the figures include the proxy competing with the client and
@@ -24,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import platform
@@ -145,7 +155,11 @@ async def latency(targets: dict[str, str], flows: int, seconds: float, seed: int
                 rounds[name][0].append(r1)
                 rounds[name][1].append(r2)
             done += 1
-    out: dict[str, Any] = {}
+    out: dict[str, Any] = {
+        "distribution_ms": {
+            name: [_harness.distribution([v / 1e6 for v in r]) for r in rs] for name, rs in rounds.items()
+        }
+    }
     for index, label in enumerate(("round1", "round2")):
         direct, proxied = summary_ms(rounds["direct"][index]), summary_ms(rounds["proxy"][index])
         out[label] = {
@@ -189,25 +203,49 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--concurrency", type=int, default=4, help="flows in flight in the throughput phase")
     parser.add_argument("--upstream", choices=["python", "typescript"], default="python")
     parser.add_argument("--mode", choices=["sign", "encrypt"], default="encrypt")
+    parser.add_argument(
+        "--workers",
+        default="1,2",
+        help="proxy worker counts whose throughput is measured, comma-separated (latency uses the first)",
+    )
+    parser.add_argument(
+        "--baseline",
+        type=Path,
+        metavar="TREE",
+        help="also measure the throughput and CPU of the proxy of this source tree (one worker), "
+        "e.g. a `git worktree` of an older commit, side by side with this one",
+    )
+    parser.add_argument(
+        "--plot", type=Path, help="only draw the plot of this results JSON (needs matplotlib)"
+    )
     args = parser.parse_args()
+    args.workers = [int(n) for n in str(args.workers).split(",")]
     args.flows = args.flows or (60 if args.quick else 300)
     args.seconds = args.seconds or (15.0 if args.quick else 60.0)
     return args
 
 
-async def measure(args: argparse.Namespace, direct: str, proxy: str, proxy_pid: int) -> dict[str, Any]:
-    targets = {"direct": direct, "proxy": proxy}
+async def measure(
+    args: argparse.Namespace, direct: str, proxies: dict[int | str, tuple[str, int]]
+) -> dict[str, Any]:
+    first = args.workers[0]
+    targets = {"direct": direct, "proxy": proxies[first][0]}
     report: dict[str, Any] = {"latency_ms": await latency(targets, args.flows, args.seconds, args.seed)}
     report["throughput"] = {"direct": await throughput(direct, args.flows, args.seconds, args.concurrency)}
     # CPU time is what the proxy costs whatever else runs on the machine: wall-clock
-    # latency on a shared 2-core box is mostly waiting for a core.
-    before = cpu_seconds(proxy_pid)
-    report["throughput"]["proxy"] = await throughput(proxy, args.flows, args.seconds, args.concurrency)
-    rounds = 2 * report["throughput"]["proxy"]["flows"]
-    report["proxy_cpu_ms_per_round"] = round((cpu_seconds(proxy_pid) - before) * 1000 / rounds, 2)
-    report["throughput"]["ratio"] = round(
-        report["throughput"]["proxy"]["flows_per_s"] / report["throughput"]["direct"]["flows_per_s"], 3
-    )
+    # latency on a shared 2-core box is mostly waiting for a core. With workers, the
+    # CPU of every process of the proxy (supervisor and workers) is counted.
+    report["workers"] = {}
+    for count, (url, pid) in proxies.items():
+        before = tree_cpu_seconds(pid)
+        result = await throughput(url, args.flows, args.seconds, args.concurrency)
+        rounds = 2 * result["flows"]
+        result["cpu_ms_per_round"] = round((tree_cpu_seconds(pid) - before) * 1000 / rounds, 3)
+        result["ratio"] = round(result["flows_per_s"] / report["throughput"]["direct"]["flows_per_s"], 3)
+        report["workers"][str(count)] = result
+    report["throughput"]["proxy"] = report["workers"][str(first)]
+    report["proxy_cpu_ms_per_round"] = report["workers"][str(first)]["cpu_ms_per_round"]
+    report["throughput"]["ratio"] = report["workers"][str(first)]["ratio"]
     return report
 
 
@@ -226,11 +264,25 @@ def table(report: dict[str, Any]) -> str:
     t = report["throughput"]
     rows += [
         "",
-        f"Throughput ({report['settings']['concurrency']} flows in flight): "
-        f"direct {t['direct']['flows_per_s']} flows/s, proxied {t['proxy']['flows_per_s']} flows/s "
-        f"(ratio {t['ratio']}). Proxy CPU: {report['proxy_cpu_ms_per_round']} ms per round.",
+        f"Throughput ({report['settings']['concurrency']} flows in flight), direct: "
+        f"{t['direct']['flows_per_s']} flows/s; load average {report['settings']['load_average']}",
+        "",
+        "| proxy (workers) | proxied flows/s | ratio to direct | proxy CPU per round (ms) |",
+        "|---|---|---|---|",
     ]
+    for count, result in report["workers"].items():
+        rows.append(
+            f"| {count} | {result['flows_per_s']} | {result['ratio']} | {result['cpu_ms_per_round']} |"
+        )
     return "\n".join(rows)
+
+
+def _tree(path: Path) -> str:
+    """The commit a baseline tree is at, as ``git describe`` says."""
+    described = subprocess.run(
+        ["git", "describe", "--always", "--dirty"], cwd=path, capture_output=True, text=True, check=False
+    )
+    return described.stdout.strip() or str(path)
 
 
 def cpu_seconds(pid: int) -> float:
@@ -239,8 +291,47 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def tree_cpu_seconds(pid: int) -> float:
+    """:func:`cpu_seconds` of ``pid`` and of its descendants still running."""
+    total = cpu_seconds(pid)
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        for child in (task / "children").read_text().split():
+            with contextlib.suppress(FileNotFoundError):  # it ended meanwhile
+                total += tree_cpu_seconds(int(child))
+    return total
+
+
+def plot(path: Path, out: Path) -> None:
+    """Per-round latency distributions, direct and proxied, from a results JSON."""
+    import matplotlib  # noqa: PLC0415 - the bench dependency group
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt  # noqa: PLC0415
+
+    report = json.loads(path.read_text())
+    dists = report["latency_ms"]["distribution_ms"]
+    fig, axes = plt.subplots(1, 2, figsize=(10, 3.6), sharey=True)
+    for index, ax in enumerate(axes):
+        _harness.draw_boxes(ax, [dists["direct"][index], dists["proxy"][index]], ["direct", "proxied"])
+        ax.set_title(
+            f"round {index + 1} ({'input_required, seal' if index == 0 else 'retry, unseal + consume'})"
+        )
+        ax.set_xlabel("ms per round (box: quartiles, whiskers: p1-p99)")
+    settings = report["settings"]
+    fig.suptitle(
+        f"bench_proxy: {settings['upstream']} upstream, {settings['mode']}, load average "
+        f"{settings['load_average'][0]:.1f}"
+    )
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+
+
 def main() -> None:
     args = parse_args()
+    if args.plot is not None:
+        plot(args.plot, args.plot.with_suffix(".png"))
+        return
+    load_before = os.getloadavg()
     with tempfile.TemporaryDirectory(prefix="bench-proxy-") as tmp_dir:
         tmp = Path(tmp_dir)
         keys = tmp / "keys.json"
@@ -248,19 +339,28 @@ def main() -> None:
         keys.chmod(0o600)
         command, cwd = upstream_command(args.upstream)
         upstream, upstream_url = start(command, "READY ", tmp / "upstream.log", cwd)
-        proxy = None
+        procs: list[subprocess.Popen[str]] = []
         try:
-            replay = f"sqlite:{tmp / 'replay.db'}"
-            proxy, proxy_base = start(
-                [sys.executable, "-m", "statecodec.cli", "proxy", "--upstream", upstream_url,
-                 "--listen", "127.0.0.1:0", "--keys", f"file:{keys}", "--replay", replay,
-                 "--audience", "deploy", "--mode", args.mode, "--log-level", "warning"],
-                "listening on ", tmp / "proxy.log",
-            )  # fmt: skip
-            report = asyncio.run(measure(args, upstream_url, proxy_base + "/mcp", proxy.pid))
+            proxies: dict[int | str, tuple[str, int]] = {}
+            # One proxy per worker count, sharing keys and store; the baseline's from its tree.
+            runs: list[tuple[int | str, int, Path]] = [(count, count, ROOT) for count in args.workers]
+            if args.baseline is not None:
+                runs.append(("baseline", 1, args.baseline.resolve()))
+            for label, count, tree in runs:
+                replay = f"sqlite:{tmp / 'replay.db'}"
+                proc, base = start(
+                    [sys.executable, "-m", "statecodec.cli", "proxy", "--upstream", upstream_url,
+                     "--listen", "127.0.0.1:0", "--keys", f"file:{keys}", "--replay", replay,
+                     "--audience", "deploy", "--mode", args.mode, "--log-level", "warning",
+                     *(["--workers", str(count)] if tree == ROOT else [])],
+                    "listening on ", tmp / f"proxy-{label}.log", cwd=tree,
+                )  # fmt: skip
+                procs.append(proc)
+                proxies[label] = (base + "/mcp", proc.pid)
+            report = asyncio.run(measure(args, upstream_url, proxies))
         finally:
-            if proxy is not None:
-                stop(proxy)
+            for proc in procs:
+                stop(proc)
             stop(upstream)
     report["settings"] = {
         "upstream": args.upstream,
@@ -268,13 +368,23 @@ def main() -> None:
         "flows": args.flows,
         "seconds": args.seconds,
         "concurrency": args.concurrency,
+        "workers": args.workers,
+        "baseline": None if args.baseline is None else _tree(args.baseline),
         "replay": "sqlite",
         "python": platform.python_version(),
         "machine": f"{platform.machine()}, {os.cpu_count()} CPUs",
+        "load_average": [round(x, 2) for x in load_before],
+        "load_average_after": [round(x, 2) for x in os.getloadavg()],
+        "git_commit": _harness.machine()["git_commit"],
     }
     path = _harness.write_json(report, args.out, f"proxy-{args.upstream}{'-quick' if args.quick else ''}")
     print(table(report))
     print(f"\nwritten to {path}")
+    try:
+        plot(path, path.with_suffix(".png"))
+        print(f"plot: {path.with_suffix('.png')}")
+    except ImportError:
+        print("plot skipped: matplotlib is in the bench dependency group (pip install --group bench)")
 
 
 if __name__ == "__main__":

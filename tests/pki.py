@@ -73,3 +73,26 @@ def issue_client_cert(ca: Issued, common_name: str) -> Issued:
         .sign(ca.key, hashes.SHA256())
     )
     return Issued(key, cert)
+
+
+def issue_server_cert(ca: Issued, address: str) -> Issued:
+    """A TLS server certificate for the IP ``address`` (extended key usage serverAuth) signed by ``ca``."""
+    import ipaddress  # noqa: PLC0415 - only this helper needs it
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    now = datetime.datetime.now(datetime.UTC)
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(_name(address))
+        .issuer_name(ca.cert.subject)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(days=1))
+        .add_extension(
+            x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address(address))]), critical=False
+        )
+        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
+        .sign(ca.key, hashes.SHA256())
+    )
+    return Issued(key, cert)

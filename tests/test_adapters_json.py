@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime
 import json
 import math
 from typing import Any
@@ -35,6 +36,24 @@ def test_the_deep_parser_reads_what_json_reads(document: Any, indent: int | None
     text = json.dumps(document, indent=indent)
     assert _json.loads_deep(text) == json.loads(text)
     assert json.loads(_json.dumps(document)) == document
+
+
+@given(documents | st.lists(st.floats() | st.text(), max_size=4))
+def test_dumps_writes_what_json_dumps_writes(document: Any) -> None:
+    """orjson's fast path and json's slow one agree byte for byte, NaN and lone surrogates included."""
+    expected = json.dumps(document, ensure_ascii=False, separators=(",", ":"), allow_nan=True)
+    try:
+        reference = expected.encode("utf-8")
+    except UnicodeEncodeError:  # a lone surrogate: escaped, as JSON allows
+        reference = json.dumps(document, separators=(",", ":"), allow_nan=True).encode("ascii")
+    assert _json.dumps(document, allow_nan=True) == reference
+
+
+def test_dumps_refuses_what_json_refuses() -> None:
+    with pytest.raises(ValueError):
+        _json.dumps([math.nan])
+    with pytest.raises(TypeError):
+        _json.dumps({"when": datetime.date(2026, 1, 1)})  # orjson alone would write it
 
 
 @pytest.mark.parametrize(

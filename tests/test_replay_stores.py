@@ -358,6 +358,45 @@ def test_sqlite_a_writer_that_holds_the_lock_briefly_is_waited_for(tmp_path: Pat
     store.close()
 
 
+async def test_sqlite_aconsume_never_waits_for_a_writer_on_the_event_loop(tmp_path: Path) -> None:
+    """A consume that finds the write lock taken goes to a worker thread and waits there.
+
+    Had it waited on the loop, the loop would stand still for the store's busy timeout
+    (10 s here) before anything else ran: the step that starts it would take that long.
+    """
+    store = SQLiteReplayStore(tmp_path / "r.db", busy_timeout=10)
+    assert await store.aconsume("first", 60) is True  # the start-up purge; the loop connection opens next
+    assert await store.aconsume("second", 60) is True
+    blocker = sqlite3.connect(tmp_path / "r.db", isolation_level=None, check_same_thread=False)
+    blocker.execute("BEGIN IMMEDIATE")  # another process holding the write lock
+    pending = asyncio.ensure_future(store.aconsume("k", 60))
+    started = time.monotonic()
+    await asyncio.sleep(0)  # the consume starts, finds the lock taken, and hands over
+    assert time.monotonic() - started < 5  # not the busy timeout: the loop went on at once
+    assert not pending.done()
+    blocker.execute("COMMIT")
+    assert await asyncio.wait_for(pending, 30) is True
+    assert await store.aconsume("k", 60) is False
+    blocker.close()
+    store.close()
+
+
+async def test_sqlite_aconsume_purges_and_checkpoints_off_the_loop(tmp_path: Path, clock: Clock) -> None:
+    store = SQLiteReplayStore(tmp_path / "r.db", purge_interval=30, clock=clock)
+    for i in range(2000):
+        assert await store.aconsume(f"k{i}", 10) is True
+    # Every commit appends a page to the WAL; the periodic checkpoints let SQLite start
+    # it over (about 2,000 pages, 8 MB, without them).
+    assert (tmp_path / "r.db-wal").stat().st_size < 3 * 1024 * 1024
+    clock.now = T0 + 31
+    assert await store.aconsume("new", 60) is True  # the interval has passed: this one purges
+    assert len(store) == 1
+    assert await store.aconsume("new", 60) is False
+    store.close()
+    with pytest.raises(ReplayStoreError, match="closed"):
+        await store.aconsume("after", 60)
+
+
 def test_sqlite_disk_full_is_a_clear_store_error(tmp_path: Path) -> None:
     store = SQLiteReplayStore(tmp_path / "r.db")
     # A real full disk cannot be arranged here; SQLite's page limit raises the very

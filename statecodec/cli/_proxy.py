@@ -12,11 +12,16 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import os
+import queue
 import signal
 import socket
 import sys
+import tempfile
+import threading
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, TextIO
 
@@ -239,6 +244,14 @@ def _listen(value: str) -> tuple[str, int]:
     "endpoint); a JSON body carrying a requestState there is refused. Never the MCP path.",
 )
 @click.option(
+    "--workers",
+    type=click.IntRange(1, 256),
+    default=1,
+    show_default=True,
+    help="Processes serving the same socket (one core each); they share keys and the replay "
+    "store, so memory: is refused with more than one.",
+)
+@click.option(
     "--admin-listen",
     metavar="HOST:PORT",
     help="Serve /livez, /readyz and /metrics (Prometheus) on this separate address "
@@ -274,9 +287,11 @@ def proxy_command(**params: Any) -> None:
     admin = params.pop("admin_listen")
     admin_address = None if admin is None else _listen(admin)
     log_format = params.pop("log_format")
-    _configure_logging(params.pop("log_level"), log_format)
+    log_level = params.pop("log_level")
+    _configure_logging(log_level, log_format)
     try:
-        _run(principal, host, port, admin_address, **params)
+        settings = _Settings(principal=principal, log_level=log_level, log_format=log_format, **params)
+        _run(settings, host, port, admin_address)
     except (click.exceptions.Exit, click.exceptions.Abort, click.ClickException, KeyboardInterrupt):
         raise
     except Exception as exc:
@@ -341,109 +356,265 @@ def _configure_logging(level: str, log_format: str) -> None:
     logging.getLogger("statecodec").setLevel(level.upper())
 
 
-def _run(
-    principal: PrincipalOptions,
-    host: str,
-    port: int,
-    admin_address: tuple[str, int] | None,
-    *,
-    upstream: str,
-    keys_spec: str | None,
-    replay: str,
-    audience: str,
-    mode: str,
-    ttl: int,
-    namespace: str | None,
-    max_token_bytes: int,
-    max_body_bytes: int,
-    max_response_bytes: int,
-    connect_timeout: int,
-    read_timeout: int,
-    graceful_timeout: int,
-    max_concurrent_requests: int | None,
-    max_connections: int,
-    passthrough_paths: tuple[str, ...],
-) -> None:
-    from .. import ops  # noqa: PLC0415
-    from ..kms import KeyManager  # noqa: PLC0415 - loaded only for this command
-    from ..proxy import ProxyOptions, Timeouts, bind_socket, build_proxy, serve  # noqa: PLC0415
-    from ..replay._url import redact  # noqa: PLC0415
-    from ._sources import open_store  # noqa: PLC0415
+@dataclass(frozen=True)
+class _Settings:
+    """Everything a proxy process builds itself from: picklable, for ``--workers``."""
 
-    if ttl <= 0:
+    principal: PrincipalOptions
+    log_level: str
+    log_format: str
+    upstream: str
+    keys_spec: str | None
+    replay: str
+    audience: str
+    mode: str
+    ttl: int
+    namespace: str | None
+    max_token_bytes: int
+    max_body_bytes: int
+    max_response_bytes: int
+    connect_timeout: int
+    read_timeout: int
+    graceful_timeout: int
+    max_concurrent_requests: int | None
+    max_connections: int
+    passthrough_paths: tuple[str, ...]
+    workers: int
+
+
+def _run(settings: _Settings, host: str, port: int, admin_address: tuple[str, int] | None) -> None:
+    from .. import ops  # noqa: PLC0415
+    from ..proxy import bind_socket  # noqa: PLC0415 - loaded only for this command
+    from ..replay._url import redact  # noqa: PLC0415
+
+    if settings.ttl <= 0:
         raise click.BadParameter("must be positive", param_hint="'--ttl'")
-    principal_fn, closer = principal.build()
-    options = ProxyOptions(
-        upstream=upstream,
-        audience=audience,
-        max_body_bytes=max_body_bytes,
-        max_response_bytes=max_response_bytes,
-        timeouts=Timeouts(connect=connect_timeout, read=read_timeout),
-        max_connections=max_connections,
-        passthrough_paths=passthrough_paths,
-    )
-    _telemetry.resolve()  # the metrics libraries load now, not on the first request
-    _without_created_series()
-    manager = KeyManager(require_keys(keys_spec), max_ttl=max(float(ttl), 600.0))
-    manager.start()  # exit 3 or 7 before listening if no keys can be had
-    try:
-        store = open_store(replay, check=True)  # exit 4 before listening if it cannot serve
-        # No namespace of its own: a proxy and a protect() server sharing keys, audience and
-        # store must share single use too, so both take the codec's default.
-        named: dict[str, Any] = {} if namespace is None else {"namespace": namespace}
-        codec = StateCodec(
-            manager, mode=mode, ttl=ttl, max_token_bytes=max_token_bytes, replay=store, **named
+    if settings.workers > 1 and settings.replay.strip().lower().startswith("memory"):
+        raise click.UsageError(
+            "--workers N needs a replay store the workers share (sqlite:PATH or redis://...): "
+            "with memory: each worker would accept every token once"
         )
-        try:
-            app = build_proxy(codec, options, principal=principal_fn)
-        except ValueError as exc:
-            raise CliError(ExitCode.USAGE, str(exc)) from None
-        health = ops.Health(manager, store)
-        sock = _bind(bind_socket, host, port)
-        admin = None
-        if admin_address is not None:
-            try:
-                admin = (ops.app(health), _bind(bind_socket, *admin_address))
-            except BaseException:
-                sock.close()
-                raise
+    with contextlib.ExitStack() as stack:
+        if settings.workers > 1 and admin_address is not None:
+            stack.enter_context(_metrics_shared_by_workers())
+        _telemetry.resolve()  # the metrics libraries load now, not on the first request
+        _without_created_series()
 
         def ready(url: str) -> None:
             logger.info(
-                "%s -> %s mode=%s audience=%r principal=%s replay=%s",
-                url, redact(upstream), mode, audience, principal.describe(), redact(replay),
-                extra={**_telemetry.fields("proxy_started", audience=audience, mode=mode), "url": url},
+                "%s -> %s mode=%s audience=%r principal=%s replay=%s workers=%d",
+                url, redact(settings.upstream), settings.mode, settings.audience,
+                settings.principal.describe(), redact(settings.replay), settings.workers,
+                extra={
+                    **_telemetry.fields(
+                        "proxy_started",
+                        audience=settings.audience,
+                        mode=settings.mode,
+                        workers=settings.workers,
+                    ),
+                    "url": url,
+                },
             )  # fmt: skip
             echo(f"listening on {url}")
 
-        # uvicorn handles SIGINT/SIGTERM itself (graceful shutdown), then re-raises the
-        # signal to the handler it found: make that one a no-op, so shutdown ends here,
-        # with the store closed and exit code 0, rather than by the default handler.
-        previous = {sig: signal.signal(sig, _ignore) for sig in (signal.SIGINT, signal.SIGTERM)}
+        # Keys, store and options are checked here, before listening: exit 2/3/4/7. With
+        # workers they stay open in the supervisor for /readyz; each worker builds its own.
+        app, closer, health = stack.enter_context(_built(settings))
+        sock = stack.enter_context(contextlib.closing(_bind(bind_socket, host, port)))
+        admin = None
+        if admin_address is not None:
+            admin = (
+                ops.app(health),
+                stack.enter_context(contextlib.closing(_bind(bind_socket, *admin_address))),
+            )
+        if settings.workers == 1:
+            _serve_on(app, closer, sock, settings, ready, admin=admin)
+            return
+        from ..proxy import Supervisor  # noqa: PLC0415
+
+        if admin is not None:
+            stack.enter_context(_admin_in_thread(*admin))
+        supervisor = Supervisor(
+            functools.partial(_serve_worker, settings),
+            sock,
+            settings.workers,
+            stop_timeout=settings.graceful_timeout,
+        )
+        code = supervisor.run(lambda: ready(_url_of(sock)))
+    if code:
+        sys.exit(code)
+
+
+@contextlib.contextmanager
+def _built(settings: _Settings) -> Iterator[tuple[Any, Any, Any]]:
+    """The proxy application, the object to close at shutdown, and the readiness checks."""
+    from .. import ops  # noqa: PLC0415
+    from ..kms import KeyManager  # noqa: PLC0415 - loaded only for this command
+    from ..proxy import ProxyOptions, Timeouts, build_proxy  # noqa: PLC0415
+    from ._sources import open_store  # noqa: PLC0415
+
+    principal_fn, closer = settings.principal.build()
+    options = ProxyOptions(
+        upstream=settings.upstream,
+        audience=settings.audience,
+        max_body_bytes=settings.max_body_bytes,
+        max_response_bytes=settings.max_response_bytes,
+        timeouts=Timeouts(connect=settings.connect_timeout, read=settings.read_timeout),
+        max_connections=settings.max_connections,
+        passthrough_paths=settings.passthrough_paths,
+    )
+    manager = KeyManager(require_keys(settings.keys_spec), max_ttl=max(float(settings.ttl), 600.0))
+    manager.start()  # exit 3 or 7 before listening if no keys can be had
+    try:
+        store = open_store(settings.replay, check=True)  # exit 4 before listening if it cannot serve
         try:
-            asyncio.run(
+            # No namespace of its own: a proxy and a protect() server sharing keys, audience and
+            # store must share single use too, so both take the codec's default.
+            named: dict[str, Any] = {} if settings.namespace is None else {"namespace": settings.namespace}
+            codec = StateCodec(
+                manager,
+                mode=settings.mode,
+                ttl=settings.ttl,
+                max_token_bytes=settings.max_token_bytes,
+                replay=store,
+                **named,
+            )
+            try:
+                app = build_proxy(codec, options, principal=principal_fn)
+            except ValueError as exc:
+                raise CliError(ExitCode.USAGE, str(exc)) from None
+            health = ops.Health(manager, store)
+            try:
+                yield app, closer, health
+            finally:
+                health.close()
+        finally:
+            store.close()
+    finally:
+        manager.stop()
+
+
+def _serve_on(
+    app: Any,
+    closer: Any,
+    sock: socket.socket,
+    settings: _Settings,
+    ready: Any,
+    *,
+    admin: tuple[ASGIApp, socket.socket] | None = None,
+) -> None:
+    from ..proxy import event_loop_factory, serve  # noqa: PLC0415
+
+    # uvicorn handles SIGINT/SIGTERM itself (graceful shutdown), then re-raises the
+    # signal to the handler it found: make that one a no-op, so shutdown ends here,
+    # with the store closed and exit code 0, rather than by the default handler.
+    previous = {sig: signal.signal(sig, _ignore) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        with asyncio.Runner(loop_factory=event_loop_factory()) as runner:
+            runner.run(
                 _serve_then_close(
                     serve(
                         app,
                         sock,
-                        graceful_timeout=graceful_timeout,
-                        limit_concurrency=max_concurrent_requests,
+                        graceful_timeout=settings.graceful_timeout,
+                        limit_concurrency=settings.max_concurrent_requests,
                         on_ready=ready,
                     ),
                     closer,
                     admin,
                 )
             )
-        finally:
-            for sig, handler in previous.items():
-                signal.signal(sig, handler)
-            sock.close()
-            if admin is not None:
-                admin[1].close()
-            health.close()
-            store.close()
     finally:
-        manager.stop()
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def _serve_worker(settings: _Settings, sock: socket.socket, announce: Any) -> None:
+    """One ``--workers`` process: the same proxy as a single one, on the inherited socket."""
+    _configure_logging(settings.log_level, settings.log_format)
+    try:
+        _telemetry.resolve()
+        with _built(settings) as (app, closer, _):
+            _serve_on(app, closer, sock, settings, lambda url: announce())
+    except Exception as exc:
+        error = classify(exc) if not isinstance(exc, click.ClickException) else None
+        logger.error(
+            "worker cannot serve: %s",
+            error.message if error else exc,
+            extra=_telemetry.fields("worker_failed", reason=error.code.slug if error else "usage"),
+        )
+        sys.exit(int(error.code) if error else 2)
+
+
+@contextlib.contextmanager
+def _metrics_shared_by_workers() -> Iterator[None]:
+    """``PROMETHEUS_MULTIPROC_DIR`` for the workers, so the supervisor's /metrics sums them.
+
+    Set before any worker starts (each is a fresh interpreter that inherits it): an empty
+    directory of this run's own, removed at exit, unless the operator set one.
+    """
+    from ..ops import MULTIPROCESS_ENV  # noqa: PLC0415
+
+    if os.environ.get(MULTIPROCESS_ENV):
+        yield
+        return
+    with tempfile.TemporaryDirectory(prefix="statecodec-proxy-metrics-") as directory:
+        os.environ[MULTIPROCESS_ENV] = directory
+        try:
+            yield
+        finally:
+            del os.environ[MULTIPROCESS_ENV]
+
+
+@contextlib.contextmanager
+def _admin_in_thread(app: ASGIApp, sock: socket.socket) -> Iterator[str]:
+    """The admin listener on a thread and event loop of its own, while the supervisor's
+    main thread watches the workers; its URL is printed before the proxy's."""
+    from ..proxy._admin import START_TIMEOUT, admin_listener  # noqa: PLC0415
+
+    loop = asyncio.new_event_loop()
+    started: queue.Queue[str | BaseException] = queue.Queue()
+    stop: asyncio.Future[None] | None = None
+
+    async def serve_admin() -> None:
+        nonlocal stop
+        stop = loop.create_future()
+        try:
+            async with admin_listener(app, sock) as url:
+                started.put(url)
+                await stop
+        except BaseException as exc:
+            started.put(exc)
+            raise
+
+    thread = threading.Thread(
+        target=loop.run_until_complete, args=(serve_admin(),), name="statecodec-admin", daemon=True
+    )
+    thread.start()
+    try:
+        result = started.get(timeout=START_TIMEOUT + 10)
+        if isinstance(result, BaseException):
+            raise CliError(ExitCode.IO, f"the admin listener did not start: {result}")
+        logger.info(
+            "admin endpoints on %s", result, extra={**_telemetry.fields("admin_started"), "url": result}
+        )
+        echo(f"admin on {result}")
+        yield result
+    finally:
+        loop.call_soon_threadsafe(_release, stop)
+        thread.join(15)
+        if not thread.is_alive():
+            loop.close()
+
+
+def _release(stop: asyncio.Future[None] | None) -> None:
+    if stop is not None and not stop.done():
+        stop.set_result(None)
+
+
+def _url_of(sock: socket.socket) -> str:
+    host, port = sock.getsockname()[:2]
+    return f"http://{f'[{host}]' if ':' in host else host}:{port}"
 
 
 def _without_created_series() -> None:

@@ -6,7 +6,7 @@ no requestState protection of its own (the Go, C#, Java and Kotlin SDKs ship non
 it gets sealed, bound, expiring, single-use state by deployment alone. docs/proxy.md
 describes deployment, options, and what the proxy can and cannot bind.
 
-Needs ``statecodec[proxy]`` (uvicorn, httpx, PyJWT).
+Needs ``statecodec[proxy]`` (uvicorn, httptools, httpx, PyJWT; uvloop on POSIX).
 """
 
 from .._net import bind_socket
@@ -22,7 +22,8 @@ from ._principal import (
     load_hook,
     principal_of,
 )
-from ._server import ProxyOptions, build_proxy, serve
+from ._server import ProxyOptions, build_proxy, event_loop_factory, serve
+from ._workers import Supervisor
 
 __all__ = [
     "DEFAULT_ALGORITHMS",
@@ -30,6 +31,7 @@ __all__ = [
     "BearerPrincipal",
     "JWKSVerifier",
     "ProxyOptions",
+    "Supervisor",
     "Timeouts",
     "TokenVerifier",
     "Unauthenticated",
@@ -37,6 +39,7 @@ __all__ = [
     "bearer_token",
     "bind_socket",
     "build_proxy",
+    "event_loop_factory",
     "header_principal",
     "load_hook",
     "principal_of",

@@ -8,23 +8,37 @@ add ``X-Forwarded-*``, stream the response chunk by chunk, stop reading the upst
 when the client goes away, and turn an unreachable or slow upstream into a 502 or 504
 with a JSON-RPC error body.
 
-Two choices serve the middleware: the upstream is always asked for ``identity``
-encoding (a compressed response could not be inspected, and on loopback compression buys
-nothing), and the httpx client ignores proxy environment variables (``trust_env=False``),
-so no ``HTTPS_PROXY`` setting can silently route tokens elsewhere.
+The upstream client is this package's own pool of keep-alive connections
+(:mod:`._upstream`), its answers parsed by llhttp through httptools: on the proxy's
+benchmark aiohttp's client alone cost more than the proxy's goal per request
+(docs/performance.md). Choices that serve the middleware and the clients behind one
+proxy:
+
+- the upstream is always asked for ``identity`` encoding (a compressed response could
+  not be inspected, and on loopback compression buys nothing), and nothing is
+  decompressed on the way: the bytes are relayed as the upstream sent them;
+- no cookie jar: a ``Set-Cookie`` answered to one client is never sent upstream with
+  another client's request;
+- proxy environment variables play no part, so no ``HTTPS_PROXY`` setting can silently
+  route tokens elsewhere, and redirects are relayed, not followed;
+- no header the client did not send is added but ``Host``, ``Accept-Encoding``,
+  ``Content-Length`` (or ``Transfer-Encoding: chunked``) and ``X-Forwarded-*``.
 """
 
 from __future__ import annotations
 
 import logging
+import ssl
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import Final
+from urllib.parse import urlsplit
 
 import anyio
-import httpx
 
 from .. import _telemetry
 from ..adapters.asgi import Message, Receive, Scope, Send, dumps, request_path
+from ._upstream import Pool, Response, UpstreamError, check_fields
 
 logger = logging.getLogger("statecodec.proxy")
 
@@ -43,44 +57,88 @@ HOP_BY_HOP: Final = frozenset(
     }
 )
 # Set by this proxy, never copied from the client. ``Expect: 100-continue`` was the
-# client's question to this server, which has answered it by reading the body.
+# client's question to this server, which has answered it by reading the body; the
+# length is the length of what is really sent.
 _REPLACED_REQUEST: Final = frozenset(
-    {b"host", b"accept-encoding", b"expect", b"x-forwarded-host", b"x-forwarded-proto"}
+    {
+        b"host",
+        b"accept-encoding",
+        b"expect",
+        b"content-length",
+        b"x-forwarded-host",
+        b"x-forwarded-proto",
+        b"x-forwarded-for",
+    }
 )
+_DROPPED_REQUEST: Final = HOP_BY_HOP | _REPLACED_REQUEST
+# Methods that define no meaning for a body: no ``Content-Length: 0`` when there is none.
+_BODILESS: Final = frozenset({b"GET", b"HEAD", b"OPTIONS", b"TRACE", b"DELETE", b"CONNECT"})
+# Below Node's default keep-alive timeout (5 s): an idle connection is dropped here before
+# the upstream closes it, so a request is never written into a connection being closed.
+_KEEPALIVE_SECONDS: Final = 4.0
 
 
 @dataclass(frozen=True, slots=True)
 class Timeouts:
-    """Seconds toward the upstream. ``read`` bounds the silence between two chunks, so an
-    SSE stream stays open as long as the upstream sends something (events or keep-alives)."""
+    """Seconds toward the upstream.
+
+    ``connect`` bounds opening a connection and ``pool`` waiting for a free one (when
+    ``max_connections`` are in use). ``write`` bounds sending a streamed request body. ``read``
+    bounds the silence before the answer and between two of its chunks, so an SSE stream
+    stays open as long as the upstream sends something (events or keep-alives).
+    """
 
     connect: float = 10.0
     read: float = 300.0
     write: float = 30.0
     pool: float = 10.0
 
-    def httpx(self) -> httpx.Timeout:
-        return httpx.Timeout(connect=self.connect, read=self.read, write=self.write, pool=self.pool)
-
 
 class _ClientGone(Exception):  # noqa: N818 - control flow
     pass
 
 
-def _hop_by_hop(headers: list[tuple[bytes, bytes]]) -> frozenset[bytes]:
-    named = {
-        token.strip().lower()
-        for name, value in headers
-        if name.lower() == b"connection"
-        for token in value.split(b",")
-    }
-    return HOP_BY_HOP | named
+# What reading an answer's body raises when the upstream breaks off: the connection's
+# errors and a silent read timeout.
+_BROKEN: Final = (UpstreamError, OSError, TimeoutError)
 
 
-def _forwardable(
-    headers: list[tuple[bytes, bytes]], also: frozenset[bytes] = frozenset()
-) -> list[tuple[bytes, bytes]]:
-    dropped = _hop_by_hop(headers) | also
+class _RequestHeaders:
+    """The client's headers as sent upstream, with what this proxy sets itself taken out.
+
+    One pass: hop-by-hop headers (and those ``Connection`` names) and the ones this proxy
+    replaces are dropped, the rest kept in order, as bytes.
+    """
+
+    __slots__ = ("chain", "host", "kept", "length")
+
+    def __init__(self, headers: list[tuple[bytes, bytes]]) -> None:
+        dropped = _DROPPED_REQUEST
+        for name, value in headers:
+            if name.lower() == b"connection":  # rare: it names more hop-by-hop headers
+                dropped = dropped | {token.strip().lower() for token in value.split(b",")}
+        self.kept: list[tuple[bytes, bytes]] = []
+        self.host: bytes | None = None
+        self.length: bytes | None = None
+        chain: list[bytes] = []
+        for name, value in headers:
+            lower = name.lower()
+            if lower not in dropped:
+                self.kept.append((name, value))
+            elif lower == b"host":
+                self.host = self.host or value
+            elif lower == b"x-forwarded-for":
+                chain.append(value)
+            elif lower == b"content-length":
+                self.length = value
+        self.chain = b", ".join(chain)
+
+
+def _response_headers(headers: list[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
+    named = [value for name, value in headers if name.lower() == b"connection"]
+    dropped = HOP_BY_HOP
+    if named:
+        dropped = dropped | {token.strip().lower() for value in named for token in value.split(b",")}
     return [(name, value) for name, value in headers if name.lower() not in dropped]
 
 
@@ -95,7 +153,9 @@ class UpstreamApp:
     """Forward to ``upstream`` (its scheme, host and port; each request keeps its own path).
 
     :param upstream: for example ``http://127.0.0.1:9000/mcp``.
-    :param transport: an httpx transport, for tests or unusual networking.
+    :param max_connections: the most connections open to the upstream at once.
+    :param tls: the TLS context for an ``https://`` upstream (by default the system's
+        trust store, hostname checked).
     """
 
     def __init__(
@@ -104,44 +164,54 @@ class UpstreamApp:
         *,
         timeouts: Timeouts = Timeouts(),
         max_connections: int = 100,
-        transport: httpx.AsyncBaseTransport | None = None,
+        tls: ssl.SSLContext | None = None,
     ) -> None:
-        url = httpx.URL(upstream)
-        if url.scheme not in ("http", "https") or not url.host:
+        try:
+            url = urlsplit(upstream)
+            host, port = url.hostname, url.port
+        except (TypeError, ValueError, AttributeError) as exc:
+            raise ValueError(f"the upstream {upstream!r} is not a URL: {exc}") from None
+        if url.scheme not in ("http", "https") or not host:
             raise ValueError(f"the upstream must be an http:// or https:// URL with a host, not {upstream!r}")
-        if url.userinfo:
+        if url.username is not None or url.password is not None:
             raise ValueError("the upstream URL must not carry credentials")
-        self.upstream = url
+        self.upstream = upstream
         self.timeouts = timeouts
         self.max_connections = max_connections
-        self._transport = transport
-        self._client: httpx.AsyncClient | None = None
+        self._host = host
+        self._port = port or (443 if url.scheme == "https" else 80)
+        self._tls = (tls or ssl.create_default_context()) if url.scheme == "https" else None
+        authority = f"[{host}]" if ":" in host else host
+        self._host_header = (authority if port is None else f"{authority}:{port}").encode("idna")
+        self._pool: Pool | None = None
 
     def __repr__(self) -> str:
-        return f"UpstreamApp({str(self.upstream)!r})"
+        return f"UpstreamApp({self.upstream!r})"
 
     @property
-    def client(self) -> httpx.AsyncClient:
-        if self._client is None:
-            self._client = httpx.AsyncClient(
-                timeout=self.timeouts.httpx(),
-                limits=httpx.Limits(max_connections=self.max_connections, max_keepalive_connections=20),
-                follow_redirects=False,
-                trust_env=False,
-                transport=self._transport,
+    def pool(self) -> Pool:
+        """The connection pool; created on first use, inside the running event loop."""
+        if self._pool is None:
+            self._pool = Pool(
+                self._host,
+                self._port,
+                tls=self._tls,
+                limit=self.max_connections,
+                keepalive=_KEEPALIVE_SECONDS,
+                read_timeout=self.timeouts.read,
             )
-        return self._client
+        return self._pool
 
     async def aclose(self) -> None:
-        client, self._client = self._client, None
-        if client is not None:
-            await client.aclose()
+        pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.close()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "lifespan":
-            await self._lifespan(receive, send)
-        elif scope["type"] == "http":
+        if scope["type"] == "http":
             await self._forward(scope, receive, send)
+        elif scope["type"] == "lifespan":
+            await self._lifespan(receive, send)
         elif scope["type"] == "websocket":
             await send({"type": "websocket.close", "code": 1003})  # MCP does not use WebSockets
 
@@ -149,40 +219,68 @@ class UpstreamApp:
         while True:
             message = await receive()
             if message["type"] == "lifespan.startup":
-                _ = self.client
+                _ = self.pool
                 await send({"type": "lifespan.startup.complete"})
             elif message["type"] == "lifespan.shutdown":
                 await self.aclose()
                 await send({"type": "lifespan.shutdown.complete"})
                 return
 
-    def _request(self, scope: Scope, receive: Receive) -> httpx.Request:
-        headers: list[tuple[bytes, bytes]] = list(scope.get("headers", ()))
-        host = next((value for name, value in headers if name.lower() == b"host"), None)
-        out = _forwardable(headers, _REPLACED_REQUEST)
-        out.append((b"accept-encoding", b"identity"))
-        if host is not None:
-            out.append((b"x-forwarded-host", host))
-        out.append((b"x-forwarded-proto", str(scope.get("scheme", "http")).encode("latin-1")))
+    def _head(self, scope: Scope, headers: _RequestHeaders, body: bytes | AsyncIterator[bytes]) -> bytes:
+        """The request line and headers; raises ``ValueError`` for what would not frame."""
+        method = str(scope["method"]).encode("ascii")
+        query = scope.get("query_string", b"")
+        target = request_path(scope) + (b"?" + query if query else b"")  # the path the middleware decided on
+        fields = headers.kept
+        fields.append((b"Accept-Encoding", b"identity"))
+        if headers.host is not None:
+            fields.append((b"X-Forwarded-Host", headers.host))
+        fields.append((b"X-Forwarded-Proto", str(scope.get("scheme", "http")).encode("latin-1")))
         client = scope.get("client")
         if client:
-            out = _append_forwarded_for(out, str(client[0]))
-        raw_path = request_path(scope)  # the path the middleware decided on
-        query = scope.get("query_string", b"")
-        target = raw_path + (b"?" + query if query else b"")
-        url = self.upstream.copy_with(raw_path=target)
-        chunked = any(name.lower() == b"transfer-encoding" for name, _ in headers)
-        length = next((value for name, value in headers if name.lower() == b"content-length"), None)
-        has_body = chunked or (length is not None and length.strip() not in (b"", b"0"))
-        content = _body(receive) if has_body else None
-        return self.client.build_request(scope["method"], url, headers=out, content=content)
+            address = str(client[0]).encode("latin-1")
+            fields.append((b"X-Forwarded-For", headers.chain + b", " + address if headers.chain else address))
+        if isinstance(body, bytes):
+            if body or method not in _BODILESS:
+                fields.append((b"Content-Length", str(len(body)).encode("ascii")))
+        elif headers.length is not None:
+            fields.append((b"Content-Length", headers.length))  # a streamed body keeps its length
+        else:
+            fields.append((b"Transfer-Encoding", b"chunked"))
+        check_fields(method, target, fields)
+        lines = [b"%b %b HTTP/1.1\r\nHost: %b\r\n" % (method, target, self._host_header)]
+        lines += [name + b": " + value + b"\r\n" for name, value in fields]
+        lines.append(b"\r\n")
+        return b"".join(lines)
 
     async def _forward(self, scope: Scope, receive: Receive, send: Send) -> None:
+        headers = _RequestHeaders(list(scope.get("headers", ())))
+        body = await _Body.read(receive)
+        if body is None:
+            return  # the client went away while sending
         try:
-            response = await self.client.send(self._request(scope, receive), stream=True)
+            head = self._head(scope, headers, body.data)
+        except (ValueError, UnicodeError):
+            logger.warning(
+                "a request that would not frame as HTTP/1.1 was refused",
+                extra=_telemetry.fields("request_refused", status=400, detail="unframable"),
+            )
+            await _error(send, 400, "Bad request")
+            return
+        timeouts = self.timeouts
+        try:
+            response = await self.pool.request(
+                str(scope["method"]).encode("ascii"),
+                head,
+                body.data,
+                chunked=not isinstance(body.data, bytes) and headers.length is None,
+                pool_timeout=timeouts.pool,
+                connect_timeout=timeouts.connect,
+                write_timeout=timeouts.write,
+            )
         except _ClientGone:
             return
-        except httpx.TimeoutException as exc:
+        except TimeoutError as exc:
             _telemetry.record_upstream_error("timeout")
             logger.warning(
                 "upstream timed out (%s)",
@@ -191,68 +289,100 @@ class UpstreamApp:
             )
             await _error(send, 504, "Upstream timed out")
             return
-        except httpx.HTTPError as exc:
+        except (UpstreamError, OSError) as exc:
             _telemetry.record_upstream_error("unreachable")
             logger.warning(
-                "upstream unavailable (%s)",
+                "upstream unavailable (%s: %s)",
                 type(exc).__name__,
+                exc,
                 extra=_telemetry.fields(
                     "upstream_error", kind="unreachable", status=502, detail=type(exc).__name__
                 ),
             )
             await _error(send, 502, "Upstream unavailable")
             return
+        complete = False
         try:
             await send(
                 {
                     "type": "http.response.start",
-                    "status": response.status_code,
-                    "headers": _forwardable(list(response.headers.raw)),
+                    "status": response.status,
+                    "headers": _response_headers(response.headers),
                 }
             )
-            await _stream(response, receive, send)
+            complete = await _relay(response, receive, send)
         finally:
-            await response.aclose()
+            if complete:
+                response.release()  # the connection goes back to the pool
+            else:
+                response.close()
 
 
-def _append_forwarded_for(headers: list[tuple[bytes, bytes]], client: str) -> list[tuple[bytes, bytes]]:
-    previous = [value for name, value in headers if name.lower() == b"x-forwarded-for"]
-    kept = [(name, value) for name, value in headers if name.lower() != b"x-forwarded-for"]
-    chain = b", ".join([*previous, client.encode("latin-1")])
-    return [*kept, (b"x-forwarded-for", chain)]
+class _Body:
+    """The request body: bytes when it came in one message (the middleware's case), else a
+    stream that raises :class:`_ClientGone` if the client leaves while sending it."""
+
+    __slots__ = ("data",)
+
+    def __init__(self, data: bytes | AsyncIterator[bytes]) -> None:
+        self.data = data
+
+    @classmethod
+    async def read(cls, receive: Receive) -> _Body | None:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            return None
+        first: bytes = message.get("body", b"")
+        if message.get("more_body", False):
+            return cls(_stream(first, receive))
+        return cls(first)
 
 
-async def _body(receive: Receive) -> Any:
+async def _stream(first: bytes, receive: Receive) -> AsyncIterator[bytes]:
+    if first:
+        yield first
     while True:
         message = await receive()
         if message["type"] == "http.disconnect":
             raise _ClientGone
-        body = message.get("body", b"")
-        if body:
-            yield body
+        chunk = message.get("body", b"")
+        if chunk:
+            yield chunk
         if not message.get("more_body", False):
             return
 
 
-async def _stream(response: httpx.Response, receive: Receive, send: Send) -> None:
-    """Relay the body chunk by chunk until it ends or the client disconnects."""
+async def _relay(response: Response, receive: Receive, send: Send) -> bool:
+    """Relay the body; True when it was relayed whole.
+
+    An answer that is complete in its first read (a JSON answer) is sent as it is; one
+    that goes on (an SSE stream) is relayed chunk by chunk while the client is watched,
+    so the upstream is not read for nobody once the client has gone.
+    """
+    try:
+        chunk = await response.read()
+    except _BROKEN as exc:
+        _broke_off(exc)
+        return False
+    if response.at_eof:
+        await send({"type": "http.response.body", "body": chunk, "more_body": False})
+        return True
+    complete = False
     async with anyio.create_task_group() as group:
 
         async def relay() -> None:
-            try:
-                async for chunk in response.aiter_raw():
-                    await send({"type": "http.response.body", "body": chunk, "more_body": True})
-            except httpx.HTTPError as exc:
-                # Leave the response unfinished: the server then drops the connection, and
-                # the client sees a truncated response instead of a complete-looking one.
-                _telemetry.record_upstream_error("broken")
-                logger.warning(
-                    "upstream stream broke off (%s)",
-                    type(exc).__name__,
-                    extra=_telemetry.fields("upstream_error", kind="broken", detail=type(exc).__name__),
-                )
+            nonlocal complete
+            more = chunk
+            while more:
+                await send({"type": "http.response.body", "body": more, "more_body": True})
+                try:
+                    more = await response.read()  # b"" at the end of the body
+                except _BROKEN as exc:
+                    _broke_off(exc)
+                    break
             else:
                 await send({"type": "http.response.body", "body": b"", "more_body": False})
+                complete = True
             group.cancel_scope.cancel()
 
         async def watch() -> None:
@@ -264,3 +394,15 @@ async def _stream(response: httpx.Response, receive: Receive, send: Send) -> Non
 
         group.start_soon(relay)
         group.start_soon(watch)
+    return complete
+
+
+def _broke_off(exc: BaseException) -> None:
+    # The response is left unfinished: the server then drops the connection, and the
+    # client sees a truncated response instead of a complete-looking one.
+    _telemetry.record_upstream_error("broken")
+    logger.warning(
+        "upstream stream broke off (%s)",
+        type(exc).__name__,
+        extra=_telemetry.fields("upstream_error", kind="broken", detail=type(exc).__name__),
+    )

@@ -26,10 +26,18 @@ WAL) a consume survives a crash of the process, but the last commits before a po
 loss or kernel crash may be lost, so tokens redeemed in that last instant could be
 redeemed once more within their lifetime. ``synchronous="FULL"`` closes that gap at
 roughly a third of the throughput.
+
+Async consumes (:meth:`SQLiteReplayStore.aconsume`) run on the event loop when SQLite
+can answer at once: a consume is one short write, and handing it to a worker thread
+cost several times the write itself in wake-ups and context switches (docs/performance.md).
+That connection never waits (busy timeout 0) and never checkpoints; a consume that would
+wait for another writer, or that is due to purge, goes to a worker thread as before, and
+so does one consume in every few hundred, which then checkpoints the WAL.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import math
 import os
@@ -68,6 +76,9 @@ _PURGE: Final = (
 )
 _COUNT: Final = "SELECT count(*) FROM statecodec_replay"
 _PURGE_BATCH: Final = 2000
+# Loop-side commits between two checkpoints run from a worker thread (SQLite's own
+# automatic checkpoint comes after about 1,000 pages).
+_CHECKPOINT_EVERY: Final = 256
 
 _SYNCHRONOUS: Final = ("NORMAL", "FULL")
 
@@ -131,6 +142,7 @@ class SQLiteReplayStore(ReplayStore):
         self._conns: list[tuple[threading.Thread, sqlite3.Connection]] = []
         self._closed = False
         self._next_purge = 0.0
+        self._loop_commits = 0
         _STORES.add(self)
         # Fail fast on a bad path or a file that is not a database, and create the
         # table once here rather than racing on it in every worker thread.
@@ -155,6 +167,73 @@ class SQLiteReplayStore(ReplayStore):
             raise self._error(exc) from None
         if now >= self._next_purge:
             self._scheduled_purge(cursor.connection, now)
+        return first
+
+    async def aconsume(self, key: str, retention: float) -> bool:
+        """:meth:`consume` on the event loop if SQLite answers at once, else in a worker thread.
+
+        Exactly once all the same: a write that finds another writer holding the lock
+        fails with SQLITE_BUSY before it changes anything, and is then done again, whole,
+        by :meth:`consume` in a thread, where waiting for the lock blocks no one.
+        """
+        if not 0.0 < retention < math.inf:  # also false for NaN
+            raise invalid_retention(retention)
+        now = self._clock()
+        if self._closed or now >= self._next_purge:  # a purge is due: not on the loop
+            return await asyncio.to_thread(self.consume, key, retention)
+        if self._loop_commits >= _CHECKPOINT_EVERY:  # an fsync: not on the loop either
+            self._loop_commits = 0
+            return await asyncio.to_thread(self._consume_then_checkpoint, key, retention)
+        conn: sqlite3.Connection | None = getattr(self._local, "loop_conn", None)
+        if conn is None:
+            conn = await self._loop_connection()
+        try:
+            first: bool = conn.execute(_CONSUME, (key, now + retention, now)).rowcount == 1
+        except sqlite3.OperationalError as exc:
+            if not getattr(exc, "sqlite_errorname", "").startswith(("SQLITE_BUSY", "SQLITE_LOCKED")):
+                raise self._error(exc) from None
+            if conn.in_transaction:  # never the case in autocommit; never left open either
+                conn.rollback()
+            return await asyncio.to_thread(self.consume, key, retention)
+        except sqlite3.Error as exc:
+            raise self._error(exc) from None
+        self._loop_commits += 1
+        return first
+
+    async def _loop_connection(self) -> sqlite3.Connection:
+        """This thread's connection for :meth:`aconsume`, opened in a worker thread (setting
+        up may wait for other processes), then used by this thread alone."""
+        try:
+            conn = await asyncio.to_thread(self._open_for_loop)
+        except sqlite3.Error as exc:
+            raise self._error(exc) from None
+        existing: sqlite3.Connection | None = getattr(self._local, "loop_conn", None)
+        if existing is not None:  # another consume of this loop opened one meanwhile
+            conn.close()
+            return existing
+        with self._lock:
+            self._conns.append((threading.current_thread(), conn))
+        self._local.loop_conn = conn
+        return conn
+
+    def _open_for_loop(self) -> sqlite3.Connection:
+        conn = self._open(False)
+        # Never wait on the loop, never checkpoint (an fsync) there: see the module docstring.
+        conn.execute("PRAGMA busy_timeout=0")
+        conn.execute("PRAGMA wal_autocheckpoint=0")
+        return conn
+
+    def _consume_then_checkpoint(self, key: str, retention: float) -> bool:
+        first = self.consume(key, retention)
+        try:
+            self._connection().execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
+        except sqlite3.Error as exc:  # the consume succeeded; the WAL is only longer for now
+            logger.warning(
+                "checkpointing %s failed, will retry: %s",
+                self.path,
+                exc,
+                extra=_telemetry.fields("checkpoint_failed", store=self.kind, detail=str(exc)),
+            )
         return first
 
     def purge(self) -> int:
