@@ -18,7 +18,7 @@ import click
 from ._describe import printable
 from ._exit import CliError, ExitCode, explain_missing_extra
 from ._output import Outcome, Output, command
-from ._params import DURATION
+from ._params import duration_option
 
 if TYPE_CHECKING:
     from ..probe import CheckResult, Report
@@ -143,20 +143,13 @@ def _url(ctx: click.Context, param: click.Parameter, value: str) -> str:
     callback=_only,
     help=f"Run only these checks: {', '.join(CHECK_NAMES)}.",
 )
-@click.option(
+@duration_option(
     "--wait",
-    type=DURATION,
+    None,
+    "Expiry check: present a state this long after it was issued (longer than its lifetime).",
     metavar="DURATION",
-    help="Expiry check: present a state this long after it was issued (longer than its lifetime).",
 )
-@click.option(
-    "--timeout",
-    type=DURATION,
-    default="30s",
-    show_default=True,
-    metavar="DURATION",
-    help="Longest wait for any one answer of the server.",
-)
+@duration_option("--timeout", "30s", "Longest wait for any one answer of the server.", metavar="DURATION")
 @click.option(
     "--i-understand-side-effects",
     "side_effects",
