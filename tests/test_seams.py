@@ -164,6 +164,9 @@ def test_protect_fails_at_once_if_the_context_loses_its_params(monkeypatch: pyte
     monkeypatch.setattr(mcp_adapter, "ServerRequestContext", Renamed)
     with pytest.raises(RuntimeError, match="method and params"):
         mcp_adapter.protect(Server("low"), adapters.make_codec())
+    monkeypatch.setattr(mcp_adapter, "ServerRequestContext", type("Plain", (), {}))  # not a dataclass
+    with pytest.raises(RuntimeError, match="dataclass context"):
+        mcp_adapter.protect(Server("low"), adapters.make_codec())
 
 
 def test_fastmcp_without_its_private_lowlevel_server_fails_at_protect() -> None:

@@ -26,7 +26,7 @@ import functools
 import importlib.metadata
 import logging
 from collections.abc import Callable, Mapping, MutableSequence
-from dataclasses import fields, replace
+from dataclasses import fields, is_dataclass, replace
 from functools import partial
 from typing import Any, Final, TypeAlias, cast
 
@@ -241,11 +241,12 @@ def _sdk_chain(server: Server[Any] | MCPServer[Any]) -> MutableSequence[Any]:
     is assembled, instead of on its first request.
     """
     chain = getattr(server, "middleware", None)
-    names = {f.name for f in fields(ServerRequestContext)}
+    # The middleware copies the context with new params (see _with_params): a dataclass with both.
+    names = {f.name for f in fields(ServerRequestContext)} if is_dataclass(ServerRequestContext) else set()
     if not isinstance(chain, MutableSequence) or not {"method", "params"} <= names:
         raise RuntimeError(
-            f"this mcp SDK ({_version('mcp')}) has no Server.middleware list taking a context with "
-            "method and params (provisional in mcp 2.3): statecodec.adapters.mcp cannot protect it. "
+            f"this mcp SDK ({_version('mcp')}) has no Server.middleware list taking a dataclass context "
+            "with method and params (provisional in mcp 2.3): statecodec.adapters.mcp cannot protect it. "
             "Install the mcp versions statecodec supports, or put statecodec.adapters.asgi."
             "RequestStateMiddleware in front of the server's ASGI app instead."
         )
