@@ -308,11 +308,10 @@ def _extra(items: tuple[str, ...]) -> dict[str, str]:
 
 def duration_option(flag: str, default: float | str | None, text: str, **attrs: Any) -> Callable[[F], F]:
     """``--flag DURATION`` (90s, 10m, 1h30m), its default (seconds or text) shown as one."""
-    if isinstance(default, int | float):
-        default = duration(default)
-    return click.option(
-        flag, type=DURATION, default=default, show_default=default is not None, help=text, **attrs
-    )
+    if default is not None:  # an explicit default=None would satisfy required=True in click 8.3
+        shown = duration(default) if isinstance(default, int | float) else default
+        attrs.update(default=shown, show_default=True)
+    return click.option(flag, type=DURATION, help=text, **attrs)
 
 
 def max_token_bytes_option(text: str) -> Callable[[F], F]:
