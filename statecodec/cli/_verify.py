@@ -42,7 +42,6 @@ from ._params import (
     require_keys,
 )
 
-FOREIGN = tuple(f for f in COMPAT_FORMATS if f != "sc1")
 _NOT_CHECKED = (
     "NOT CHECKED - no binding options given; add --principal/--audience/--method/--target/--arguments"
     "/--extra exactly as the server binds them"
