@@ -186,6 +186,8 @@ def without_connection_calls(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
 
 
 def test_batching_needs_every_connection_level_call() -> None:
+    # On every supported redis-py (CI: .ci/lowest.txt and the newest) the fast path is there;
+    # a release that drops a call fails here, which says the batching must be redone.
     assert redis_store._batching_possible()
 
 
