@@ -18,6 +18,7 @@ from fastmcp import FastMCP
 from fastmcp.server.dependencies import get_access_token
 from mcp.server.lowlevel import Server
 
+from .. import _telemetry
 from .._codec import StateCodec
 from . import jsonrpc
 from .mcp import (
@@ -69,9 +70,10 @@ def protect(
     lowlevel = _lowlevel(server)
     if audience is None and not _named(server):
         logger.warning(
-            "statecodec: FastMCP server %r has a generated name; tokens it seals will not verify on "
+            "FastMCP server %r has a generated name; tokens it seals will not verify on "
             "other instances. Pass FastMCP(name=...) or protect(..., audience=...)",
             lowlevel.name,
+            extra=_telemetry.fields("unnamed_server", audience=lowlevel.name),
         )
     middleware = StateCodecMiddleware(
         codec, audience=lowlevel.name if audience is None else audience, principal=principal, binding=binding

@@ -19,6 +19,7 @@ from ..adapters.asgi import (
     RequestStateMiddleware,
 )
 from ._forward import Timeouts, UpstreamApp
+from ._metered import MeteredApp
 
 logger = logging.getLogger("statecodec.proxy")
 
@@ -39,14 +40,15 @@ class ProxyOptions:
 def build_proxy(codec: StateCodec, options: ProxyOptions, *, principal: PrincipalFn | None = None) -> ASGIApp:
     """The proxy as one ASGI application: ``RequestStateMiddleware(UpstreamApp(upstream))``.
 
-    Serve it with any ASGI server; its lifespan opens and closes the upstream connection pool.
+    Serve it with any ASGI server; its lifespan opens and closes the upstream connection
+    pool. Every answer is counted (:class:`~statecodec.proxy._metered.MeteredApp`).
     """
     if not options.audience:
         raise ValueError("the proxy needs an audience (the protected service's name)")
     upstream = UpstreamApp(
         options.upstream, timeouts=options.timeouts, max_connections=options.max_connections
     )
-    return RequestStateMiddleware(
+    middleware = RequestStateMiddleware(
         upstream,
         codec,
         audience=options.audience,
@@ -55,6 +57,7 @@ def build_proxy(codec: StateCodec, options: ProxyOptions, *, principal: Principa
         max_response_bytes=options.max_response_bytes,
         passthrough_paths=options.passthrough_paths,
     )
+    return MeteredApp(middleware)
 
 
 async def serve(
@@ -68,11 +71,14 @@ async def serve(
     """Run ``app`` on ``sock`` until SIGINT/SIGTERM, then drain for ``graceful_timeout`` seconds.
 
     uvicorn's access log stays off: it would log every request path, and the proxy's own
-    log lines carry what an operator needs without any token. uvicorn's ``Server`` and
-    ``Date`` headers are off too, so the upstream's pass through unchanged.
+    log lines carry what an operator needs without any token. uvicorn configures no
+    logging of its own (its records reach the process's handlers, which ``statecodec
+    proxy`` sets, text or JSON). Its ``Server`` and ``Date`` headers are off too, so the
+    upstream's pass through unchanged.
     """
     config = uvicorn.Config(
         app,
+        log_config=None,
         log_level="warning",
         access_log=False,
         lifespan="on",
