@@ -338,15 +338,7 @@ class SDKRequestStateCodec:
                 exc.detail,
                 exc.kid or "-",
                 exc.token_id[:8] if exc.token_id else "-",
-                extra=_telemetry.fields(
-                    "token_rejected",
-                    reason=exc.reason,
-                    detail=exc.detail,
-                    kid=exc.kid,
-                    token_id=exc.token_id,
-                    mode=self.codec.mode.value,
-                    size=size,
-                ),
+                extra=_telemetry.rejection(exc, mode=self.codec.mode.value, size=size),
             )
             raise InvalidRequestState(exc.reason) from None
         _telemetry.record_unseal(self.codec.mode.value, "-", "ok", size)
