@@ -15,7 +15,8 @@ issued itself::
 (``{"issued": ...}``) and per ``requestState`` it *received* in any JSON-RPC message of
 any POST body (``{"received": ..., "method": ...}``), read straight from the HTTP body
 before the SDK parses it. The proxy tests compare the two. The tool is the one of
-examples/deploy_server.py (``statecodec._demo``), on a server that never calls ``protect()``.
+examples/deploy_server.py (``statecodec._demo``) on the same lowlevel server, which here never
+calls ``protect()``.
 """
 
 from __future__ import annotations
@@ -28,14 +29,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import mcp_types as types
-from mcp.server.context import ServerRequestContext
-from mcp.server.lowlevel import Server
-from mcp.shared.exceptions import MCPError
-
-from statecodec._demo import SERVER_NAME, TOOL, handle
-from statecodec._demo._scenario import TOOL_DESCRIPTION, TOOL_SCHEMA
 from statecodec._demo._serve import serve_http
+from statecodec._demo._servers import lowlevel_server
 
 log = logging.getLogger("unprotected")
 
@@ -50,27 +45,6 @@ class Recorder:
         if self.path is not None:
             with self.path.open("a", encoding="utf-8") as out:
                 out.write(json.dumps(entry) + "\n")
-
-
-def build(instance: str, recorder: Recorder) -> Server[Any]:
-    async def list_tools(ctx: ServerRequestContext[Any], params: Any) -> types.ListToolsResult:
-        return types.ListToolsResult(
-            tools=[types.Tool(name=TOOL, description=TOOL_DESCRIPTION, input_schema=TOOL_SCHEMA)]
-        )
-
-    async def call_tool(
-        ctx: ServerRequestContext[Any], params: types.CallToolRequestParams
-    ) -> types.CallToolResult | types.InputRequiredResult:
-        if params.name != TOOL:
-            raise MCPError(code=types.INVALID_PARAMS, message=f"unknown tool {params.name}")
-        version = str((params.arguments or {}).get("version"))
-        # params.request_state is trusted as it is: nothing here checks where the plan came from.
-        outcome = handle(version, params.request_state, params.input_responses, instance)
-        if isinstance(outcome, types.InputRequiredResult):
-            recorder.write(issued=outcome.request_state)
-        return outcome
-
-    return Server(SERVER_NAME, on_list_tools=list_tools, on_call_tool=call_tool)
 
 
 def recording(app: Any, recorder: Recorder) -> Any:
@@ -118,7 +92,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--json-response", action="store_true", help="answer with JSON bodies, not SSE")
     args = parser.parse_args(argv)
     recorder = Recorder(args.record)
-    server = build(args.instance, recorder)
+    # The plan in params.request_state is trusted as it is: nothing checks where it came from.
+    server = lowlevel_server(args.instance, on_issued=lambda state: recorder.write(issued=state))
     app = recording(server.streamable_http_app(json_response=args.json_response), recorder)
     logging.basicConfig(
         level=logging.INFO,

@@ -6,6 +6,7 @@
 #   PYTHON                  the interpreter that creates the venv (default python3)
 #   STATECODEC_VENV         where (default .venv)
 #   STATECODEC_CONSTRAINTS  a pip constraints file, e.g. to pin the lowest supported versions
+#   STATECODEC_NEWEST=1     upgrade every dependency to its newest release, even in an existing venv
 # Dependency groups (PEP 735, pyproject.toml) need pip >= 25.1: the venv's pip is upgraded first.
 set -euo pipefail
 PY=${PYTHON:-python3}
@@ -28,6 +29,7 @@ fi
 _venv_args=(-e ".[$_venv_extras]")
 for _venv_group in "${_venv_groups[@]}"; do _venv_args+=(--group "$_venv_group"); done
 if [ -n "${STATECODEC_CONSTRAINTS:-}" ]; then _venv_args+=(--constraint "$STATECODEC_CONSTRAINTS"); fi
+if [ -n "${STATECODEC_NEWEST:-}" ]; then _venv_args+=(--upgrade --upgrade-strategy eager); fi
 "${_venv_pip[@]}" "${_venv_args[@]}"
 unset _venv_pip _venv_args _venv_group _venv_groups _venv_extras
 case "$VENV" in /*) ;; *) VENV="$PWD/$VENV" ;; esac

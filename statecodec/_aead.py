@@ -24,14 +24,27 @@ KEY_BYTES: Final = 32
 NONCE_BYTES: Final = 24
 TAG_BYTES: Final = 16
 
-try:
-    from nacl._sodium import ffi as _ffi
-    from nacl._sodium import lib as _lib
 
-    _encrypt_c: Any = _lib.crypto_aead_xchacha20poly1305_ietf_encrypt
-    _decrypt_c: Any = _lib.crypto_aead_xchacha20poly1305_ietf_decrypt
-except (ImportError, AttributeError):  # pragma: no cover - depends on the PyNaCl build
-    _ffi = None
+def _libsodium() -> tuple[Any, Any, Any] | None:
+    """``(ffi, encrypt, decrypt)`` through PyNaCl's private cffi handle, or ``None``.
+
+    ``None`` when this PyNaCl has no such handle (or it lacks the two functions): the
+    public wrappers then serve. tests/test_seams.py forces that case.
+    """
+    try:
+        from nacl._sodium import ffi, lib  # noqa: PLC0415 - a private module, isolated here
+
+        encrypt = lib.crypto_aead_xchacha20poly1305_ietf_encrypt
+        decrypt = lib.crypto_aead_xchacha20poly1305_ietf_decrypt
+        return ffi, encrypt, decrypt
+    except (ImportError, AttributeError):
+        return None
+
+
+_ffi: Any
+_encrypt_c: Any
+_decrypt_c: Any
+_ffi, _encrypt_c, _decrypt_c = _libsodium() or (None, None, None)
 
 
 def _check(nonce: bytes, key: bytes) -> None:
@@ -46,7 +59,7 @@ def encrypt(message: bytes, aad: bytes, nonce: bytes, key: bytes) -> bytes:
     _check(nonce, key)
     if type(message) is not bytes or type(aad) is not bytes:
         raise TypeError("message and associated data must be bytes")
-    if _ffi is None:  # pragma: no cover
+    if _ffi is None:  # no private handle (see _libsodium)
         return _public_encrypt(message, aad, nonce, key)
     out = _ffi.new("unsigned char[]", len(message) + TAG_BYTES)
     # The output length pointer may be NULL: it is always len(message) + TAG_BYTES.
@@ -62,7 +75,7 @@ def decrypt(sealed: bytes, aad: bytes, nonce: bytes, key: bytes) -> bytes:
         raise TypeError("ciphertext and associated data must be bytes")
     if len(sealed) < TAG_BYTES:
         raise CryptoError("ciphertext is shorter than the tag")
-    if _ffi is None:  # pragma: no cover
+    if _ffi is None:  # no private handle (see _libsodium)
         return _public_decrypt(sealed, aad, nonce, key)
     out = _ffi.new("unsigned char[]", max(1, len(sealed) - TAG_BYTES))
     if _decrypt_c(out, _ffi.NULL, _ffi.NULL, sealed, len(sealed), aad, len(aad), nonce, key) != 0:

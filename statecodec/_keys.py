@@ -51,15 +51,25 @@ def _keyed_hmac(key: bytes, prefix: bytes = b"") -> _MacState:
     vectors pin them), only the speed differs.
     """
     wrapper = hmac.new(key, prefix, digestmod="sha256")
+    state = _openssl_state(wrapper, key, prefix)
+    return wrapper if state is None else state
+
+
+def _openssl_state(wrapper: hmac.HMAC, key: bytes, prefix: bytes) -> _MacState | None:
+    """``wrapper``'s private OpenSSL object when it demonstrably computes the same HMAC, else ``None``.
+
+    A private attribute may vanish or change meaning in a future Python (or be absent
+    in a build without OpenSSL's HMAC): it is used only after computing one MAC both
+    ways, once per key. tests/test_seams.py forces both fallbacks.
+    """
     inner = getattr(wrapper, "_hmac", None)
-    if inner is not None and all(callable(getattr(inner, m, None)) for m in ("copy", "update", "digest")):
-        # A private attribute may change meaning in a future Python: use it only when it
-        # demonstrably computes the same HMAC, checked once per key.
-        probe = inner.copy()
-        probe.update(b"statecodec/v1/probe")
-        if hmac.compare_digest(probe.digest(), hmac.digest(key, prefix + b"statecodec/v1/probe", "sha256")):
-            return cast(_MacState, inner)
-    return wrapper  # pragma: no cover - depends on the Python build
+    if inner is None or not all(callable(getattr(inner, m, None)) for m in ("copy", "update", "digest")):
+        return None
+    probe = inner.copy()
+    probe.update(b"statecodec/v1/probe")
+    if not hmac.compare_digest(probe.digest(), hmac.digest(key, prefix + b"statecodec/v1/probe", "sha256")):
+        return None
+    return cast(_MacState, inner)
 
 
 def derive_subkey(secret: bytes, purpose: str) -> bytes:
@@ -196,7 +206,7 @@ class KeyRing:
     def from_dict(cls, doc: Mapping[str, Any]) -> KeyRing:
         marker = doc.get("statecodec_keyring")
         if type(marker) is not int or marker != KEYRING_FORMAT:  # not True, not 1.0
-            raise ValueError("not a statecodec key ring (missing \"statecodec_keyring\": 1)")
+            raise ValueError('not a statecodec key ring (missing "statecodec_keyring": 1)')
         entries = doc.get("keys", [])
         if not isinstance(entries, list):
             raise ValueError('"keys" must be a list of key objects')

@@ -44,7 +44,7 @@ import threading
 from collections.abc import Callable, Mapping
 from typing import Any, Final, TypeAlias
 
-from ._errors import REASONS
+from ._errors import REASONS, InvalidState
 
 # ---------------------------------------------------------------- log records
 #: Every ``extra=`` field a statecodec log record may carry.
@@ -84,6 +84,13 @@ def fields(event: str, **facts: object) -> dict[str, object]:
         else:
             record[name] = value
     return record
+
+
+def rejection(exc: InvalidState, **facts: object) -> dict[str, object]:
+    """The ``extra=`` of a ``token_rejected`` record: the facts of ``exc``, and ``facts``."""
+    return fields(
+        "token_rejected", reason=exc.reason, detail=exc.detail, kid=exc.kid, token_id=exc.token_id, **facts
+    )
 
 
 def clip(text: str) -> str:

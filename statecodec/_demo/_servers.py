@@ -41,10 +41,14 @@ class DeployServer(NamedTuple):
     run_stdio: Callable[[], Awaitable[None]]
 
 
-def build_lowlevel(
-    codec: StateCodec, instance: str, *, auth: bool, name: str = SERVER_NAME, log_level: LogLevel = "INFO"
-) -> DeployServer:
-    """``mcp.server.lowlevel.Server``: handlers by hand; it configures no logging (``log_level`` unused)."""
+def lowlevel_server(
+    instance: str, *, name: str = SERVER_NAME, on_issued: Callable[[str | None], None] | None = None
+) -> Server[Any]:
+    """The deploy tool on an ``mcp.server.lowlevel.Server``, handlers by hand, unprotected.
+
+    ``on_issued(state)`` sees every ``requestState`` the tool issues (examples/unprotected_server.py
+    records them).
+    """
 
     async def list_tools(ctx: ServerRequestContext[Any], params: Any) -> types.ListToolsResult:
         tool = types.Tool(name=TOOL, description=TOOL_DESCRIPTION, input_schema=TOOL_SCHEMA)
@@ -56,9 +60,19 @@ def build_lowlevel(
         if params.name != TOOL:
             raise MCPError(code=types.INVALID_PARAMS, message=f"unknown tool {params.name}")
         version = str((params.arguments or {}).get("version"))
-        return handle(version, params.request_state, params.input_responses, instance)
+        outcome = handle(version, params.request_state, params.input_responses, instance)
+        if on_issued is not None and isinstance(outcome, types.InputRequiredResult):
+            on_issued(outcome.request_state)
+        return outcome
 
-    server: Server[Any] = Server(name, on_list_tools=list_tools, on_call_tool=call_tool)
+    return Server(name, on_list_tools=list_tools, on_call_tool=call_tool)
+
+
+def build_lowlevel(
+    codec: StateCodec, instance: str, *, auth: bool, name: str = SERVER_NAME, log_level: LogLevel = "INFO"
+) -> DeployServer:
+    """:func:`lowlevel_server` protected; it configures no logging (``log_level`` unused)."""
+    server = lowlevel_server(instance, name=name)
     mcp_adapter.protect(server, codec)
 
     def http_app() -> Any:

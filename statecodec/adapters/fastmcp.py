@@ -16,11 +16,21 @@ from typing import Any
 
 from fastmcp import FastMCP
 from fastmcp.server.dependencies import get_access_token
+from mcp.server.lowlevel import Server
 
 from .. import _telemetry
 from .._codec import StateCodec
 from . import jsonrpc
-from .mcp import AudienceFn, BindingFn, Context, PrincipalFn, StateCodecMiddleware, install
+from .mcp import (
+    AudienceFn,
+    BindingFn,
+    Context,
+    PrincipalFn,
+    StateCodecMiddleware,
+    _sdk_chain,
+    _version,
+    install,
+)
 
 __all__ = ["authenticated_principal", "protect"]
 
@@ -57,8 +67,7 @@ def protect(
     """
     if not isinstance(server, FastMCP):
         raise TypeError(f"protect() takes a FastMCP server, not {type(server).__name__}")
-    # FastMCP exposes no public handle to the SDK middleware chain.
-    lowlevel = server._mcp_server
+    lowlevel = _lowlevel(server)
     if audience is None and not _named(server):
         logger.warning(
             "FastMCP server %r has a generated name; tokens it seals will not verify on "
@@ -69,8 +78,26 @@ def protect(
     middleware = StateCodecMiddleware(
         codec, audience=lowlevel.name if audience is None else audience, principal=principal, binding=binding
     )
-    install(lowlevel.middleware, middleware)
+    install(_sdk_chain(lowlevel), middleware)
     return middleware
+
+
+def _lowlevel(server: FastMCP[Any]) -> Server[Any]:
+    """FastMCP's low-level SDK server, or a clear error now if this FastMCP hides it elsewhere.
+
+    FastMCP exposes no public handle to the SDK middleware chain, only the private
+    ``_mcp_server``: a release that moves it makes :func:`protect` fail here, when the
+    server is assembled, not on a request. tests/test_seams.py forces that case.
+    """
+    lowlevel = getattr(server, "_mcp_server", None)
+    if not isinstance(lowlevel, Server):
+        raise RuntimeError(
+            f"this FastMCP ({_version('fastmcp')}) keeps no mcp lowlevel Server in server._mcp_server: "
+            "statecodec.adapters.fastmcp cannot reach its SDK middleware chain. Install the fastmcp "
+            "versions statecodec supports, or put statecodec.adapters.asgi.RequestStateMiddleware "
+            "in front of server.http_app() instead."
+        )
+    return lowlevel
 
 
 def _named(server: FastMCP[Any]) -> bool:

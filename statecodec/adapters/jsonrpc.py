@@ -381,12 +381,8 @@ def _log_rejection(
         exc.kid or "-",
         exc.token_id[:8] if exc.token_id else "-",
         size if size is not None else "-",
-        extra=_telemetry.fields(
-            "token_rejected",
-            reason=exc.reason,
-            detail=exc.detail,
-            kid=exc.kid,
-            token_id=exc.token_id,
+        extra=_telemetry.rejection(
+            exc,
             audience=binding.audience if binding is not None else None,
             method=method,
             target=target,

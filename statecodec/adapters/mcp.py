@@ -22,9 +22,11 @@ want statecodec's keys, modes and rotation underneath, :func:`sdk_codec` adapts 
 
 from __future__ import annotations
 
+import functools
+import importlib.metadata
 import logging
 from collections.abc import Callable, Mapping, MutableSequence
-from dataclasses import replace
+from dataclasses import fields, is_dataclass, replace
 from functools import partial
 from typing import Any, Final, TypeAlias, cast
 
@@ -172,13 +174,24 @@ def _with_params(ctx: Context, params: Mapping[str, Any]) -> Context:
     return copy
 
 
-# Checked once, against the SDK actually installed, so an SDK release that changes the
-# class (slots, frozen, a __post_init__) falls back to replace() rather than breaking.
-_PLAIN_CONTEXT: Final = (
-    "__slots__" not in vars(ServerRequestContext)
-    and not hasattr(ServerRequestContext, "__post_init__")
-    and getattr(getattr(ServerRequestContext, "__dataclass_params__", None), "frozen", True) is False
-)
+def _plain_dataclass(cls: type) -> bool:
+    """Whether copying an instance's ``__dict__`` makes what ``replace`` would make.
+
+    True for a dataclass that has an instance dictionary, is not frozen and has no
+    ``__post_init__``. Checked against the SDK actually installed, so a release that
+    changes the class (slots, frozen, a ``__post_init__``) gets ``replace()`` rather than
+    a broken copy; tests/test_seams.py forces that case.
+    """
+    params = getattr(cls, "__dataclass_params__", None)
+    return (
+        params is not None
+        and params.frozen is False
+        and "__slots__" not in vars(cls)
+        and not hasattr(cls, "__post_init__")
+    )
+
+
+_PLAIN_CONTEXT: Final = _plain_dataclass(ServerRequestContext)
 
 
 def _mcp_error(exc: jsonrpc.WireError) -> MCPError:
@@ -191,11 +204,10 @@ def install(chain: MutableSequence[Any], middleware: StateCodecMiddleware) -> No
 
     Every ``RequestStateBoundary`` and every earlier :class:`StateCodecMiddleware` is
     removed; the new one takes the position of the first of them. With none present it
-    goes right after the SDK's OpenTelemetry middleware (spans then record the sealed
-    wire form, as with the SDK boundary), else first, so user middleware always sees
-    plaintext.
+    goes right after the middleware the SDK installs by default (its OpenTelemetry
+    middleware: spans then record the sealed wire form, as with the SDK boundary), else
+    first, so user middleware always sees plaintext.
     """
-    from mcp.server._otel import OpenTelemetryMiddleware  # noqa: PLC0415 - private path, isolated here
 
     def replaced(item: Any) -> bool:
         return isinstance(item, RequestStateBoundary | StateCodecMiddleware)
@@ -204,11 +216,49 @@ def install(chain: MutableSequence[Any], middleware: StateCodecMiddleware) -> No
     if positions:
         at = positions[0]
     else:
-        telemetry = [i for i, item in enumerate(chain) if isinstance(item, OpenTelemetryMiddleware)]
-        at = telemetry[-1] + 1 if telemetry else 0
+        outer = _sdk_default_middleware()
+        defaults = [i for i, item in enumerate(chain) if isinstance(item, outer)]
+        at = defaults[-1] + 1 if defaults else 0
     kept = [item for item in chain if not replaced(item)]
     kept.insert(at, middleware)
     chain[:] = kept
+
+
+@functools.cache
+def _sdk_default_middleware() -> tuple[type, ...]:
+    """The types of the middleware a new lowlevel ``Server`` starts with.
+
+    Read from a fresh server rather than imported from ``mcp.server._otel`` (a private
+    module that may move): whatever the SDK puts there by default stays outside.
+    """
+    return tuple({type(item) for item in Server("statecodec").middleware})
+
+
+def _sdk_chain(server: Server[Any] | MCPServer[Any]) -> MutableSequence[Any]:
+    """``server.middleware``, or a clear error now if this SDK no longer has it.
+
+    The SDK marks ``Server.middleware`` provisional in mcp 2.3. If a release renames it
+    or changes what a middleware receives, :func:`protect` fails here, when the server
+    is assembled, instead of on its first request.
+    """
+    chain = getattr(server, "middleware", None)
+    # The middleware copies the context with new params (see _with_params): a dataclass with both.
+    names = {f.name for f in fields(ServerRequestContext)} if is_dataclass(ServerRequestContext) else set()
+    if not isinstance(chain, MutableSequence) or not {"method", "params"} <= names:
+        raise RuntimeError(
+            f"this mcp SDK ({_version('mcp')}) has no Server.middleware list taking a dataclass context "
+            "with method and params (provisional in mcp 2.3): statecodec.adapters.mcp cannot protect it. "
+            "Install the mcp versions statecodec supports, or put statecodec.adapters.asgi."
+            "RequestStateMiddleware in front of the server's ASGI app instead."
+        )
+    return chain
+
+
+def _version(distribution: str) -> str:
+    try:
+        return importlib.metadata.version(distribution)
+    except importlib.metadata.PackageNotFoundError:
+        return "version unknown"
 
 
 def protect(
@@ -232,15 +282,12 @@ def protect(
         example ``lambda ctx, b: b.replace(extra={"tenant": tenant_of(ctx)})``.
     :returns: the installed middleware.
     """
-    if isinstance(server, MCPServer):
-        chain: MutableSequence[Any] = server.middleware
-    elif isinstance(server, Server):
-        chain = server.middleware
-    else:
+    if not isinstance(server, MCPServer | Server):
         raise TypeError(
             f"protect() takes an mcp lowlevel Server or an MCPServer, not {type(server).__name__}; "
             "for FastMCP use statecodec.adapters.fastmcp.protect"
         )
+    chain = _sdk_chain(server)
     middleware = StateCodecMiddleware(
         codec, audience=server.name if audience is None else audience, principal=principal, binding=binding
     )
@@ -291,15 +338,7 @@ class SDKRequestStateCodec:
                 exc.detail,
                 exc.kid or "-",
                 exc.token_id[:8] if exc.token_id else "-",
-                extra=_telemetry.fields(
-                    "token_rejected",
-                    reason=exc.reason,
-                    detail=exc.detail,
-                    kid=exc.kid,
-                    token_id=exc.token_id,
-                    mode=self.codec.mode.value,
-                    size=size,
-                ),
+                extra=_telemetry.rejection(exc, mode=self.codec.mode.value, size=size),
             )
             raise InvalidRequestState(exc.reason) from None
         _telemetry.record_unseal(self.codec.mode.value, "-", "ok", size)

@@ -23,6 +23,7 @@ import platformdirs
 from .._humanize import duration, relative
 from ._exit import CliError, ExitCode, explain_missing_extra
 from ._output import Outcome, Output, command, echo
+from ._params import mode_option
 from ._sources import open_store
 
 if TYPE_CHECKING:
@@ -38,13 +39,7 @@ def _default_data_dir() -> str:
 
 
 @click.command("demo")
-@click.option(
-    "--mode",
-    type=click.Choice(["sign", "encrypt"]),
-    default="encrypt",
-    show_default=True,
-    help="SIGN: the client can read the state; ENCRYPT: it cannot. Both are tamper-proof.",
-)
+@mode_option("encrypt", "SIGN: the client can read the state; ENCRYPT: it cannot. Both are tamper-proof.")
 @click.option(
     "--keys",
     "keys_spec",

@@ -16,7 +16,6 @@ from typing import Any, cast
 
 import click
 
-from .._humanize import duration
 from .._keys import KeyRing
 from ..kms import (
     DEFAULT_KEY_TYPE,
@@ -31,7 +30,7 @@ from ..kms._local import write_key_file
 from ._describe import moment
 from ._exit import CliError, ExitCode
 from ._output import Outcome, Output, command
-from ._params import DURATION, TIME, F, OrderedGroup, clock_at, keys_option, require_keys
+from ._params import TIME, F, OrderedGroup, clock_at, duration_option, keys_option, require_keys
 
 
 @click.group("keys", cls=OrderedGroup)
@@ -92,10 +91,7 @@ def timeline_options(fn: F) -> F:
 
     decorated: Any = wrapper
     for name, text in reversed(_TIMELINE.items()):
-        default = duration(getattr(defaults, name))
-        option = click.option(
-            f"--{name.replace('_', '-')}", name, type=DURATION, default=default, show_default=True, help=text
-        )
+        option = duration_option(f"--{name.replace('_', '-')}", getattr(defaults, name), text)
         decorated = option(decorated)
     return cast(F, decorated)
 
@@ -204,14 +200,9 @@ def init_command(out: Output, *, keys_spec: str | None, key_type: str) -> Outcom
 # ----------------------------------------------------------------- rotate
 @keys_group.command("rotate")
 @keys_option
-@click.option(
-    "--min-age", type=DURATION, required=True, help="Rotate when the newest key is this old (e.g. 24h)."
-)
-@click.option(
-    "--retire-after",
-    type=DURATION,
-    required=True,
-    help="Retire a key once its successor is this old (e.g. 2h).",
+@duration_option("--min-age", None, "Rotate when the newest key is this old (e.g. 24h).", required=True)
+@duration_option(
+    "--retire-after", None, "Retire a key once its successor is this old (e.g. 2h).", required=True
 )
 @click.option("--dry-run", is_flag=True, help="Say what would change; change nothing.")
 @timeline_options

@@ -5,19 +5,20 @@ from __future__ import annotations
 import click
 
 from .. import _format
-from .._codec import DEFAULT_MAX_TOKEN_BYTES, DEFAULT_TTL, StateCodec
-from .._humanize import duration
+from .._codec import DEFAULT_TTL, StateCodec
 from . import _sources
 from ._describe import iso, moment
 from ._exit import CliError, ExitCode
 from ._output import Outcome, Output, command
 from ._params import (
-    DURATION,
     TIME,
     BindingOptions,
     binding_options,
     clock_at,
+    duration_option,
     keys_option,
+    max_token_bytes_option,
+    mode_option,
     read_input,
     require_keys,
 )
@@ -26,31 +27,13 @@ from ._params import (
 @click.command("mint")
 @click.argument("payload", metavar="PAYLOAD|-")
 @keys_option
-@click.option(
-    "--mode",
-    type=click.Choice(["sign", "encrypt"]),
-    default="sign",
-    show_default=True,
-    help="SIGN: readable payload; ENCRYPT: confidential payload.",
-)
-@click.option(
-    "--ttl",
-    type=DURATION,
-    default=duration(DEFAULT_TTL),
-    show_default=True,
-    help="Lifetime, e.g. 90s, 10m, 1h.",
-)
+@mode_option("sign", "SIGN: readable payload; ENCRYPT: confidential payload.")
+@duration_option("--ttl", DEFAULT_TTL, "Lifetime, e.g. 90s, 10m, 1h.")
 @binding_options
 @click.option(
     "--at", type=TIME, metavar="TIME", help="Issue as of TIME (ISO 8601, Unix, -1h) to test expiry."
 )
-@click.option(
-    "--max-token-bytes",
-    type=click.IntRange(128),
-    default=DEFAULT_MAX_TOKEN_BYTES,
-    show_default=True,
-    help="Refuse a token longer than this.",
-)
+@max_token_bytes_option("Refuse a token longer than this.")
 @command("mint")
 def mint_command(
     out: Output,

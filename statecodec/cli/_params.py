@@ -19,6 +19,7 @@ from typing import Any, Final, TypeVar, cast
 import click
 
 from .._binding import Binding
+from .._codec import DEFAULT_MAX_TOKEN_BYTES
 from .._format import MAX_TIME
 from .._humanize import duration
 from ._exit import CliError, ExitCode
@@ -316,3 +317,29 @@ def _extra(items: tuple[str, ...]) -> dict[str, str]:
             raise click.BadParameter(f"{item!r} is not KEY=VALUE", param_hint="'--extra'")
         pairs[key] = val
     return pairs
+
+
+def duration_option(flag: str, default: float | str | None, text: str, **attrs: Any) -> Callable[[F], F]:
+    """``--flag DURATION`` (90s, 10m, 1h30m), its default (seconds or text) shown as one."""
+    if default is not None:  # an explicit default=None would satisfy required=True in click 8.3
+        shown = duration(default) if isinstance(default, int | float) else default
+        attrs.update(default=shown, show_default=True)
+    return click.option(flag, type=DURATION, help=text, **attrs)
+
+
+def max_token_bytes_option(text: str) -> Callable[[F], F]:
+    """``--max-token-bytes N``: the codec's size limit."""
+    return click.option(
+        "--max-token-bytes",
+        type=click.IntRange(128),
+        default=DEFAULT_MAX_TOKEN_BYTES,
+        show_default=True,
+        help=text,
+    )
+
+
+def mode_option(default: str, text: str) -> Callable[[F], F]:
+    """``--mode sign|encrypt``."""
+    return click.option(
+        "--mode", type=click.Choice(["sign", "encrypt"]), default=default, show_default=True, help=text
+    )

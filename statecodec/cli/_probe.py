@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any, Final
 
 import click
@@ -18,7 +18,7 @@ import click
 from ._describe import printable
 from ._exit import CliError, ExitCode, explain_missing_extra
 from ._output import Outcome, Output, command
-from ._params import DURATION
+from ._params import F, duration_option
 
 if TYPE_CHECKING:
     from ..probe import CheckResult, Report
@@ -92,49 +92,40 @@ def _url(ctx: click.Context, param: click.Parameter, value: str) -> str:
     return value
 
 
+def _header_option(flag: str, text: str) -> Callable[[F], F]:
+    dest = flag.removeprefix("--").replace("-", "_") + "s"
+    return click.option(flag, dest, multiple=True, metavar="'NAME: VALUE'", callback=_headers, help=text)
+
+
+def _json_option(flag: str, callback: Callable[..., Any], text: str) -> Callable[[F], F]:
+    return click.option(flag, metavar="JSON", callback=callback, help=text)
+
+
 @click.command("probe")
 @click.argument("url", callback=_url)
 @click.option(
     "--tool", required=True, help="The tool to probe: one that asks for input (returns input_required)."
 )
-@click.option(
+@_json_option(
     "--arguments",
-    "arguments",
-    metavar="JSON",
-    callback=_json_object("the tool's arguments"),
-    help="The tool's arguments as a JSON object [default: {}].",
+    _json_object("the tool's arguments"),
+    "The tool's arguments as a JSON object [default: {}].",
 )
-@click.option(
+@_json_option(
     "--answers",
-    metavar="JSON",
-    callback=_answers,
-    help='Full responses by input request name, e.g. {"confirm": {"action": "accept", "content": '
+    _answers,
+    'Full responses by input request name, e.g. {"confirm": {"action": "accept", "content": '
     '{"ok": true}}}; others get defaults from their schema.',
 )
-@click.option(
-    "--header",
-    "headers",
-    multiple=True,
-    metavar="'NAME: VALUE'",
-    callback=_headers,
-    help="An HTTP header on every request, e.g. the user's credentials (repeatable).",
-)
-@click.option(
-    "--other-header",
-    "other_headers",
-    multiple=True,
-    metavar="'NAME: VALUE'",
-    callback=_headers,
-    help="A second user's headers (repeatable); enables the cross-user check.",
-)
+@_header_option("--header", "An HTTP header on every request, e.g. the user's credentials (repeatable).")
+@_header_option("--other-header", "A second user's headers (repeatable); enables the cross-user check.")
 @click.option(
     "--other-tool", metavar="NAME", help="Another tool of the server; enables the cross-tool check."
 )
-@click.option(
+@_json_option(
     "--other-arguments",
-    metavar="JSON",
-    callback=_json_object("the other tool's arguments"),
-    help="The other tool's arguments [default: --arguments].",
+    _json_object("the other tool's arguments"),
+    "The other tool's arguments [default: --arguments].",
 )
 @click.option(
     "--only",
@@ -143,20 +134,13 @@ def _url(ctx: click.Context, param: click.Parameter, value: str) -> str:
     callback=_only,
     help=f"Run only these checks: {', '.join(CHECK_NAMES)}.",
 )
-@click.option(
+@duration_option(
     "--wait",
-    type=DURATION,
+    None,
+    "Expiry check: present a state this long after it was issued (longer than its lifetime).",
     metavar="DURATION",
-    help="Expiry check: present a state this long after it was issued (longer than its lifetime).",
 )
-@click.option(
-    "--timeout",
-    type=DURATION,
-    default="30s",
-    show_default=True,
-    metavar="DURATION",
-    help="Longest wait for any one answer of the server.",
-)
+@duration_option("--timeout", "30s", "Longest wait for any one answer of the server.", metavar="DURATION")
 @click.option(
     "--i-understand-side-effects",
     "side_effects",

@@ -21,19 +21,18 @@ import socket
 import sys
 import tempfile
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, TextIO
 
 import click
 
 from .. import _telemetry
-from .._codec import DEFAULT_MAX_TOKEN_BYTES, DEFAULT_TTL, StateCodec
-from .._humanize import duration
+from .._codec import DEFAULT_TTL, StateCodec
 from ..adapters.asgi import DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_RESPONSE_BYTES, ASGIApp, PrincipalFn
 from ._exit import CliError, ExitCode
 from ._output import classify, echo
-from ._params import DURATION, keys_option, require_keys
+from ._params import F, duration_option, keys_option, max_token_bytes_option, mode_option, require_keys
 
 logger = logging.getLogger("statecodec.proxy")
 
@@ -112,6 +111,10 @@ def _listen(value: str) -> tuple[str, int]:
     return host.strip("[]"), int(port)
 
 
+def _count_option(flag: str, default: int, text: str) -> Callable[[F], F]:
+    return click.option(flag, type=click.IntRange(1), default=default, show_default=True, help=text)
+
+
 @click.command("proxy")
 @click.option(
     "--upstream",
@@ -138,32 +141,14 @@ def _listen(value: str) -> tuple[str, int]:
 @click.option(
     "--audience", required=True, help="The protected service's name; the same on all its instances."
 )
-@click.option(
-    "--mode",
-    type=click.Choice(["sign", "encrypt"]),
-    default="encrypt",
-    show_default=True,
-    help="ENCRYPT hides the upstream's state from clients; SIGN only protects it.",
-)
-@click.option(
-    "--ttl",
-    type=DURATION,
-    default=duration(DEFAULT_TTL),
-    show_default=True,
-    help="Lifetime of sealed states.",
-)
+@mode_option("encrypt", "ENCRYPT hides the upstream's state from clients; SIGN only protects it.")
+@duration_option("--ttl", DEFAULT_TTL, "Lifetime of sealed states.")
 @click.option(
     "--namespace",
     help='Replay-store namespace (default: "default", as for every statecodec codec); '
     "every server accepting the same tokens must use the same one.",
 )
-@click.option(
-    "--max-token-bytes",
-    type=click.IntRange(128),
-    default=DEFAULT_MAX_TOKEN_BYTES,
-    show_default=True,
-    help="Largest sealed state; a larger one is answered -32603.",
-)
+@max_token_bytes_option("Largest sealed state; a larger one is answered -32603.")
 @click.option(
     "--principal-from",
     "principal_source",
@@ -192,49 +177,19 @@ def _listen(value: str) -> tuple[str, int]:
     metavar="MODULE:FUNCTION",
     help="jwt-sub: fn(token) -> claims or None (sync or async), e.g. RFC 7662 introspection.",
 )
-@click.option(
-    "--max-body-bytes",
-    type=click.IntRange(1),
-    default=DEFAULT_MAX_BODY_BYTES,
-    show_default=True,
-    help="Larger request bodies get 413.",
+@_count_option("--max-body-bytes", DEFAULT_MAX_BODY_BYTES, "Larger request bodies get 413.")
+@_count_option(
+    "--max-response-bytes", DEFAULT_MAX_RESPONSE_BYTES, "Largest inspected JSON response or SSE event."
 )
-@click.option(
-    "--max-response-bytes",
-    type=click.IntRange(1),
-    default=DEFAULT_MAX_RESPONSE_BYTES,
-    show_default=True,
-    help="Largest inspected JSON response or SSE event.",
-)
-@click.option(
-    "--connect-timeout", type=DURATION, default="10s", show_default=True, help="Connecting to the upstream."
-)
-@click.option(
-    "--read-timeout",
-    type=DURATION,
-    default="5m",
-    show_default=True,
-    help="Silence allowed between two upstream chunks.",
-)
-@click.option(
-    "--graceful-timeout",
-    type=DURATION,
-    default="30s",
-    show_default=True,
-    help="On SIGTERM, time left to open requests.",
-)
+@duration_option("--connect-timeout", "10s", "Connecting to the upstream.")
+@duration_option("--read-timeout", "5m", "Silence allowed between two upstream chunks.")
+@duration_option("--graceful-timeout", "30s", "On SIGTERM, time left to open requests.")
 @click.option(
     "--max-concurrent-requests",
     type=click.IntRange(1),
     help="Answer 503 beyond this many open requests (default: no limit).",
 )
-@click.option(
-    "--max-connections",
-    type=click.IntRange(1),
-    default=100,
-    show_default=True,
-    help="Upstream connection pool size.",
-)
+@_count_option("--max-connections", 100, "Upstream connection pool size.")
 @click.option(
     "--passthrough-path",
     "passthrough_paths",

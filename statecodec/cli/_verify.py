@@ -17,12 +17,10 @@ import click
 from .._codec import (
     DEFAULT_EXPIRY_GRACE,
     DEFAULT_MAX_SKEW,
-    DEFAULT_MAX_TOKEN_BYTES,
     OpenedState,
     StateCodec,
 )
 from .._errors import InvalidState
-from .._humanize import duration
 from .._keys import KeyProvider
 from ..compat import FORMATS as COMPAT_FORMATS
 from ..compat import Verified, VerifyOptions, detect
@@ -33,17 +31,17 @@ from ._describe import expiry_phrase, moment, payload_fields, table, token_rows
 from ._output import Outcome, Output, command, invalid_state_error
 from ._params import (
     ABSENT,
-    DURATION,
     TIME,
     BindingOptions,
     binding_options,
     clock_at,
+    duration_option,
     keys_option,
+    max_token_bytes_option,
     read_token,
     require_keys,
 )
 
-FOREIGN = tuple(f for f in COMPAT_FORMATS if f != "sc1")
 _NOT_CHECKED = (
     "NOT CHECKED - no binding options given; add --principal/--audience/--method/--target/--arguments"
     "/--extra exactly as the server binds them"
@@ -133,27 +131,15 @@ def _resolve_format(fmt: str, token: str) -> str:
 @click.option("--consume", is_flag=True, help="Redeem the token in the --replay store (single use).")
 @click.option("--namespace", default="default", show_default=True, help="Replay namespace of the server.")
 @click.option("--at", type=TIME, metavar="TIME", help="Verify as of TIME (ISO 8601, Unix, +10m, -3m).")
-@click.option(
+@duration_option(
     "--max-skew",
-    type=DURATION,
-    default=duration(DEFAULT_MAX_SKEW),
-    show_default=True,
-    help="Accept a token issued up to this far in the future (a server whose clock runs ahead).",
+    DEFAULT_MAX_SKEW,
+    "Accept a token issued up to this far in the future (a server whose clock runs ahead).",
 )
-@click.option(
-    "--expiry-grace",
-    type=DURATION,
-    default=duration(DEFAULT_EXPIRY_GRACE),
-    show_default=True,
-    help="Accept a token this long past its expiry (0: the TTL is exact).",
+@duration_option(
+    "--expiry-grace", DEFAULT_EXPIRY_GRACE, "Accept a token this long past its expiry (0: the TTL is exact)."
 )
-@click.option(
-    "--max-token-bytes",
-    type=click.IntRange(128),
-    default=DEFAULT_MAX_TOKEN_BYTES,
-    show_default=True,
-    help="The server's size limit.",
-)
+@max_token_bytes_option("The server's size limit.")
 @click.option(
     "--format",
     "fmt",

@@ -348,6 +348,8 @@ class RedisReplayStore(ReplayStore):
         sender = self._senders.get(loop)
         if sender is not None:
             return sender
+        if not _batching_possible():
+            return None  # the sync client in a worker thread: redis-py's public API only
         client = self._async_given
         closers: list[Callable[[], Awaitable[object]]] = []
         if client is None:
@@ -984,6 +986,30 @@ class _Sender:
             if not call.future.done():
                 again = id(call) in retried
                 call.future.set_exception(_NotReplicated(acks, self._wait, self._timeout, ok, retried=again))
+
+
+def _batching_possible() -> bool:
+    """Whether this redis-py has the connection-level calls :class:`_Sender` relies on.
+
+    They lie below redis-py's public pipeline API (a pool's ``get_connection``, a
+    connection's ``pack_commands``/``send_packed_command``/``read_response``, a cluster
+    node's ``acquire_connection``). With a release that lacks one of them, ``aconsume``
+    runs the sync client in a worker thread instead: the same commands through the
+    public API, slower. tests/test_seams.py forces that.
+    """
+    needed = {
+        redis.asyncio.ConnectionPool: ("get_connection", "release"),
+        redis.asyncio.connection.AbstractConnection: (
+            "pack_commands",
+            "send_packed_command",
+            "read_response",
+            "disconnect",
+        ),
+        AsyncRetry: ("call_with_retry",),
+        redis.asyncio.cluster.ClusterNode: ("acquire_connection", "release"),
+        redis.asyncio.cluster.RedisCluster: ("get_node_from_key", "initialize"),
+    }
+    return all(callable(getattr(cls, name, None)) for cls, names in needed.items() for name in names)
 
 
 def _by_node(
