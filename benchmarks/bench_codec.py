@@ -375,7 +375,7 @@ def peer_candidates(
         key = ring.primary
 
         def binding_only() -> bytes:
-            return Binding(PRINCIPAL, AUDIENCE, METHOD, TARGET, ARGS).tag_for(key)
+            return Binding(PRINCIPAL, AUDIENCE, METHOD, TARGET, ARGS).tag(key)
 
         out.append(
             Candidate(

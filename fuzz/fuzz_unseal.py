@@ -194,7 +194,7 @@ def _policy(parsed: _format.ParsedToken, key: Key, binding: Binding, token_len: 
         return "expired"
     if parsed.issued_at > NOW + MAX_SKEW:
         return "not_yet_valid"
-    if not hmac.compare_digest(binding.tag(key.bind_key), parsed.bind_tag):
+    if not hmac.compare_digest(binding.tag(key), parsed.bind_tag):
         return "binding_mismatch"
     return None
 

@@ -190,7 +190,7 @@ class StateCodec:
             payload = bytes(payload)
         if not 0 < ttl < 2**31:
             raise ValueError("ttl must be a positive number of seconds")
-        header = _format.pack_header(key.kid_field, iat, iat + ttl, token_id, binding.tag_for(key))
+        header = _format.pack_header(key.kid_field, iat, iat + ttl, token_id, binding.tag(key))
         if self._signs:
             if nonce_suffix:
                 raise ValueError("SIGN tokens carry no nonce")
@@ -277,8 +277,8 @@ class StateCodec:
             raise InvalidState("internal_error", f"unexpected {type(exc).__name__} while unsealing") from None
 
     def _open(self, token: str, binding: Binding | None, now: float, check_binding: bool) -> OpenedState:
-        fields = _format.split(token, self.max_token_bytes)
-        _, mode, kid, iat, exp, token_id, bind_tag, header, body, mac = fields
+        parsed = _format.parse(token, self.max_token_bytes)
+        _, mode, kid, iat, exp, token_id, bind_tag, header, body, mac = parsed
         tid = token_id.hex()
         if mode != self._mode_char:
             raise InvalidState(
@@ -325,7 +325,7 @@ class StateCodec:
                 token_id=tid,
             )
         if check_binding:
-            expected_tag = (binding or UNBOUND).tag_for(key)
+            expected_tag = (binding or UNBOUND).tag(key)
             if not hmac.compare_digest(expected_tag, bind_tag):
                 raise InvalidState(
                     "binding_mismatch",
@@ -367,8 +367,12 @@ class StateCodec:
         # one per request: under load a dead store would otherwise flood the log.
         log = logger.debug if self._store_failing else logger.warning
         self._store_failing = True
-        log("statecodec: %s replay store unavailable, token %s rejected unconsumed: %s",
-            kind, opened.token_id[:8], cause)
+        log(
+            "statecodec: %s replay store unavailable, token %s rejected unconsumed: %s",
+            kind,
+            opened.token_id[:8],
+            cause,
+        )
         return InvalidState(
             "store_unavailable",
             f"{kind} replay store did not answer ({cause}); the token was not consumed, retry later",

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import re
 import struct
-from typing import Final, NamedTuple, TypeAlias
+from typing import Final, NamedTuple
 
 from pybase64 import b64decode as _b64decode
 from pybase64 import b64encode_as_string
@@ -53,6 +53,7 @@ AEAD_TAG_LEN: Final = 16
 MAX_TIME: Final = 2**32 - 1
 
 _TIMES = struct.Struct(">II")
+_new_tuple: Final = tuple.__new__
 _HEADER_FIXED: Final = 1 + 8 + TOKEN_ID_LEN + BIND_TAG_LEN  # the header without the kid: 41 bytes
 _AEAD_TRAILER: Final = NONCE_SUFFIX_LEN + AEAD_TAG_LEN
 # kid, iat, exp, tid and btag in one C call: one layout per kid length.
@@ -132,12 +133,8 @@ def kid_field(kid: str) -> bytes:
     return bytes((len(kid_b),)) + kid_b
 
 
-def build_header(kid: str, issued_at: int, expires_at: int, token_id: bytes, bind_tag: bytes) -> bytes:
-    return pack_header(kid_field(kid), issued_at, expires_at, token_id, bind_tag)
-
-
 def pack_header(kid_field: bytes, issued_at: int, expires_at: int, token_id: bytes, bind_tag: bytes) -> bytes:
-    """:func:`build_header` with the kid already encoded by :func:`kid_field`.
+    """The header, with the kid already encoded by :func:`kid_field`, or ``ValueError``.
 
     A :class:`~statecodec.Key` encodes its kid once, so minting skips the kid regex.
     """
@@ -181,15 +178,6 @@ def parse(token: str, max_token_bytes: int) -> ParsedToken:
 
     The size cap comes first, before any decoding, so a huge input costs nothing.
     """
-    return ParsedToken(*split(token, max_token_bytes))
-
-
-#: :func:`split`'s result: the fields of :class:`ParsedToken`, in its order.
-Fields: TypeAlias = tuple[str, str, str, int, int, bytes, bytes, bytes, bytes, bytes]
-
-
-def split(token: str, max_token_bytes: int) -> Fields:
-    """:func:`parse` as a plain tuple, for the codec, which parses on every unseal."""
     if not isinstance(token, str):
         raise InvalidState("malformed", f"token must be str, not {type(token).__name__}")
     if len(token) > max_token_bytes:
@@ -223,4 +211,7 @@ def split(token: str, max_token_bytes: int) -> Fields:
         body, mac = raw[header_len:-MAC_LEN], raw[-MAC_LEN:]
     else:
         body, mac = raw[header_len:], b""
-    return prefix, mode, kid, issued_at, expires_at, token_id, bind_tag, raw[:header_len], body, mac
+    # tuple.__new__ directly: ParsedToken(...) goes through a Python-level __new__ that
+    # only forwards its arguments, and the codec parses on every unseal.
+    fields = (prefix, mode, kid, issued_at, expires_at, token_id, bind_tag, raw[:header_len], body, mac)
+    return _new_tuple(ParsedToken, fields)

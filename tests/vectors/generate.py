@@ -227,7 +227,7 @@ class _Builder:
         _, raw = _split(token)
         intermediate: dict[str, Any] = {
             "binding_encoded": b.encoded.hex(),
-            "binding_tag": b.tag(key.bind_key).hex(),
+            "binding_tag": b.tag(key).hex(),
             "header": raw[: _header_len(kid)].hex(),
         }
         if binding is not None and "arguments" in binding:
@@ -1000,11 +1000,11 @@ def _set_trailing_bits(token: str) -> str:
 
 
 def _forge_sign(iat: int, exp: int, payload: bytes, binding: dict[str, Any]) -> str:
-    """A SIGN token with an authentic MAC over a header build_header() refuses to make."""
+    """A SIGN token with an authentic MAC over a header pack_header() refuses to make."""
     key = RINGS["main"].require("k2025b")
     b = binding_from_json(_binding_json(binding))
     assert b is not None
-    header = b"\x06k2025b" + struct.pack(">II", iat, exp) + _fixed("tid/forged", 16) + b.tag(key.bind_key)
+    header = b"\x06k2025b" + struct.pack(">II", iat, exp) + _fixed("tid/forged", 16) + b.tag(key)
     mac = hmac.digest(key.mac_key, b"sc1s." + header + payload, "sha256")
     return _join("sc1s.", header + payload + mac)
 
