@@ -6,7 +6,9 @@ call. When the API itself is missing (``statecodec[otel]`` not installed) both r
 become a function that does nothing, so the adapters never need it.
 
 What is counted is safe to export: the mode, the outcome (``"ok"`` or one of the stable
-:data:`statecodec.REASONS`) and the MCP method. Never a token, a kid, a principal or a
+:data:`statecodec.REASONS`) and the MCP method; and a histogram of the rounds per flow,
+recorded when a flow ends (a round that came in with a state is answered without one),
+labelled by mode only. Never a token, a kid, a principal or a
 target, which could be user data or grow the metric cardinality without bound.
 
 The recorders run on every MRTR request, so they cost as little as the API allows:
@@ -29,10 +31,13 @@ METER_NAME: Final = "statecodec"
 SEALS: Final = "statecodec.seals"
 UNSEALS: Final = "statecodec.unseals"
 TOKEN_SIZE: Final = "statecodec.token.size"  # noqa: S105 - a metric name, not a secret
+FLOW_ROUNDS: Final = "statecodec.flow.rounds"
 
 #: ``record(mode, method, outcome, size)``: ``outcome`` is ``"ok"`` or the reason;
 #: ``size`` is the token length (``None`` when there is no token, e.g. a failed seal).
 Recorder: TypeAlias = Callable[[str, str, str, "int | None"], None]
+#: ``record_flow_rounds(mode, rounds)``: a flow ended after ``rounds`` tokens.
+FlowRecorder: TypeAlias = Callable[[str, int], None]
 
 _ATTRIBUTES_CACHED: Final = 256
 _Attributes: TypeAlias = tuple[Mapping[str, str], Mapping[str, str]]
@@ -46,7 +51,11 @@ def _noop(mode: str, method: str, outcome: str, size: int | None) -> None:
     """What both recorders are without ``opentelemetry-api``."""
 
 
-def _otel_recorders(meter: Any) -> tuple[Recorder, Recorder]:
+def _noop_flow(mode: str, rounds: int) -> None:
+    """What the flow recorder is without ``opentelemetry-api``."""
+
+
+def _otel_recorders(meter: Any) -> tuple[Recorder, Recorder, FlowRecorder]:
     """The two recorders over ``meter``'s instruments.
 
     The API's proxy meter follows a MeterProvider installed later, so creating the
@@ -59,6 +68,13 @@ def _otel_recorders(meter: Any) -> tuple[Recorder, Recorder]:
     size_of = meter.create_histogram(
         TOKEN_SIZE, unit="By", description="size of requestState tokens on the wire"
     ).record
+    # Never the flow id as a label: one series per flow would grow without bound.
+    rounds_of = meter.create_histogram(
+        FLOW_ROUNDS,
+        unit="{round}",
+        description="requestState tokens per MRTR flow, recorded when a flow ends",
+    ).record
+    by_mode = {mode: {"mode": mode} for mode in ("sign", "encrypt")}
     # (outcome attributes, size attributes) per (mode, method, outcome), one cache per
     # direction. Shared dicts: never mutated here, and the OpenTelemetry SDK only reads them.
     sealed: _AttributeCache = {}
@@ -85,12 +101,15 @@ def _otel_recorders(meter: Any) -> tuple[Recorder, Recorder]:
         if size is not None:
             size_of(size, sized)
 
-    return record_seal, record_unseal
+    def record_flow_rounds(mode: str, rounds: int) -> None:
+        rounds_of(rounds, by_mode.get(mode) or {"mode": mode})
+
+    return record_seal, record_unseal, record_flow_rounds
 
 
 def _resolve() -> None:
-    """Bind both recorders for good: to the instruments, or to the no-op."""
-    global _unavailable, record_seal, record_unseal  # noqa: PLW0603 - rebound once, see the module doc
+    """Bind the recorders for good: to the instruments, or to the no-op."""
+    global _unavailable, record_seal, record_unseal, record_flow_rounds  # noqa: PLW0603 - rebound once
     with _lock:
         if record_seal is not _first_seal:  # another thread got here first
             return
@@ -98,9 +117,9 @@ def _resolve() -> None:
             from opentelemetry import metrics  # noqa: PLC0415 - optional dependency, imported on first use
         except ImportError:
             _unavailable = True
-            record_seal, record_unseal = _noop, _noop
+            record_seal, record_unseal, record_flow_rounds = _noop, _noop, _noop_flow
             return
-        record_seal, record_unseal = _otel_recorders(metrics.get_meter(METER_NAME))
+        record_seal, record_unseal, record_flow_rounds = _otel_recorders(metrics.get_meter(METER_NAME))
 
 
 def _first_seal(mode: str, method: str, outcome: str, size: int | None) -> None:
@@ -113,7 +132,14 @@ def _first_unseal(mode: str, method: str, outcome: str, size: int | None) -> Non
     record_unseal(mode, method, outcome, size)
 
 
+def _first_flow_rounds(mode: str, rounds: int) -> None:
+    _resolve()
+    record_flow_rounds(mode, rounds)
+
+
 #: Count one seal attempt; ``size`` is the token length when it succeeded.
 record_seal: Recorder = _first_seal
 #: Count one unseal attempt; ``outcome`` is ``"ok"`` or the rejection reason.
 record_unseal: Recorder = _first_unseal
+#: Record the number of tokens of a flow that just ended.
+record_flow_rounds: FlowRecorder = _first_flow_rounds

@@ -13,6 +13,17 @@ and the proxy all call the same two functions:
 - :func:`seal_result` takes the server's answer to that request and seals its state,
   or refuses to let it out.
 
+Flows: :func:`seal_result` seals the state of a round that came in with one as the next
+round of the same flow (the codec's ``parent=``), so every flow keeps one id and the
+codec's round and age budgets hold. Pacing: ``seal_result(..., retry_after=S)`` paces a
+requestState-only round (``input_required`` without ``inputRequests``); a retry of it that
+comes early is held, asynchronously, until its time when that is at most ``max_hold``
+seconds away (then the round runs as usual), and otherwise answered at once with the same
+state (:attr:`Judged.early`): the handler never runs early and the token is never
+consumed early. Holding rather than answering matters to well-behaved clients: the
+official TypeScript client retries 250 ms after such an answer and counts every answer
+against its 10 rounds, so answering each early retry would end its flow within seconds.
+
 Both raise one exception, :class:`WireError`, which carries the JSON-RPC error to answer
 instead. Every token problem is the same -32602 "Invalid or expired requestState" (the
 SDKs' convention: a forger learns nothing); every result that cannot be sealed is -32603
@@ -24,6 +35,7 @@ seals bytes. The mapping is UTF-8, strictly, both ways.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 from collections.abc import Callable, Mapping
@@ -37,6 +49,7 @@ from .._errors import InvalidState, StateCodecError
 from . import _metrics
 
 __all__ = [
+    "DEFAULT_MAX_HOLD",
     "INPUT_REQUIRED",
     "INTERNAL_ERROR_CODE",
     "INTERNAL_ERROR_MESSAGE",
@@ -53,6 +66,9 @@ __all__ = [
     "WireError",
     "binding_for",
     "carries_state",
+    "check_pacing",
+    "flow_fields",
+    "is_state_only",
     "digested_arguments",
     "is_mrtr",
     "judge_request",
@@ -64,6 +80,12 @@ __all__ = [
 ]
 
 logger = logging.getLogger("statecodec")
+
+#: How long an early retry of a paced round may be held before it runs (seconds); a retry
+#: that would wait longer is answered at once with the same state.
+DEFAULT_MAX_HOLD: Final = 10.0
+# An early retry is held at most this many times (the clock may wake a hair early).
+_HOLDS_MAX: Final = 3
 
 #: The only methods whose results may be ``input_required`` (spec 2026-07-28).
 MRTR_METHODS: Final = frozenset({"tools/call", "resources/read", "prompts/get"})
@@ -263,10 +285,15 @@ class Judged:
     ``params`` are what the server may see: the request's own params, with the plaintext
     state in place of the token when one was redeemed (``opened``). :meth:`binding` is
     the binding the answer's state is sealed with: the one the token was checked against,
-    or computed on first use (only an answer that carries a state needs it).
+    or computed on first use (only an answer that carries a state needs it). ``opened`` is
+    also the parent of the answer's state: the next round of its flow.
+
+    ``early``, when set, is the whole answer: the request retried a paced round too early
+    to be held, so the handler must not run and the client gets this result (the same
+    state, unconsumed) instead.
     """
 
-    __slots__ = ("_bind", "_binding", "method", "opened", "params")
+    __slots__ = ("_bind", "_binding", "early", "method", "opened", "params")
 
     def __init__(
         self,
@@ -275,16 +302,19 @@ class Judged:
         bind: Binder,
         opened: OpenedState | None = None,
         binding: Binding | None = None,
+        *,
+        early: Mapping[str, Any] | None = None,
     ) -> None:
         self.method = method
         self.params = params
         self.opened = opened
+        self.early = early
         self._bind = bind
         self._binding = binding
 
     def __repr__(self) -> str:
         opened = self.opened.token_id[:8] if self.opened else None
-        return f"Judged(method={self.method!r}, opened={opened!r})"
+        return f"Judged(method={self.method!r}, opened={opened!r}, early={self.early is not None})"
 
     def binding(self) -> Binding:
         """The request's binding; raises ``Exception`` from the binder when it cannot be made."""
@@ -294,7 +324,12 @@ class Judged:
 
 
 async def judge_request(
-    codec: StateCodec, method: str, params: Mapping[str, Any] | None, bind: Binder
+    codec: StateCodec,
+    method: str,
+    params: Mapping[str, Any] | None,
+    bind: Binder,
+    *,
+    max_hold: float = DEFAULT_MAX_HOLD,
 ) -> Judged:
     """Judge an inbound MRTR request; raise :class:`WireError` (-32602) to refuse it.
 
@@ -306,8 +341,13 @@ async def judge_request(
     1. the shape: no alias of ``requestState``, a string, within ``codec.max_token_bytes``
        (cheap, before the argument digest);
     2. the binding, ``bind()`` (principal, audience, target, argument digest);
-    3. ``codec.aunseal``: format, key, MAC or AEAD, times, binding and, last, the replay
-       store (single use, awaited).
+    3. ``codec.aunseal``: format, key, MAC or AEAD, times, flow budgets, binding, pacing
+       and, last, the replay store (single use, awaited).
+
+    A token that is ``too_early`` (a paced round retried before its time) is no refusal:
+    the request is held until then when that is at most ``max_hold`` seconds away
+    (asynchronously, holding no thread) and judged again; otherwise the verdict carries
+    :attr:`Judged.early`, the same state to answer at once, and nothing was consumed.
 
     Then the payload is read as UTF-8 text; only a holder of the keys can mint one that
     is not, and such a token could never be redeemed here anyway. Each refusal logs one
@@ -324,7 +364,13 @@ async def judge_request(
             raise InvalidState(
                 "malformed", f"the request cannot be bound: {type(exc).__name__}: {str(exc)[:200]}"
             ) from None
-        opened = await codec.aunseal(token, binding)
+        opened = await _paced_unseal(codec, token, binding, max_hold)
+        if opened is None:  # too early to hold: the same state, at once
+            _metrics.record_unseal(
+                _MODE_LABEL.get(codec.mode) or codec.mode.value, method, "too_early", len(token)
+            )
+            early = {"resultType": INPUT_REQUIRED, REQUEST_STATE: token}
+            return Judged(method, params, bind, None, binding, early=early)
         try:
             plaintext = opened.payload.decode("utf-8")
         except UnicodeDecodeError:
@@ -335,7 +381,53 @@ async def judge_request(
         _log_rejection(codec, method, params, exc)
         raise WireError.invalid_state(exc.reason) from None
     _metrics.record_unseal(_MODE_LABEL.get(codec.mode) or codec.mode.value, method, "ok", len(token))
+    if logger.isEnabledFor(logging.DEBUG):
+        logger.debug(
+            "statecodec: redeemed requestState on %s: flow=%s round=%d",
+            method,
+            opened.flow_id[:8],
+            opened.round,
+            extra={"method": method, **flow_fields(opened)},
+        )
     return Judged(method, {**params, REQUEST_STATE: plaintext}, bind, opened, binding)
+
+
+async def _paced_unseal(
+    codec: StateCodec, token: str, binding: Binding, max_hold: float
+) -> OpenedState | None:
+    """``codec.aunseal``, holding a ``too_early`` token until its time if that is within ``max_hold``.
+
+    ``None``: the token is too early to hold (it was not consumed). A held request is
+    judged again from the start after the wait, so a token redeemed meanwhile by another
+    request is ``replayed`` as usual.
+    """
+    held = 0.0
+    for _ in range(_HOLDS_MAX + 1):
+        try:
+            return await codec.aunseal(token, binding)
+        except InvalidState as exc:
+            if exc.reason != "too_early" or exc.retry_at is None:
+                raise
+            wait = max(exc.retry_at - codec.clock(), 0.001)
+            if held + wait > max_hold:
+                logger.info(
+                    "statecodec: early retry of flow %s round %s answered with the same state (%.3fs early)",
+                    (exc.flow_id or "-")[:8],
+                    exc.round,
+                    wait,
+                    extra={"flow_id": exc.flow_id, "round": exc.round, "reason": "too_early", "wait": wait},
+                )
+                return None
+            logger.debug(
+                "statecodec: holding an early retry of flow %s round %s for %.3fs",
+                (exc.flow_id or "-")[:8],
+                exc.round,
+                wait,
+                extra={"flow_id": exc.flow_id, "round": exc.round, "reason": "too_early", "wait": wait},
+            )
+            held += wait
+            await asyncio.sleep(wait)
+    return None
 
 
 def _token_of(codec: StateCodec, params: Mapping[str, Any]) -> str:
@@ -369,48 +461,88 @@ def _log_rejection(codec: StateCodec, method: str, params: Mapping[str, Any], ex
     size = len(token) if isinstance(token, str) else None
     _metrics.record_unseal(codec.mode.value, method, exc.reason, size)
     logger.warning(
-        "statecodec: rejected requestState on %s %s: reason=%s detail=%r kid=%s token=%s size=%s",
+        "statecodec: rejected requestState on %s %s: reason=%s detail=%r kid=%s token=%s flow=%s round=%s "
+        "size=%s",
         method,
         _target_for_log(method, params),
         exc.reason,
         exc.detail,
         exc.kid or "-",
         exc.token_id[:8] if exc.token_id else "-",
+        exc.flow_id[:8] if exc.flow_id else "-",
+        exc.round if exc.round is not None else "-",
         size if size is not None else "-",
+        extra={"reason": exc.reason, "flow_id": exc.flow_id, "round": exc.round, "method": method},
     )
 
 
 # ---------------------------------------------------------------- sealing a result
-def seal_result(codec: StateCodec, judged: Judged | None, result: Mapping[str, Any]) -> Mapping[str, Any]:
+def check_pacing(codec: StateCodec, retry_after: float | None, max_hold: float) -> None:
+    """Refuse pacing settings that cannot work (``ValueError``), when a server is assembled."""
+    if retry_after is not None and not (isinstance(retry_after, int | float) and 0 < retry_after < codec.ttl):
+        raise ValueError(
+            f"retry_after must be a number of seconds between 0 and the codec's ttl, got {retry_after!r}"
+        )
+    if not (isinstance(max_hold, int | float) and 0 <= max_hold <= 300):
+        raise ValueError(f"max_hold must be between 0 and 300 seconds, got {max_hold!r}")
+
+
+def is_state_only(result: Mapping[str, Any]) -> bool:
+    """An ``input_required`` result without ``inputRequests``: "not ready yet, come back"."""
+    return result.get("resultType") == INPUT_REQUIRED and not result.get("inputRequests")
+
+
+def flow_fields(opened: OpenedState | None) -> dict[str, Any]:
+    """The ``extra=`` fields naming a round's flow in log records (empty without a state)."""
+    if opened is None:
+        return {}
+    return {"flow_id": opened.flow_id, "round": opened.round}
+
+
+def seal_result(
+    codec: StateCodec,
+    judged: Judged | None,
+    result: Mapping[str, Any],
+    *,
+    retry_after: float | None = None,
+) -> Mapping[str, Any]:
     """``result`` with its plaintext ``requestState`` sealed to ``judged``'s binding.
 
     A result without a state comes back as it is (the same object). A state is sealed
     whatever ``resultType`` says: no plaintext state issued by a server ever reaches a
-    client. Raises :class:`WireError` (-32603), after logging why, when it cannot be:
+    client. When the request came in with a state, the new one is its next round (the
+    same flow). ``retry_after`` paces a requestState-only result (:func:`is_state_only`):
+    its token is not redeemable before that many seconds. Raises :class:`WireError`
+    (-32603), after logging why, when it cannot be:
 
     - the result spells ``requestState`` another way (``request_state``, ``RequestState``):
       lenient clients read those, and nothing here can tell which one they would pick;
     - there is no request to bind it to (``judged`` is ``None``: an answer to another
       method, to an unknown id, on a stream that belongs to no request);
-    - the request cannot be bound, or the state is not text, is too large, or no key mints.
+    - the request cannot be bound, or the state is not text, is too large, or no key mints;
+    - the flow is out of budget (``max_rounds``, ``max_flow_age``).
     """
     aliases = _aliases(result, _RESULT_KEYS)
     state = result.get(REQUEST_STATE)
     if state is None and not aliases:
+        if judged is not None and judged.opened is not None:  # the flow ends here
+            _metrics.record_flow_rounds(_MODE_LABEL.get(codec.mode) or codec.mode.value, judged.opened.round)
         return result
     method = judged.method if judged is not None else "-"
     if aliases:
         _refuse_seal(codec, method, f"the result carries {aliases[0][:40]!r}, a spelling of requestState")
     if judged is None:
         _refuse_seal(codec, method, "the result carries a requestState but answers no MRTR request")
-    return {**result, REQUEST_STATE: seal_state(codec, judged, state)}
+    paced = retry_after if retry_after is not None and is_state_only(result) else None
+    return {**result, REQUEST_STATE: seal_state(codec, judged, state, retry_after=paced)}
 
 
-def seal_state(codec: StateCodec, judged: Judged, state: object) -> str:
+def seal_state(codec: StateCodec, judged: Judged, state: object, *, retry_after: float | None = None) -> str:
     """The token for a plaintext ``requestState`` answering ``judged``; see :func:`seal_result`.
 
     The core of :func:`seal_result`, for callers holding the state already (a result
     model). Anything but a ``str`` that encodes as UTF-8 raises :class:`WireError` (-32603).
+    ``retry_after`` is applied as given: the caller decides that the result is state-only.
     """
     method = judged.method
     try:
@@ -420,18 +552,25 @@ def seal_state(codec: StateCodec, judged: Judged, state: object) -> str:
     try:
         if not isinstance(state, str):
             raise TypeError(f"requestState must be a str, not {type(state).__name__}")
-        token = codec.seal(state.encode("utf-8"), binding)
+        token = codec.seal(state.encode("utf-8"), binding, parent=judged.opened, retry_after=retry_after)
     except Exception as exc:
-        _refuse_seal(codec, method, f"{type(exc).__name__}: {exc}", _clip(binding.target))
+        _refuse_seal(codec, method, f"{type(exc).__name__}: {exc}", _clip(binding.target), judged.opened)
     _metrics.record_seal(_MODE_LABEL.get(codec.mode) or codec.mode.value, method, "ok", len(token))
     return token
 
 
-def _refuse_seal(codec: StateCodec, method: str, why: str, target: str | None = None) -> NoReturn:
+def _refuse_seal(
+    codec: StateCodec, method: str, why: str, target: str | None = None, parent: OpenedState | None = None
+) -> NoReturn:
     # Fail closed: a result whose state cannot be sealed is never sent as it is.
     _metrics.record_seal(_MODE_LABEL.get(codec.mode) or codec.mode.value, method, "error", None)
     where = method if target is None else f"{method} {target!r}"
-    logger.error("statecodec: could not seal requestState on %s: %s", where, why)
+    logger.error(
+        "statecodec: could not seal requestState on %s: %s",
+        where,
+        why,
+        extra={"method": method, **flow_fields(parent)},
+    )
     raise WireError.internal(why)
 
 

@@ -19,9 +19,16 @@ from typing import Any
 
 import click
 
-from .._codec import DEFAULT_MAX_TOKEN_BYTES, DEFAULT_TTL, StateCodec
+from .._codec import (
+    DEFAULT_MAX_FLOW_AGE,
+    DEFAULT_MAX_ROUNDS,
+    DEFAULT_MAX_TOKEN_BYTES,
+    DEFAULT_TTL,
+    StateCodec,
+)
 from .._humanize import duration
 from ..adapters.asgi import DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_RESPONSE_BYTES, PrincipalFn
+from ..adapters.jsonrpc import DEFAULT_MAX_HOLD
 from ._exit import CliError, ExitCode
 from ._output import classify
 from ._params import DURATION, keys_option, require_keys
@@ -145,7 +152,7 @@ def _listen(value: str) -> tuple[str, int]:
 )
 @click.option(
     "--namespace",
-    help="Replay-store namespace (default: \"default\", as for every statecodec codec); "
+    help='Replay-store namespace (default: "default", as for every statecodec codec); '
     "every server accepting the same tokens must use the same one.",
 )
 @click.option(
@@ -227,6 +234,34 @@ def _listen(value: str) -> tuple[str, int]:
     help="Upstream connection pool size.",
 )
 @click.option(
+    "--max-rounds",
+    type=click.IntRange(1, 255),
+    default=DEFAULT_MAX_ROUNDS,
+    show_default=True,
+    help="Most states one flow may have; a later round is refused (the clients' own default is 10).",
+)
+@click.option(
+    "--max-flow-age",
+    type=DURATION,
+    default=duration(DEFAULT_MAX_FLOW_AGE),
+    show_default=True,
+    help="A flow's states are refused once it started longer ago than this.",
+)
+@click.option(
+    "--retry-after",
+    type=click.FloatRange(0, min_open=True),
+    metavar="SECONDS",
+    help="Pace requestState-only rounds: their retries run no earlier than this (default: no pacing).",
+)
+@click.option(
+    "--max-hold",
+    type=click.FloatRange(0, 300),
+    default=DEFAULT_MAX_HOLD,
+    show_default=True,
+    metavar="SECONDS",
+    help="Hold an early retry until its time if at most this far away; else answer at once with its state.",
+)
+@click.option(
     "--passthrough-path",
     "passthrough_paths",
     multiple=True,
@@ -301,6 +336,10 @@ def _run(
     max_concurrent_requests: int | None,
     max_connections: int,
     passthrough_paths: tuple[str, ...],
+    max_rounds: int,
+    max_flow_age: int,
+    retry_after: float | None,
+    max_hold: float,
 ) -> None:
     from ..kms import KeyManager  # noqa: PLC0415 - loaded only for this command
     from ..proxy import ProxyOptions, Timeouts, bind_socket, build_proxy, serve  # noqa: PLC0415
@@ -318,6 +357,8 @@ def _run(
         timeouts=Timeouts(connect=connect_timeout, read=read_timeout),
         max_connections=max_connections,
         passthrough_paths=passthrough_paths,
+        retry_after=retry_after,
+        max_hold=max_hold,
     )
     manager = KeyManager(require_keys(keys_spec), max_ttl=max(float(ttl), 600.0))
     manager.start()
@@ -327,7 +368,14 @@ def _run(
         # store must share single use too, so both take the codec's default.
         named: dict[str, Any] = {} if namespace is None else {"namespace": namespace}
         codec = StateCodec(
-            manager, mode=mode, ttl=ttl, max_token_bytes=max_token_bytes, replay=store, **named
+            manager,
+            mode=mode,
+            ttl=ttl,
+            max_token_bytes=max_token_bytes,
+            max_rounds=max_rounds,
+            max_flow_age=max_flow_age,
+            replay=store,
+            **named,
         )
         try:
             app = build_proxy(codec, options, principal=principal_fn)
