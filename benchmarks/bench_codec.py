@@ -295,14 +295,14 @@ def peer_candidates(
     # What a TS server's bind(ctx) returns, built once per request like a Binding.
     def ts_round() -> object:
         bind = bind_string(request)
-        token = ts_v1.seal(secret, state_obj, now=time.time(), ttl_seconds=TTL, bind=bind)
-        return ts_v1.unseal(token, secret, now=time.time(), bind=bind).payload
+        token = ts_v1.seal(secret, state_obj, ttl_seconds=TTL, bind=bind)
+        return ts_v1.unseal(token, secret, bind=bind).payload
 
     def check_ts() -> None:
         assert ts_round() == state_obj
-        t = ts_v1.seal(secret, state_obj, now=time.time(), bind=bind_string(request))
+        t = ts_v1.seal(secret, state_obj, bind=bind_string(request))
         _expect_reject(
-            lambda: ts_v1.unseal(t, secret, now=time.time(), bind=bind_string(other)), InvalidState
+            lambda: ts_v1.unseal(t, secret, bind=bind_string(other)), InvalidState
         )
 
     out.append(
@@ -310,7 +310,7 @@ def peer_candidates(
             TS_PEER,
             "peer",
             ts_round,
-            lambda: ts_v1.seal(secret, state_obj, now=time.time(), bind=bind_string(request)),
+            lambda: ts_v1.seal(secret, state_obj, bind=bind_string(request)),
             check_ts,
             "integrity, expiry, binding",
         )
