@@ -171,6 +171,8 @@ class StateCodec:
         self._expired_after = self.expiry_grace + 1
         # A flow ends like a token: floor(now) > start + max_flow_age + expiry_grace.
         self._flow_over_after = math.inf if max_flow_age is None else int(max_flow_age) + self._expired_after
+        # A first round's token lives at most as long as its flow.
+        self._flow_ttl_max = 2**31 if max_flow_age is None else int(max_flow_age)
         # Replay entries: "<namespace>:<token id hex>", kept until exp + expiry_grace + 1 +
         # max_skew on this codec's clock, handed to the store as a retention from now (the
         # comment above _store_down). Every instance sharing a store must use the same
@@ -214,8 +216,10 @@ class StateCodec:
         if not 0 < ttl < 2**31:
             raise ValueError("ttl must be a positive number of seconds")
         flow = None
-        if parent is not None or self.max_flow_age is not None:
-            flow, ttl = self._flow_of(parent, iat, ttl)
+        if parent is not None:
+            flow, ttl = self._next_round(parent, iat, ttl)
+        elif ttl > self._flow_ttl_max:  # a first round: its flow starts now
+            ttl = self._flow_ttl_max
         not_before_ms = 0
         if retry_after is not None:
             if not (isinstance(retry_after, int | float) and 0 < retry_after < 2**31):
@@ -229,6 +233,10 @@ class StateCodec:
             token_id, nonce_suffix = fresh[: _format.TOKEN_ID_LEN], fresh[_format.TOKEN_ID_LEN :]
         else:
             token_id, nonce_suffix = os.urandom(_format.TOKEN_ID_LEN), b""
+        if flow is None and not not_before_ms:  # a first round, unpaced: the common case, fewest arguments
+            return self._seal(
+                payload, binding or UNBOUND, key, iat, ttl, token_id=token_id, nonce_suffix=nonce_suffix
+            )
         return self._seal(
             payload,
             binding or UNBOUND,
@@ -241,25 +249,19 @@ class StateCodec:
             not_before_ms=not_before_ms,
         )
 
-    def _flow_of(
-        self, parent: OpenedState | None, iat: int, ttl: int
-    ) -> tuple[tuple[bytes, int, int] | None, int]:
-        """The chained fields of the next round after ``parent``, and ``ttl`` cut to the flow's end."""
-        if parent is None:
-            flow, started, round_, flow_id = None, iat, 1, "-"
-        else:
-            if not isinstance(parent, OpenedState):
-                raise TypeError(f"parent must be the OpenedState of this round, not {type(parent).__name__}")
-            round_, started, flow_id = parent.round + 1, parent.flow_started_at, parent.flow_id
-            if round_ > self.max_rounds:
-                raise FlowBudgetExceeded(
-                    "round_limit",
-                    f"flow {flow_id[:8]} has had its {self.max_rounds} rounds (max_rounds); "
-                    f"round {round_} refused",
-                    flow_id=flow_id,
-                    round=round_,
-                )
-            flow = (bytes.fromhex(flow_id), round_, started)
+    def _next_round(self, parent: OpenedState, iat: int, ttl: int) -> tuple[tuple[bytes, int, int], int]:
+        """The chained fields of the round after ``parent``, and ``ttl`` cut to the flow's end."""
+        if not isinstance(parent, OpenedState):
+            raise TypeError(f"parent must be the OpenedState of this round, not {type(parent).__name__}")
+        round_, started, flow_id = parent.round + 1, parent.flow_started_at, parent.flow_id
+        if round_ > self.max_rounds:
+            raise FlowBudgetExceeded(
+                "round_limit",
+                f"flow {flow_id[:8]} has had its {self.max_rounds} rounds (max_rounds); "
+                f"round {round_} refused",
+                flow_id=flow_id,
+                round=round_,
+            )
         if self.max_flow_age is not None:
             left = started + self.max_flow_age - iat
             if left < 1:
@@ -271,7 +273,7 @@ class StateCodec:
                     round=round_,
                 )
             ttl = min(ttl, left)
-        return flow, ttl
+        return (bytes.fromhex(flow_id), round_, started), ttl
 
     def _seal(
         self,
@@ -293,11 +295,18 @@ class StateCodec:
             if not isinstance(payload, bytearray | memoryview):
                 raise TypeError(f"payload must be bytes, not {type(payload).__name__}")
             payload = bytes(payload)
-        if not 0 < ttl < 2**31:
-            raise ValueError("ttl must be a positive number of seconds")
-        header = _format.pack_header(
-            key.kid_field, iat, iat + ttl, token_id, binding.tag(key), flow=flow, not_before_ms=not_before_ms
-        )
+        if flow is None and not not_before_ms:  # a first round, unpaced: no keyword arguments to pass
+            header = _format.pack_header(key.kid_field, iat, iat + ttl, token_id, binding.tag(key))
+        else:
+            header = _format.pack_header(
+                key.kid_field,
+                iat,
+                iat + ttl,
+                token_id,
+                binding.tag(key),
+                flow=flow,
+                not_before_ms=not_before_ms,
+            )
         if self._signs:
             if nonce_suffix:
                 raise ValueError("SIGN tokens carry no nonce")

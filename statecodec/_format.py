@@ -240,7 +240,10 @@ def parse(token: str, max_token_bytes: int) -> ParsedToken:
         raise InvalidState("malformed", str(exc)) from None
     if not raw:
         raise InvalidState("malformed", "empty token body")
-    flags, kid_len = raw[0] & ~_KID_LEN_MASK, raw[0] & _KID_LEN_MASK
+    kid_len = raw[0]
+    flags = 0
+    if kid_len > _KID_LEN_MASK:  # a flag is set (a first round never has one: the fast path)
+        flags, kid_len = kid_len & ~_KID_LEN_MASK, kid_len & _KID_LEN_MASK
     if not 1 <= kid_len <= KID_MAX:
         raise InvalidState("malformed", f"kid length {kid_len} is out of range")
     header_len = kid_len + _HEADER_FIXED
@@ -259,22 +262,28 @@ def parse(token: str, max_token_bytes: int) -> ParsedToken:
         body, mac = raw[header_len:-MAC_LEN], raw[-MAC_LEN:]
     else:
         body, mac = raw[header_len:], b""
-    flow_id, round_, started, not_before_ms = token_id, 1, issued_at, 0
-    if flags:
-        at = kid_len + _HEADER_FIXED
-        if flags & FLAG_CHAINED:
-            flow_id, round_, started = _CHAIN.unpack_from(raw, at)
-            if round_ < 2:  # round 1 is spelled without the flag: one spelling per token
-                raise InvalidState("malformed", f"a chained token of round {round_}")
-            at += _CHAIN.size
-        if flags & FLAG_PACED:
-            (not_before_ms,) = _PACE.unpack_from(raw, at)
-            if not not_before_ms:
-                raise InvalidState("malformed", "a paced token without a wait")
+    header = raw[:header_len]
     # tuple.__new__ directly: ParsedToken(...) goes through a Python-level __new__ that
     # only forwards its arguments, and the codec parses on every unseal.
+    if not flags:  # a flow of one: its own id, round 1, started at iat; not paced
+        return _new_tuple(
+            ParsedToken,
+            (prefix, mode, kid, issued_at, expires_at, token_id, bind_tag, header, body, mac,
+             token_id, 1, issued_at, 0),
+        )  # fmt: skip
+    flow_id, round_, started, not_before_ms = token_id, 1, issued_at, 0
+    at = kid_len + _HEADER_FIXED
+    if flags & FLAG_CHAINED:
+        flow_id, round_, started = _CHAIN.unpack_from(raw, at)
+        if round_ < 2:  # round 1 is spelled without the flag: one spelling per token
+            raise InvalidState("malformed", f"a chained token of round {round_}")
+        at += _CHAIN.size
+    if flags & FLAG_PACED:
+        (not_before_ms,) = _PACE.unpack_from(raw, at)
+        if not not_before_ms:
+            raise InvalidState("malformed", "a paced token without a wait")
     return _new_tuple(
         ParsedToken,
-        (prefix, mode, kid, issued_at, expires_at, token_id, bind_tag, raw[:header_len], body, mac,
+        (prefix, mode, kid, issued_at, expires_at, token_id, bind_tag, header, body, mac,
          flow_id, round_, started, not_before_ms),
     )  # fmt: skip
