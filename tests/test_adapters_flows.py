@@ -17,11 +17,18 @@ import textwrap
 import time
 from typing import Any
 
+import mcp_types
 import pytest
+from fastmcp import Context as FastMCPContext
+from fastmcp import FastMCP
+from mcp.client import Client
+from mcp.server.mcpserver import Context, MCPServer
 
 from statecodec import Binding, KeyRing, StateCodec, _format
+from statecodec.adapters import fastmcp as fastmcp_adapter
 from statecodec.adapters import jsonrpc
 from statecodec.adapters.jsonrpc import WireError
+from statecodec.adapters.mcp import protect
 from statecodec.replay.memory import MemoryReplayStore
 
 MODES = ["sign", "encrypt"]
@@ -238,3 +245,64 @@ def test_a_histogram_counts_the_rounds_of_each_flow_never_its_id() -> None:
     assert proc.returncode == 0, proc.stderr
     data = json.loads(proc.stdout)
     assert data["statecodec.flow.rounds"] == [[{"mode": "sign"}, 2, 6]]  # two flows of three states
+
+
+# ------------------------------------------------------------------ the SDK adapters in process
+@pytest.mark.parametrize("mode", MODES)
+async def test_fastmcp_paces_and_chains(mode: str) -> None:
+    server: FastMCP[Any] = FastMCP("approvals")
+    seen: list[str | None] = []
+
+    @server.tool
+    async def wait_for_approval(ticket: str, ctx: FastMCPContext) -> Any:
+        seen.append(ctx.request_state)
+        checks = 0 if ctx.request_state is None else json.loads(ctx.request_state)["checks"]
+        if checks < 2:
+            return mcp_types.InputRequiredResult(request_state=json.dumps({"checks": checks + 1}))
+        return f"{ticket} approved"
+
+    installed = fastmcp_adapter.protect(server, _codec(mode), retry_after=0.3, max_hold=0)
+    assert (installed.retry_after, installed.max_hold) == (0.3, 0)
+    async with Client(server._mcp_server) as client:
+        session = client.session
+        first = await session.call_tool("wait_for_approval", {"ticket": "T"}, allow_input_required=True)
+        assert isinstance(first, mcp_types.InputRequiredResult) and first.request_state is not None
+        token = first.request_state
+        early = await session.call_tool(
+            "wait_for_approval", {"ticket": "T"}, request_state=token, allow_input_required=True
+        )
+        assert isinstance(early, mcp_types.InputRequiredResult)
+        assert early.request_state == token and len(seen) == 1  # the same state; the tool did not run
+        await asyncio.sleep(0.35)
+        second = await session.call_tool(
+            "wait_for_approval", {"ticket": "T"}, request_state=token, allow_input_required=True
+        )
+    assert len(seen) == 2
+    assert isinstance(second, mcp_types.InputRequiredResult) and second.request_state is not None
+    one, two = _format.parse(token, 8192), _format.parse(second.request_state, 8192)
+    assert (two.round, two.flow_id) == (2, one.token_id) and two.not_before_ms >= 300
+
+
+@pytest.mark.parametrize("mode", MODES)
+async def test_mcpserver_holds_an_early_retry_then_runs_it(mode: str) -> None:
+    server: MCPServer[Any] = MCPServer("approvals")
+    runs: list[float] = []
+
+    @server.tool()
+    async def wait_for_approval(ticket: str, ctx: Context) -> Any:
+        runs.append(time.time())
+        if ctx.request_state is None:
+            return mcp_types.InputRequiredResult(request_state="not yet")
+        return f"{ticket} approved"
+
+    protect(server, _codec(mode), retry_after=0.3, max_hold=5)
+    async with Client(server) as client:
+        first = await client.session.call_tool(
+            "wait_for_approval", {"ticket": "T"}, allow_input_required=True
+        )
+        assert isinstance(first, mcp_types.InputRequiredResult)
+        done = await client.session.call_tool(
+            "wait_for_approval", {"ticket": "T"}, request_state=first.request_state, allow_input_required=True
+        )
+    assert isinstance(done, mcp_types.CallToolResult)  # held, then run: a real answer, not the same state
+    assert len(runs) == 2 and runs[1] - runs[0] >= 0.3 - 0.005

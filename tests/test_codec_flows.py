@@ -208,10 +208,10 @@ def test_pacing_and_chaining_together(mode: sc.Mode) -> None:
 def test_bad_budgets_and_pacing_are_refused_clearly() -> None:
     for bad in (0, 256, 1.5, True):
         with pytest.raises(ValueError, match="max_rounds"):
-            sc.StateCodec(RING, max_rounds=bad)
+            sc.StateCodec(RING, max_rounds=bad)  # type: ignore[arg-type]
     for bad_age in (0, -1, 2**31, 1.5):
         with pytest.raises(ValueError, match="max_flow_age"):
-            sc.StateCodec(RING, max_flow_age=bad_age)
+            sc.StateCodec(RING, max_flow_age=bad_age)  # type: ignore[arg-type]
     codec = _codec(sc.Mode.SIGN, ttl=60)
     for bad_wait in (0, -1, float("nan"), "1"):
         with pytest.raises(ValueError, match="retry_after"):
