@@ -224,7 +224,8 @@ class StateCodec:
         if retry_after is not None:
             if not (isinstance(retry_after, int | float) and 0 < retry_after < 2**31):
                 raise ValueError(f"retry_after must be a positive number of seconds, got {retry_after!r}")
-            not_before_ms = math.ceil((now + retry_after - iat) * 1000)
+            # Rounded to the microsecond first: float noise must not add a millisecond.
+            not_before_ms = math.ceil(round((now + retry_after - iat) * 1000, 3))
             if not_before_ms > ttl * 1000:
                 raise ValueError(f"retry_after={retry_after}s is beyond the token's {ttl}s lifetime")
         if not self._signs:

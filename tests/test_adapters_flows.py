@@ -41,6 +41,19 @@ ASKING: dict[str, Any] = {
 }
 
 
+T0 = 1_750_000_000.0
+
+
+class Clock:
+    """A clock the test moves by hand (the codec's one source of time)."""
+
+    def __init__(self, now: float = T0) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
 def _codec(mode: str, **kw: Any) -> StateCodec:
     kw.setdefault("replay", MemoryReplayStore())
     return StateCodec(KeyRing.generate(), mode=mode, **kw)
@@ -87,11 +100,9 @@ async def test_only_requeststate_only_rounds_are_paced(mode: str) -> None:
 async def test_an_early_retry_within_the_hold_waits_then_runs(mode: str) -> None:
     codec = _codec(mode)
     token = await _first(codec, STATE_ONLY, retry_after=0.3)
-    began = time.time()
     judged = await _retry(codec, token, max_hold=5)
-    assert judged.early is None and judged.opened is not None
-    assert time.time() >= judged.opened.not_before  # type: ignore[operator]
-    assert time.time() - began >= 0.25  # it was held, not refused
+    assert judged.early is None and judged.opened is not None  # held, not refused nor answered early
+    assert judged.opened.not_before is not None and time.time() >= judged.opened.not_before
     with pytest.raises(WireError):  # and it was consumed by that one run
         await _retry(codec, token, max_hold=5)
 
@@ -100,10 +111,12 @@ async def test_an_early_retry_within_the_hold_waits_then_runs(mode: str) -> None
 async def test_an_early_retry_beyond_the_hold_gets_the_same_state_and_burns_nothing(
     mode: str, caplog: pytest.LogCaptureFixture
 ) -> None:
-    codec = _codec(mode)
+    clock = Clock()
+    codec = _codec(mode, clock=clock)
     token = await _first(codec, STATE_ONLY, retry_after=0.4)
     caplog.set_level(logging.INFO, logger="statecodec")
     for _ in range(50):
+        clock.now += 0.001  # 50 retries within 50 ms of the seal
         judged = await _retry(codec, token, max_hold=0)
         assert judged.opened is None
         assert judged.early == {"resultType": "input_required", "requestState": token}
@@ -111,7 +124,7 @@ async def test_an_early_retry_beyond_the_hold_gets_the_same_state_and_burns_noth
     assert early and all(r.levelno == logging.INFO for r in early)  # not a warning: no attack
     assert {getattr(r, "round", None) for r in early} == {1}
     assert {getattr(r, "flow_id", None) for r in early} == {_format.parse(token, 8192).token_id.hex()}
-    await asyncio.sleep(0.45)
+    clock.now = T0 + 0.4
     judged = await _retry(codec, token, max_hold=0)
     assert judged.opened is not None  # never consumed by the early ones
 
@@ -133,16 +146,17 @@ async def test_a_wrong_binding_is_refused_at_once_even_when_early(mode: str) -> 
     codec = _codec(mode)
     token = await _first(codec, STATE_ONLY, retry_after=5)
     other = {"name": "wait_for_approval", "arguments": {"ticket": "CHG-2"}, "requestState": token}
-    began = time.monotonic()
+    # With max_hold=0 an early token is answered with its state: a refusal instead shows
+    # that the binding is judged before the pacing.
     with pytest.raises(WireError) as info:
         await jsonrpc.judge_request(
             codec,
             "tools/call",
             other,
             lambda: jsonrpc.binding_for("tools/call", other, principal="alice", audience="svc"),
+            max_hold=0,
         )
     assert info.value.reason == "binding_mismatch"
-    assert time.monotonic() - began < 4  # not held: the binding is judged before the pacing
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -261,7 +275,8 @@ async def test_fastmcp_paces_and_chains(mode: str) -> None:
             return mcp_types.InputRequiredResult(request_state=json.dumps({"checks": checks + 1}))
         return f"{ticket} approved"
 
-    installed = fastmcp_adapter.protect(server, _codec(mode), retry_after=0.3, max_hold=0)
+    clock = Clock()
+    installed = fastmcp_adapter.protect(server, _codec(mode, clock=clock), retry_after=0.3, max_hold=0)
     assert (installed.retry_after, installed.max_hold) == (0.3, 0)
     async with Client(server._mcp_server) as client:
         session = client.session
@@ -273,7 +288,7 @@ async def test_fastmcp_paces_and_chains(mode: str) -> None:
         )
         assert isinstance(early, mcp_types.InputRequiredResult)
         assert early.request_state == token and len(seen) == 1  # the same state; the tool did not run
-        await asyncio.sleep(0.35)
+        clock.now += 0.3
         second = await session.call_tool(
             "wait_for_approval", {"ticket": "T"}, request_state=token, allow_input_required=True
         )
