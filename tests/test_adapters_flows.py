@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import math
 import subprocess
 import sys
 import textwrap
@@ -321,3 +322,25 @@ async def test_mcpserver_holds_an_early_retry_then_runs_it(mode: str) -> None:
         )
     assert isinstance(done, mcp_types.CallToolResult)  # held, then run: a real answer, not the same state
     assert len(runs) == 2 and runs[1] - runs[0] >= 0.3 - 0.005
+
+
+async def test_a_clock_that_fails_while_pacing_refuses_and_burns_nothing() -> None:
+    class Failing(Clock):
+        fail_after: int | None = None
+
+        def __call__(self) -> float:
+            if self.fail_after is not None:
+                if self.fail_after == 0:
+                    return math.nan
+                self.fail_after -= 1
+            return self.now
+
+    clock = Failing()
+    codec = _codec("sign", clock=clock)
+    token = await _first(codec, STATE_ONLY, retry_after=1)
+    clock.fail_after = 1  # the codec's own read works, the pacing's read gets NaN
+    with pytest.raises(WireError) as info:
+        await _retry(codec, token, max_hold=5)
+    assert info.value.reason == "internal_error"
+    clock.fail_after, clock.now = None, T0 + 1
+    assert (await _retry(codec, token, max_hold=0)).opened is not None  # not consumed

@@ -38,6 +38,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import math
 from collections.abc import Callable, Mapping
 from functools import lru_cache
 from types import MappingProxyType
@@ -408,7 +409,7 @@ async def _paced_unseal(
         except InvalidState as exc:
             if exc.reason != "too_early" or exc.retry_at is None:
                 raise
-            wait = max(exc.retry_at - codec.clock(), 0.001)
+            wait = _wait_until(codec, exc)
             if held + wait > max_hold:
                 logger.info(
                     "statecodec: early retry of flow %s round %s answered with the same state (%.3fs early)",
@@ -428,6 +429,19 @@ async def _paced_unseal(
             held += wait
             await asyncio.sleep(wait)
     return None
+
+
+def _wait_until(codec: StateCodec, early: InvalidState) -> float:
+    """Seconds from now (the codec's clock) until ``early``'s token is redeemable; at least 1 ms."""
+    try:
+        wait = float(early.retry_at) - codec.clock()  # type: ignore[arg-type]
+    except Exception:  # deny on error: a clock that fails now holds nothing
+        wait = math.nan
+    if not math.isfinite(wait):
+        raise InvalidState(
+            "internal_error", "the clock failed while pacing", kid=early.kid, token_id=early.token_id
+        )
+    return max(wait, 0.001)
 
 
 def _token_of(codec: StateCodec, params: Mapping[str, Any]) -> str:
