@@ -215,6 +215,9 @@ def test_typescript_client_waits_for_approval_across_two_instances(flows: FlowSe
     assert [h.round for h in headers] == [1, 2, 3]
     assert len({h.flow_id for h in headers}) == 1 and headers[0].flow_id == headers[0].token_id
     assert all(h.not_before_ms >= 1000 for h in headers)
+    if flows.kind == "typescript":  # the proxy's access line names the flow and the round
+        line = f"round 1 of flow {headers[0].flow_id.hex()[:8]}: tools/call"
+        assert line in flows.wait_for_log("B", line)
     runs = flows.runs("wait_for_approval", ticket=ticket)
     assert [r["step"] for r in runs] == [0, 1, 2, 3]
     assert all(gap >= RETRY_AFTER - 0.005 for gap in _gaps(runs)), _gaps(runs)
