@@ -253,10 +253,28 @@ def test_lost_replication_accepts_tokens_twice_without_wait_and_never_with_it(cl
     cluster.node(victim).start()
     cluster.wait_healthy(BOUND)
     wait_until(succeeds(waiting.check), "wait=1 can be met again", BOUND)
-    assert [waiting.consume(k, 300) for k in b_keys] == [True] * 30
+    # A replica that is connected may still miss a 0.3 s WAIT on a loaded machine: such a
+    # round fails closed (entry taken back) and its retry redeems the token, as a client's would.
+    assert [redeem(waiting, k) for k in b_keys] == [True] * 30
     assert [waiting.consume(k, 300) for k in b_keys] == [False] * 30
     trusting.close()
     waiting.close()
+
+
+def redeem(store: ReplayStore, key: str) -> bool:
+    """``consume``, retried while it fails closed with the entry taken back (bounded)."""
+    outcome: list[bool] = []
+
+    def attempt() -> bool:
+        try:
+            outcome.append(store.consume(key, 300))
+        except ReplayStoreError as exc:
+            assert "taken back" in str(exc), exc  # anything else is a real failure
+            return False
+        return True
+
+    wait_until(attempt, f"token {key[:8]} redeemed", BOUND)
+    return outcome[-1]
 
 
 def succeeds(check: Callable[[], None]) -> Callable[[], bool]:
