@@ -38,7 +38,7 @@ from typing import Any, Final, NamedTuple
 
 from nacl.exceptions import CryptoError
 
-from . import _aead, _format
+from . import _aead, _format, _telemetry
 from ._binding import UNBOUND, Binding
 from ._errors import FlowBudgetExceeded, InvalidState, ReplayStoreError
 from ._humanize import duration
@@ -377,7 +377,10 @@ class StateCodec:
             if math.isfinite(now):
                 return now
         except Exception as exc:
-            logger.exception("statecodec: the clock failed; token rejected")
+            logger.exception(
+                "the clock failed; token rejected",
+                extra=_telemetry.fields("clock_failed", reason="internal_error"),
+            )
             raise InvalidState("internal_error", f"unexpected {type(exc).__name__} from the clock") from None
         raise InvalidState("internal_error", f"the clock returned {now!r}, not a finite time")
 
@@ -390,7 +393,10 @@ class StateCodec:
             raise
         except Exception as exc:
             # Deny on error: a bug or an exotic input must never let a token through.
-            logger.exception("statecodec: unexpected error while unsealing; token rejected")
+            logger.exception(
+                "unexpected error while unsealing; token rejected",
+                extra=_telemetry.fields("unseal_crashed", reason="internal_error"),
+            )
             raise InvalidState("internal_error", f"unexpected {type(exc).__name__} while unsealing") from None
 
     def _open(self, token: str, binding: Binding | None, now: float, check_binding: bool) -> OpenedState:
@@ -524,13 +530,22 @@ class StateCodec:
         cause = str(exc) if isinstance(exc, ReplayStoreError) else f"{type(exc).__name__}: {exc}"
         # One WARNING when an outage starts (and one when it ends, in _judge_replay), not
         # one per request: under load a dead store would otherwise flood the log.
+        _telemetry.record_store_error(kind)
         log = logger.debug if self._store_failing else logger.warning
         self._store_failing = True
         log(
-            "statecodec: %s replay store unavailable, token %s rejected unconsumed: %s",
+            "%s replay store unavailable, token %s rejected unconsumed: %s",
             kind,
             opened.token_id[:8],
             cause,
+            extra=_telemetry.fields(
+                "store_unavailable",
+                reason="store_unavailable",
+                store=kind,
+                detail=cause,
+                kid=opened.kid,
+                token_id=opened.token_id,
+            ),
         )
         return InvalidState(
             "store_unavailable",
@@ -548,7 +563,9 @@ class StateCodec:
         if self._store_failing:
             self._store_failing = False
             kind = getattr(self.replay, "kind", "custom")
-            logger.warning("statecodec: %s replay store answers again", kind)
+            logger.warning(
+                "%s replay store answers again", kind, extra=_telemetry.fields("store_recovered", store=kind)
+            )
         if not first:
             raise InvalidState(
                 "replayed",

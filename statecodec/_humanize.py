@@ -21,3 +21,14 @@ def duration(seconds: float) -> str:
 def relative(delta: float) -> str:
     """'in 4m12s' for a future offset, '3m ago' for a past one."""
     return f"in {duration(delta)}" if delta >= 0 else f"{duration(-delta)} ago"
+
+
+def one_line(text: str, limit: int | None = 500) -> str:
+    """``text`` on one line (every run of whitespace, newlines included, becomes one space), clipped.
+
+    Error messages reach terminals and log lines; a message from a dependency may span
+    several lines (Vault's error lists, tracebacks in exception text). ``limit=None``
+    keeps it whole (a message statecodec wrote itself, however many problems it lists).
+    """
+    flat = " ".join(text.split())
+    return flat if limit is None or len(flat) <= limit else flat[:limit] + "..."

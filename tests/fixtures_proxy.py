@@ -195,6 +195,10 @@ class Proxy:
     def log(self) -> str:
         return self.log_path.read_text(encoding="utf-8", errors="replace")
 
+    def records(self) -> list[dict[str, Any]]:
+        """The log of a proxy run with ``--log-format json``: every line one JSON object."""
+        return [json.loads(line) for line in self.log().splitlines() if line.strip()]
+
     def wait_for_log(self, needle: str, timeout: float = 10.0) -> str:
         deadline = time.monotonic() + timeout
         while True:
@@ -330,8 +334,9 @@ def proxied(
         upstream = Upstream(kind, await_line(proc, "READY ", log_path), proc, record, log_path)
         service = Service(kind, mode, keys, f"sqlite:{tmp / 'replay.sqlite3'}", upstream)
         service.proxies = start_proxies(
-            tmp, upstream.url, keys=keys, replay=service.replay_url, mode=mode, jwks=jwks_server.url
-        )
+            tmp, upstream.url, keys=keys, replay=service.replay_url, mode=mode, jwks=jwks_server.url,
+            extra=["--log-format", "json"],
+        )  # fmt: skip
         try:
             yield service
         finally:

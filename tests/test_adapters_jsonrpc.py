@@ -188,17 +188,30 @@ async def test_rejections_log_one_precise_line(caplog: pytest.LogCaptureFixture)
             await judge(codec, params)
     assert (wrong_user.value.reason, replayed.value.reason) == ("binding_mismatch", "replayed")
     assert replayed.value.error() == jsonrpc.WireError.invalid_state().error()
-    lines = [
-        r.getMessage() for r in caplog.records if r.name == "statecodec" and "rejected" in r.getMessage()
+    records = [
+        r for r in caplog.records if r.name == "statecodec" and getattr(r, "event", None) == "token_rejected"
     ]
-    assert len(lines) == 2
+    assert len(records) == 2
     token_id = codec.verify_unbound(token).token_id
-    for line, reason in zip(lines, ["binding_mismatch", "replayed"], strict=True):
-        assert line.startswith("statecodec: rejected requestState on tools/call 'deploy_production': ")
-        assert f"reason={reason} " in line
-        assert f"kid={codec.keys.signing_key().kid} " in line
-        assert f"token={token_id[:8]} " in line
-        assert token not in line and token_id not in line
+    kid = codec.keys.signing_key().kid
+    for record, reason in zip(records, ["binding_mismatch", "replayed"], strict=True):
+        # The facts are fields of the record, for any JSON formatter; the message says them too.
+        facts = {
+            name: getattr(record, name, None) for name in ("reason", "kid", "token_id", "method", "target")
+        }
+        assert facts == {
+            "reason": reason,
+            "kid": kid,
+            "token_id": token_id[:8],
+            "method": "tools/call",
+            "target": "deploy_production",
+        }
+        assert record.audience == "svc" and record.size == len(token)  # type: ignore[attr-defined]
+        line = record.getMessage()
+        assert line.startswith("rejected requestState on tools/call 'deploy_production': ")
+        assert f"reason={reason} " in line and f"token={token_id[:8]} " in line
+        everything = line + repr(vars(record))
+        assert token not in everything and token_id not in everything
 
 
 @pytest.mark.parametrize(
@@ -339,7 +352,7 @@ def test_metrics_are_a_no_op_without_opentelemetry() -> None:
         "import sys\nsys.modules['opentelemetry'] = None  # as if not installed\n"
         + textwrap.dedent(_DRIVE)
         + "print(asyncio.run(drive()))\n"
-        + "from statecodec.adapters import _metrics\nprint(_metrics._unavailable)\n"
+        + "from statecodec import _telemetry\nprint(_telemetry._otel_missing)\n"
     )
     size, unavailable = out.split()
     assert int(size) > 100 and unavailable == "True"

@@ -591,6 +591,22 @@ def test_internal_errors_are_one_line_and_exit_70(monkeypatch: pytest.MonkeyPatc
     assert isinstance(debug.exception, ZeroDivisionError)
 
 
+def test_an_error_quoting_several_lines_is_one_line_everywhere(
+    monkeypatch: pytest.MonkeyPatch, keys: str
+) -> None:
+    """A dependency's message may span lines (Vault's error lists): the terminal and --json get one."""
+
+    def broken(*args: Any, **kwargs: Any) -> Any:
+        raise ZeroDivisionError("1 error occurred:\n\t* simulated bug\n\n")
+
+    monkeypatch.setattr(StateCodec, "verify_unbound", broken)
+    token = mint(keys)
+    text = run("verify", token, "--keys", keys).stderr
+    assert text.count("\n") == 1 and "(ZeroDivisionError: 1 error occurred: * simulated bug" in text
+    message = run_json("verify", token, "--keys", keys)["error"]["message"]
+    assert message == text.removeprefix("statecodec: error: ").rstrip("\n")
+
+
 def test_no_colour_when_not_a_terminal(keys: str) -> None:
     token = mint(keys)
     out = CliRunner().invoke(main, ["verify", token, "--keys", keys], color=True).output

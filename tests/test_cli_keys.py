@@ -275,7 +275,8 @@ def test_retire_the_primary_makes_a_new_key_and_waits(tmp_path: Path) -> None:
     assert doc["primary"] == "leaked" and stored.kids == (doc["successor"],)
     # Cut once the successor was promoted: 3 s (FAST's promotion delay) after its creation.
     assert 0 < doc["wait"] <= 3 and doc["cut_at"] >= stored.require(doc["successor"]).created_at + 3
-    progress = f"waiting [23]s until every instance mints with {doc['successor']} before cutting leaked"
+    # Whole seconds left of the 3: fewer when the machine is slow between the creation and the wait.
+    progress = f"waiting [0-3]s until every instance mints with {doc['successor']} before cutting leaked"
     assert re.search(progress, result.stderr)
 
 

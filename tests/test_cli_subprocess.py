@@ -128,5 +128,83 @@ def test_colour_only_on_a_terminal_and_never_with_no_color(env: dict[str, str]) 
     assert b"VALID" in coloured and b"\x1b[" in coloured
     plain = _run_in_pty(["verify", token], {**env, "NO_COLOR": "1"})
     assert b"VALID" in plain and b"\x1b[" not in plain
+    dumb = _run_in_pty(["verify", token], {**env, "TERM": "dumb"})
+    assert b"VALID" in dumb and b"\x1b[" not in dumb
     piped = sc("verify", token, env=env)
     assert piped.returncode == 0 and b"\x1b[" not in piped.stdout
+
+
+# ------------------------------------------------------------------ a closed stdout
+#: ``statecodec verify TOKEN [ARGS] | head -1``, exiting with statecodec's own code.
+HEAD_ONE = 'set -u; "$0" verify "$1" "${@:2}" | head -1 >/dev/null; exit "${PIPESTATUS[0]}"'
+
+
+def _closed_reader(args: list[str], env: dict[str, str]) -> tuple[int, bytes]:
+    """Run with stdout a pipe whose reader is gone before the first write: every write fails."""
+    reader, writer = os.pipe()
+    os.close(reader)
+    try:
+        proc = subprocess.run(
+            [script(), *args], stdout=writer, stderr=subprocess.PIPE, env=env, timeout=TIMEOUT, check=False
+        )
+    finally:
+        os.close(writer)
+    return proc.returncode, proc.stderr
+
+
+@pytest.mark.parametrize("json_mode", [[], ["--json"]])
+def test_a_closed_stdout_never_changes_the_exit_code(env: dict[str, str], json_mode: list[str]) -> None:
+    """Click turned EPIPE into exit 1 ("token rejected"): a valid token read by `| head -1` now exits 0."""
+    token = sc("mint", "x", env=env).stdout.decode().strip()
+    tampered = token[:-6] + ("A" if token[-6] != "A" else "B") + token[-5:]
+    expected = {token: 0, tampered: 1}
+    for candidate, code in expected.items():  # deterministic: the reader is gone before any write
+        returncode, stderr = _closed_reader(["verify", candidate, *json_mode], env)
+        assert returncode == code and stderr == b""  # no "Broken pipe", no "Exception ignored"
+    script_path = script()
+    runs = 0
+    for _ in range(15):  # a real `| head -1`, racing the writes
+        for candidate, code in expected.items():
+            proc = subprocess.run(
+                ["bash", "-c", HEAD_ONE, script_path, candidate, *json_mode],
+                capture_output=True, env=env, timeout=TIMEOUT, check=False,
+            )  # fmt: skip
+            assert (proc.returncode, proc.stderr) == (code, b""), proc.stderr.decode()
+            runs += 1
+    assert runs == 30
+
+
+def test_a_closed_stdout_before_any_result_exits_141(env: dict[str, str]) -> None:
+    returncode, stderr = _closed_reader(["--help"], env)
+    assert (returncode, stderr) == (141, b"")
+    returncode, stderr = _closed_reader(["keys", "list", "--help"], env)
+    assert (returncode, stderr) == (141, b"")
+
+
+# ------------------------------------------------------------------ JSON logs of the rotation job
+def test_keys_rotate_log_format_json_prints_one_object_per_line(tmp_path: Path, env: dict[str, str]) -> None:
+    keys = tmp_path / "rotated.json"
+    keys.write_text(KeyRing.generate("old").to_json())
+    keys.chmod(0o644)  # readable by others: the library warns, as a JSON record too
+    args = ["keys", "rotate", "--keys", f"file:{keys}", "--min-age", "0s", "--retire-after", "30d"]
+    proc = sc(*args, "--log-format", "json", env=env)
+    assert proc.returncode == 0, proc.stderr
+    (outcome,) = [json.loads(line) for line in proc.stdout.decode().splitlines()]
+    assert (outcome["event"], outcome["level"], outcome["exit_code"]) == ("keys_rotate", "INFO", 0)
+    assert outcome["rotated"] is True and outcome["new_kid"] not in (None, "old")
+    assert outcome["source"] == f"file:{keys}" and "create" in outcome["message"]
+    warnings = [json.loads(line) for line in proc.stderr.decode().splitlines()]
+    assert [w["event"] for w in warnings] == ["key_file_exposed"]
+    assert warnings[0]["level"] == "WARNING" and warnings[0]["logger"] == "statecodec.kms"
+    assert b"\x1b[" not in proc.stdout + proc.stderr
+
+    refused = sc(*args[:-1], "10s", "--log-format", "json", env=env)
+    assert refused.returncode == 3 and refused.stdout == b""
+    (error,) = [json.loads(line) for line in refused.stderr.decode().splitlines()]
+    assert (error["event"], error["level"], error["exit_code"], error["error_class"]) == (
+        "keys_rotate",
+        "ERROR",
+        3,
+        "keys",
+    )
+    assert error["message"].startswith("rotation refused: retire_after=10s is too short")

@@ -10,6 +10,7 @@ misconfiguration (a replay store per instance) and expects the demo to catch it.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 import selectors
@@ -174,6 +175,39 @@ def test_a_replay_store_per_instance_is_caught(tmp_path: Path) -> None:
     assert doc["error"]["class"] == "invalid" and doc["error"]["reason"] is None
     assert "Hint: memory: gives every instance a replay store of its own" in doc["error"]["message"]
     assert not (tmp_path / "d").exists()  # explicit --keys and --replay: nothing created
+
+
+class _Reworded(logging.Filter):
+    """Every statecodec record says something else: a message format the demo must not rely on."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        record.msg, record.args = "reworded", ()
+        return True
+
+
+def test_the_demo_reads_record_fields_never_log_text(tmp_path: Path) -> None:
+    keys = tmp_path / "keys.json"
+    keys.write_text(KeyRing.generate().to_json())
+    keys.chmod(0o600)
+    replay = f"sqlite:{tmp_path / 'r.sqlite3'}"
+    args = ["demo", "--mode", "sign", "--replay", replay, "--keys", f"file:{keys}", "--json"]
+    lib, reworded = logging.getLogger("statecodec"), _Reworded()
+    lib.addFilter(reworded)
+    try:
+        result = CliRunner().invoke(main, args, env=isolated_env(tmp_path), catch_exceptions=False)
+    finally:
+        lib.removeFilter(reworded)
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.stdout)
+    assert [(r["attack"], r["reason"]) for r in doc["rejections"]] == [
+        ("replayed", "replayed"),
+        ("tampered", "tampered"),
+        ("expired", "expired"),
+        ("other_user", "binding_mismatch"),
+        ("other_arguments", "binding_mismatch"),
+        ("other_service", "binding_mismatch"),
+    ]
+    assert doc["rejections"][0]["detail"] == DETAILS["replayed"]
 
 
 def test_without_the_mcp_extra_it_says_what_to_install(tmp_path: Path) -> None:

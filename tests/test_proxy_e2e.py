@@ -156,9 +156,13 @@ async def test_bad_token_is_rejected_before_the_upstream(
             await round_two(client, sent, version=version)
     assert_wire_error(caught.value)
     proxy = proxied.a if rejected_on == "A" else proxied.b
-    log = proxy.wait_for_log(f"reason={REJECTIONS[case]} ")
-    lines = [line for line in log.splitlines() if "rejected requestState" in line]
-    assert lines and f"reason={REJECTIONS[case]} " in lines[-1], log[-2000:]
+    log = proxy.wait_for_log(f'"reason": "{REJECTIONS[case]}"')
+    rejected = [r for r in proxy.records() if r.get("event") == "token_rejected"]  # fields, not text
+    assert rejected and rejected[-1]["reason"] == REJECTIONS[case], log[-2000:]
+    # The audience is what the request was bound to: none when its bearer token did not verify.
+    audience = None if case == "unverifiable_jwt" else "deploy"
+    facts = (rejected[-1]["method"], rejected[-1]["target"], rejected[-1].get("audience"))
+    assert facts == ("tools/call", TOOL, audience), rejected[-1]
     assert sent not in log and state not in log and alice not in log  # never a token in the log
     assert_untouched(proxied, sent)
     if case in ("other_user", "other_arguments", "anonymous", "unverifiable_jwt"):

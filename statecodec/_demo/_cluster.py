@@ -8,9 +8,10 @@ store of its own, ``sqlite:PATH`` one shared file. They run in the demo's proces
 one import of the SDK instead of three keeps the demo well under ten seconds on a small
 machine, and share nothing a real deployment would not share.
 
-The ``statecodec`` log records are captured with the instance that produced them: a
-context variable is set around each server's ASGI app, and every task the app starts
-(its lifespan included) inherits it.
+The ``statecodec`` log records are captured, as records, with the instance that produced
+them: a context variable is set around each server's ASGI app, and every task the app
+starts (its lifespan included) inherits it. The demo reads their fields (``event``,
+``reason``, ``detail``), never their text.
 """
 
 from __future__ import annotations
@@ -73,9 +74,15 @@ class Setup:
 
 
 @dataclass(frozen=True)
-class LogLine:
+class Logged:
+    """One ``statecodec`` log record: where it came from, and its fields."""
+
     instance: str | None
-    message: str
+    event: str | None
+    reason: str | None
+    detail: str | None
+    #: The message and every field, as the log would show them: what must never hold a token.
+    text: str
 
 
 class Capture(logging.Handler):
@@ -83,10 +90,19 @@ class Capture(logging.Handler):
 
     def __init__(self) -> None:
         super().__init__(logging.WARNING)
-        self.lines: list[LogLine] = []
+        self.records: list[Logged] = []
 
     def emit(self, record: logging.LogRecord) -> None:
-        self.lines.append(LogLine(_INSTANCE.get(), record.getMessage()))
+        fields = vars(record)
+        self.records.append(
+            Logged(
+                _INSTANCE.get(),
+                fields.get("event"),
+                fields.get("reason"),
+                fields.get("detail"),
+                f"{record.getMessage()} {fields!r}",
+            )
+        )
 
 
 @contextlib.contextmanager

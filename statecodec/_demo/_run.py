@@ -8,15 +8,14 @@ wrongly accepted would really deploy: replayed, tampered, expired, another user'
 arguments', another service's.
 
 Every statement the demo prints is an expectation checked here; a deviation is reported,
-never papered over. The precise reason of each rejection is read from the server log
-lines :mod:`._cluster` captures, and must come from the instance the router chose.
+never papered over. The precise reason of each rejection is read from the fields of the
+server log records :mod:`._cluster` captures (never from their text), and must come from
+the instance the router chose.
 """
 
 from __future__ import annotations
 
-import ast
 import json
-import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -37,7 +36,7 @@ from ._cluster import (
     Capture,
     Cluster,
     Deviation,
-    LogLine,
+    Logged,
     Settings,
     Setup,
     cluster,
@@ -62,7 +61,8 @@ VERSION: Final = "1.2.3"
 OTHER_VERSION: Final = "6.6.6"
 EXPIRED_AGE: Final = 2 * 3600
 
-_REJECTED = re.compile(r"rejected requestState on .*?: reason=(?P<reason>\w+) detail=(?P<detail>.*?) kid=")
+#: The ``event`` field of the record logged for each rejected token.
+REJECTED: Final = "token_rejected"
 
 
 @dataclass(frozen=True)
@@ -197,7 +197,7 @@ async def happy_path(
     answers = {key: user_answers(request.params) for key, request in elicitations.items()}
     report(Answered({key: dict(value.content or {}) for key, value in answers.items()}))
     responses: types.InputResponses = dict(answers)
-    seen = len(log.lines)
+    seen = len(log.records)
     answer = await alice.call(VERSION, state=first.token, answers=responses)
     routed = alice.routed()
     _expect(routed.instance == "B", f"round 2 went to {routed.instance}, not B")
@@ -206,7 +206,7 @@ async def happy_path(
         f"round 2 reused request id {first.request_id!r}: a retry must be a new request",
     )
     if not isinstance(answer, types.CallToolResult) or answer.is_error:
-        raise Deviation(f"round 2 on B {_describe(answer)}{_server_said(log.lines[seen:])}")
+        raise Deviation(f"round 2 on B {_describe(answer)}{_server_said(log.records[seen:])}")
     outcome = dict(answer.structured_content or {})
     expected = {"deployed": VERSION, "ticket": "CHG-1234", "planned_on": "A", "deployed_on": "B"}
     got = {key: outcome.get(key) for key in expected}
@@ -236,7 +236,7 @@ class Attack:
 
 async def attempt(attack: Attack, log: Capture) -> Rejection:
     """Send one bad token; check the wire error and the server's log line."""
-    seen = len(log.lines)
+    seen = len(log.records)
     answer = await attack.user.call(attack.version, state=attack.token, answers=attack.answers)
     instance = attack.user.routed().instance
     problems: list[str] = []
@@ -250,19 +250,19 @@ async def attempt(attack: Attack, log: Capture) -> Rejection:
             problems.append(f"the client got {error}, not the uniform {wire}")
     else:
         problems.append(f"ACCEPTED by {instance}, which {_describe(answer)}")
-    logged = log.lines[seen:]
-    lines = [(line, match) for line in logged if (match := _REJECTED.search(line.message))]
+    logged = log.records[seen:]
+    rejections = [record for record in logged if record.event == REJECTED]
     reason = detail = None
-    if any(attack.token in line.message for line in logged):
+    if any(attack.token in record.text for record in logged):
         problems.append("the server log contains the token itself")
-    if error is not None and len(lines) != 1:
-        problems.append(f"{len(lines)} rejection lines in the server log for one request, not 1")
-    if lines:
-        line, match = lines[-1]
-        reason, detail = match["reason"], _unrepr(match["detail"])
-        if line.instance != instance:
+    if error is not None and len(rejections) != 1:
+        problems.append(f"{len(rejections)} rejection records in the server log for one request, not 1")
+    if rejections:
+        record = rejections[-1]
+        reason, detail = record.reason, record.detail
+        if record.instance != instance:
             problems.append(
-                f"the rejection was logged by {line.instance}, but the request went to {instance}"
+                f"the rejection was logged by {record.instance}, but the request went to {instance}"
             )
         if reason != attack.expected:
             problems.append(f"the server logged reason={reason}, expected {attack.expected}")
@@ -278,21 +278,12 @@ async def attempt(attack: Attack, log: Capture) -> Rejection:
     )
 
 
-def _server_said(lines: list[LogLine]) -> str:
-    """The reason in the last rejection line, to explain an unexpected error."""
-    for line in reversed(lines):
-        match = _REJECTED.search(line.message)
-        if match:
-            return f"; the server log says reason={match['reason']}: {_unrepr(match['detail'])}"
+def _server_said(records: list[Logged]) -> str:
+    """The reason in the last rejection record, to explain an unexpected error."""
+    for record in reversed(records):
+        if record.event == REJECTED:
+            return f"; the server log says reason={record.reason}: {record.detail}"
     return ""
-
-
-def _unrepr(text: str) -> str:
-    try:
-        value = ast.literal_eval(text)
-    except (ValueError, SyntaxError):
-        return text
-    return value if isinstance(value, str) else text
 
 
 async def expired_token(running: Cluster, settings: Settings) -> str:

@@ -42,6 +42,7 @@ from dataclasses import dataclass
 from typing import Any, Final, TypeAlias
 from urllib.parse import quote, unquote_to_bytes
 
+from .. import _telemetry
 from .._binding import Binding
 from .._codec import OpenedState, StateCodec
 from . import _json, _sse, jsonrpc
@@ -309,7 +310,10 @@ class RequestStateMiddleware:
         except WireError as refusal:
             if refusal.code != jsonrpc.WIRE_ERROR_CODE:  # a token's refusal is logged where judged
                 logger.warning(
-                    "statecodec: refused a request with HTTP %d: %s", refusal.status, refusal.reason
+                    "refused a request with HTTP %d: %s",
+                    refusal.status,
+                    refusal.reason,
+                    extra=_telemetry.fields("request_refused", reason=refusal.reason, status=refusal.status),
                 )
             await _respond(send, refusal.status, _error(request_id, refusal.error()))
             return
@@ -354,7 +358,11 @@ class RequestStateMiddleware:
             raise _refusal(400, PARSE_ERROR_CODE, "Parse error") from None
         key = _state_keys(document)
         if key is not None:
-            logger.warning("statecodec: refused a JSON body carrying %r on a passthrough path", key[:40])
+            logger.warning(
+                "refused a JSON body carrying %r on a passthrough path",
+                key[:40],
+                extra=_telemetry.fields("request_refused", reason="state_on_passthrough", status=400),
+            )
             raise WireError.invalid_state("a requestState on a passthrough path", status=400)
 
     async def _read_body(self, index: Mapping[bytes, bytes], receive: Receive) -> bytes | None:
@@ -386,7 +394,11 @@ class RequestStateMiddleware:
         try:
             message = loads_strict(body)
         except ValueError as exc:
-            logger.info("statecodec: the request body is not strict JSON: %s", str(exc)[:200])
+            logger.info(
+                "the request body is not strict JSON: %s",
+                str(exc)[:200],
+                extra=_telemetry.fields("request_refused", reason="parse_error", detail=str(exc)[:200]),
+            )
             raise _refusal(400, PARSE_ERROR_CODE, "Parse error") from None
         if isinstance(message, list):
             # MCP has had no batches since 2025-06-18, and MRTR exists only in 2026-07-28.
@@ -466,7 +478,7 @@ def _log_round(method: str, opened: OpenedState) -> None:
         opened.round,
         opened.flow_id[:8],
         method,
-        extra={"method": method, **jsonrpc.flow_fields(opened)},
+        extra=_telemetry.fields("round_received", method=method, **jsonrpc.flow_fields(opened)),
     )
 
 
@@ -638,14 +650,19 @@ class _Outbound:
                 events += tail
         except _sse.EventTooLargeError as exc:
             logger.error(
-                "statecodec: %s; the stream was cut (it may carry a state that cannot be sealed)", exc
+                "%s; the stream was cut (it may carry a state that cannot be sealed)",
+                exc,
+                extra=_telemetry.fields("answer_refused", reason="event_too_large"),
             )
             await self._send({"type": "http.response.body", "body": b"", "more_body": False})
             self._mode = "done"
             return
         out = b"".join(self._sse_event(event) for event in events)
         if rest:
-            logger.warning("statecodec: dropped an unfinished SSE event at the end of a stream")
+            logger.warning(
+                "dropped an unfinished SSE event at the end of a stream",
+                extra=_telemetry.fields("answer_refused", reason="unfinished_event"),
+            )
         if out or not more:
             await self._send({"type": "http.response.body", "body": out, "more_body": more})
         if not more:
@@ -662,8 +679,9 @@ class _Outbound:
             document = _json.read_answer(text)
         except ValueError as exc:
             logger.error(
-                "statecodec: an SSE event that looks like JSON cannot be parsed (%s); replaced by -32603",
+                "an SSE event that looks like JSON cannot be parsed (%s); replaced by -32603",
                 str(exc)[:100],
+                extra=_telemetry.fields("answer_refused", reason="unreadable_event", detail=str(exc)[:100]),
             )
             return _sse.encode(dumps(_error(None, WireError.internal().error())))
         document, changed = self._seal_document(document)
@@ -672,7 +690,11 @@ class _Outbound:
         return event.with_data(dumps(document, allow_nan=True))
 
     async def _fail_closed(self, why: str) -> None:
-        logger.error("statecodec: %s; answered 502", why)
+        logger.error(
+            "%s; answered 502",
+            why,
+            extra=_telemetry.fields("answer_refused", reason="unreadable", detail=why, status=502),
+        )
         self._mode = "done"
         await _respond(self._send, 502, _error(None, WireError.internal().error()))
 

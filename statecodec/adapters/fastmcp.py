@@ -17,6 +17,7 @@ from typing import Any
 from fastmcp import FastMCP
 from fastmcp.server.dependencies import get_access_token
 
+from .. import _telemetry
 from .._codec import StateCodec
 from . import jsonrpc
 from .mcp import AudienceFn, BindingFn, Context, PrincipalFn, StateCodecMiddleware, install
@@ -64,9 +65,10 @@ def protect(
     lowlevel = server._mcp_server
     if audience is None and not _named(server):
         logger.warning(
-            "statecodec: FastMCP server %r has a generated name; tokens it seals will not verify on "
+            "FastMCP server %r has a generated name; tokens it seals will not verify on "
             "other instances. Pass FastMCP(name=...) or protect(..., audience=...)",
             lowlevel.name,
+            extra=_telemetry.fields("unnamed_server", audience=lowlevel.name),
         )
     middleware = StateCodecMiddleware(
         codec,

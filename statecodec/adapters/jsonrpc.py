@@ -44,10 +44,10 @@ from functools import lru_cache
 from types import MappingProxyType
 from typing import Any, Final, NoReturn, TypeAlias
 
+from .. import _telemetry
 from .._binding import Binding
 from .._codec import Mode, OpenedState, StateCodec
-from .._errors import InvalidState, StateCodecError
-from . import _metrics
+from .._errors import FlowBudgetExceeded, InvalidState, StateCodecError
 
 __all__ = [
     "DEFAULT_MAX_HOLD",
@@ -176,7 +176,6 @@ Binder: TypeAlias = Callable[[], Binding]
 
 #: The metrics label of each mode, without the enum property's lookup on every request.
 _MODE_LABEL: Final[Mapping[Mode, str]] = {mode: mode.value for mode in Mode}
-_LOG_TARGET_MAX = 120
 _NO_PARAMS: Final[Mapping[str, Any]] = MappingProxyType({})
 
 
@@ -357,6 +356,7 @@ async def judge_request(
     params = _NO_PARAMS if params is None else params
     if params.get(REQUEST_STATE) is None and not state_aliases(params):
         return Judged(method, params, bind)
+    binding: Binding | None = None
     try:
         token = _token_of(codec, params)
         try:
@@ -367,7 +367,7 @@ async def judge_request(
             ) from None
         opened = await _paced_unseal(codec, token, binding, max_hold)
         if opened is None:  # too early to hold: the same state, at once
-            _metrics.record_unseal(
+            _telemetry.record_unseal(
                 _MODE_LABEL.get(codec.mode) or codec.mode.value, method, "too_early", len(token)
             )
             early = {"resultType": INPUT_REQUIRED, REQUEST_STATE: token}
@@ -379,16 +379,16 @@ async def judge_request(
                 "malformed", "the sealed state is not UTF-8 text", kid=opened.kid, token_id=opened.token_id
             ) from None
     except InvalidState as exc:
-        _log_rejection(codec, method, params, exc)
+        _log_rejection(codec, method, params, exc, binding)
         raise WireError.invalid_state(exc.reason) from None
-    _metrics.record_unseal(_MODE_LABEL.get(codec.mode) or codec.mode.value, method, "ok", len(token))
+    _telemetry.record_unseal(_MODE_LABEL.get(codec.mode) or codec.mode.value, method, "ok", len(token))
     if logger.isEnabledFor(logging.DEBUG):
         logger.debug(
-            "statecodec: redeemed requestState on %s: flow=%s round=%d",
+            "redeemed requestState on %s: flow=%s round=%d",
             method,
             opened.flow_id[:8],
             opened.round,
-            extra={"method": method, **flow_fields(opened)},
+            extra=_telemetry.fields("token_redeemed", method=method, **flow_fields(opened)),
         )
     return Judged(method, {**params, REQUEST_STATE: plaintext}, bind, opened, binding)
 
@@ -412,23 +412,30 @@ async def _paced_unseal(
             wait = _wait_until(codec, exc)
             if held + wait > max_hold:
                 logger.info(
-                    "statecodec: early retry of flow %s round %s answered with the same state (%.3fs early)",
+                    "early retry of flow %s round %s answered with the same state (%.3fs early)",
                     (exc.flow_id or "-")[:8],
                     exc.round,
                     wait,
-                    extra={"flow_id": exc.flow_id, "round": exc.round, "reason": "too_early", "wait": wait},
+                    extra=_early_fields("early_retry_answered", exc, wait),
                 )
                 return None
             logger.debug(
-                "statecodec: holding an early retry of flow %s round %s for %.3fs",
+                "holding an early retry of flow %s round %s for %.3fs",
                 (exc.flow_id or "-")[:8],
                 exc.round,
                 wait,
-                extra={"flow_id": exc.flow_id, "round": exc.round, "reason": "too_early", "wait": wait},
+                extra=_early_fields("early_retry_held", exc, wait),
             )
             held += wait
             await asyncio.sleep(wait)
     return None
+
+
+def _early_fields(event: str, early: InvalidState, wait: float) -> dict[str, object]:
+    return _telemetry.fields(
+        event, reason="too_early", kid=early.kid, token_id=early.token_id, flow_id=early.flow_id,
+        round=early.round, wait=round(wait, 3),
+    )  # fmt: skip
 
 
 def _wait_until(codec: StateCodec, early: InvalidState) -> float:
@@ -465,20 +472,23 @@ def _checked(binding: object) -> Binding:
     return binding
 
 
-def _log_rejection(codec: StateCodec, method: str, params: Mapping[str, Any], exc: InvalidState) -> None:
-    """One WARNING line and one metric for a rejected token.
+def _log_rejection(
+    codec: StateCodec, method: str, params: Mapping[str, Any], exc: InvalidState, binding: Binding | None
+) -> None:
+    """One WARNING record and one metric for a rejected token.
 
-    Carries the reason, the detail, the kid and the first 8 hex digits of the token id
-    (enough to correlate, useless to replay), the method and the target. Never the token.
+    The facts are record fields (:func:`statecodec._telemetry.fields`): the reason, the
+    detail, the kid, the first 8 hex digits of the token id (enough to correlate, useless
+    to replay), the audience, the method and the target. Never the token.
     """
     token = params.get(REQUEST_STATE)
     size = len(token) if isinstance(token, str) else None
-    _metrics.record_unseal(codec.mode.value, method, exc.reason, size)
+    _telemetry.record_unseal(codec.mode.value, method, exc.reason, size)
+    target = _target_of(method, params)
     logger.warning(
-        "statecodec: rejected requestState on %s %s: reason=%s detail=%r kid=%s token=%s flow=%s round=%s "
-        "size=%s",
+        "rejected requestState on %s %s: reason=%s detail=%r kid=%s token=%s flow=%s round=%s size=%s",
         method,
-        _target_for_log(method, params),
+        "<no target>" if target is None else repr(_telemetry.clip(target)),
         exc.reason,
         exc.detail,
         exc.kid or "-",
@@ -486,7 +496,20 @@ def _log_rejection(codec: StateCodec, method: str, params: Mapping[str, Any], ex
         exc.flow_id[:8] if exc.flow_id else "-",
         exc.round if exc.round is not None else "-",
         size if size is not None else "-",
-        extra={"reason": exc.reason, "flow_id": exc.flow_id, "round": exc.round, "method": method},
+        extra=_telemetry.fields(
+            "token_rejected",
+            reason=exc.reason,
+            detail=exc.detail,
+            kid=exc.kid,
+            token_id=exc.token_id,
+            flow_id=exc.flow_id,
+            round=exc.round,
+            audience=binding.audience if binding is not None else None,
+            method=method,
+            target=target,
+            mode=codec.mode.value,
+            size=size,
+        ),
     )
 
 
@@ -540,13 +563,19 @@ def seal_result(
     state = result.get(REQUEST_STATE)
     if state is None and not aliases:
         if judged is not None and judged.opened is not None:  # the flow ends here
-            _metrics.record_flow_rounds(_MODE_LABEL.get(codec.mode) or codec.mode.value, judged.opened.round)
+            _telemetry.record_flow_rounds(
+                _MODE_LABEL.get(codec.mode) or codec.mode.value, judged.opened.round
+            )
         return result
     method = judged.method if judged is not None else "-"
     if aliases:
-        _refuse_seal(codec, method, f"the result carries {aliases[0][:40]!r}, a spelling of requestState")
+        _refuse_seal(
+            codec, method, "alias", f"the result carries {aliases[0][:40]!r}, a spelling of requestState"
+        )
     if judged is None:
-        _refuse_seal(codec, method, "the result carries a requestState but answers no MRTR request")
+        _refuse_seal(
+            codec, method, "no_request", "the result carries a requestState but answers no MRTR request"
+        )
     paced = retry_after if retry_after is not None and is_state_only(result) else None
     return {**result, REQUEST_STATE: seal_state(codec, judged, state, retry_after=paced)}
 
@@ -562,42 +591,54 @@ def seal_state(codec: StateCodec, judged: Judged, state: object, *, retry_after:
     try:
         binding = judged.binding()
     except Exception as exc:  # deny on error: a raising binder never yields an unbound token
-        _refuse_seal(codec, method, f"the request cannot be bound: {type(exc).__name__}: {str(exc)[:200]}")
+        why = f"the request cannot be bound: {type(exc).__name__}: {str(exc)[:200]}"
+        _refuse_seal(codec, method, "unbindable", why)
     try:
         if not isinstance(state, str):
             raise TypeError(f"requestState must be a str, not {type(state).__name__}")
         token = codec.seal(state.encode("utf-8"), binding, parent=judged.opened, retry_after=retry_after)
     except Exception as exc:
-        _refuse_seal(codec, method, f"{type(exc).__name__}: {exc}", _clip(binding.target), judged.opened)
-    _metrics.record_seal(_MODE_LABEL.get(codec.mode) or codec.mode.value, method, "ok", len(token))
+        reason = exc.reason if isinstance(exc, FlowBudgetExceeded) else "seal_failed"
+        why = f"{type(exc).__name__}: {exc}"
+        _refuse_seal(codec, method, reason, why, binding=binding, parent=judged.opened)
+    _telemetry.record_seal(_MODE_LABEL.get(codec.mode) or codec.mode.value, method, "ok", len(token))
     return token
 
 
 def _refuse_seal(
-    codec: StateCodec, method: str, why: str, target: str | None = None, parent: OpenedState | None = None
+    codec: StateCodec,
+    method: str,
+    reason: str,
+    why: str,
+    *,
+    binding: Binding | None = None,
+    parent: OpenedState | None = None,
 ) -> NoReturn:
     # Fail closed: a result whose state cannot be sealed is never sent as it is.
-    _metrics.record_seal(_MODE_LABEL.get(codec.mode) or codec.mode.value, method, "error", None)
-    where = method if target is None else f"{method} {target!r}"
+    mode = _MODE_LABEL.get(codec.mode) or codec.mode.value
+    _telemetry.record_seal(mode, method, "error", None)
+    target = None if binding is None else binding.target
+    where = method if target is None else f"{method} {_telemetry.clip(target)!r}"
     logger.error(
-        "statecodec: could not seal requestState on %s: %s",
+        "could not seal requestState on %s: %s",
         where,
         why,
-        extra={"method": method, **flow_fields(parent)},
+        extra=_telemetry.fields(
+            "seal_refused",
+            reason=reason,
+            detail=why,
+            audience=None if binding is None else binding.audience,
+            method=method,
+            target=target,
+            mode=mode,
+            **flow_fields(parent),
+        ),
     )
     raise WireError.internal(why)
 
 
-def _target_for_log(method: str, params: Mapping[str, Any] | None) -> str:
+def _target_of(method: str, params: Mapping[str, Any] | None) -> str | None:
     try:
-        return repr(_clip(request_target(method, params)))
+        return request_target(method, params)
     except ValueError:
-        return "<no target>"
-
-
-def _clip(text: str | None) -> str | None:
-    # Targets come from the client: repr() in the log line keeps them on one line, and
-    # clipping keeps a hostile URI from flooding the log.
-    if text is None or len(text) <= _LOG_TARGET_MAX:
-        return text
-    return text[:_LOG_TARGET_MAX] + "..."
+        return None

@@ -38,10 +38,11 @@ from mcp.shared.exceptions import MCPError
 from mcp.types import InputRequiredResult
 from pydantic import BaseModel
 
+from .. import _telemetry
 from .._binding import Binding
 from .._codec import StateCodec
 from .._errors import InvalidState
-from . import _metrics, jsonrpc
+from . import jsonrpc
 
 __all__ = [
     "AudienceFn",
@@ -305,9 +306,9 @@ class SDKRequestStateCodec:
         try:
             token = self.codec.seal(payload)
         except Exception:
-            _metrics.record_seal(self.codec.mode.value, "-", "error", None)
+            _telemetry.record_seal(self.codec.mode.value, "-", "error", None)
             raise  # the SDK boundary logs it and answers -32603
-        _metrics.record_seal(self.codec.mode.value, "-", "ok", len(token))
+        _telemetry.record_seal(self.codec.mode.value, "-", "ok", len(token))
         return token
 
     def unseal(self, token: str) -> bytes:
@@ -316,18 +317,27 @@ class SDKRequestStateCodec:
         try:
             payload = self.codec.unseal(token, consume=self.consume).payload
         except InvalidState as exc:
-            _metrics.record_unseal(self.codec.mode.value, "-", exc.reason, size)
+            _telemetry.record_unseal(self.codec.mode.value, "-", exc.reason, size)
             # The SDK logs this message and answers its uniform -32602; the message is a
             # reason for the server log, not for the client.
             logger.warning(
-                "statecodec: rejected requestState (SDK boundary): reason=%s detail=%r kid=%s token=%s",
+                "rejected requestState (SDK boundary): reason=%s detail=%r kid=%s token=%s",
                 exc.reason,
                 exc.detail,
                 exc.kid or "-",
                 exc.token_id[:8] if exc.token_id else "-",
+                extra=_telemetry.fields(
+                    "token_rejected",
+                    reason=exc.reason,
+                    detail=exc.detail,
+                    kid=exc.kid,
+                    token_id=exc.token_id,
+                    mode=self.codec.mode.value,
+                    size=size,
+                ),
             )
             raise InvalidRequestState(exc.reason) from None
-        _metrics.record_unseal(self.codec.mode.value, "-", "ok", size)
+        _telemetry.record_unseal(self.codec.mode.value, "-", "ok", size)
         return payload
 
 

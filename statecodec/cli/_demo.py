@@ -22,7 +22,7 @@ import platformdirs
 
 from .._humanize import duration, relative
 from ._exit import CliError, ExitCode, explain_missing_extra
-from ._output import Outcome, Output, command
+from ._output import Outcome, Output, command, echo
 from ._sources import open_store
 
 if TYPE_CHECKING:
@@ -149,7 +149,7 @@ class _Trace:
                 assert_never(event)
         if not self.out.json:
             for line in lines:
-                click.echo(line, color=self.out.color)
+                echo(line, color=self.out.color)
 
     def _dim(self, text: str) -> str:
         return self.out.style(text, dim=True)
@@ -262,8 +262,8 @@ class _Trace:
                 f"Every step behaved as stated: {len(rejections)} bad tokens stopped, {elapsed:.1f}s in all."
             )
             if not self.out.json:
-                click.echo("")
-                click.echo(self.out.style(line, fg="green", bold=True), color=self.out.color)
+                echo("")
+                echo(self.out.style(line, fg="green", bold=True), color=self.out.color)
             return Outcome(self.fields)
         message = f"the demo deviated from what it states ({len(problems)}): " + "; ".join(problems)
         replay_failed = any(r["attack"] == "replayed" and not r["ok"] for r in rejections)

@@ -32,7 +32,9 @@ output below):
   `env:NAME` (a ring JSON or one base64url secret in a variable), `vault-transit:MOUNT/NAME`,
   `vault-kv:MOUNT/PATH` (Vault/OpenBao, configured by `VAULT_ADDR`, `VAULT_TOKEN` and friends);
 - reads the token (or the payload) from stdin when the argument is `-`; input is capped at 1 MiB;
-- prints colour only to a terminal, and never when `NO_COLOR` is set;
+- prints colour only to a terminal, and never when `NO_COLOR` is set or `TERM=dumb`;
+- exits with its own result when its reader goes away (`statecodec verify T | head -1` exits 0 or 1, as
+  without `head`); only a command closed off before it knows its result exits 141;
 - reports an error as one line naming the fix (`statecodec: error: ...` on stderr), never a traceback
   (`STATECODEC_DEBUG=1` shows the traceback of an internal error and the library's log lines);
 - accepts durations as `90s`, `10m`, `24h`, `2d`, `1w`, `1h30m` or bare seconds, and times (`--at`) as

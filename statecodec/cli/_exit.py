@@ -11,6 +11,8 @@ from __future__ import annotations
 import enum
 from typing import Final
 
+from .._humanize import one_line
+
 
 class ExitCode(enum.IntEnum):
     OK = 0
@@ -23,6 +25,7 @@ class ExitCode(enum.IntEnum):
     KEY_SOURCE_DOWN = 7
     SERVER = 8
     INTERNAL = 70  # EX_SOFTWARE from sysexits.h
+    OUTPUT_CLOSED = 141  # 128 + SIGPIPE, what a shell reports for a writer killed by a closed pipe
 
     @property
     def slug(self) -> str:
@@ -42,6 +45,8 @@ EXIT_CODES: Final[dict[ExitCode, str]] = {
     ExitCode.KEY_SOURCE_DOWN: "key source (Vault/OpenBao) unreachable, sealed or refusing; retry later",
     ExitCode.SERVER: "probe could not run: server unreachable, not MCP, not 2026-07-28, or no flow completed",
     ExitCode.INTERNAL: "internal error: a bug in statecodec, please report it",
+    ExitCode.OUTPUT_CLOSED: "stdout was closed (its reader, such as head -1, went away) before the command "
+    "knew its result; once it knows, it exits with that code, closed stdout or not",
 }
 
 
@@ -53,9 +58,11 @@ class CliError(Exception):
     """
 
     def __init__(self, code: ExitCode, message: str, *, reason: str | None = None) -> None:
-        super().__init__(message)
+        # One line wherever it goes (the terminal, --json, a JSON log record), whatever
+        # the dependency it quotes put in its own text; never clipped.
+        self.message = one_line(message, limit=None)
+        super().__init__(self.message)
         self.code = code
-        self.message = message
         self.reason = reason
 
 

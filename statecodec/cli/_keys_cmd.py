@@ -215,7 +215,7 @@ def init_command(out: Output, *, keys_spec: str | None, key_type: str) -> Outcom
 )
 @click.option("--dry-run", is_flag=True, help="Say what would change; change nothing.")
 @timeline_options
-@command("keys rotate")
+@command("keys rotate", log_format=True)
 def rotate_command(
     out: Output,
     *,

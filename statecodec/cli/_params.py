@@ -22,6 +22,7 @@ from .._binding import Binding
 from .._format import MAX_TIME
 from .._humanize import duration
 from ._exit import CliError, ExitCode
+from ._output import reader_gone_exits
 
 #: Reading stops here: a requestState token is a few KiB, so anything bigger is not one,
 #: and a runaway pipe must not fill memory.
@@ -179,10 +180,22 @@ def read_token(value: str) -> str:
 
 # ------------------------------------------------------------------ shared options
 class OrderedGroup(click.Group):
-    """Commands in the order they were added (the order of a workflow), not alphabetical."""
+    """Commands in the order they were added (the order of a workflow), not alphabetical.
+
+    A closed stdout never becomes click's exit 1 ("token rejected"): see
+    :func:`~statecodec.cli._output.reader_gone_exits`.
+    """
 
     def list_commands(self, ctx: click.Context) -> list[str]:
         return list(self.commands)
+
+    def make_context(self, *args: Any, **kwargs: Any) -> click.Context:
+        with reader_gone_exits():  # --help, --version
+            return super().make_context(*args, **kwargs)
+
+    def invoke(self, ctx: click.Context) -> Any:
+        with reader_gone_exits():
+            return super().invoke(ctx)
 
 
 def keys_option(fn: F) -> F:

@@ -1,24 +1,28 @@
 """``statecodec proxy``: protect an MCP server in any language by deployment alone.
 
 A long-running command, so it does not print the one-shot ``--json`` document of the
-other commands: it prints ``listening on URL`` on stdout once it accepts connections,
-logs to stderr (rejections at WARNING, with the reason and never a token), and exits
-with the usual codes when it cannot start (3 keys, 4 replay store, 6 address in use,
-7 key source down).
+other commands: it prints ``admin on URL`` (with ``--admin-listen``) and then
+``listening on URL`` on stdout once it accepts connections, logs to stderr (rejections
+at WARNING, with the reason and never a token; ``--log-format json``: one JSON object
+per line), and exits with the usual codes when it cannot start, before it listens
+(3 keys, 4 replay store, 6 address in use, 7 key source down).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import signal
+import socket
 import sys
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TextIO
 
 import click
 
+from .. import _telemetry
 from .._codec import (
     DEFAULT_MAX_FLOW_AGE,
     DEFAULT_MAX_ROUNDS,
@@ -27,10 +31,10 @@ from .._codec import (
     StateCodec,
 )
 from .._humanize import duration
-from ..adapters.asgi import DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_RESPONSE_BYTES, PrincipalFn
+from ..adapters.asgi import DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_RESPONSE_BYTES, ASGIApp, PrincipalFn
 from ..adapters.jsonrpc import DEFAULT_MAX_HOLD
 from ._exit import CliError, ExitCode
-from ._output import classify
+from ._output import classify, echo
 from ._params import DURATION, keys_option, require_keys
 
 logger = logging.getLogger("statecodec.proxy")
@@ -270,7 +274,20 @@ def _listen(value: str) -> tuple[str, int]:
     "endpoint); a JSON body carrying a requestState there is refused. Never the MCP path.",
 )
 @click.option(
+    "--admin-listen",
+    metavar="HOST:PORT",
+    help="Serve /livez, /readyz and /metrics (Prometheus) on this separate address "
+    "(default: off). Keep it private: clients never need it.",
+)
+@click.option(
     "--log-level", type=click.Choice(["debug", "info", "warning", "error"]), default="info", show_default=True
+)
+@click.option(
+    "--log-format",
+    type=click.Choice(["text", "json"]),
+    default="text",
+    show_default=True,
+    help="json: one JSON object per line on stderr, with every record field (event, reason, kid...).",
 )
 def proxy_command(**params: Any) -> None:
     """Reverse proxy sealing every requestState of an unprotected MCP server.
@@ -289,36 +306,81 @@ def proxy_command(**params: Any) -> None:
     )
     principal.check()
     host, port = _listen(params.pop("listen"))
-    _configure_logging(params.pop("log_level"))
+    admin = params.pop("admin_listen")
+    admin_address = None if admin is None else _listen(admin)
+    log_format = params.pop("log_format")
+    _configure_logging(params.pop("log_level"), log_format)
     try:
-        _run(principal, host, port, **params)
+        _run(principal, host, port, admin_address, **params)
     except (click.exceptions.Exit, click.exceptions.Abort, click.ClickException, KeyboardInterrupt):
         raise
     except Exception as exc:
         if os.environ.get("STATECODEC_DEBUG"):
             raise
         error = classify(exc)
-        click.echo(f"statecodec: error: {error.message}", err=True)
+        message = error.message  # one line (CliError)
+        if log_format == "json":  # the one line is a JSON object too
+            logger.critical(
+                "%s",
+                message,
+                extra={
+                    **_telemetry.fields("proxy_failed", reason=error.code.slug),
+                    "exit_code": int(error.code),
+                },
+            )
+        else:
+            click.echo(f"statecodec: error: {message}", err=True)
         sys.exit(int(error.code))
 
 
 class _ProxyLogHandler(logging.StreamHandler):  # type: ignore[type-arg]
-    """One line per record on stderr; installed once even if the command runs twice in a process."""
+    """One line per record on the current stderr; installed once even if the command runs twice.
+
+    The stream is looked up at each record, as ``click.echo`` does, so a stream replaced
+    since (a test runner's capture, already closed) is never written to.
+    """
+
+    @property
+    def stream(self) -> TextIO:
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, value: TextIO) -> None:
+        pass
 
 
-def _configure_logging(level: str) -> None:
-    lib = logging.getLogger("statecodec")
-    if not any(isinstance(h, _ProxyLogHandler) for h in lib.handlers):
-        handler = _ProxyLogHandler(sys.stderr)
-        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
-        lib.addHandler(handler)
-    lib.setLevel(level.upper())
+class _TextFormatter(logging.Formatter):
+    """``TIME LEVEL LOGGER: message``, with the message on one line (JSON does that by itself)."""
+
+    def __init__(self) -> None:
+        super().__init__("%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+    def formatMessage(self, record: logging.LogRecord) -> str:  # noqa: N802 - logging's name
+        return super().formatMessage(record).replace("\n", " ")
+
+
+def _configure_logging(level: str, log_format: str) -> None:
+    """Every record of the process (statecodec's, uvicorn's, httpx's) through one handler on the root."""
+    if log_format == "json":
+        from ..ops import json_formatter  # noqa: PLC0415 - python-json-logger only when asked for
+
+        formatter: logging.Formatter = json_formatter()
+    else:
+        formatter = _TextFormatter()
+    root = logging.getLogger()
+    handler = next((h for h in root.handlers if isinstance(h, _ProxyLogHandler)), None)
+    if handler is None:
+        handler = _ProxyLogHandler()
+        root.addHandler(handler)
+    handler.setFormatter(formatter)
+    logging.getLogger("statecodec").setLevel(level.upper())
 
 
 def _run(
     principal: PrincipalOptions,
     host: str,
     port: int,
+    admin_address: tuple[str, int] | None,
     *,
     upstream: str,
     keys_spec: str | None,
@@ -341,6 +403,7 @@ def _run(
     retry_after: float | None,
     max_hold: float,
 ) -> None:
+    from .. import ops  # noqa: PLC0415
     from ..kms import KeyManager  # noqa: PLC0415 - loaded only for this command
     from ..proxy import ProxyOptions, Timeouts, bind_socket, build_proxy, serve  # noqa: PLC0415
     from ..replay._url import redact  # noqa: PLC0415
@@ -360,8 +423,10 @@ def _run(
         retry_after=retry_after,
         max_hold=max_hold,
     )
+    _telemetry.resolve()  # the metrics libraries load now, not on the first request
+    _without_created_series()
     manager = KeyManager(require_keys(keys_spec), max_ttl=max(float(ttl), 600.0))
-    manager.start()
+    manager.start()  # exit 3 or 7 before listening if no keys can be had
     try:
         store = open_store(replay, check=True)  # exit 4 before listening if it cannot serve
         # No namespace of its own: a proxy and a protect() server sharing keys, audience and
@@ -381,18 +446,23 @@ def _run(
             app = build_proxy(codec, options, principal=principal_fn)
         except ValueError as exc:
             raise CliError(ExitCode.USAGE, str(exc)) from None
-        try:
-            sock = bind_socket(host, port)
-        except OSError as exc:
-            raise CliError(ExitCode.IO, f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
+        health = ops.Health(manager, store)
+        sock = _bind(bind_socket, host, port)
+        admin = None
+        if admin_address is not None:
+            try:
+                admin = (ops.app(health), _bind(bind_socket, *admin_address))
+            except BaseException:
+                sock.close()
+                raise
 
         def ready(url: str) -> None:
             logger.info(
-                "statecodec proxy: %s -> %s mode=%s audience=%r principal=%s replay=%s",
+                "%s -> %s mode=%s audience=%r principal=%s replay=%s",
                 url, redact(upstream), mode, audience, principal.describe(), redact(replay),
+                extra={**_telemetry.fields("proxy_started", audience=audience, mode=mode), "url": url},
             )  # fmt: skip
-            click.echo(f"listening on {url}")
-            sys.stdout.flush()
+            echo(f"listening on {url}")
 
         # uvicorn handles SIGINT/SIGTERM itself (graceful shutdown), then re-raises the
         # signal to the handler it found: make that one a no-op, so shutdown ends here,
@@ -409,24 +479,58 @@ def _run(
                         on_ready=ready,
                     ),
                     closer,
+                    admin,
                 )
             )
         finally:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
             sock.close()
+            if admin is not None:
+                admin[1].close()
+            health.close()
             store.close()
     finally:
         manager.stop()
+
+
+def _without_created_series() -> None:
+    """No ``*_created`` series next to each counter: they double what Prometheus stores.
+
+    A process-wide prometheus-client setting, so only this command (which owns its
+    process) sets it, never the library.
+    """
+    with contextlib.suppress(ImportError):
+        from prometheus_client import disable_created_metrics  # noqa: PLC0415
+
+        disable_created_metrics()  # type: ignore[no-untyped-call]
+
+
+def _bind(bind: Any, host: str, port: int) -> socket.socket:
+    try:
+        sock: socket.socket = bind(host, port)
+    except OSError as exc:
+        raise CliError(ExitCode.IO, f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
+    return sock
 
 
 def _ignore(signum: int, frame: Any) -> None:
     """Stand-in for the default handlers while uvicorn runs (see :func:`_run`)."""
 
 
-async def _serve_then_close(serving: Any, closer: Any) -> None:
+async def _serve_then_close(serving: Any, closer: Any, admin: tuple[ASGIApp, socket.socket] | None) -> None:
+    """The admin listener first (its URL printed), then the proxy until shutdown."""
+    from ..proxy._admin import admin_listener  # noqa: PLC0415
+
     try:
-        await serving
+        async with contextlib.AsyncExitStack() as stack:
+            if admin is not None:
+                url = await stack.enter_async_context(admin_listener(*admin))
+                logger.info(
+                    "admin endpoints on %s", url, extra={**_telemetry.fields("admin_started"), "url": url}
+                )
+                echo(f"admin on {url}")
+            await serving
     finally:
         if closer is not None:
             await closer.aclose()

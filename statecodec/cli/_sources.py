@@ -60,7 +60,9 @@ def open_store(url: str, *, check: bool = False) -> ReplayStore:
         except Exception as exc:  # whatever a custom store raises: it cannot serve
             store.close()
             raise CliError(
-                ExitCode.STORE, f"the replay store does not answer: {exc}", reason="store_unavailable"
+                ExitCode.STORE,
+                f"the replay store does not answer: {exc}; is it running, and is the --replay URL right?",
+                reason="store_unavailable",
             ) from None
     return store
 

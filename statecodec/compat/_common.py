@@ -133,7 +133,11 @@ def fail_closed(what: str) -> Callable[[Callable[_P, _R]], Callable[_P, _R]]:
             except InvalidState:
                 raise
             except Exception as exc:
-                logger.exception("statecodec.compat: unexpected error while verifying a %s token", what)
+                logger.exception(
+                    "unexpected error while verifying a %s token",
+                    what,
+                    extra={"event": "compat_crashed", "format": what},
+                )
                 raise InvalidState(
                     "internal_error", f"unexpected {type(exc).__name__} while verifying a {what} token"
                 ) from None

@@ -64,7 +64,11 @@ def detect(token: object, *, max_token_bytes: int = DEFAULT_MAX_TOKEN_BYTES) -> 
     except InvalidState as exc:
         return FormatInfo(name, fmt, len(token), problem=f"{exc.reason}: {exc.detail}")
     except Exception as exc:  # inspect must describe anything, never crash on it
-        logger.exception("statecodec.compat: unexpected error while reading a %s token", name)
+        logger.exception(
+            "unexpected error while reading a %s token",
+            name,
+            extra={"event": "compat_crashed", "format": name},
+        )
         return FormatInfo(name, fmt, len(token), problem=f"internal_error: unexpected {type(exc).__name__}")
 
 

@@ -10,7 +10,7 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
-from .. import _format
+from .. import _format, _telemetry
 from .._keys import MIN_SECRET_BYTES, KeyRing
 from ._document import Change, DocumentSource
 from ._errors import KeySourceError, Kind
@@ -48,9 +48,10 @@ class FileSource(DocumentSource):
         if mode & 0o077 and not self._warned_mode:
             self._warned_mode = True
             logger.warning(
-                "statecodec.kms: %s is readable by group or others (mode %o); it holds secrets: chmod 600",
+                "%s is readable by group or others (mode %o); it holds secrets: chmod 600",
                 self.describe(),
                 stat.S_IMODE(mode),
+                extra=_telemetry.fields("key_file_exposed", source=self.describe()),
             )
         try:
             return require_keys(KeyRing.from_json(text), self.describe())

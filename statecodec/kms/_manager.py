@@ -21,6 +21,7 @@ from datetime import UTC, datetime
 from types import TracebackType
 from typing import Any
 
+from .. import _telemetry
 from .._errors import KeyUnavailable
 from .._humanize import duration, relative
 from .._keys import Key, KeyRing
@@ -179,7 +180,10 @@ class KeyManager:
             except KeySourceError:
                 pass  # logged once per outage by refresh_now
             except Exception:  # never let the refresher die: it is the only way back
-                logger.exception("statecodec.kms: unexpected error while refreshing keys; will retry")
+                logger.exception(
+                    "unexpected error while refreshing keys; will retry",
+                    extra=_telemetry.fields("keys_refresh_crashed", source=self.source.describe()),
+                )
 
     def _next_delay(self) -> float:
         # Jitter keeps a fleet restarted together from hitting Vault in lockstep.
@@ -220,35 +224,54 @@ class KeyManager:
             return view.ring
 
     def _failed(self, exc: KeySourceError) -> None:
+        _telemetry.record_key_refresh_failure()
         now = self.clock()
         self._last_error = exc.message
         view = self._view
         if view is None:
             return  # start() raises it to the caller; logging it too would say it twice
+        source = self.source.describe()
         if self._failing_since is not None:
             logger.debug(
-                "statecodec.kms: refresh from %s still failing: %s", self.source.describe(), exc.message
+                "refresh from %s still failing: %s",
+                source,
+                exc.message,
+                extra=_telemetry.fields(
+                    "keys_refresh_failed", source=source, reason=exc.kind, detail=exc.message
+                ),
             )
             return
         self._failing_since = now
         age = now - view.loaded_at
         logger.warning(
-            "statecodec.kms: cannot refresh keys from %s: %s. Verifying and minting with the ring loaded "
+            "cannot refresh keys from %s: %s. Verifying and minting with the ring loaded "
             "%s ago; minting stops %s unless a refresh succeeds.",
-            self.source.describe(),
+            source,
             exc.message,
             duration(age),
             relative(self.timeline.staleness_limit - age),
+            extra={
+                **_telemetry.fields(
+                    "keys_refresh_failed", source=source, reason=exc.kind, detail=exc.message
+                ),
+                "age": age,
+                "minting_stops_in": self.timeline.staleness_limit - age,
+            },
         )
 
     def _recovered(self, now: float) -> None:
         if self._failing_since is None:
             return
         logger.warning(
-            "statecodec.kms: keys from %s load again after %s of failures%s",
+            "keys from %s load again after %s of failures%s",
             self.source.describe(),
             duration(now - self._failing_since),
             "; minting resumed" if self._stale_logged else "",
+            extra={
+                **_telemetry.fields("keys_refresh_recovered", source=self.source.describe()),
+                "failed_for": now - self._failing_since,
+                "minting_resumed": self._stale_logged,
+            },
         )
         self._failing_since = None
         self._last_error = None
@@ -260,12 +283,16 @@ class KeyManager:
         if not self._stale_logged:
             self._stale_logged = True
             logger.error(
-                "statecodec.kms: the key ring from %s is %s old (limit %s): minting stopped, verification "
-                "continues. Last error: %s",
+                "the key ring from %s is %s old (limit %s): minting stopped, verification continues. "
+                "Last error: %s",
                 self.source.describe(),
                 duration(age),
                 limit,
                 cause,
+                extra={
+                    **_telemetry.fields("minting_stopped", source=self.source.describe(), detail=cause),
+                    "age": age,
+                },
             )
         return KeyUnavailable(
             f"no fresh keys: the ring from {self.source.describe()} was loaded {duration(age)} ago, over the "
@@ -282,14 +309,21 @@ class KeyManager:
                     timespec="seconds"
                 )
                 logger.info(
-                    "statecodec.kms: key %s published by %s: verifies now, may mint from %s",
+                    "key %s published by %s: verifies now, may mint from %s",
                     kid,
                     self.source.describe(),
                     when,
+                    extra={
+                        **_telemetry.fields("key_published", kid=kid, source=self.source.describe()),
+                        "promotes_at": when,
+                    },
                 )
         for kid in before - set(new.base.kids):
             logger.info(
-                "statecodec.kms: key %s is gone from %s: it no longer verifies", kid, self.source.describe()
+                "key %s is gone from %s: it no longer verifies",
+                kid,
+                self.source.describe(),
+                extra=_telemetry.fields("key_removed", kid=kid, source=self.source.describe()),
             )
         self._log_primary(old.ring if old else None, new.ring)
 
@@ -297,25 +331,44 @@ class KeyManager:
     def _log_primary(old: KeyRing | None, new: KeyRing) -> None:
         if old is None or old.primary_kid != new.primary_kid:
             logger.info(
-                "statecodec.kms: minting with key %s (was %s)",
+                "minting with key %s (was %s)",
                 new.primary_kid,
                 old.primary_kid if old else "none",
+                extra={
+                    **_telemetry.fields("primary_changed", kid=new.primary_kid),
+                    "previous_kid": old.primary_kid if old else None,
+                },
             )
 
     # ----------------------------------------------------------------- status
     def status(self) -> dict[str, Any]:
-        """Everything ``statecodec keys list`` shows: source, freshness, each key's state. No secrets."""
+        """The manager's state for status pages and ``statecodec keys list``; no secrets.
+
+        ``state`` sums it up: ``"ok"``; ``"degraded"`` (refreshes fail, the last good ring
+        still verifies and mints, until ``minting_stops_in`` seconds from now);
+        ``"stale"`` (minting stopped, verification continues); ``"not_loaded"``. ``age``
+        is the ring's age in seconds, ``failing_since`` and ``last_error`` describe the
+        current outage, ``keys`` each key's place in the timeline.
+        """
         now = self.clock()
         view = self._view
         age = None if view is None else now - view.loaded_at
         stale = age is None or age > self.timeline.staleness_limit
+        if view is None:
+            state = "not_loaded"
+        elif stale:
+            state = "stale"
+        else:
+            state = "degraded" if self._failing_since is not None else "ok"
         return {
+            "state": state,
             "source": self.source.describe(),
             "running": bool(self._thread and self._thread.is_alive()),
             "loaded_at": None if view is None else view.loaded_at,
             "age": age,
             "stale": stale,
             "minting": not stale,
+            "minting_stops_in": None if age is None else max(0.0, self.timeline.staleness_limit - age),
             "primary": None if view is None else self._current(now).ring.primary_kid,
             "failing_since": self._failing_since,
             "last_error": self._last_error,

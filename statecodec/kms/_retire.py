@@ -29,6 +29,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from .. import _telemetry
 from .._humanize import duration
 from .._keys import KeyRing
 from ._errors import KeySourceError
@@ -247,8 +248,13 @@ def _scope(src: KeySource, ring: KeyRing, kid: str) -> tuple[tuple[str, ...], st
 
 
 def _log(src: KeySource, what: str, **fields: Any) -> None:
-    logger.warning("statecodec.kms: %s: %s", src.describe(), what, extra={"source": src.describe(), **fields})
+    logger.warning(
+        "%s: %s",
+        src.describe(),
+        what,
+        extra={**_telemetry.fields("keys_retired", source=src.describe()), **fields},
+    )
 
 
 def _log_progress(line: str) -> None:
-    logger.info("statecodec.kms: %s", line)
+    logger.info("%s", line, extra=_telemetry.fields("retire_progress"))

@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from .. import _format
+from .. import _format, _telemetry
 from .._keys import MIN_SECRET_BYTES, Key, KeyRing
 from ._errors import KeySourceError
 from ._settings import VaultSettings
@@ -310,7 +310,12 @@ class TransitSource(KeySource):
                     return
                 if attempt == attempts:
                     raise
-                logger.info("statecodec.kms: %s: %s failed and did not happen; trying again", self.url, what)
+                logger.info(
+                    "%s: %s failed and did not happen; trying again",
+                    self.url,
+                    what,
+                    extra=_telemetry.fields("vault_retry", source=self.url, detail=what),
+                )
                 self.session.pause(attempt)
 
     def _dated(self, meta: dict[str, Any]) -> dict[int, int]:

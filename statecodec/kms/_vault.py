@@ -20,6 +20,7 @@ import hvac
 import hvac.exceptions as hx
 import requests
 
+from .. import _telemetry
 from ._errors import KeySourceError, Kind
 from ._settings import VaultSettings
 from ._tls import TLSConfigError, certificate_problem, tls_session
@@ -88,10 +89,13 @@ class VaultSession:
                     raise self._error(self._denied(what, exc), "denied") from None
                 relogged = True  # the token may have expired or been revoked: log in again, once
                 logger.info(
-                    "statecodec.kms: %s: Vault answered 403 %s; logging in again",
+                    "%s: Vault answered 403 %s; logging in again",
                     self.source,
                     what,
-                    extra={"source": self.source, "auth_method": self.settings.auth_method},
+                    extra={
+                        **_telemetry.fields("vault_relogin", source=self.source, reason="denied"),
+                        "auth_method": self.settings.auth_method,
+                    },
                 )
                 with self._lock:
                     self._logged_in = False
@@ -236,9 +240,10 @@ class VaultSession:
             # Past its max TTL, or revoked: a new login is the only cure.
             if not self.settings.relogin:
                 logger.warning(
-                    "statecodec.kms: %s: renewing VAULT_TOKEN failed (%s); it will expire",
+                    "%s: renewing VAULT_TOKEN failed (%s); it will expire",
                     self.source,
                     _message(exc),
+                    extra=_telemetry.fields("vault_renew_failed", source=self.source, detail=_message(exc)),
                 )
                 self._renew_at = None
                 return

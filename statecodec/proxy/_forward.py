@@ -23,6 +23,7 @@ from typing import Any, Final
 import anyio
 import httpx
 
+from .. import _telemetry
 from ..adapters.asgi import Message, Receive, Scope, Send, dumps, request_path
 
 logger = logging.getLogger("statecodec.proxy")
@@ -182,11 +183,23 @@ class UpstreamApp:
         except _ClientGone:
             return
         except httpx.TimeoutException as exc:
-            logger.warning("statecodec proxy: upstream timed out (%s)", type(exc).__name__)
+            _telemetry.record_upstream_error("timeout")
+            logger.warning(
+                "upstream timed out (%s)",
+                type(exc).__name__,
+                extra=_telemetry.fields("upstream_error", kind="timeout", status=504),
+            )
             await _error(send, 504, "Upstream timed out")
             return
         except httpx.HTTPError as exc:
-            logger.warning("statecodec proxy: upstream unavailable (%s)", type(exc).__name__)
+            _telemetry.record_upstream_error("unreachable")
+            logger.warning(
+                "upstream unavailable (%s)",
+                type(exc).__name__,
+                extra=_telemetry.fields(
+                    "upstream_error", kind="unreachable", status=502, detail=type(exc).__name__
+                ),
+            )
             await _error(send, 502, "Upstream unavailable")
             return
         try:
@@ -232,7 +245,12 @@ async def _stream(response: httpx.Response, receive: Receive, send: Send) -> Non
             except httpx.HTTPError as exc:
                 # Leave the response unfinished: the server then drops the connection, and
                 # the client sees a truncated response instead of a complete-looking one.
-                logger.warning("statecodec proxy: upstream stream broke off (%s)", type(exc).__name__)
+                _telemetry.record_upstream_error("broken")
+                logger.warning(
+                    "upstream stream broke off (%s)",
+                    type(exc).__name__,
+                    extra=_telemetry.fields("upstream_error", kind="broken", detail=type(exc).__name__),
+                )
             else:
                 await send({"type": "http.response.body", "body": b"", "more_body": False})
             group.cancel_scope.cancel()

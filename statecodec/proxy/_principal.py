@@ -36,6 +36,7 @@ from typing import Any, Final, TypeAlias
 import httpx
 import jwt
 
+from .. import _telemetry
 from ..adapters import jsonrpc
 from ..adapters.asgi import PrincipalFn, Scope
 
@@ -245,7 +246,10 @@ class JWKSVerifier:
             keyset = jwt.PyJWKSet.from_dict(response.json())
         except Exception as exc:  # keep the previous keys; verification of new kids fails closed
             logger.warning(
-                "statecodec proxy: cannot load the JWKS: %s: %s", type(exc).__name__, str(exc)[:200]
+                "cannot load the JWKS: %s: %s",
+                type(exc).__name__,
+                str(exc)[:200],
+                extra=_telemetry.fields("jwks_failed", reason=type(exc).__name__, detail=str(exc)[:200]),
             )
             return
         self._keys = {key.key_id: key for key in keyset.keys}

@@ -20,6 +20,7 @@ from ..adapters.asgi import (
 )
 from ..adapters.jsonrpc import DEFAULT_MAX_HOLD
 from ._forward import Timeouts, UpstreamApp
+from ._metered import MeteredApp
 
 logger = logging.getLogger("statecodec.proxy")
 
@@ -42,14 +43,15 @@ class ProxyOptions:
 def build_proxy(codec: StateCodec, options: ProxyOptions, *, principal: PrincipalFn | None = None) -> ASGIApp:
     """The proxy as one ASGI application: ``RequestStateMiddleware(UpstreamApp(upstream))``.
 
-    Serve it with any ASGI server; its lifespan opens and closes the upstream connection pool.
+    Serve it with any ASGI server; its lifespan opens and closes the upstream connection
+    pool. Every answer is counted (:class:`~statecodec.proxy._metered.MeteredApp`).
     """
     if not options.audience:
         raise ValueError("the proxy needs an audience (the protected service's name)")
     upstream = UpstreamApp(
         options.upstream, timeouts=options.timeouts, max_connections=options.max_connections
     )
-    return RequestStateMiddleware(
+    middleware = RequestStateMiddleware(
         upstream,
         codec,
         audience=options.audience,
@@ -60,6 +62,7 @@ def build_proxy(codec: StateCodec, options: ProxyOptions, *, principal: Principa
         retry_after=options.retry_after,
         max_hold=options.max_hold,
     )
+    return MeteredApp(middleware)
 
 
 async def serve(
@@ -73,11 +76,14 @@ async def serve(
     """Run ``app`` on ``sock`` until SIGINT/SIGTERM, then drain for ``graceful_timeout`` seconds.
 
     uvicorn's access log stays off: it would log every request path, and the proxy's own
-    log lines carry what an operator needs without any token. uvicorn's ``Server`` and
-    ``Date`` headers are off too, so the upstream's pass through unchanged.
+    log lines carry what an operator needs without any token. uvicorn configures no
+    logging of its own (its records reach the process's handlers, which ``statecodec
+    proxy`` sets, text or JSON). Its ``Server`` and ``Date`` headers are off too, so the
+    upstream's pass through unchanged.
     """
     config = uvicorn.Config(
         app,
+        log_config=None,
         log_level="warning",
         access_log=False,
         lifespan="on",

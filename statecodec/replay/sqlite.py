@@ -41,6 +41,7 @@ import weakref
 from collections.abc import Callable
 from typing import Final, Literal
 
+from .. import _telemetry
 from .._errors import ReplayStoreError
 from .base import ReplayStore, invalid_retention
 
@@ -252,7 +253,10 @@ class SQLiteReplayStore(ReplayStore):
         except sqlite3.Error as exc:
             # The consume already succeeded; a failed purge only delays reclaiming space.
             logger.warning(
-                "statecodec: purging expired entries from %s failed, will retry: %s", self.path, exc
+                "purging expired entries from %s failed, will retry: %s",
+                self.path,
+                exc,
+                extra=_telemetry.fields("purge_failed", store=self.kind, detail=str(exc)),
             )
 
     @staticmethod
