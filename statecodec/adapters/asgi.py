@@ -324,6 +324,8 @@ class RequestStateMiddleware:
             _log_round(judged.method, judged.opened)
         outbound = _Outbound(self, send, judged, request_id)
         await self.app(_forwarded(scope, headers, index, body), _replay(body, receive), outbound.send)
+        if judged is not None:  # an answer without a state is relayed unparsed: count its flow's end here
+            judged.end_flow(self.codec)
 
     def _passthrough(self, raw_path: bytes) -> bool:
         """Whether ``raw_path`` is a passthrough path; refuses a path with two readings.

@@ -293,7 +293,7 @@ class Judged:
     state, unconsumed) instead.
     """
 
-    __slots__ = ("_bind", "_binding", "early", "method", "opened", "params")
+    __slots__ = ("_bind", "_binding", "_flow_told", "early", "method", "opened", "params")
 
     def __init__(
         self,
@@ -311,10 +311,22 @@ class Judged:
         self.early = early
         self._bind = bind
         self._binding = binding
+        self._flow_told = False  # whether this round's answer was seen to continue or end its flow
 
     def __repr__(self) -> str:
         opened = self.opened.token_id[:8] if self.opened else None
         return f"Judged(method={self.method!r}, opened={opened!r}, early={self.early is not None})"
+
+    def end_flow(self, codec: StateCodec) -> None:
+        """Count the flow as ended by this round's answer, unless a new state continued it.
+
+        Called for an answer without a state (:func:`seal_result` does), and by adapters that
+        do not show every answer to :func:`seal_result` once the exchange is over. Counted
+        once: a round that came in with a state ends its flow or continues it, not both.
+        """
+        if self.opened is not None and not self._flow_told:
+            self._flow_told = True
+            _telemetry.record_flow_rounds(_MODE_LABEL.get(codec.mode) or codec.mode.value, self.opened.round)
 
     def binding(self) -> Binding:
         """The request's binding; raises ``Exception`` from the binder when it cannot be made."""
@@ -562,10 +574,8 @@ def seal_result(
     aliases = _aliases(result, _RESULT_KEYS)
     state = result.get(REQUEST_STATE)
     if state is None and not aliases:
-        if judged is not None and judged.opened is not None:  # the flow ends here
-            _telemetry.record_flow_rounds(
-                _MODE_LABEL.get(codec.mode) or codec.mode.value, judged.opened.round
-            )
+        if judged is not None:  # the flow (if any) ends here
+            judged.end_flow(codec)
         return result
     method = judged.method if judged is not None else "-"
     if aliases:
@@ -602,6 +612,7 @@ def seal_state(codec: StateCodec, judged: Judged, state: object, *, retry_after:
         why = f"{type(exc).__name__}: {exc}"
         _refuse_seal(codec, method, reason, why, binding=binding, parent=judged.opened)
     _telemetry.record_seal(_MODE_LABEL.get(codec.mode) or codec.mode.value, method, "ok", len(token))
+    judged._flow_told = True  # the flow goes on
     return token
 
 

@@ -137,9 +137,11 @@ class StateCodecMiddleware:
                     "dict[str, Any]",
                     jsonrpc.seal_result(self.codec, judged, result, retry_after=self.retry_after),
                 )
-            return self._seal_other(judged, result)
+            sealed = self._seal_other(judged, result)
         except jsonrpc.WireError as exc:
             raise _mcp_error(exc) from None
+        judged.end_flow(self.codec)  # a model without a state: the flow ends (no-op if it goes on)
+        return sealed
 
     def _binding(self, ctx: Context) -> Binding:
         """The request's binding: the default one, then the ``binding`` callback's word."""
