@@ -49,6 +49,7 @@ with atheris.instrument_imports(include=["statecodec"]) if _FUZZING else context
 
     from statecodec import Binding, InvalidState, Key, KeyRing, Mode, StateCodec, _format
     from statecodec._binding import UNBOUND
+    from statecodec._codec import DEFAULT_MAX_FLOW_AGE, DEFAULT_MAX_ROUNDS
 
 NOW: Final = 1_800_000_000
 TTL: Final = 600
@@ -188,14 +189,20 @@ def _policy(parsed: _format.ParsedToken, key: Key, binding: Binding, token_len: 
         return "too_large"
     if not key.verifies_at(NOW):
         return "unknown_key"
-    if parsed.expires_at < parsed.issued_at:
+    if parsed.expires_at < parsed.issued_at or parsed.flow_started_at > parsed.issued_at:
         return "malformed"
     if parsed.expires_at + EXPIRY_GRACE < NOW:  # NOW is a whole second
         return "expired"
     if parsed.issued_at > NOW + MAX_SKEW:
         return "not_yet_valid"
-    if not hmac.compare_digest(binding.tag(key.bind_key), parsed.bind_tag):
+    if parsed.round > DEFAULT_MAX_ROUNDS:
+        return "round_limit"
+    if parsed.flow_started_at + DEFAULT_MAX_FLOW_AGE + EXPIRY_GRACE < NOW:
+        return "flow_expired"
+    if not hmac.compare_digest(binding.tag(key), parsed.bind_tag):
         return "binding_mismatch"
+    if parsed.not_before_ms and parsed.issued_at * 1000 + parsed.not_before_ms > NOW * 1000:
+        return "too_early"
     return None
 
 

@@ -11,6 +11,7 @@ from ._binding import UNBOUND, Binding, argument_digest, canonical_json
 from ._codec import Mode, OpenedState, StateCodec
 from ._errors import (
     REASONS,
+    FlowBudgetExceeded,
     InvalidState,
     KeyUnavailable,
     ReplayStoreError,
@@ -25,6 +26,7 @@ __all__ = [
     "REASONS",
     "UNBOUND",
     "Binding",
+    "FlowBudgetExceeded",
     "InvalidState",
     "Key",
     "KeyProvider",

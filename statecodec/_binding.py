@@ -13,11 +13,11 @@ Python versions or an independent implementation always agree on it.
 from __future__ import annotations
 
 import hashlib
-import hmac
 import struct
 from collections.abc import Mapping
+from operator import attrgetter
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any, Final, Generic, NoReturn, TypeVar, cast, overload
+from typing import TYPE_CHECKING, Any, Final, NoReturn
 
 import orjson
 import rfc8785
@@ -36,7 +36,6 @@ _DOMAIN: Final = b"statecodec/v1/binding\x00"
 _U32 = struct.Struct(">I")
 _PRESENT = struct.Struct(">BI")  # 0x01 and the u32 length of a present field
 _TEXT_FIELDS: Final = ("principal", "audience", "method", "target")
-_T = TypeVar("_T")
 # Copied per digest: hashlib.sha256(data) looks the algorithm up in OpenSSL on every call.
 _SHA256: Final = hashlib.sha256()
 _NO_EXTRA: Final[Mapping[str, str]] = MappingProxyType({})
@@ -155,11 +154,12 @@ def _field(value: bytes) -> bytes:
 
 # The encoded text fields of recent bindings. Audience, method and target repeat on nearly
 # every request, and a principal across the rounds of its requests, so a hit replaces an
-# encode, a pack and a concatenation by one dict lookup (this runs once per request).
-# Only exact ``str`` keys: a subclass could override ``__eq__``/``__hash__`` and alias the
-# entry of other text. Only short text, and emptied when full, so hostile requests can
-# neither grow it past about 2 MiB nor do more than turn hits into misses. It holds no
-# secret: a hit or miss reveals at most that some request recently carried that text.
+# encode, a pack and a concatenation by one dict lookup (this runs once per request; the
+# A/B measurement in docs/performance.md kept it). Only exact ``str`` keys: a subclass
+# could override ``__eq__``/``__hash__`` and alias the entry of other text. Only short
+# text, and emptied when full, so hostile requests can neither grow it past about 2 MiB
+# nor do more than turn hits into misses. It holds no secret: a hit or miss reveals at
+# most that some request recently carried that text.
 _FIELD_CACHE: Final[dict[str, bytes]] = {}
 _FIELD_CACHE_MAX: Final = 1024
 _FIELD_CACHE_TEXT_MAX: Final = 256
@@ -189,28 +189,20 @@ def _text_field(text: Any) -> bytes:
 def _encode(
     texts: tuple[Any, Any, Any, Any], argument_digest: bytes | None, extra: Mapping[str, str]
 ) -> bytes:
-    """The binding encoding of docs/format.md: every field 0x00 (absent) or 0x01 || u32 || bytes.
-
-    One join of ready-made parts: this runs once per request.
-    """
+    """The binding encoding of docs/format.md: every field 0x00 (absent) or 0x01 || u32 || bytes."""
     principal, audience, method, target = texts
-    cached = _FIELD_CACHE.get
     try:
-        # The cache is looked up here for exact str (a hit skips a call per field).
         parts = [
             _DOMAIN,
-            (type(principal) is str and cached(principal)) or _text_field(principal),
-            (type(audience) is str and cached(audience)) or _text_field(audience),
-            (type(method) is str and cached(method)) or _text_field(method),
-            (type(target) is str and cached(target)) or _text_field(target),
+            _text_field(principal),
+            _text_field(audience),
+            _text_field(method),
+            _text_field(target),
         ]
     except TypeError:
         raise _type_error(texts) from None
     parts.append(_ABSENT if argument_digest is None else _DIGEST_PRESENT + argument_digest)
-    if extra:
-        parts.append(_encode_extra(extra))
-    else:
-        parts.append(_NO_EXTRA_COUNT)
+    parts.append(_encode_extra(extra) if extra else _NO_EXTRA_COUNT)
     return b"".join(parts)
 
 
@@ -233,36 +225,21 @@ def _type_error(texts: tuple[Any, ...]) -> TypeError:
     return TypeError("binding fields must be str or None")
 
 
-class _ReadOnly(Generic[_T]):
+def _read_only(name: str) -> Any:
     """A public, read-only field of :class:`Binding`, stored in the private slot ``_<name>``.
 
-    Binding is immutable, but forbidding assignment with a ``__setattr__`` override
-    would turn each field assignment in ``__init__`` into an ``object.__setattr__`` call,
-    which cost more than encoding the fields (and this runs once per request). So
-    ``__init__`` fills private slots with plain assignments, and the public names are
-    these descriptors: reading one reads the slot, assigning to one raises.
+    A property rather than a ``__setattr__`` override: ``__init__`` then fills the slots
+    with plain assignments (an override would turn each into a Python call), and only
+    the public name refuses assignment.
     """
+    slot = "_" + name
 
-    __slots__ = ("_name", "_slot")
-
-    def __set_name__(self, owner: type, name: str) -> None:
-        self._name = name
-        self._slot: Any = owner.__dict__["_" + name]  # the slot's member descriptor
-
-    @overload
-    def __get__(self, obj: None, owner: type | None = None) -> _ReadOnly[_T]: ...
-    @overload
-    def __get__(self, obj: object, owner: type | None = None) -> _T: ...
-    def __get__(self, obj: object | None, owner: type | None = None) -> _T | _ReadOnly[_T]:
-        return self if obj is None else cast(_T, self._slot.__get__(obj, owner))
-
-    def __set__(self, obj: object, value: object) -> NoReturn:
+    def refuse(self: Binding, value: object = None) -> NoReturn:
         # The tag covers the fields as they were at construction, so a field changed
         # afterwards would silently bind to something other than what it says.
-        raise AttributeError(f"Binding is immutable; use binding.replace({self._name}=...)")
+        raise AttributeError(f"Binding is immutable; use binding.replace({name}=...)")
 
-    def __delete__(self, obj: object) -> NoReturn:
-        raise AttributeError("Binding is immutable")
+    return property(attrgetter(slot), refuse, refuse)
 
 
 def _restore(
@@ -285,14 +262,21 @@ class Binding:
     """
 
     __slots__ = (
-        "_argument_digest", "_audience", "_encoded", "_extra", "_method", "_principal", "_tags", "_target",
+        "_argument_digest",
+        "_audience",
+        "_encoded",
+        "_extra",
+        "_method",
+        "_principal",
+        "_tags",
+        "_target",
     )
-    principal: _ReadOnly[str | None] = _ReadOnly()
-    audience: _ReadOnly[str | None] = _ReadOnly()
-    method: _ReadOnly[str | None] = _ReadOnly()
-    target: _ReadOnly[str | None] = _ReadOnly()
-    argument_digest: _ReadOnly[bytes | None] = _ReadOnly()
-    extra: _ReadOnly[Mapping[str, str]] = _ReadOnly()
+    principal: str | None = _read_only("principal")
+    audience: str | None = _read_only("audience")
+    method: str | None = _read_only("method")
+    target: str | None = _read_only("target")
+    argument_digest: bytes | None = _read_only("argument_digest")
+    extra: Mapping[str, str] = _read_only("extra")
     _encoded: bytes
     _tags: dict[bytes, bytes]
 
@@ -343,27 +327,15 @@ class Binding:
         """The unambiguous, length-prefixed byte string the tag is computed over."""
         return self._encoded
 
-    def tag(self, bind_key: bytes) -> bytes:
-        """HMAC-SHA256(bind_key, encoded)[:16], cached per key."""
-        tag = self._tags.get(bind_key)
-        if tag is None:
-            tag = hmac.digest(bind_key, self._encoded, "sha256")[:16]
-            self._remember(bind_key, tag)
-        return tag
-
-    def tag_for(self, key: Key) -> bytes:
-        """:meth:`tag` under ``key.bind_key``, computed with the key's pre-keyed HMAC (faster)."""
+    def tag(self, key: Key) -> bytes:
+        """HMAC-SHA256(key.bind_key, encoded)[:16], cached per key (a handful at most)."""
         tags = self._tags
         tag = tags.get(key.bind_key)
         if tag is None:
             tag = key.binding_tag(self._encoded)
-            if len(tags) < 8:  # as in _remember, inline: this runs on every seal and unseal
+            if len(tags) < 8:  # never grow without bound
                 tags[key.bind_key] = tag
         return tag
-
-    def _remember(self, bind_key: bytes, tag: bytes) -> None:
-        if len(self._tags) < 8:  # a handful of keys at most; never grow without bound
-            self._tags[bind_key] = tag
 
     def replace(self, **changes: Any) -> Binding:
         fields: dict[str, Any] = {

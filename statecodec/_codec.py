@@ -13,6 +13,14 @@ and the default grace of 0 it is accepted through the 600th second after its iss
 clock runs up to ``max_skew`` seconds ahead (``iat <= now + max_skew``, exact for a
 fractional ``now`` too).
 
+Flows: a token sealed with ``parent=`` (the :class:`OpenedState` its round was opened
+from) is the next round of the parent's flow and carries, authenticated, the flow id (the
+first token's id), its round number and the flow's start. ``max_rounds`` and
+``max_flow_age`` are enforced when sealing (:class:`FlowBudgetExceeded`) and when
+unsealing (``round_limit``, ``flow_expired``), so an instance with looser settings cannot
+extend another's flow. ``retry_after=`` paces a round: the token is ``too_early`` until
+then, a distinct outcome that never consumes it.
+
 The codec knows nothing about MCP: adapters build the :class:`Binding` and map
 :class:`InvalidState` to the wire error.
 """
@@ -26,13 +34,13 @@ import math
 import os
 import time
 from collections.abc import Callable
-from typing import Final, NamedTuple
+from typing import Any, Final, NamedTuple
 
 from nacl.exceptions import CryptoError
 
 from . import _aead, _format, _telemetry
 from ._binding import UNBOUND, Binding
-from ._errors import InvalidState, ReplayStoreError
+from ._errors import FlowBudgetExceeded, InvalidState, ReplayStoreError
 from ._humanize import duration
 from ._keys import Key, KeyProvider, KeyRing
 from .replay.base import ReplayStore
@@ -43,6 +51,8 @@ DEFAULT_TTL: Final = 600
 DEFAULT_MAX_SKEW: Final = 60
 DEFAULT_EXPIRY_GRACE: Final = 0
 DEFAULT_MAX_TOKEN_BYTES: Final = 8192
+DEFAULT_MAX_ROUNDS: Final = 10  # the official MCP clients' own default
+DEFAULT_MAX_FLOW_AGE: Final = 3600
 
 
 class Mode(enum.StrEnum):
@@ -71,6 +81,10 @@ class OpenedState(NamedTuple):
     expires_at: int
     token_id: str  # 32 hex digits
     mode: Mode
+    flow_id: str  # 32 hex digits: the token id of the flow's first token (this one's, in a first round)
+    round: int  # 1 for a first round
+    flow_started_at: int  # the issued_at of the flow's first token
+    not_before: float | None  # the server's pacing: not redeemable before this Unix time
 
 
 class StateCodec:
@@ -87,6 +101,13 @@ class StateCodec:
         stays in the replay store, for an instance whose clock runs behind.
     :param expiry_grace: whole seconds a token is still accepted past its expiry;
         0 (the default) is strict: a TTL means what it says.
+    :param max_rounds: the most tokens one flow may have (1..255, default 10, the MCP
+        clients' own default): sealing round ``max_rounds + 1`` is refused, and a token
+        of a later round (minted by a looser instance) is rejected as ``round_limit``.
+    :param max_flow_age: whole seconds a flow may last from its first token (default
+        3600; ``None``: no limit). A round's token never outlives its flow (its expiry is
+        cut to the flow's end), sealing after that is refused, and a token of an older
+        flow is rejected as ``flow_expired`` however fresh it is.
     :param replay: a :class:`ReplayStore`; when set, each token unseals at most once.
     :param namespace: prefix of replay-store entries, so services sharing a store never
         collide (defaults to ``"default"``).
@@ -105,6 +126,8 @@ class StateCodec:
         max_skew: int = DEFAULT_MAX_SKEW,
         expiry_grace: int = DEFAULT_EXPIRY_GRACE,
         max_token_bytes: int = DEFAULT_MAX_TOKEN_BYTES,
+        max_rounds: int = DEFAULT_MAX_ROUNDS,
+        max_flow_age: int | None = DEFAULT_MAX_FLOW_AGE,
         replay: ReplayStore | None = None,
         namespace: str = "default",
         clock: Callable[[], float] = time.time,
@@ -116,6 +139,14 @@ class StateCodec:
         for name, value in (("max_skew", max_skew), ("expiry_grace", expiry_grace)):
             if not (0 <= value < 2**31 and value == int(value)):
                 raise ValueError(f"{name} must be a whole number of seconds >= 0, got {value!r}")
+        if not (type(max_rounds) is int and 1 <= max_rounds <= _format.MAX_ROUND):
+            raise ValueError(
+                f"max_rounds must be a whole number from 1 to {_format.MAX_ROUND}, got {max_rounds!r}"
+            )
+        if max_flow_age is not None and not (0 < max_flow_age < 2**31 and max_flow_age == int(max_flow_age)):
+            raise ValueError(
+                f"max_flow_age must be a positive whole number of seconds or None, got {max_flow_age!r}"
+            )
         if max_token_bytes < 128:
             raise ValueError("max_token_bytes below 128 cannot hold a token")
         if replay is not None and not callable(getattr(replay, "consume", None)):
@@ -126,6 +157,8 @@ class StateCodec:
         self.max_skew = int(max_skew)
         self.expiry_grace = int(expiry_grace)
         self.max_token_bytes = int(max_token_bytes)
+        self.max_rounds = max_rounds
+        self.max_flow_age = None if max_flow_age is None else int(max_flow_age)
         self.replay = replay
         self.namespace = namespace
         self.clock = clock
@@ -136,6 +169,10 @@ class StateCodec:
         self._signs = self.mode is Mode.SIGN
         # Expired from this instant after exp: floor(now) > exp + expiry_grace.
         self._expired_after = self.expiry_grace + 1
+        # A flow ends like a token: floor(now) > start + max_flow_age + expiry_grace.
+        self._flow_over_after = math.inf if max_flow_age is None else int(max_flow_age) + self._expired_after
+        # A first round's token lives at most as long as its flow.
+        self._flow_ttl_max = 2**31 if max_flow_age is None else int(max_flow_age)
         # Replay entries: "<namespace>:<token id hex>", kept until exp + expiry_grace + 1 +
         # max_skew on this codec's clock, handed to the store as a retention from now (the
         # comment above _store_down). Every instance sharing a store must use the same
@@ -147,28 +184,97 @@ class StateCodec:
     def __repr__(self) -> str:
         return (
             f"StateCodec(mode={self.mode.value!r}, ttl={self.ttl}, max_skew={self.max_skew}, "
-            f"expiry_grace={self.expiry_grace}, "
+            f"expiry_grace={self.expiry_grace}, max_rounds={self.max_rounds}, "
+            f"max_flow_age={self.max_flow_age}, "
             f"keys={self.keys!r}, replay={self.replay!r})"
         )
 
     # ------------------------------------------------------------------ sealing
-    def seal(self, payload: bytes, binding: Binding | None = None, *, ttl: int | None = None) -> str:
-        """Mint a token carrying ``payload``, bound to ``binding``, valid for ``ttl`` seconds."""
+    def seal(
+        self,
+        payload: bytes,
+        binding: Binding | None = None,
+        *,
+        ttl: int | None = None,
+        parent: OpenedState | None = None,
+        retry_after: float | None = None,
+    ) -> str:
+        """Mint a token carrying ``payload``, bound to ``binding``, valid for ``ttl`` seconds.
+
+        ``parent``: the :class:`OpenedState` this round was unsealed from; the token is then
+        the next round of its flow (refused with :class:`FlowBudgetExceeded` past
+        ``max_rounds`` or ``max_flow_age``). ``retry_after``: seconds before the token may
+        be redeemed (a round that only says "not ready yet"); earlier it is ``too_early``.
+        """
         # The key first, then the clock: a key manager may promote a new key between the
         # two reads, and iat must never predate the moment the key was chosen, or other
         # instances (and the key's own timeline) see a token minted before its promotion.
         key = self.keys.signing_key()
         now = self.clock()
+        iat = int(now)
+        ttl = self.ttl if ttl is None else ttl
+        if not 0 < ttl < 2**31:
+            raise ValueError("ttl must be a positive number of seconds")
+        flow = None
+        if parent is not None:
+            flow, ttl = self._next_round(parent, iat, ttl)
+        elif ttl > self._flow_ttl_max:  # a first round: its flow starts now
+            ttl = self._flow_ttl_max
+        not_before_ms = 0
+        if retry_after is not None:
+            if not (isinstance(retry_after, int | float) and 0 < retry_after < 2**31):
+                raise ValueError(f"retry_after must be a positive number of seconds, got {retry_after!r}")
+            # Rounded to the microsecond first: float noise must not add a millisecond.
+            not_before_ms = math.ceil(round((now + retry_after - iat) * 1000, 3))
+            if not_before_ms > ttl * 1000:
+                raise ValueError(f"retry_after={retry_after}s is beyond the token's {ttl}s lifetime")
         if not self._signs:
             # One call for the whole 24-byte nonce: its first 16 bytes are the token id.
             fresh = os.urandom(_format.NONCE_LEN)
             token_id, nonce_suffix = fresh[: _format.TOKEN_ID_LEN], fresh[_format.TOKEN_ID_LEN :]
         else:
             token_id, nonce_suffix = os.urandom(_format.TOKEN_ID_LEN), b""
-        ttl = self.ttl if ttl is None else ttl
+        if flow is None and not not_before_ms:  # a first round, unpaced: the common case, fewest arguments
+            return self._seal(
+                payload, binding or UNBOUND, key, iat, ttl, token_id=token_id, nonce_suffix=nonce_suffix
+            )
         return self._seal(
-            payload, binding or UNBOUND, key, int(now), ttl, token_id=token_id, nonce_suffix=nonce_suffix
+            payload,
+            binding or UNBOUND,
+            key,
+            iat,
+            ttl,
+            token_id=token_id,
+            nonce_suffix=nonce_suffix,
+            flow=flow,
+            not_before_ms=not_before_ms,
         )
+
+    def _next_round(self, parent: OpenedState, iat: int, ttl: int) -> tuple[tuple[bytes, int, int], int]:
+        """The chained fields of the round after ``parent``, and ``ttl`` cut to the flow's end."""
+        if not isinstance(parent, OpenedState):
+            raise TypeError(f"parent must be the OpenedState of this round, not {type(parent).__name__}")
+        round_, started, flow_id = parent.round + 1, parent.flow_started_at, parent.flow_id
+        if round_ > self.max_rounds:
+            raise FlowBudgetExceeded(
+                "round_limit",
+                f"flow {flow_id[:8]} has had its {self.max_rounds} rounds (max_rounds); "
+                f"round {round_} refused",
+                flow_id=flow_id,
+                round=round_,
+            )
+        if self.max_flow_age is not None:
+            left = started + self.max_flow_age - iat
+            if left < 1:
+                raise FlowBudgetExceeded(
+                    "flow_expired",
+                    f"flow {flow_id[:8]} started {duration(iat - started)} ago, "
+                    f"max_flow_age is {self.max_flow_age}s; round {round_} refused",
+                    flow_id=flow_id,
+                    round=round_,
+                )
+            ttl = min(ttl, left)
+        return (bytes.fromhex(flow_id), round_, started), ttl
 
     def _seal(
         self,
@@ -180,6 +286,8 @@ class StateCodec:
         *,
         token_id: bytes,
         nonce_suffix: bytes,
+        flow: tuple[bytes, int, int] | None = None,
+        not_before_ms: int = 0,
     ) -> str:
         # Randomness arrives as arguments so the test-vector generator can fix it;
         # the public methods always draw it from os.urandom, never from the caller.
@@ -188,9 +296,18 @@ class StateCodec:
             if not isinstance(payload, bytearray | memoryview):
                 raise TypeError(f"payload must be bytes, not {type(payload).__name__}")
             payload = bytes(payload)
-        if not 0 < ttl < 2**31:
-            raise ValueError("ttl must be a positive number of seconds")
-        header = _format.pack_header(key.kid_field, iat, iat + ttl, token_id, binding.tag_for(key))
+        if flow is None and not not_before_ms:  # a first round, unpaced: no keyword arguments to pass
+            header = _format.pack_header(key.kid_field, iat, iat + ttl, token_id, binding.tag(key))
+        else:
+            header = _format.pack_header(
+                key.kid_field,
+                iat,
+                iat + ttl,
+                token_id,
+                binding.tag(key),
+                flow=flow,
+                not_before_ms=not_before_ms,
+            )
         if self._signs:
             if nonce_suffix:
                 raise ValueError("SIGN tokens carry no nonce")
@@ -283,8 +400,10 @@ class StateCodec:
             raise InvalidState("internal_error", f"unexpected {type(exc).__name__} while unsealing") from None
 
     def _open(self, token: str, binding: Binding | None, now: float, check_binding: bool) -> OpenedState:
-        fields = _format.split(token, self.max_token_bytes)
-        _, mode, kid, iat, exp, token_id, bind_tag, header, body, mac = fields
+        parsed = _format.parse(token, self.max_token_bytes)
+        _, mode, kid, iat, exp, token_id, bind_tag, header, body, mac, flow_id, round_, started, nbf_ms = (
+            parsed
+        )
         tid = token_id.hex()
         if mode != self._mode_char:
             raise InvalidState(
@@ -312,15 +431,18 @@ class StateCodec:
                     "tampered", "AEAD tag does not verify: the token was modified or forged", kid=kid
                 ) from None
 
-        # From here on the header (kid, iat, exp, token_id, bind_tag) is authentic.
-        if exp < iat:
-            raise InvalidState("malformed", "expires before it was issued", kid=kid, token_id=tid)
+        # From here on the header (kid, times, token id, binding tag, flow) is authentic.
+        if exp < iat or started > iat:
+            raise InvalidState(
+                "malformed", "expires before it was issued, or issued before its flow", kid=kid, token_id=tid
+            )
         if now >= exp + self._expired_after:  # floor(now) > exp + expiry_grace
             raise InvalidState(
                 "expired",
                 f"expired {duration(now - exp)} ago (expiry grace {self.expiry_grace}s)",
                 kid=kid,
                 token_id=tid,
+                **self._flow_ids(tid, flow_id, round_),
             )
         if iat > now + self.max_skew:  # the same as iat > floor(now) + max_skew: iat is whole
             raise InvalidState(
@@ -329,9 +451,26 @@ class StateCodec:
                 "(clock skew between instances?)",
                 kid=kid,
                 token_id=tid,
+                **self._flow_ids(tid, flow_id, round_),
+            )
+        if round_ > self.max_rounds:
+            raise InvalidState(
+                "round_limit",
+                f"round {round_} of its flow, beyond max_rounds={self.max_rounds}",
+                kid=kid,
+                token_id=tid,
+                **self._flow_ids(tid, flow_id, round_),
+            )
+        if now >= started + self._flow_over_after:  # floor(now) > start + max_flow_age + expiry_grace
+            raise InvalidState(
+                "flow_expired",
+                f"its flow started {duration(now - started)} ago, beyond max_flow_age={self.max_flow_age}s",
+                kid=kid,
+                token_id=tid,
+                **self._flow_ids(tid, flow_id, round_),
             )
         if check_binding:
-            expected_tag = (binding or UNBOUND).tag_for(key)
+            expected_tag = (binding or UNBOUND).tag(key)
             if not hmac.compare_digest(expected_tag, bind_tag):
                 raise InvalidState(
                     "binding_mismatch",
@@ -339,10 +478,30 @@ class StateCodec:
                     "arguments or extra binding" + ("" if binding else " (no binding was given)"),
                     kid=kid,
                     token_id=tid,
+                    **self._flow_ids(tid, flow_id, round_),
                 )
+        not_before = None
+        if nbf_ms:
+            not_before = iat + nbf_ms / 1000
+            if now < not_before:  # pacing, last before consuming: an early retry burns nothing
+                raise InvalidState(
+                    "too_early",
+                    f"redeemable in {now - not_before:.3f}s: the server paces this round",
+                    kid=kid,
+                    token_id=tid,
+                    retry_at=not_before,
+                    **self._flow_ids(tid, flow_id, round_),
+                )
+        flow_hex = tid if flow_id is token_id else flow_id.hex()
         # tuple.__new__ directly: OpenedState(...) goes through a Python-level __new__
         # that only forwards its arguments, on every unseal.
-        return tuple.__new__(OpenedState, (payload, kid, iat, exp, tid, self.mode))
+        return tuple.__new__(
+            OpenedState, (payload, kid, iat, exp, tid, self.mode, flow_hex, round_, started, not_before)
+        )
+
+    @staticmethod
+    def _flow_ids(tid: str, flow_id: bytes, round_: int) -> dict[str, Any]:
+        return {"flow_id": tid if round_ == 1 else flow_id.hex(), "round": round_}
 
     def _verification_key(self, kid: str, now: float) -> Key:
         ring: KeyRing = self.keys.keyring()

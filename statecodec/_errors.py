@@ -10,7 +10,7 @@ and this module knows nothing of MCP.
 
 from __future__ import annotations
 
-from typing import Final, Literal, get_args
+from typing import Any, Final, Literal, get_args
 
 Reason = Literal[
     "malformed",
@@ -22,6 +22,9 @@ Reason = Literal[
     "expired",
     "not_yet_valid",
     "binding_mismatch",
+    "round_limit",
+    "flow_expired",
+    "too_early",
     "replayed",
     "store_unavailable",
     "internal_error",
@@ -39,7 +42,10 @@ class InvalidState(StateCodecError):  # noqa: N818 - the name is the public cont
 
     ``reason`` is one of :data:`REASONS`; ``detail`` says what exactly was wrong
     (for example ``"expired 3m12s ago"``), and ``kid`` / ``token_id`` identify the token
-    when the header could be read. Safe to log; never shown to MCP clients.
+    when the header could be read; ``flow_id`` and ``round`` its flow once the header is
+    authentic. ``too_early`` is not an attack but a retry ahead of the server's pacing:
+    ``retry_at`` (Unix time) says when the token becomes redeemable. Safe to log; never
+    shown to MCP clients.
     """
 
     def __init__(
@@ -49,20 +55,43 @@ class InvalidState(StateCodecError):  # noqa: N818 - the name is the public cont
         *,
         kid: str | None = None,
         token_id: str | None = None,
+        flow_id: str | None = None,
+        round: int | None = None,
+        retry_at: float | None = None,
     ) -> None:
         self.reason: Reason = reason
         self.detail = detail
         self.kid = kid
         self.token_id = token_id
+        self.flow_id = flow_id
+        self.round = round
+        self.retry_at = retry_at
         super().__init__(f"{reason}: {detail}" if detail else reason)
 
     def __reduce__(self) -> tuple[object, ...]:
         # Keyword-only arguments need help to survive pickling (process pools, logging queues).
-        return (_rebuild, (self.reason, self.detail, self.kid, self.token_id))
+        ids = {"kid": self.kid, "token_id": self.token_id, "flow_id": self.flow_id, "round": self.round}
+        return (_rebuild, (self.reason, self.detail, {**ids, "retry_at": self.retry_at}))
 
 
-def _rebuild(reason: Reason, detail: str, kid: str | None, token_id: str | None) -> InvalidState:
-    return InvalidState(reason, detail, kid=kid, token_id=token_id)
+def _rebuild(reason: Reason, detail: str, fields: dict[str, Any]) -> InvalidState:
+    return InvalidState(reason, detail, **fields)
+
+
+class FlowBudgetExceeded(StateCodecError, ValueError):  # noqa: N818 - says what happened
+    """Sealing the next round of a flow was refused: past ``max_rounds`` or ``max_flow_age``.
+
+    ``reason`` is ``"round_limit"`` or ``"flow_expired"`` (the reasons a verifier would give
+    the token), ``flow_id`` and ``round`` name the round that was refused. A ``ValueError``
+    too, like every other refusal to seal.
+    """
+
+    def __init__(self, reason: Reason, detail: str, *, flow_id: str, round: int) -> None:
+        self.reason: Reason = reason
+        self.detail = detail
+        self.flow_id = flow_id
+        self.round = round
+        super().__init__(f"{reason}: {detail}")
 
 
 class KeyUnavailable(StateCodecError):  # noqa: N818

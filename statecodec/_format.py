@@ -11,12 +11,21 @@ Text form::
 
 Header (fixed order, fixed widths except the kid, which is length-prefixed)::
 
-    kid_len  u8        1..32
+    flags|kid_len  u8  bits 0-5: kid_len 1..32; bit 7: CHAINED; bit 6: PACED
     kid      kid_len   ASCII [A-Za-z0-9._:-]
     iat      u32 BE    issued-at, Unix seconds
     exp      u32 BE    expires-at, Unix seconds
     tid      16 bytes  random token id (the replay store's key)
     btag     16 bytes  keyed binding tag
+    -- only if CHAINED (a later round of a multi-round flow):
+    flow     16 bytes  the flow id: the tid of the flow's first token
+    round    u8        2..255, this token's round in the flow
+    start    u32 BE    the flow's start: the iat of its first token
+    -- only if PACED (the server asks the client to wait before retrying):
+    nbf_ms   u32 BE    1..: milliseconds after iat before which the token is too early
+
+A token without the flags is byte for byte a token of before the flags: a first round
+is a flow of one (flow = tid, round 1, start = iat), never spelled CHAINED.
 
 The prefix selects the version and the mode; a codec accepts only its own. The MAC input
 and the AEAD associated data both start with the ASCII prefix, so a token cannot be
@@ -31,7 +40,7 @@ from __future__ import annotations
 
 import re
 import struct
-from typing import Final, NamedTuple, TypeAlias
+from typing import Final, NamedTuple
 
 from pybase64 import b64decode as _b64decode
 from pybase64 import b64encode_as_string
@@ -52,7 +61,15 @@ NONCE_SUFFIX_LEN: Final = NONCE_LEN - TOKEN_ID_LEN  # the 8 nonce bytes the head
 AEAD_TAG_LEN: Final = 16
 MAX_TIME: Final = 2**32 - 1
 
+FLAG_CHAINED: Final = 0x80
+FLAG_PACED: Final = 0x40
+_KID_LEN_MASK: Final = 0x3F
+MAX_ROUND: Final = 255
+
 _TIMES = struct.Struct(">II")
+_CHAIN = struct.Struct(f">{TOKEN_ID_LEN}sBI")  # flow id, round, flow start
+_PACE = struct.Struct(">I")  # nbf_ms
+_new_tuple: Final = tuple.__new__
 _HEADER_FIXED: Final = 1 + 8 + TOKEN_ID_LEN + BIND_TAG_LEN  # the header without the kid: 41 bytes
 _AEAD_TRAILER: Final = NONCE_SUFFIX_LEN + AEAD_TAG_LEN
 # kid, iat, exp, tid and btag in one C call: one layout per kid length.
@@ -84,6 +101,10 @@ class ParsedToken(NamedTuple):
     header: bytes  # everything from kid_len to bind_tag
     body: bytes  # SIGN: payload; ENCRYPT: nonce_suffix || ciphertext || tag
     mac: bytes  # SIGN: the 32-byte MAC; ENCRYPT: empty
+    flow_id: bytes  # the tid of the flow's first token (this token's own tid in a first round)
+    round: int  # 1 for a first round
+    flow_started_at: int  # the iat of the flow's first token
+    not_before_ms: int  # 0, or milliseconds after issued_at before which the token is too early
 
 
 def valid_kid(kid: str) -> bool:
@@ -132,20 +153,42 @@ def kid_field(kid: str) -> bytes:
     return bytes((len(kid_b),)) + kid_b
 
 
-def build_header(kid: str, issued_at: int, expires_at: int, token_id: bytes, bind_tag: bytes) -> bytes:
-    return pack_header(kid_field(kid), issued_at, expires_at, token_id, bind_tag)
+def pack_header(
+    kid_field: bytes,
+    issued_at: int,
+    expires_at: int,
+    token_id: bytes,
+    bind_tag: bytes,
+    *,
+    flow: tuple[bytes, int, int] | None = None,
+    not_before_ms: int = 0,
+) -> bytes:
+    """The header, with the kid already encoded by :func:`kid_field`, or ``ValueError``.
 
-
-def pack_header(kid_field: bytes, issued_at: int, expires_at: int, token_id: bytes, bind_tag: bytes) -> bytes:
-    """:func:`build_header` with the kid already encoded by :func:`kid_field`.
-
-    A :class:`~statecodec.Key` encodes its kid once, so minting skips the kid regex.
+    ``flow`` is ``(flow_id, round, flow_started_at)`` of a later round (CHAINED), ``None``
+    for a first round; ``not_before_ms`` > 0 makes the token PACED. A :class:`~statecodec.Key`
+    encodes its kid once, so minting skips the kid regex.
     """
     if not 0 <= issued_at <= expires_at <= MAX_TIME:
         raise ValueError("times must satisfy 0 <= issued_at <= expires_at < 2**32")
     if len(token_id) != TOKEN_ID_LEN or len(bind_tag) != BIND_TAG_LEN:
         raise ValueError("token id and binding tag must be 16 bytes each")
-    return kid_field + _TIMES.pack(issued_at, expires_at) + token_id + bind_tag
+    header = kid_field + _TIMES.pack(issued_at, expires_at) + token_id + bind_tag
+    if flow is None and not not_before_ms:
+        return header
+    flags = 0
+    if flow is not None:
+        flow_id, round_, started = flow
+        if len(flow_id) != TOKEN_ID_LEN or not 2 <= round_ <= MAX_ROUND or not 0 <= started <= issued_at:
+            raise ValueError("a chained header needs a 16-byte flow id, round 2..255, 0 <= start <= iat")
+        flags |= FLAG_CHAINED
+        header += _CHAIN.pack(flow_id, round_, started)
+    if not_before_ms:
+        if not 0 < not_before_ms <= (expires_at - issued_at) * 1000:
+            raise ValueError("not_before_ms must be positive and no later than the expiry")
+        flags |= FLAG_PACED
+        header += _PACE.pack(not_before_ms)
+    return bytes((header[0] | flags,)) + header[1:]
 
 
 def aead_nonce(token_id: bytes, nonce_suffix: bytes) -> bytes:
@@ -181,15 +224,6 @@ def parse(token: str, max_token_bytes: int) -> ParsedToken:
 
     The size cap comes first, before any decoding, so a huge input costs nothing.
     """
-    return ParsedToken(*split(token, max_token_bytes))
-
-
-#: :func:`split`'s result: the fields of :class:`ParsedToken`, in its order.
-Fields: TypeAlias = tuple[str, str, str, int, int, bytes, bytes, bytes, bytes, bytes]
-
-
-def split(token: str, max_token_bytes: int) -> Fields:
-    """:func:`parse` as a plain tuple, for the codec, which parses on every unseal."""
     if not isinstance(token, str):
         raise InvalidState("malformed", f"token must be str, not {type(token).__name__}")
     if len(token) > max_token_bytes:
@@ -207,9 +241,14 @@ def split(token: str, max_token_bytes: int) -> Fields:
     if not raw:
         raise InvalidState("malformed", "empty token body")
     kid_len = raw[0]
+    flags = 0
+    if kid_len > _KID_LEN_MASK:  # a flag is set (a first round never has one: the fast path)
+        flags, kid_len = kid_len & ~_KID_LEN_MASK, kid_len & _KID_LEN_MASK
     if not 1 <= kid_len <= KID_MAX:
         raise InvalidState("malformed", f"kid length {kid_len} is out of range")
     header_len = kid_len + _HEADER_FIXED
+    if flags:
+        header_len += (_CHAIN.size if flags & FLAG_CHAINED else 0) + (_PACE.size if flags & FLAG_PACED else 0)
     if len(raw) < header_len + trailer:
         raise InvalidState("malformed", "token is truncated")
     kid_b, issued_at, expires_at, token_id, bind_tag = _HEADER_FIELDS[kid_len].unpack_from(raw, 1)
@@ -223,4 +262,28 @@ def split(token: str, max_token_bytes: int) -> Fields:
         body, mac = raw[header_len:-MAC_LEN], raw[-MAC_LEN:]
     else:
         body, mac = raw[header_len:], b""
-    return prefix, mode, kid, issued_at, expires_at, token_id, bind_tag, raw[:header_len], body, mac
+    header = raw[:header_len]
+    # tuple.__new__ directly: ParsedToken(...) goes through a Python-level __new__ that
+    # only forwards its arguments, and the codec parses on every unseal.
+    if not flags:  # a flow of one: its own id, round 1, started at iat; not paced
+        return _new_tuple(
+            ParsedToken,
+            (prefix, mode, kid, issued_at, expires_at, token_id, bind_tag, header, body, mac,
+             token_id, 1, issued_at, 0),
+        )  # fmt: skip
+    flow_id, round_, started, not_before_ms = token_id, 1, issued_at, 0
+    at = kid_len + _HEADER_FIXED
+    if flags & FLAG_CHAINED:
+        flow_id, round_, started = _CHAIN.unpack_from(raw, at)
+        if round_ < 2:  # round 1 is spelled without the flag: one spelling per token
+            raise InvalidState("malformed", f"a chained token of round {round_}")
+        at += _CHAIN.size
+    if flags & FLAG_PACED:
+        (not_before_ms,) = _PACE.unpack_from(raw, at)
+        if not not_before_ms:
+            raise InvalidState("malformed", "a paced token without a wait")
+    return _new_tuple(
+        ParsedToken,
+        (prefix, mode, kid, issued_at, expires_at, token_id, bind_tag, header, body, mac,
+         flow_id, round_, started, not_before_ms),
+    )  # fmt: skip

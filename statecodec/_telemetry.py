@@ -21,7 +21,7 @@ to correlate, useless to replay), and client-supplied text (targets) is clipped.
 
 Prometheus names and labels: ``statecodec_unseals_total{outcome}`` (``ok`` or an
 :data:`~statecodec.REASONS` reason), ``statecodec_seals_total{mode}``,
-``statecodec_token_size_bytes``, ``statecodec_replay_store_errors_total``,
+``statecodec_token_size_bytes``, ``statecodec_flow_rounds``, ``statecodec_replay_store_errors_total``,
 ``statecodec_key_refresh_failures_total``, ``statecodec_proxy_requests_total{code}``,
 ``statecodec_proxy_request_duration_seconds``, ``statecodec_upstream_errors_total{kind}``;
 the key ring's gauges are read when scraped (:mod:`statecodec.ops`). A label is only ever
@@ -34,8 +34,9 @@ each starts as a stub that, on its first call, imports what is installed (import
 name in this module to its final function (once more if Prometheus is enabled later). Callers look them up as
 ``_telemetry.record_seal`` at call time, so they get the final function from then on.
 
-Multi-round flows (issue 21) add their record fields (``flow``, ``round``) to
-:data:`LOG_FIELDS` and their rounds-per-flow histogram beside ``token_size`` here.
+Multi-round flows add their record fields (``flow_id``, ``round``, ``wait``) to
+:data:`LOG_FIELDS` and their rounds-per-flow histogram (``statecodec.flow.rounds``, recorded
+when a flow ends) beside ``token_size``. The flow id is a record field, never a label.
 """
 
 from __future__ import annotations
@@ -63,6 +64,9 @@ LOG_FIELDS: Final = (
     "store",  # a replay store's kind
     "kind",  # an upstream error's kind
     "status",  # an HTTP status
+    "flow_id",  # a multi-round flow: the first 8 hex digits of its first token's id
+    "round",  # the round of that flow a token belongs to (1 for a first round)
+    "wait",  # seconds until a paced round's token is redeemable
 )
 _TEXT_MAX: Final = 120
 
@@ -70,14 +74,14 @@ _TEXT_MAX: Final = 120
 def fields(event: str, **facts: object) -> dict[str, object]:
     """The ``extra=`` of one log record: ``event`` and every fact that is not ``None``.
 
-    ``token_id`` is cut to its first 8 hex digits and ``target`` to 120 characters here,
-    so no caller can forget to.
+    ``token_id`` and ``flow_id`` are cut to their first 8 hex digits and ``target`` to 120
+    characters here, so no caller can forget to.
     """
     record: dict[str, object] = {"event": event}
     for name, value in facts.items():
         if value is None:
             continue
-        if name == "token_id":
+        if name in ("token_id", "flow_id"):  # a flow id is its first token's id
             record[name] = str(value)[:8]
         elif name == "target":
             record[name] = clip(str(value))
@@ -89,7 +93,14 @@ def fields(event: str, **facts: object) -> dict[str, object]:
 def rejection(exc: InvalidState, **facts: object) -> dict[str, object]:
     """The ``extra=`` of a ``token_rejected`` record: the facts of ``exc``, and ``facts``."""
     return fields(
-        "token_rejected", reason=exc.reason, detail=exc.detail, kid=exc.kid, token_id=exc.token_id, **facts
+        "token_rejected",
+        reason=exc.reason,
+        detail=exc.detail,
+        kid=exc.kid,
+        token_id=exc.token_id,
+        flow_id=exc.flow_id,
+        round=exc.round,
+        **facts,
     )
 
 
@@ -103,6 +114,7 @@ METER_NAME: Final = "statecodec"
 SEALS: Final = "statecodec.seals"
 UNSEALS: Final = "statecodec.unseals"
 TOKEN_SIZE: Final = "statecodec.token.size"  # noqa: S105 - a metric name, not a secret
+FLOW_ROUNDS: Final = "statecodec.flow.rounds"
 STORE_ERRORS: Final = "statecodec.replay_store.errors"
 REFRESH_FAILURES: Final = "statecodec.key_refresh.failures"
 
@@ -111,6 +123,7 @@ PROMETHEUS: Final[Mapping[str, tuple[str, ...]]] = {
     "statecodec_unseals_total": ("outcome",),
     "statecodec_seals_total": ("mode",),
     "statecodec_token_size_bytes": (),
+    "statecodec_flow_rounds": (),
     "statecodec_replay_store_errors_total": (),
     "statecodec_key_refresh_failures_total": (),
     "statecodec_proxy_requests_total": ("code",),
@@ -124,6 +137,7 @@ MODES: Final = ("sign", "encrypt")
 #: ``kind`` of ``statecodec_upstream_errors_total``.
 UPSTREAM_ERRORS: Final = ("timeout", "unreachable", "broken")
 TOKEN_SIZE_BUCKETS: Final = (128, 256, 512, 1024, 2048, 4096, 8192, 16384, 65536)
+FLOW_ROUNDS_BUCKETS: Final = (1, 2, 3, 4, 5, 6, 8, 10, 15, 20, 50, 255)
 DURATION_BUCKETS: Final = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 
 # ---------------------------------------------------------------- recorders
@@ -156,6 +170,12 @@ def _otel(meter: Any) -> dict[str, Callable[..., None]]:
     size_of = meter.create_histogram(
         TOKEN_SIZE, unit="By", description="size of requestState tokens on the wire"
     ).record
+    rounds_of = meter.create_histogram(
+        FLOW_ROUNDS,
+        unit="{round}",
+        description="requestState tokens per MRTR flow, recorded when a flow ends",
+    ).record
+    by_mode = {mode: {"mode": mode} for mode in MODES}
     store_errors = meter.create_counter(
         STORE_ERRORS, unit="{error}", description="replay store calls that failed (the token was refused)"
     ).add
@@ -190,6 +210,7 @@ def _otel(meter: Any) -> dict[str, Callable[..., None]]:
     return {
         "record_seal": seal,
         "record_unseal": unseal,
+        "record_flow_rounds": lambda mode, rounds: rounds_of(rounds, by_mode.get(mode) or {"mode": mode}),
         "record_store_error": lambda store: store_errors(1, {"store": store}),
         "record_key_refresh_failure": lambda: refresh_failures(1),
     }
@@ -210,6 +231,10 @@ def _prometheus(registry: Any) -> dict[str, Callable[..., None]]:
     size_of = Histogram(
         "statecodec_token_size_bytes", "size of requestState tokens on the wire (sealed and unsealed)",
         buckets=TOKEN_SIZE_BUCKETS, registry=registry,
+    )  # fmt: skip
+    flow_rounds = Histogram(
+        "statecodec_flow_rounds", "requestState tokens per multi-round flow, recorded when a flow ends",
+        buckets=FLOW_ROUNDS_BUCKETS, registry=registry,
     )  # fmt: skip
     store_errors = Counter(
         "statecodec_replay_store_errors", "replay store calls that failed (the token was refused)",
@@ -256,6 +281,7 @@ def _prometheus(registry: Any) -> dict[str, Callable[..., None]]:
     return {
         "record_seal": seal,
         "record_unseal": unseal,
+        "record_flow_rounds": lambda mode, rounds: flow_rounds.observe(rounds),
         "record_store_error": lambda store: store_errors.inc(),
         "record_key_refresh_failure": refresh_failures.inc,
         "record_proxy_request": proxy_request,
@@ -334,6 +360,7 @@ def _stub(name: str) -> Callable[..., None]:
 _RECORDERS: Final = (
     "record_seal",
     "record_unseal",
+    "record_flow_rounds",
     "record_store_error",
     "record_key_refresh_failure",
     "record_proxy_request",
@@ -343,6 +370,8 @@ _RECORDERS: Final = (
 record_seal: Recorder = _stub("record_seal")
 #: Count one unseal attempt; ``outcome`` is ``"ok"`` or the rejection reason.
 record_unseal: Recorder = _stub("record_unseal")
+#: ``record_flow_rounds(mode, rounds)``: a flow ended after ``rounds`` tokens.
+record_flow_rounds: Callable[[str, int], None] = _stub("record_flow_rounds")
 #: ``record_store_error(store_kind)``: a replay store call failed; the token was refused unconsumed.
 record_store_error: Callable[[str], None] = _stub("record_store_error")
 #: ``record_key_refresh_failure()``: a key ring refresh failed.

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import gzip
 import json
+import logging
 import socket
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
@@ -21,7 +22,7 @@ import httpx
 import pytest
 import uvicorn
 
-from statecodec import KeyRing, StateCodec
+from statecodec import KeyRing, StateCodec, _format
 from statecodec.adapters import jsonrpc
 from statecodec.adapters.asgi import RequestStateMiddleware
 from statecodec.replay import MemoryReplayStore
@@ -667,3 +668,36 @@ async def test_the_application_gets_the_length_of_the_body_it_receives(codec: St
     assert len(app.seen[-1].body) < len(body)  # the plaintext is shorter than the token
     assert app.seen[-1].headers["content-length"] == str(len(app.seen[-1].body))
     assert sent[0]["status"] == 200
+
+
+# ------------------------------------------------------------------ flows (issue 21)
+async def test_an_early_retry_is_answered_with_its_state_and_a_round_logs_its_flow(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    now = [1_750_000_000.0]
+    codec = StateCodec(KeyRing.generate(), mode="encrypt", replay=MemoryReplayStore(), clock=lambda: now[0])
+    app = App()  # round 1 answers requestState-only (empty inputRequests)
+    caplog.set_level(logging.INFO, logger="statecodec")
+    async with client(protect(app, codec, retry_after=30, max_hold=0)) as http:
+        state = await round_one(http)
+        assert _format.parse(state, 8192).not_before_ms == 30_000
+        early = await http.post(URL, json=call(2, state))
+        assert early.json() == {
+            "jsonrpc": "2.0",
+            "id": 2,
+            "result": {"resultType": "input_required", "requestState": state},
+        }
+        assert len(app.seen) == 1  # never forwarded: the application did not run
+        now[0] += 30
+        done = await http.post(URL, json=call(3, state))
+    assert done.json()["result"]["resultType"] == "complete" and len(app.seen) == 2
+    access = [r for r in caplog.records if r.name == "statecodec.access"]
+    flow_id = _format.parse(state, 8192).token_id.hex()[:8]  # logged like a token id
+    assert [(getattr(r, "flow_id", None), getattr(r, "round", None)) for r in access] == [(flow_id, 1)]
+
+
+def test_pacing_settings_are_checked(codec: StateCodec) -> None:
+    with pytest.raises(ValueError, match="retry_after"):
+        protect(App(), codec, retry_after=codec.ttl)
+    with pytest.raises(ValueError, match="max_hold"):
+        protect(App(), codec, max_hold=-1)

@@ -337,6 +337,46 @@ def test_verify_expired_and_not_yet_valid(keys: str) -> None:
     assert run("verify", token, "--keys", keys, "--at", str(T0 - 61), "--max-skew", "61s").exit_code == 0
 
 
+def _flow_tokens(ring: KeyRing, *, max_rounds: int = 10) -> list[str]:
+    """The tokens of one flow, a round every 30 s from T0, the last one paced 1.5 s."""
+    now = [float(T0)]
+    codec = StateCodec(ring, max_rounds=max_rounds, clock=lambda: now[0])
+    tokens, parent = [], None
+    for i in range(max_rounds):
+        last = i == max_rounds - 1
+        tokens.append(codec.seal(b"{}", parent=parent, retry_after=1.5 if last else None))
+        now[0] += 1.5 if last else 0
+        parent = codec.unseal(tokens[-1])
+        now[0] += 30
+    return tokens
+
+
+def test_inspect_and_verify_show_the_flow(keys: str, ring: KeyRing) -> None:
+    tokens = _flow_tokens(ring, max_rounds=3)
+    first = run_json("inspect", tokens[0], "--at", str(T0))["token"]["flow"]
+    assert first["round"] == 1 and first["not_before"] is None
+    assert first["flow_id"] == run_json("inspect", tokens[0])["token"]["token_id"]
+    doc = run_json("inspect", tokens[2], "--at", str(T0 + 60))["token"]
+    assert doc["flow"]["flow_id"] == first["flow_id"] and doc["flow"]["round"] == 3
+    assert doc["flow"]["started_at"]["unix"] == T0
+    assert doc["flow"]["not_before"]["unix"] == T0 + 61  # issued at T0 + 60, paced 1.5 s
+    human = run("inspect", tokens[2], "--at", str(T0 + 60)).stdout
+    assert f"{first['flow_id']} round 3, started 2026-07-28T12:00:00Z" in human
+    assert "the server paces this round" in human
+    claims = run_json("verify", tokens[1], "--keys", keys, "--at", str(T0 + 40))["claims"]
+    assert (claims["flow"]["flow_id"], claims["flow"]["round"]) == (first["flow_id"], 2)
+    # Too early, and past a budget: the reason, with the flow it belongs to.
+    early = run_json("verify", tokens[2], "--keys", keys, "--at", str(T0 + 60.5))
+    assert (early["error"]["reason"], early["flow_id"], early["round"]) == ("too_early", first["flow_id"], 3)
+    tight = run_json("verify", tokens[2], "--keys", keys, "--at", str(T0 + 62), "--max-rounds", "2")
+    assert (tight["error"]["reason"], tight["round"]) == ("round_limit", 3)
+    old = run_json("verify", tokens[2], "--keys", keys, "--at", str(T0 + 62), "--max-flow-age", "61s")
+    assert old["error"]["reason"] == "flow_expired"
+    assert (
+        run("verify", tokens[2], "--keys", keys, "--at", str(T0 + 62), "--max-flow-age", "62s").exit_code == 0
+    )
+
+
 def test_verify_tampered(keys: str) -> None:
     token = mint(keys)
     i = len(token) - 12

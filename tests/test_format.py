@@ -22,7 +22,7 @@ BTAG = bytes(range(100, 116))
 def _raw(
     kid: str = "k1", iat: int = 1000, exp: int = 1600, body: bytes = b"payload", mode: str = "s"
 ) -> bytes:
-    header = fmt.build_header(kid, iat, exp, TID, BTAG)
+    header = fmt.pack_header(fmt.kid_field(kid), iat, exp, TID, BTAG)
     trailer = b"\xaa" * 32 if mode == "s" else b""
     return header + (body if mode == "s" else b"\x01" * fmt.NONCE_SUFFIX_LEN + body + b"\x02" * 16) + trailer
 
@@ -112,7 +112,7 @@ def test_b64_empty_is_empty() -> None:
 
 # ------------------------------------------------------------------ header layout
 def test_header_layout_matches_the_spec_table() -> None:
-    header = fmt.build_header("kid-7", 0x01020304, 0xA0B0C0D0, TID, BTAG)
+    header = fmt.pack_header(fmt.kid_field("kid-7"), 0x01020304, 0xA0B0C0D0, TID, BTAG)
     assert header == (b"\x05" + b"kid-7" + bytes.fromhex("01020304") + bytes.fromhex("a0b0c0d0") + TID + BTAG)
     assert len(header) == 1 + 5 + 4 + 4 + 16 + 16
 
@@ -130,15 +130,15 @@ def test_header_layout_matches_the_spec_table() -> None:
         ("k1", 1, 2, TID, BTAG + b"x", "16 bytes"),
     ],
 )
-def test_build_header_refuses_what_cannot_be_encoded(
+def test_pack_header_refuses_what_cannot_be_encoded(
     kid: str, iat: int, exp: int, tid: bytes, btag: bytes, match: str
 ) -> None:
     with pytest.raises(ValueError, match=match):
-        fmt.build_header(kid, iat, exp, tid, btag)
+        fmt.pack_header(fmt.kid_field(kid), iat, exp, tid, btag)
 
 
 def test_max_time_is_u32() -> None:
-    header = fmt.build_header("k", 2**32 - 2, 2**32 - 1, TID, BTAG)
+    header = fmt.pack_header(fmt.kid_field("k"), 2**32 - 2, 2**32 - 1, TID, BTAG)
     assert header[2:10] == struct.pack(">II", 2**32 - 2, 2**32 - 1)
 
 

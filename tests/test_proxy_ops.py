@@ -143,6 +143,9 @@ def test_counters_move_for_an_accepted_round_a_replay_and_a_tamper(watched: Watc
     assert delta(after, before, unseals, outcome="tampered") == 1
     assert delta(after, before, "statecodec_seals_total", mode="encrypt") == 2
     assert delta(after, before, "statecodec_token_size_bytes_count") == 5  # 2 sealed, 3 unsealed
+    # One flow ended (round 2 answered without a state) after one token; the tampered one never began.
+    assert delta(after, before, "statecodec_flow_rounds_count") == 1
+    assert delta(after, before, "statecodec_flow_rounds_sum") == 1
     assert delta(after, before, "statecodec_proxy_requests_total", code="200") == 5
     assert delta(after, before, "statecodec_proxy_request_duration_seconds_count") == 5
     assert delta(after, before, "statecodec_replay_store_errors_total") == 0

@@ -68,6 +68,8 @@ def _codec(doc: dict[str, Any], case: dict[str, Any]) -> sc.StateCodec:
         max_skew=case["max_skew"],
         expiry_grace=case["expiry_grace"],
         max_token_bytes=case["max_token_bytes"],
+        max_rounds=case.get("max_rounds", 10),
+        max_flow_age=case.get("max_flow_age", 3600),
         clock=lambda: case["now"],
     )
 
@@ -87,6 +89,9 @@ def test_the_set_is_big_and_covers_every_reason() -> None:
         "expired",
         "not_yet_valid",
         "binding_mismatch",
+        "round_limit",
+        "flow_expired",
+        "too_early",
     }
     assert {c["mode"] for c in positives} == {"sign", "encrypt"}
     assert len({c["name"] for _, c in CASES}) == len(CASES), "case names are unique"
@@ -109,6 +114,19 @@ def test_vector(file: str, case: dict[str, Any]) -> None:
     assert (opened.issued_at, opened.expires_at) == (expected["issued_at"], expected["expires_at"])
     assert opened.token_id == expected["token_id"]
     assert opened.mode.value == case["mode"]
+    if "round" in expected:  # a flow case
+        assert (opened.flow_id, opened.round, opened.flow_started_at) == (
+            expected["flow_id"],
+            expected["round"],
+            expected["flow_started_at"],
+        )
+        assert opened.not_before == expected["not_before"]
+    else:  # a first round is a flow of one
+        assert (opened.flow_id, opened.round, opened.flow_started_at) == (
+            opened.token_id,
+            1,
+            opened.issued_at,
+        )
 
 
 def test_vector_arguments_match_their_digests() -> None:
@@ -167,7 +185,8 @@ def _ref_times_valid(iat: int, exp: int, case: dict[str, Any]) -> bool:
 
 def _ref_header_times(token: str) -> tuple[int, int]:
     raw = _ref_b64decode(token[5:])
-    iat, exp = struct.unpack(">II", raw[1 + raw[0] : 9 + raw[0]])
+    kid_len = raw[0] & 0x3F
+    iat, exp = struct.unpack(">II", raw[1 + kid_len : 9 + kid_len])
     return iat, exp
 
 
@@ -176,12 +195,22 @@ def _ref_open(token: str, ring: dict[str, Any], mode: str, binding: dict[str, An
     prefix = {"sign": "sc1s.", "encrypt": "sc1e."}[mode]
     assert token.startswith(prefix)
     raw = _ref_b64decode(token[len(prefix) :])
-    kid_len = raw[0]
+    chained, paced, kid_len = raw[0] & 0x80, raw[0] & 0x40, raw[0] & 0x3F
     kid = raw[1 : 1 + kid_len].decode("ascii")
     iat, exp = struct.unpack(">II", raw[1 + kid_len : 9 + kid_len])
     tid = raw[9 + kid_len : 25 + kid_len]
     btag = raw[25 + kid_len : 41 + kid_len]
-    header = raw[: 41 + kid_len]
+    at = 41 + kid_len
+    flow, round_, start, not_before = tid, 1, iat, None
+    if chained:
+        flow, (round_, start) = raw[at : at + 16], struct.unpack(">BI", raw[at + 16 : at + 21])
+        assert round_ >= 2 and start <= iat
+        at += 21
+    if paced:
+        (wait_ms,) = struct.unpack(">I", raw[at : at + 4])
+        assert wait_ms > 0
+        not_before, at = iat + wait_ms / 1000, at + 4
+    header = raw[:at]
     (entry,) = [k for k in ring["keys"] if k["kid"] == kid]
     secret = _ref_b64decode(entry["secret"])
     if mode == "sign":
@@ -209,6 +238,7 @@ def _ref_open(token: str, ring: dict[str, Any], mode: str, binding: dict[str, An
         "header": header,
         "encoded": encoded,
         "tag": tag,
+        "flow": (flow, round_, start, not_before),
     }
 
 
@@ -227,6 +257,17 @@ def test_reference_opener_from_the_spec(file: str, case: dict[str, Any]) -> None
         expected["expires_at"],
     )
     assert got["tid"].hex() == expected["token_id"]
+    flow, round_, start, not_before = got["flow"]
+    if "round" in expected:
+        assert (flow.hex(), round_, start, not_before) == (
+            expected["flow_id"],
+            expected["round"],
+            expected["flow_started_at"],
+            expected["not_before"],
+        )
+        assert round_ <= case.get("max_rounds", 10)
+        assert math.floor(case["now"]) <= start + case.get("max_flow_age", 3600) + case["expiry_grace"]
+        assert not_before is None or case["now"] >= not_before
     assert got["header"].hex() == inter["header"]
     assert got["encoded"].hex() == inter["binding_encoded"]
     assert got["tag"].hex() == inter["binding_tag"]

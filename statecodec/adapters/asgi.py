@@ -44,7 +44,7 @@ from urllib.parse import quote, unquote_to_bytes
 
 from .. import _telemetry
 from .._binding import Binding
-from .._codec import StateCodec
+from .._codec import OpenedState, StateCodec
 from . import _json, _sse, jsonrpc
 from ._json import dumps, loads_strict
 from .jsonrpc import INVALID_REQUEST_CODE, PARSE_ERROR_CODE, Judged, WireError
@@ -65,6 +65,8 @@ __all__ = [
 ]
 
 logger = logging.getLogger("statecodec")
+#: One INFO record per MRTR request that carries a state (the proxy's access lines).
+access_logger = logging.getLogger("statecodec.access")
 
 Scope: TypeAlias = MutableMapping[str, Any]
 Message: TypeAlias = MutableMapping[str, Any]
@@ -241,6 +243,10 @@ class RequestStateMiddleware:
         application. Never the MCP path, and never a bypass: a JSON body there that
         carries a ``requestState`` in any spelling is refused, and the answers are
         watched like every other.
+    :param retry_after: seconds a client must wait before retrying a requestState-only
+        round; ``None``: no pacing. :param max_hold: an early retry is held until its time
+        when that is at most this far away, else answered at once with the same state
+        (see :func:`statecodec.adapters.mcp.protect`). Rounds chain automatically.
     """
 
     def __init__(
@@ -253,9 +259,12 @@ class RequestStateMiddleware:
         max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
         max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES,
         passthrough_paths: Collection[str] = (),
+        retry_after: float | None = None,
+        max_hold: float = jsonrpc.DEFAULT_MAX_HOLD,
     ) -> None:
         if not isinstance(codec, StateCodec):
             raise TypeError(f"codec must be a statecodec.StateCodec, not {type(codec).__name__}")
+        jsonrpc.check_pacing(codec, retry_after, max_hold)
         if max_body_bytes < 1 or max_response_bytes < 1:
             raise ValueError("max_body_bytes and max_response_bytes must be positive")
         for path in passthrough_paths:
@@ -271,6 +280,8 @@ class RequestStateMiddleware:
         self.max_body_bytes = max_body_bytes
         self.max_response_bytes = max_response_bytes
         self.passthrough_paths = frozenset(passthrough_paths)
+        self.retry_after = retry_after
+        self.max_hold = max_hold
         self._passthrough_raw = frozenset(path.encode("utf-8") for path in self.passthrough_paths)
 
     def __repr__(self) -> str:
@@ -306,8 +317,15 @@ class RequestStateMiddleware:
                 )
             await _respond(send, refusal.status, _error(request_id, refusal.error()))
             return
+        if judged is not None and judged.early is not None:  # a paced round retried too early
+            await _respond(send, 200, {"jsonrpc": "2.0", "id": request_id, "result": dict(judged.early)})
+            return
+        if judged is not None and judged.opened is not None:
+            _log_round(judged.method, judged.opened)
         outbound = _Outbound(self, send, judged, request_id)
         await self.app(_forwarded(scope, headers, index, body), _replay(body, receive), outbound.send)
+        if judged is not None:  # an answer without a state is relayed unparsed: count its flow's end here
+            judged.end_flow(self.codec)
 
     def _passthrough(self, raw_path: bytes) -> bool:
         """Whether ``raw_path`` is a passthrough path; refuses a path with two readings.
@@ -411,13 +429,20 @@ class RequestStateMiddleware:
         """The verdict on an MRTR request, and the body to forward."""
         bind = await self._binder(scope, headers, request.method, request.params)
         if not request.stated:
-            return await jsonrpc.judge_request(self.codec, request.method, request.params, bind), body
+            judged = await jsonrpc.judge_request(
+                self.codec, request.method, request.params, bind, max_hold=self.max_hold
+            )
+            return judged, body
         # The body to forward is written before the token is consumed, with an unguessable
         # placeholder for the plaintext: nothing that can fail runs after the consume.
         marker = f"\x00statecodec:{secrets.token_hex(16)}\x00"
         params = {**(request.params or {}), jsonrpc.REQUEST_STATE: marker}
         head, _, tail = dumps({**request.message, "params": params}).partition(dumps(marker))
-        judged = await jsonrpc.judge_request(self.codec, request.method, request.params, bind)
+        judged = await jsonrpc.judge_request(
+            self.codec, request.method, request.params, bind, max_hold=self.max_hold
+        )
+        if judged.early is not None:
+            return judged, body  # never forwarded: answered at once with the same state
         return judged, head + dumps(judged.params[jsonrpc.REQUEST_STATE]) + tail
 
     async def _binder(
@@ -446,6 +471,17 @@ class RequestStateMiddleware:
         if principal is not None and not isinstance(principal, str):
             raise TypeError(f"the principal callable returned {type(principal).__name__}, not str or None")
         return principal
+
+
+def _log_round(method: str, opened: OpenedState) -> None:
+    """The access line of a round that came in with a state: its flow and round, as fields."""
+    access_logger.info(
+        "round %d of flow %s: %s",
+        opened.round,
+        opened.flow_id[:8],
+        method,
+        extra=_telemetry.fields("round_received", method=method, **jsonrpc.flow_fields(opened)),
+    )
 
 
 def _forwarded(
@@ -501,6 +537,7 @@ class _Outbound:
         self, middleware: RequestStateMiddleware, send: Send, judged: Judged | None, request_id: Any
     ) -> None:
         self.codec = middleware.codec
+        self.retry_after = middleware.retry_after
         self.limit = middleware.max_response_bytes
         self.judged = judged
         self.request_key = _id_key(request_id)
@@ -681,7 +718,9 @@ class _Outbound:
             # in it is refused like one answering no request of this exchange.
             mine = key == "result" and _id_key(message.get("id")) == self.request_key
             try:
-                new = jsonrpc.seal_result(self.codec, self.judged if mine else None, result)
+                new = jsonrpc.seal_result(
+                    self.codec, self.judged if mine else None, result, retry_after=self.retry_after
+                )
             except WireError as exc:
                 return _error(message.get("id"), exc.error()), True
             if new is not result:

@@ -58,10 +58,14 @@ def protect(
     audience: str | AudienceFn | None = None,
     principal: PrincipalFn | None = authenticated_principal,
     binding: BindingFn | None = None,
+    retry_after: float | None = None,
+    max_hold: float = jsonrpc.DEFAULT_MAX_HOLD,
 ) -> StateCodecMiddleware:
     """Seal and verify every ``requestState`` of a FastMCP ``server`` with ``codec``.
 
-    Same behaviour and parameters as :func:`statecodec.adapters.mcp.protect`. Name the
+    Same behaviour and parameters as :func:`statecodec.adapters.mcp.protect` (flows chain
+    automatically; ``retry_after`` paces requestState-only rounds, ``max_hold`` bounds the
+    wait of an early retry). Name the
     server (``FastMCP("deploy")``) or pass ``audience``: an unnamed FastMCP gets a random
     name per process, and tokens would then never verify on another instance.
     """
@@ -76,7 +80,12 @@ def protect(
             extra=_telemetry.fields("unnamed_server", audience=lowlevel.name),
         )
     middleware = StateCodecMiddleware(
-        codec, audience=lowlevel.name if audience is None else audience, principal=principal, binding=binding
+        codec,
+        audience=lowlevel.name if audience is None else audience,
+        principal=principal,
+        binding=binding,
+        retry_after=retry_after,
+        max_hold=max_hold,
     )
     install(_sdk_chain(lowlevel), middleware)
     return middleware

@@ -13,6 +13,17 @@ and the proxy all call the same two functions:
 - :func:`seal_result` takes the server's answer to that request and seals its state,
   or refuses to let it out.
 
+Flows: :func:`seal_result` seals the state of a round that came in with one as the next
+round of the same flow (the codec's ``parent=``), so every flow keeps one id and the
+codec's round and age budgets hold. Pacing: ``seal_result(..., retry_after=S)`` paces a
+requestState-only round (``input_required`` without ``inputRequests``); a retry of it that
+comes early is held, asynchronously, until its time when that is at most ``max_hold``
+seconds away (then the round runs as usual), and otherwise answered at once with the same
+state (:attr:`Judged.early`): the handler never runs early and the token is never
+consumed early. Holding rather than answering matters to well-behaved clients: the
+official TypeScript client retries 250 ms after such an answer and counts every answer
+against its 10 rounds, so answering each early retry would end its flow within seconds.
+
 Both raise one exception, :class:`WireError`, which carries the JSON-RPC error to answer
 instead. Every token problem is the same -32602 "Invalid or expired requestState" (the
 SDKs' convention: a forger learns nothing); every result that cannot be sealed is -32603
@@ -24,8 +35,10 @@ seals bytes. The mapping is UTF-8, strictly, both ways.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
+import math
 from collections.abc import Callable, Mapping
 from functools import lru_cache
 from types import MappingProxyType
@@ -34,9 +47,10 @@ from typing import Any, Final, NoReturn, TypeAlias
 from .. import _telemetry
 from .._binding import Binding
 from .._codec import Mode, OpenedState, StateCodec
-from .._errors import InvalidState, StateCodecError
+from .._errors import FlowBudgetExceeded, InvalidState, StateCodecError
 
 __all__ = [
+    "DEFAULT_MAX_HOLD",
     "INPUT_REQUIRED",
     "INTERNAL_ERROR_CODE",
     "INTERNAL_ERROR_MESSAGE",
@@ -53,6 +67,9 @@ __all__ = [
     "WireError",
     "binding_for",
     "carries_state",
+    "check_pacing",
+    "flow_fields",
+    "is_state_only",
     "digested_arguments",
     "is_mrtr",
     "judge_request",
@@ -64,6 +81,12 @@ __all__ = [
 ]
 
 logger = logging.getLogger("statecodec")
+
+#: How long an early retry of a paced round may be held before it runs (seconds); a retry
+#: that would wait longer is answered at once with the same state.
+DEFAULT_MAX_HOLD: Final = 10.0
+# An early retry is held at most this many times (the clock may wake a hair early).
+_HOLDS_MAX: Final = 3
 
 #: The only methods whose results may be ``input_required`` (spec 2026-07-28).
 MRTR_METHODS: Final = frozenset({"tools/call", "resources/read", "prompts/get"})
@@ -262,10 +285,15 @@ class Judged:
     ``params`` are what the server may see: the request's own params, with the plaintext
     state in place of the token when one was redeemed (``opened``). :meth:`binding` is
     the binding the answer's state is sealed with: the one the token was checked against,
-    or computed on first use (only an answer that carries a state needs it).
+    or computed on first use (only an answer that carries a state needs it). ``opened`` is
+    also the parent of the answer's state: the next round of its flow.
+
+    ``early``, when set, is the whole answer: the request retried a paced round too early
+    to be held, so the handler must not run and the client gets this result (the same
+    state, unconsumed) instead.
     """
 
-    __slots__ = ("_bind", "_binding", "method", "opened", "params")
+    __slots__ = ("_bind", "_binding", "_flow_told", "early", "method", "opened", "params")
 
     def __init__(
         self,
@@ -274,16 +302,31 @@ class Judged:
         bind: Binder,
         opened: OpenedState | None = None,
         binding: Binding | None = None,
+        *,
+        early: Mapping[str, Any] | None = None,
     ) -> None:
         self.method = method
         self.params = params
         self.opened = opened
+        self.early = early
         self._bind = bind
         self._binding = binding
+        self._flow_told = False  # whether this round's answer was seen to continue or end its flow
 
     def __repr__(self) -> str:
         opened = self.opened.token_id[:8] if self.opened else None
-        return f"Judged(method={self.method!r}, opened={opened!r})"
+        return f"Judged(method={self.method!r}, opened={opened!r}, early={self.early is not None})"
+
+    def end_flow(self, codec: StateCodec) -> None:
+        """Count the flow as ended by this round's answer, unless a new state continued it.
+
+        Called for an answer without a state (:func:`seal_result` does), and by adapters that
+        do not show every answer to :func:`seal_result` once the exchange is over. Counted
+        once: a round that came in with a state ends its flow or continues it, not both.
+        """
+        if self.opened is not None and not self._flow_told:
+            self._flow_told = True
+            _telemetry.record_flow_rounds(_MODE_LABEL.get(codec.mode) or codec.mode.value, self.opened.round)
 
     def binding(self) -> Binding:
         """The request's binding; raises ``Exception`` from the binder when it cannot be made."""
@@ -293,7 +336,12 @@ class Judged:
 
 
 async def judge_request(
-    codec: StateCodec, method: str, params: Mapping[str, Any] | None, bind: Binder
+    codec: StateCodec,
+    method: str,
+    params: Mapping[str, Any] | None,
+    bind: Binder,
+    *,
+    max_hold: float = DEFAULT_MAX_HOLD,
 ) -> Judged:
     """Judge an inbound MRTR request; raise :class:`WireError` (-32602) to refuse it.
 
@@ -305,8 +353,13 @@ async def judge_request(
     1. the shape: no alias of ``requestState``, a string, within ``codec.max_token_bytes``
        (cheap, before the argument digest);
     2. the binding, ``bind()`` (principal, audience, target, argument digest);
-    3. ``codec.aunseal``: format, key, MAC or AEAD, times, binding and, last, the replay
-       store (single use, awaited).
+    3. ``codec.aunseal``: format, key, MAC or AEAD, times, flow budgets, binding, pacing
+       and, last, the replay store (single use, awaited).
+
+    A token that is ``too_early`` (a paced round retried before its time) is no refusal:
+    the request is held until then when that is at most ``max_hold`` seconds away
+    (asynchronously, holding no thread) and judged again; otherwise the verdict carries
+    :attr:`Judged.early`, the same state to answer at once, and nothing was consumed.
 
     Then the payload is read as UTF-8 text; only a holder of the keys can mint one that
     is not, and such a token could never be redeemed here anyway. Each refusal logs one
@@ -324,7 +377,13 @@ async def judge_request(
             raise InvalidState(
                 "malformed", f"the request cannot be bound: {type(exc).__name__}: {str(exc)[:200]}"
             ) from None
-        opened = await codec.aunseal(token, binding)
+        opened = await _paced_unseal(codec, token, binding, max_hold)
+        if opened is None:  # too early to hold: the same state, at once
+            _telemetry.record_unseal(
+                _MODE_LABEL.get(codec.mode) or codec.mode.value, method, "too_early", len(token)
+            )
+            early = {"resultType": INPUT_REQUIRED, REQUEST_STATE: token}
+            return Judged(method, params, bind, None, binding, early=early)
         try:
             plaintext = opened.payload.decode("utf-8")
         except UnicodeDecodeError:
@@ -335,7 +394,73 @@ async def judge_request(
         _log_rejection(codec, method, params, exc, binding)
         raise WireError.invalid_state(exc.reason) from None
     _telemetry.record_unseal(_MODE_LABEL.get(codec.mode) or codec.mode.value, method, "ok", len(token))
+    if logger.isEnabledFor(logging.DEBUG):
+        logger.debug(
+            "redeemed requestState on %s: flow=%s round=%d",
+            method,
+            opened.flow_id[:8],
+            opened.round,
+            extra=_telemetry.fields("token_redeemed", method=method, **flow_fields(opened)),
+        )
     return Judged(method, {**params, REQUEST_STATE: plaintext}, bind, opened, binding)
+
+
+async def _paced_unseal(
+    codec: StateCodec, token: str, binding: Binding, max_hold: float
+) -> OpenedState | None:
+    """``codec.aunseal``, holding a ``too_early`` token until its time if that is within ``max_hold``.
+
+    ``None``: the token is too early to hold (it was not consumed). A held request is
+    judged again from the start after the wait, so a token redeemed meanwhile by another
+    request is ``replayed`` as usual.
+    """
+    held = 0.0
+    for _ in range(_HOLDS_MAX + 1):
+        try:
+            return await codec.aunseal(token, binding)
+        except InvalidState as exc:
+            if exc.reason != "too_early" or exc.retry_at is None:
+                raise
+            wait = _wait_until(codec, exc)
+            if held + wait > max_hold:
+                logger.info(
+                    "early retry of flow %s round %s answered with the same state (%.3fs early)",
+                    (exc.flow_id or "-")[:8],
+                    exc.round,
+                    wait,
+                    extra=_early_fields("early_retry_answered", exc, wait),
+                )
+                return None
+            logger.debug(
+                "holding an early retry of flow %s round %s for %.3fs",
+                (exc.flow_id or "-")[:8],
+                exc.round,
+                wait,
+                extra=_early_fields("early_retry_held", exc, wait),
+            )
+            held += wait
+            await asyncio.sleep(wait)
+    return None
+
+
+def _early_fields(event: str, early: InvalidState, wait: float) -> dict[str, object]:
+    return _telemetry.fields(
+        event, reason="too_early", kid=early.kid, token_id=early.token_id, flow_id=early.flow_id,
+        round=early.round, wait=round(wait, 3),
+    )  # fmt: skip
+
+
+def _wait_until(codec: StateCodec, early: InvalidState) -> float:
+    """Seconds from now (the codec's clock) until ``early``'s token is redeemable; at least 1 ms."""
+    try:
+        wait = float(early.retry_at) - codec.clock()  # type: ignore[arg-type]
+    except Exception:  # deny on error: a clock that fails now holds nothing
+        wait = math.nan
+    if not math.isfinite(wait):
+        raise InvalidState(
+            "internal_error", "the clock failed while pacing", kid=early.kid, token_id=early.token_id
+        )
+    return max(wait, 0.001)
 
 
 def _token_of(codec: StateCodec, params: Mapping[str, Any]) -> str:
@@ -373,13 +498,15 @@ def _log_rejection(
     _telemetry.record_unseal(codec.mode.value, method, exc.reason, size)
     target = _target_of(method, params)
     logger.warning(
-        "rejected requestState on %s %s: reason=%s detail=%r kid=%s token=%s size=%s",
+        "rejected requestState on %s %s: reason=%s detail=%r kid=%s token=%s flow=%s round=%s size=%s",
         method,
         "<no target>" if target is None else repr(_telemetry.clip(target)),
         exc.reason,
         exc.detail,
         exc.kid or "-",
         exc.token_id[:8] if exc.token_id else "-",
+        exc.flow_id[:8] if exc.flow_id else "-",
+        exc.round if exc.round is not None else "-",
         size if size is not None else "-",
         extra=_telemetry.rejection(
             exc,
@@ -393,22 +520,56 @@ def _log_rejection(
 
 
 # ---------------------------------------------------------------- sealing a result
-def seal_result(codec: StateCodec, judged: Judged | None, result: Mapping[str, Any]) -> Mapping[str, Any]:
+def check_pacing(codec: StateCodec, retry_after: float | None, max_hold: float) -> None:
+    """Refuse pacing settings that cannot work (``ValueError``), when a server is assembled."""
+    if retry_after is not None and not (isinstance(retry_after, int | float) and 0 < retry_after < codec.ttl):
+        raise ValueError(
+            f"retry_after must be a number of seconds between 0 and the codec's ttl, got {retry_after!r}"
+        )
+    if not (isinstance(max_hold, int | float) and 0 <= max_hold <= 300):
+        raise ValueError(f"max_hold must be between 0 and 300 seconds, got {max_hold!r}")
+
+
+def is_state_only(result: Mapping[str, Any]) -> bool:
+    """An ``input_required`` result without ``inputRequests``: "not ready yet, come back"."""
+    return result.get("resultType") == INPUT_REQUIRED and not result.get("inputRequests")
+
+
+def flow_fields(opened: OpenedState | None) -> dict[str, Any]:
+    """The ``extra=`` fields naming a round's flow in log records (empty without a state)."""
+    if opened is None:
+        return {}
+    return {"flow_id": opened.flow_id, "round": opened.round}
+
+
+def seal_result(
+    codec: StateCodec,
+    judged: Judged | None,
+    result: Mapping[str, Any],
+    *,
+    retry_after: float | None = None,
+) -> Mapping[str, Any]:
     """``result`` with its plaintext ``requestState`` sealed to ``judged``'s binding.
 
     A result without a state comes back as it is (the same object). A state is sealed
     whatever ``resultType`` says: no plaintext state issued by a server ever reaches a
-    client. Raises :class:`WireError` (-32603), after logging why, when it cannot be:
+    client. When the request came in with a state, the new one is its next round (the
+    same flow). ``retry_after`` paces a requestState-only result (:func:`is_state_only`):
+    its token is not redeemable before that many seconds. Raises :class:`WireError`
+    (-32603), after logging why, when it cannot be:
 
     - the result spells ``requestState`` another way (``request_state``, ``RequestState``):
       lenient clients read those, and nothing here can tell which one they would pick;
     - there is no request to bind it to (``judged`` is ``None``: an answer to another
       method, to an unknown id, on a stream that belongs to no request);
-    - the request cannot be bound, or the state is not text, is too large, or no key mints.
+    - the request cannot be bound, or the state is not text, is too large, or no key mints;
+    - the flow is out of budget (``max_rounds``, ``max_flow_age``).
     """
     aliases = _aliases(result, _RESULT_KEYS)
     state = result.get(REQUEST_STATE)
     if state is None and not aliases:
+        if judged is not None:  # the flow (if any) ends here
+            judged.end_flow(codec)
         return result
     method = judged.method if judged is not None else "-"
     if aliases:
@@ -419,14 +580,16 @@ def seal_result(codec: StateCodec, judged: Judged | None, result: Mapping[str, A
         _refuse_seal(
             codec, method, "no_request", "the result carries a requestState but answers no MRTR request"
         )
-    return {**result, REQUEST_STATE: seal_state(codec, judged, state)}
+    paced = retry_after if retry_after is not None and is_state_only(result) else None
+    return {**result, REQUEST_STATE: seal_state(codec, judged, state, retry_after=paced)}
 
 
-def seal_state(codec: StateCodec, judged: Judged, state: object) -> str:
+def seal_state(codec: StateCodec, judged: Judged, state: object, *, retry_after: float | None = None) -> str:
     """The token for a plaintext ``requestState`` answering ``judged``; see :func:`seal_result`.
 
     The core of :func:`seal_result`, for callers holding the state already (a result
     model). Anything but a ``str`` that encodes as UTF-8 raises :class:`WireError` (-32603).
+    ``retry_after`` is applied as given: the caller decides that the result is state-only.
     """
     method = judged.method
     try:
@@ -437,15 +600,24 @@ def seal_state(codec: StateCodec, judged: Judged, state: object) -> str:
     try:
         if not isinstance(state, str):
             raise TypeError(f"requestState must be a str, not {type(state).__name__}")
-        token = codec.seal(state.encode("utf-8"), binding)
+        token = codec.seal(state.encode("utf-8"), binding, parent=judged.opened, retry_after=retry_after)
     except Exception as exc:
-        _refuse_seal(codec, method, "seal_failed", f"{type(exc).__name__}: {exc}", binding)
+        reason = exc.reason if isinstance(exc, FlowBudgetExceeded) else "seal_failed"
+        why = f"{type(exc).__name__}: {exc}"
+        _refuse_seal(codec, method, reason, why, binding=binding, parent=judged.opened)
     _telemetry.record_seal(_MODE_LABEL.get(codec.mode) or codec.mode.value, method, "ok", len(token))
+    judged._flow_told = True  # the flow goes on
     return token
 
 
 def _refuse_seal(
-    codec: StateCodec, method: str, reason: str, why: str, binding: Binding | None = None
+    codec: StateCodec,
+    method: str,
+    reason: str,
+    why: str,
+    *,
+    binding: Binding | None = None,
+    parent: OpenedState | None = None,
 ) -> NoReturn:
     # Fail closed: a result whose state cannot be sealed is never sent as it is.
     mode = _MODE_LABEL.get(codec.mode) or codec.mode.value
@@ -464,6 +636,7 @@ def _refuse_seal(
             method=method,
             target=target,
             mode=mode,
+            **flow_fields(parent),
         ),
     )
     raise WireError.internal(why)

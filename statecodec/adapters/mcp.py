@@ -37,6 +37,7 @@ from mcp.server.lowlevel import Server
 from mcp.server.mcpserver import MCPServer
 from mcp.server.request_state import InvalidRequestState, RequestStateBoundary
 from mcp.shared.exceptions import MCPError
+from mcp.types import InputRequiredResult
 from pydantic import BaseModel
 
 from .. import _telemetry
@@ -96,13 +97,18 @@ class StateCodecMiddleware:
         audience: str | AudienceFn | None,
         principal: PrincipalFn | None = authenticated_principal,
         binding: BindingFn | None = None,
+        retry_after: float | None = None,
+        max_hold: float = jsonrpc.DEFAULT_MAX_HOLD,
     ) -> None:
         if not isinstance(codec, StateCodec):
             raise TypeError(f"codec must be a statecodec.StateCodec, not {type(codec).__name__}")
+        jsonrpc.check_pacing(codec, retry_after, max_hold)
         self.codec = codec
         self.audience = audience
         self.principal = principal
         self.binding = binding
+        self.retry_after = retry_after
+        self.max_hold = max_hold
 
     def __repr__(self) -> str:
         return f"StateCodecMiddleware(codec={self.codec!r}, audience={self.audience!r})"
@@ -117,18 +123,27 @@ class StateCodecMiddleware:
         # next round's token is bound to exactly what this round was), computed only when
         # a state arrives or leaves, never for plain calls.
         try:
-            judged = await jsonrpc.judge_request(self.codec, method, ctx.params, partial(self._binding, ctx))
+            judged = await jsonrpc.judge_request(
+                self.codec, method, ctx.params, partial(self._binding, ctx), max_hold=self.max_hold
+            )
         except jsonrpc.WireError as exc:
             raise _mcp_error(exc) from None
+        if judged.early is not None:  # a paced round retried too early: the same state, no handler
+            return dict(judged.early)
         if judged.opened is not None:
             ctx = _with_params(ctx, judged.params)
         result = await call_next(ctx)
         try:
             if type(result) is dict:  # the runner's wire form
-                return cast("dict[str, Any]", jsonrpc.seal_result(self.codec, judged, result))
-            return self._seal_other(judged, result)
+                return cast(
+                    "dict[str, Any]",
+                    jsonrpc.seal_result(self.codec, judged, result, retry_after=self.retry_after),
+                )
+            sealed = self._seal_other(judged, result)
         except jsonrpc.WireError as exc:
             raise _mcp_error(exc) from None
+        judged.end_flow(self.codec)  # a model without a state: the flow ends (no-op if it goes on)
+        return sealed
 
     def _binding(self, ctx: Context) -> Binding:
         """The request's binding: the default one, then the ``binding`` callback's word."""
@@ -149,11 +164,15 @@ class StateCodecMiddleware:
         SDK's own boundary returns it.
         """
         if isinstance(result, Mapping):
-            return dict(jsonrpc.seal_result(self.codec, judged, result))
+            return dict(jsonrpc.seal_result(self.codec, judged, result, retry_after=self.retry_after))
         state = getattr(result, "request_state", None)
         if state is None or not isinstance(result, BaseModel):
             return result
-        return result.model_copy(update={"request_state": jsonrpc.seal_state(self.codec, judged, state)})
+        state_only = isinstance(result, InputRequiredResult) and not result.input_requests
+        token = jsonrpc.seal_state(
+            self.codec, judged, state, retry_after=self.retry_after if state_only else None
+        )
+        return result.model_copy(update={"request_state": token})
 
 
 def _with_params(ctx: Context, params: Mapping[str, Any]) -> Context:
@@ -268,6 +287,8 @@ def protect(
     audience: str | AudienceFn | None = None,
     principal: PrincipalFn | None = authenticated_principal,
     binding: BindingFn | None = None,
+    retry_after: float | None = None,
+    max_hold: float = jsonrpc.DEFAULT_MAX_HOLD,
 ) -> StateCodecMiddleware:
     """Seal and verify every ``requestState`` of ``server`` with ``codec``.
 
@@ -280,7 +301,18 @@ def protect(
         access token's (client id, issuer, subject). ``None`` binds no principal.
     :param binding: ``binding(ctx, default) -> Binding`` to add or change fields, for
         example ``lambda ctx, b: b.replace(extra={"tenant": tenant_of(ctx)})``.
+    :param retry_after: seconds a client must wait before retrying a requestState-only
+        round (an ``input_required`` result without ``inputRequests``); ``None``: no pacing.
+    :param max_hold: an early retry is held (asynchronously) until its time when that is
+        at most this many seconds away, then runs; a retry earlier than that is answered
+        at once with the same state. The handler never runs early, and no early retry
+        consumes the token. Keep ``retry_after <= max_hold`` for clients that retry after a
+        fixed pause (the TypeScript client waits 250 ms and counts every answer).
     :returns: the installed middleware.
+
+    Rounds chain automatically: a round that came in with a state and answers
+    ``input_required`` again is sealed as the next round of the same flow, so the codec's
+    ``max_rounds`` and ``max_flow_age`` hold for the whole flow.
     """
     if not isinstance(server, MCPServer | Server):
         raise TypeError(
@@ -289,7 +321,12 @@ def protect(
         )
     chain = _sdk_chain(server)
     middleware = StateCodecMiddleware(
-        codec, audience=server.name if audience is None else audience, principal=principal, binding=binding
+        codec,
+        audience=server.name if audience is None else audience,
+        principal=principal,
+        binding=binding,
+        retry_after=retry_after,
+        max_hold=max_hold,
     )
     install(chain, middleware)
     return middleware

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+from collections.abc import Mapping
 from typing import Any, Final
 
 from .._codec import DEFAULT_MAX_TOKEN_BYTES
@@ -50,6 +51,19 @@ def iso(ts: float) -> str:
 def moment(ts: float, now: float) -> dict[str, Any]:
     """A point in time for JSON: Unix seconds, ISO 8601 UTC, and relative to ``now``."""
     return {"unix": int(ts), "iso": iso(ts), "relative": relative(ts - now)}
+
+
+def flow_fields(flow: Mapping[str, Any] | None, now: float) -> dict[str, Any] | None:
+    """The JSON form of a token's flow: id, round, start and (a paced round) not-before."""
+    if flow is None:
+        return None
+    not_before = flow["not_before"]
+    return {
+        "flow_id": flow["flow_id"],
+        "round": flow["round"],
+        "started_at": moment(flow["flow_started_at"], now),
+        "not_before": None if not_before is None else moment(not_before, now),
+    }
 
 
 def expiry_phrase(exp: float, now: float) -> str:
@@ -111,6 +125,23 @@ def token_rows(info: dict[str, Any], now: float) -> list[tuple[str, str | list[s
         rows.append(("lifetime", duration(info["lifetime_seconds"])))
     if info.get("token_id"):
         rows.append(("token id", printable(str(info["token_id"]))))
+    flow = info.get("flow")
+    if flow is not None:
+        started = flow["started_at"]
+        rows.append(
+            (
+                "flow",
+                f"{flow['flow_id']} round {flow['round']}, started {started['iso']} ({started['relative']})",
+            )
+        )
+        if flow["not_before"] is not None:
+            rows.append(
+                (
+                    "not before",
+                    f"{flow['not_before']['iso']} ({flow['not_before']['relative']}): "
+                    "the server paces this round",
+                )
+            )
     size = info.get("size")
     if size is not None:
         over = size["chars"] > size.get("limit", size["chars"])

@@ -8,7 +8,7 @@ import click
 
 from .._errors import REASONS
 from ..compat import FormatInfo, detect
-from ._describe import DEFAULT_LIMIT, moment, payload_fields, table, token_rows
+from ._describe import DEFAULT_LIMIT, flow_fields, moment, payload_fields, table, token_rows
 from ._exit import CliError, ExitCode
 from ._output import Outcome, Output, command
 from ._params import MAX_INPUT_BYTES, TIME, clock_at, read_token
@@ -37,6 +37,7 @@ def describe(info: FormatInfo, now: float) -> dict[str, Any]:
         "expires_at": None if expires is None else moment(expires, now),
         "lifetime_seconds": None if issued is None or expires is None else int(expires - issued),
         "token_id": info.token_id,
+        "flow": flow_fields(info.flow, now),
         "size": {"chars": info.size, **({"limit": DEFAULT_LIMIT} if info.format == "sc1" else {})},
         "fields": fields,
         "payload": payload,

@@ -64,7 +64,8 @@ def mint_command(
     bound = binding.to_binding()
     data = read_input(payload, "payload")
     with _sources.key_manager(require_keys(keys_spec), clock=clock) as keys:
-        codec = StateCodec(keys, mode=mode, max_token_bytes=max_token_bytes, clock=clock)
+        # A minted token starts no flow the CLI could continue: its --ttl is not cut to a flow budget.
+        codec = StateCodec(keys, mode=mode, max_token_bytes=max_token_bytes, max_flow_age=None, clock=clock)
         try:
             token = codec.seal(data, bound, ttl=ttl)
         except ValueError as exc:  # payload too large for a token, or times out of range

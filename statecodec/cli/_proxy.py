@@ -28,8 +28,9 @@ from typing import Any, TextIO
 import click
 
 from .. import _telemetry
-from .._codec import DEFAULT_TTL, StateCodec
+from .._codec import DEFAULT_MAX_FLOW_AGE, DEFAULT_MAX_ROUNDS, DEFAULT_TTL, StateCodec
 from ..adapters.asgi import DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_RESPONSE_BYTES, ASGIApp, PrincipalFn
+from ..adapters.jsonrpc import DEFAULT_MAX_HOLD
 from ._exit import CliError, ExitCode
 from ._output import classify, echo
 from ._params import F, duration_option, keys_option, max_token_bytes_option, mode_option, require_keys
@@ -191,6 +192,32 @@ def _count_option(flag: str, default: int, text: str) -> Callable[[F], F]:
 )
 @_count_option("--max-connections", 100, "Upstream connection pool size.")
 @click.option(
+    "--max-rounds",
+    type=click.IntRange(1, 255),
+    default=DEFAULT_MAX_ROUNDS,
+    show_default=True,
+    help="Most states one flow may have; a later round is refused (the clients' own default is 10).",
+)
+@duration_option(
+    "--max-flow-age",
+    DEFAULT_MAX_FLOW_AGE,
+    "A flow's states are refused once it started longer ago than this.",
+)
+@click.option(
+    "--retry-after",
+    type=click.FloatRange(0, min_open=True),
+    metavar="SECONDS",
+    help="Pace requestState-only rounds: their retries run no earlier than this (default: no pacing).",
+)
+@click.option(
+    "--max-hold",
+    type=click.FloatRange(0, 300),
+    default=DEFAULT_MAX_HOLD,
+    show_default=True,
+    metavar="SECONDS",
+    help="Hold an early retry until its time if at most this far away; else answer at once with its state.",
+)
+@click.option(
     "--passthrough-path",
     "passthrough_paths",
     multiple=True,
@@ -334,6 +361,10 @@ class _Settings:
     max_concurrent_requests: int | None
     max_connections: int
     passthrough_paths: tuple[str, ...]
+    max_rounds: int
+    max_flow_age: int
+    retry_after: float | None
+    max_hold: float
     workers: int
 
 
@@ -417,6 +448,8 @@ def _built(settings: _Settings) -> Iterator[tuple[Any, Any, Any]]:
         timeouts=Timeouts(connect=settings.connect_timeout, read=settings.read_timeout),
         max_connections=settings.max_connections,
         passthrough_paths=settings.passthrough_paths,
+        retry_after=settings.retry_after,
+        max_hold=settings.max_hold,
     )
     manager = KeyManager(require_keys(settings.keys_spec), max_ttl=max(float(settings.ttl), 600.0))
     manager.start()  # exit 3 or 7 before listening if no keys can be had
@@ -431,6 +464,8 @@ def _built(settings: _Settings) -> Iterator[tuple[Any, Any, Any]]:
                 mode=settings.mode,
                 ttl=settings.ttl,
                 max_token_bytes=settings.max_token_bytes,
+                max_rounds=settings.max_rounds,
+                max_flow_age=settings.max_flow_age,
                 replay=store,
                 **named,
             )

@@ -16,6 +16,8 @@ import click
 
 from .._codec import (
     DEFAULT_EXPIRY_GRACE,
+    DEFAULT_MAX_FLOW_AGE,
+    DEFAULT_MAX_ROUNDS,
     DEFAULT_MAX_SKEW,
     OpenedState,
     StateCodec,
@@ -27,7 +29,7 @@ from ..compat import Verified, VerifyOptions, detect
 from ..compat import verify as compat_verify
 from ..replay._url import redact
 from . import _sources
-from ._describe import expiry_phrase, moment, payload_fields, table, token_rows
+from ._describe import expiry_phrase, flow_fields, moment, payload_fields, table, token_rows
 from ._output import Outcome, Output, command, invalid_state_error
 from ._params import (
     ABSENT,
@@ -64,6 +66,8 @@ class _Sc1Options:
     max_skew: int
     expiry_grace: int
     max_token_bytes: int
+    max_rounds: int
+    max_flow_age: int
 
 
 def _check_sc1_flags(binding: BindingOptions, opts: _Sc1Options, at: float | None) -> None:
@@ -140,6 +144,18 @@ def _resolve_format(fmt: str, token: str) -> str:
     "--expiry-grace", DEFAULT_EXPIRY_GRACE, "Accept a token this long past its expiry (0: the TTL is exact)."
 )
 @max_token_bytes_option("The server's size limit.")
+@click.option(
+    "--max-rounds",
+    type=click.IntRange(1, 255),
+    default=DEFAULT_MAX_ROUNDS,
+    show_default=True,
+    help="The server's round budget: a token of a later round of its flow is refused.",
+)
+@duration_option(
+    "--max-flow-age",
+    DEFAULT_MAX_FLOW_AGE,
+    "The server's flow budget: a token of a flow that started longer ago is refused.",
+)
 @click.option(
     "--format",
     "fmt",
@@ -223,6 +239,8 @@ def _verify_sc1(
             max_skew=opts.max_skew,
             expiry_grace=opts.expiry_grace,
             max_token_bytes=opts.max_token_bytes,
+            max_rounds=opts.max_rounds,
+            max_flow_age=opts.max_flow_age,
             replay=store,
             namespace=opts.namespace,
             clock=clock,
@@ -258,6 +276,15 @@ def _sc1_claims(opened: OpenedState, now: float) -> dict[str, Any]:
         "expires_at": moment(opened.expires_at, now),
         "lifetime_seconds": opened.expires_at - opened.issued_at,
         "token_id": opened.token_id,
+        "flow": flow_fields(
+            {
+                "flow_id": opened.flow_id,
+                "round": opened.round,
+                "flow_started_at": opened.flow_started_at,
+                "not_before": opened.not_before,
+            },
+            now,
+        ),
         "payload": payload_fields(opened.payload),
     }
 
@@ -343,6 +370,7 @@ def _foreign_claims(verified: Verified, now: float) -> dict[str, Any]:
         "expires_at": None if expires is None else moment(expires, now),
         "lifetime_seconds": None if issued is None or expires is None else int(expires - issued),
         "token_id": no_token_id,
+        "flow": None,
         "payload": None if verified.payload is None else payload_fields(verified.payload),
         "extra": dict(verified.claims),
     }
@@ -351,7 +379,15 @@ def _foreign_claims(verified: Verified, now: float) -> dict[str, Any]:
 # ------------------------------------------------------------------- verdicts
 def _invalid(out: Output, base: dict[str, Any], exc: InvalidState) -> Outcome:
     error = invalid_state_error(exc)
-    fields = {**base, "valid": False, "replay": "not_checked", "kid": exc.kid, "token_id": exc.token_id}
+    fields = {
+        **base,
+        "valid": False,
+        "replay": "not_checked",
+        "kid": exc.kid,
+        "token_id": exc.token_id,
+        "flow_id": exc.flow_id,
+        "round": exc.round,
+    }
     verdict = out.style("INVALID", fg="red", bold=True)
     return Outcome(fields, [f"{verdict}  {exc.reason}: {exc.detail or exc.reason}"], error.code, error)
 

@@ -44,6 +44,8 @@ class FormatInfo:
     payload: bytes | None = None
     fields: Mapping[str, Any] = field(default_factory=dict)  # format-specific, JSON-serialisable
     problem: str | None = None
+    # sc1 only: the flow the token belongs to: flow_id (hex), round, flow_started_at, not_before
+    flow: Mapping[str, Any] | None = None
 
     @property
     def recognised(self) -> bool:
@@ -116,6 +118,12 @@ def _read_sc1(token: str, cap: int) -> FormatInfo:
         token_id=p.token_id.hex(),
         payload=p.body if sign else None,
         fields={"version": _format.VERSION},
+        flow={
+            "flow_id": p.flow_id.hex(),
+            "round": p.round,
+            "flow_started_at": p.flow_started_at,
+            "not_before": p.issued_at + p.not_before_ms / 1000 if p.not_before_ms else None,
+        },
     )
 
 

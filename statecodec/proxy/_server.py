@@ -25,6 +25,7 @@ from ..adapters.asgi import (
     PrincipalFn,
     RequestStateMiddleware,
 )
+from ..adapters.jsonrpc import DEFAULT_MAX_HOLD
 from ._forward import Timeouts, UpstreamApp
 from ._metered import MeteredApp
 
@@ -42,6 +43,8 @@ class ProxyOptions:
     timeouts: Timeouts = field(default_factory=Timeouts)
     max_connections: int = 100
     passthrough_paths: Collection[str] = ()
+    retry_after: float | None = None  # pacing of requestState-only rounds
+    max_hold: float = DEFAULT_MAX_HOLD
 
 
 def event_loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
@@ -72,6 +75,8 @@ def build_proxy(codec: StateCodec, options: ProxyOptions, *, principal: Principa
         max_body_bytes=options.max_body_bytes,
         max_response_bytes=options.max_response_bytes,
         passthrough_paths=options.passthrough_paths,
+        retry_after=options.retry_after,
+        max_hold=options.max_hold,
     )
     return MeteredApp(middleware)
 

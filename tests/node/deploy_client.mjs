@@ -5,8 +5,13 @@
 // second. The client negotiates 2026-07-28 (`versionNegotiation: {mode: 'auto'}`) and
 // drives the multi-round-trip request itself, answering both elicitations of round 1.
 //
+// --tool NAME --arguments JSON call another tool (the flow tests' wait_for_approval and
+// three_questions); any other elicitation is answered with "<field>-answer" for each field.
+// The client runs at its defaults (maxRounds 10, 250 ms before a requestState-only retry).
+//
 // usage: node deploy_client.mjs --urls URL_A,URL_B --token BEARER --version 1.2.3
-// prints one JSON line: {"result": CallToolResult, "toolCalls": [{round, url, requestState}]}
+// prints one JSON line: {"result": CallToolResult, "toolCalls": [{round, url, requestState, at}]}
+// or, when the call fails, {"error": {"name", "message", "code"}, "toolCalls": [...]}
 import { parseArgs } from 'node:util';
 import { Client, StreamableHTTPClientTransport } from '@modelcontextprotocol/client';
 
@@ -15,7 +20,8 @@ const { values } = parseArgs({
         urls: { type: 'string' },
         token: { type: 'string', default: 'alice-token' },
         version: { type: 'string', default: '1.2.3' },
-        tool: { type: 'string', default: 'deploy_production' }
+        tool: { type: 'string', default: 'deploy_production' },
+        arguments: { type: 'string' }
     }
 });
 const urls = values.urls.split(',');
@@ -34,7 +40,12 @@ async function balancedFetch(input, init) {
     counts.set(method, n + 1);
     const target = urls[n % urls.length];
     if (method === 'tools/call') {
-        toolCalls.push({ round: toolCalls.length + 1, url: target, requestState: params.requestState ?? null });
+        toolCalls.push({
+            round: toolCalls.length + 1,
+            url: target,
+            requestState: params.requestState ?? null,
+            at: Date.now() / 1000
+        });
     }
     return fetch(target, init);
 }
@@ -48,7 +59,10 @@ client.setRequestHandler('elicitation/create', async request => {
     if ('confirm' in properties) {
         return { action: 'accept', content: { confirm: true } };
     }
-    return { action: 'accept', content: { ticket: 'CHG-1234' } };
+    if ('ticket' in properties) {
+        return { action: 'accept', content: { ticket: 'CHG-1234' } };
+    }
+    return { action: 'accept', content: Object.fromEntries(Object.keys(properties).map(f => [f, `${f}-answer`])) };
 });
 
 const transport = new StreamableHTTPClientTransport(new URL(urls[0]), {
@@ -56,10 +70,15 @@ const transport = new StreamableHTTPClientTransport(new URL(urls[0]), {
     requestInit: { headers: { Authorization: `Bearer ${values.token}` } }
 });
 
+const args = values.arguments ? JSON.parse(values.arguments) : { version: values.version };
 try {
     await client.connect(transport);
-    const result = await client.callTool({ name: values.tool, arguments: { version: values.version } });
-    console.log(JSON.stringify({ result, toolCalls }));
+    try {
+        const result = await client.callTool({ name: values.tool, arguments: args });
+        console.log(JSON.stringify({ result, toolCalls }));
+    } catch (err) {
+        console.log(JSON.stringify({ error: { name: err?.name, message: String(err?.message ?? err), code: err?.code ?? null }, toolCalls }));
+    }
 } finally {
     await client.close();
 }

@@ -20,8 +20,13 @@
 // `requestState.verify` hook: tampering is rejected, replay is not. --second-tool adds
 // `deploy_staging(version)`, the same flow under another name (for cross-tool checks).
 //
+// --flows adds the multi-round tools of the flow tests: `wait_for_approval(ticket, checks=3)`
+// answers requestState-only rounds (the checks so far in requestState) until the approval
+// arrives at the `checks`-th retry; `three_questions(topic)` asks one question per round,
+// three rounds. Each handler run is recorded ({"run": TOOL, "step": N, "at": SECONDS}).
+//
 // usage: node ts_upstream_server.mjs [--port 0] [--record PATH] [--response-mode auto|sse|json]
-//                                    [--codec [--ttl SECONDS]] [--second-tool]
+//                                    [--codec [--ttl SECONDS]] [--second-tool] [--flows]
 // prints "READY http://127.0.0.1:PORT/mcp" once listening; stops on SIGTERM.
 import { appendFileSync } from 'node:fs';
 import { createServer } from 'node:http';
@@ -45,7 +50,8 @@ const { values } = parseArgs({
         'response-mode': { type: 'string', default: 'auto' },
         codec: { type: 'boolean', default: false },
         ttl: { type: 'string', default: '600' },
-        'second-tool': { type: 'boolean', default: false }
+        'second-tool': { type: 'boolean', default: false },
+        flows: { type: 'boolean', default: false }
     }
 });
 
@@ -129,6 +135,40 @@ function nestedMeta(depth, ctx) {
     return { ...asked, _meta: { 'example.test/echo': nested } };
 }
 
+const QUESTIONS = ['colour', 'size', 'count'];
+const question = i => (i < QUESTIONS.length ? QUESTIONS[i] : `q${i + 1}`);
+
+function waitForApproval(ticket, checks, ctx) {
+    const state = ctx.mcpReq.requestState();
+    const done = state === undefined ? 0 : JSON.parse(state).checks;
+    record({ run: 'wait_for_approval', step: done, at: Date.now() / 1000, ticket });
+    if (done < checks) {
+        return inputRequired({ requestState: JSON.stringify({ checks: done + 1 }) });
+    }
+    return { content: [{ type: 'text', text: `${ticket} approved after ${done} checks` }] };
+}
+
+function threeQuestions(topic, count, ctx) {
+    const state = ctx.mcpReq.requestState();
+    let answers = state === undefined ? [] : JSON.parse(state).answers;
+    record({ run: 'three_questions', step: answers.length, at: Date.now() / 1000, topic });
+    if (state !== undefined) {
+        const field = question(answers.length);
+        const reply = acceptedContent(ctx.mcpReq.inputResponses, field);
+        if (reply !== undefined) {
+            answers = [...answers, String(reply[field])];
+        }
+    }
+    if (answers.length < count) {
+        const field = question(answers.length);
+        return inputRequired({
+            inputRequests: { [field]: form(`Which ${field}?`, field, { type: 'string' }) },
+            requestState: JSON.stringify({ answers })
+        });
+    }
+    return { content: [{ type: 'text', text: `${topic}: ${answers.join(', ')}` }] };
+}
+
 function factory() {
     const options = codec ? { requestState: { verify: codec.verify } } : undefined;
     const server = new McpServer({ name: 'deploy', version: '1.0.0' }, options);
@@ -138,6 +178,24 @@ function factory() {
             `deploy_${environment}`,
             { description: `Deploy a release to ${environment}`, inputSchema: z.object({ version: z.string() }) },
             async ({ version }, ctx) => deploy(version, ctx, environment)
+        );
+    }
+    if (values.flows) {
+        server.registerTool(
+            'wait_for_approval',
+            {
+                description: 'Wait until the change is approved',
+                inputSchema: z.object({ ticket: z.string(), checks: z.number().int().min(0).default(3) })
+            },
+            async ({ ticket, checks }, ctx) => waitForApproval(ticket, checks, ctx)
+        );
+        server.registerTool(
+            'three_questions',
+            {
+                description: 'Ask three questions, one per round',
+                inputSchema: z.object({ topic: z.string(), count: z.number().int().min(0).default(3) })
+            },
+            async ({ topic, count }, ctx) => threeQuestions(topic, count, ctx)
         );
     }
     server.registerTool(

@@ -163,8 +163,13 @@ def _replace_raw(token: str, start: int, end: int, new: bytes) -> str:
     return _join(prefix, raw[:start] + new + raw[end:])
 
 
-def _header_len(kid: str) -> int:
-    return 1 + len(kid) + 8 + 16 + 16
+def _header_len(kid: str, flow: tuple[bytes, int, int] | None = None, not_before_ms: int = 0) -> int:
+    return 1 + len(kid) + 8 + 16 + 16 + (21 if flow else 0) + (4 if not_before_ms else 0)
+
+
+def _first_tid(label: str) -> bytes:
+    """The flow id of a chained case: the token id its (unpublished) first round had."""
+    return _fixed("tid/" + label + "/first", 16)
 
 
 # ------------------------------------------------------------------ the generator
@@ -184,6 +189,8 @@ class _Builder:
         ring: str = "main",
         kid: str = "k2025b",
         max_token_bytes: int = 8192,
+        flow: tuple[bytes, int, int] | None = None,
+        not_before_ms: int = 0,
     ) -> str:
         codec = StateCodec(RINGS[ring], mode=mode, ttl=ttl, max_token_bytes=max_token_bytes)
         # ENCRYPT's nonce is tid || an 8-byte suffix; only the suffix is drawn separately.
@@ -191,7 +198,17 @@ class _Builder:
         b = binding_from_json(_binding_json(binding)) or Binding()
         token_id = _fixed("tid/" + label, 16)
         key = RINGS[ring].require(kid)
-        return codec._seal(payload, b, key, iat, ttl, token_id=token_id, nonce_suffix=nonce_suffix)
+        return codec._seal(
+            payload,
+            b,
+            key,
+            iat,
+            ttl,
+            token_id=token_id,
+            nonce_suffix=nonce_suffix,
+            flow=flow,
+            not_before_ms=not_before_ms,
+        )
 
     def positive(
         self,
@@ -209,6 +226,9 @@ class _Builder:
         ring: str = "main",
         kid: str = "k2025b",
         max_token_bytes: int = 8192,
+        flow: tuple[bytes, int, int] | None = None,
+        not_before_ms: int = 0,
+        budgets: dict[str, int | None] | None = None,
     ) -> None:
         token = self.seal(
             name,
@@ -220,6 +240,8 @@ class _Builder:
             ring=ring,
             kid=kid,
             max_token_bytes=max_token_bytes,
+            flow=flow,
+            not_before_ms=not_before_ms,
         )
         bjson = _binding_json(binding)
         b = binding_from_json(bjson) or Binding()
@@ -227,8 +249,8 @@ class _Builder:
         _, raw = _split(token)
         intermediate: dict[str, Any] = {
             "binding_encoded": b.encoded.hex(),
-            "binding_tag": b.tag(key.bind_key).hex(),
-            "header": raw[: _header_len(kid)].hex(),
+            "binding_tag": b.tag(key).hex(),
+            "header": raw[: _header_len(kid, flow, not_before_ms)].hex(),
         }
         if binding is not None and "arguments" in binding:
             intermediate["canonical_arguments"] = canonical_json(binding["arguments"]).decode("utf-8")
@@ -243,6 +265,12 @@ class _Builder:
             "expires_at": iat + ttl,
             "token_id": _fixed("tid/" + name, 16).hex(),
         }
+        if flow is not None or not_before_ms:
+            # Flow cases only: the cases of before flows keep their exact text.
+            flow_id, round_, started = flow or (_fixed("tid/" + name, 16), 1, iat)
+            case.update(budgets or {})
+            case["expected"].update(flow_id=flow_id.hex(), round=round_, flow_started_at=started)
+            case["expected"]["not_before"] = iat + not_before_ms / 1000 if not_before_ms else None
         case["intermediate"] = intermediate
         self.files["sign.json" if mode == "sign" else "encrypt.json"].append(case)
 
@@ -261,11 +289,13 @@ class _Builder:
         expiry_grace: int = 0,
         ring: str = "main",
         max_token_bytes: int = 8192,
+        budgets: dict[str, int | None] | None = None,
     ) -> None:
         times = (ttl, max_skew, expiry_grace, now)
         case = self._case(
             name, description, mode, ring, times, max_token_bytes, _binding_json(binding), token
         )
+        case.update(budgets or {})
         case["expected"] = {"reason": reason}
         self.files["negative.json"].append(case)
 
@@ -1000,13 +1030,189 @@ def _set_trailing_bits(token: str) -> str:
 
 
 def _forge_sign(iat: int, exp: int, payload: bytes, binding: dict[str, Any]) -> str:
-    """A SIGN token with an authentic MAC over a header build_header() refuses to make."""
+    """A SIGN token with an authentic MAC over a header pack_header() refuses to make."""
     key = RINGS["main"].require("k2025b")
     b = binding_from_json(_binding_json(binding))
     assert b is not None
-    header = b"\x06k2025b" + struct.pack(">II", iat, exp) + _fixed("tid/forged", 16) + b.tag(key.bind_key)
+    header = b"\x06k2025b" + struct.pack(">II", iat, exp) + _fixed("tid/forged", 16) + b.tag(key)
     mac = hmac.digest(key.mac_key, b"sc1s." + header + payload, "sha256")
     return _join("sc1s.", header + payload + mac)
+
+
+def _flows(g: _Builder) -> None:
+    """Chained (later rounds of a flow) and paced tokens: the CHAINED and PACED flags."""
+    iat = NOW - 100
+    hl = _header_len("k2025b")
+    for mode in ("sign", "encrypt"):
+        m = mode[0]
+        g.positive(
+            f"{m}-chained-round-2",
+            "the second round of a flow that started 30 s before it",
+            mode=mode,
+            payload=b'{"asked":["region"]}',
+            binding=FULL,
+            iat=iat,
+            now=NOW,
+            flow=(_first_tid(f"{m}-chained-round-2"), 2, iat - 30),
+        )
+        g.positive(
+            f"{m}-chained-paced",
+            "round 3, paced: redeemable 1.5 s after iat; now is 2 s after iat",
+            mode=mode,
+            payload=b'{"waiting":"approval"}',
+            binding=FULL,
+            iat=iat,
+            now=iat + 2,
+            flow=(_first_tid(f"{m}-chained-paced"), 3, iat - 60),
+            not_before_ms=1500,
+        )
+        g.positive(
+            f"{m}-paced-first-round-edge",
+            "a first round paced 250 ms, redeemed exactly at its not-before time",
+            mode=mode,
+            payload=b"",
+            binding=UNBOUND_SPEC,
+            iat=iat,
+            now=iat + 0.25,
+            not_before_ms=250,
+        )
+        g.positive(
+            f"{m}-round-at-limit",
+            "round 10 of a flow, max_rounds 10: the last one allowed",
+            mode=mode,
+            payload=b"r10",
+            binding=FULL,
+            iat=iat,
+            now=NOW,
+            flow=(_first_tid(f"{m}-round-at-limit"), 10, iat - 300),
+            budgets={"max_rounds": 10},
+        )
+        chained = g.seal(
+            f"{m}-flow-base",
+            mode=mode,
+            payload=b"r2",
+            binding=FULL,
+            iat=iat,
+            flow=(_first_tid(f"{m}-flow-base"), 2, iat - 30),
+        )
+        over = g.seal(
+            f"{m}-round-11",
+            mode=mode,
+            payload=b"r11",
+            binding=FULL,
+            iat=iat,
+            flow=(_first_tid(f"{m}-round-11"), 11, iat - 300),
+        )
+        g.negative(
+            f"{m}-round-limit",
+            "round 11 of a flow (minted by a looser instance), max_rounds 10",
+            "round_limit",
+            over,
+            mode=mode,
+            binding=FULL,
+            budgets={"max_rounds": 10},
+        )
+        old = g.seal(
+            f"{m}-old-flow",
+            mode=mode,
+            payload=b"r4",
+            binding=FULL,
+            iat=iat,
+            flow=(_first_tid(f"{m}-old-flow"), 4, NOW - 3601),
+        )
+        g.negative(
+            f"{m}-flow-expired",
+            "a fresh token (issued 100 s ago) of a flow started 3601 s ago, max_flow_age 3600",
+            "flow_expired",
+            old,
+            mode=mode,
+            binding=FULL,
+            budgets={"max_flow_age": 3600},
+        )
+        paced = g.seal(f"{m}-paced", mode=mode, payload=b"", binding=FULL, iat=iat, not_before_ms=1500)
+        g.negative(
+            f"{m}-too-early",
+            "paced 1.5 s, retried 1.499 s after iat: too early (not consumed)",
+            "too_early",
+            paced,
+            mode=mode,
+            binding=FULL,
+            now=iat + 1.499,
+        )
+        g.negative(
+            f"{m}-too-early-wrong-binding",
+            "too early AND bound to another principal: the binding is judged first",
+            "binding_mismatch",
+            paced,
+            mode=mode,
+            binding=_with(FULL, principal="mallory@example.com"),
+            now=iat + 1.0,
+        )
+        for what, at in (("flow-id", hl), ("round", hl + 16), ("flow-start", hl + 17)):
+            g.negative(
+                f"{m}-flip-{what}",
+                f"flipped bit in the {what.replace('-', ' ')}: a state grafted onto another flow",
+                "tampered",
+                _flip(chained, at),
+                mode=mode,
+                binding=FULL,
+            )
+        g.negative(
+            f"{m}-unchained-flag-cleared",
+            "the CHAINED flag cleared and the flow fields cut out: tampered",
+            "tampered",
+            _unchain(chained),
+            mode=mode,
+            binding=FULL,
+        )
+    key = RINGS["main"].require("k2025b")
+    round_2 = g.seal(
+        "s-r1", mode="sign", payload=b"", binding=FULL, iat=iat, flow=(_first_tid("s-r1"), 2, iat)
+    )
+    g.negative(
+        "s-chained-round-1",
+        "a CHAINED token claiming round 1 (round 1 is spelled unchained): malformed before the MAC",
+        "malformed",
+        _replace_raw(round_2, hl + 16, hl + 17, b"\x01"),
+        mode="sign",
+        binding=FULL,
+    )
+    paced_7 = g.seal("s-p0", mode="sign", payload=b"", binding=FULL, iat=iat, not_before_ms=7)
+    g.negative(
+        "s-paced-zero-wait",
+        "a PACED token with a wait of 0 ms: malformed before the MAC",
+        "malformed",
+        _replace_raw(paced_7, hl, hl + 4, bytes(4)),
+        mode="sign",
+        binding=FULL,
+    )
+    # An authentic MAC over a flow that starts after the token was issued.
+    b = binding_from_json(_binding_json(FULL))
+    assert b is not None
+    header = b"".join(
+        (
+            bytes((0x80 | 6,)) + b"k2025b",
+            struct.pack(">II", iat, iat + 600),
+            _fixed("tid/late-flow", 16),
+            b.tag(key),
+            _first_tid("late-flow") + b"\x02" + struct.pack(">I", iat + 1),
+        )
+    )
+    mac = hmac.digest(key.mac_key, b"sc1s." + header + b"x", "sha256")
+    g.negative(
+        "s-flow-starts-after-iat",
+        "authentic, but its flow starts a second after the token was issued: malformed",
+        "malformed",
+        _join("sc1s.", header + b"x" + mac),
+        mode="sign",
+        binding=FULL,
+    )
+
+
+def _unchain(token: str) -> str:
+    prefix, raw = _split(token)
+    hl = _header_len("k2025b")
+    return _join(prefix, bytes((raw[0] & 0x3F,)) + raw[1:hl] + raw[hl + 21 :])
 
 
 def build() -> dict[str, str]:
@@ -1014,6 +1220,7 @@ def build() -> dict[str, str]:
     g = _Builder()
     _positives(g)
     _negatives(g)
+    _flows(g)
     rings = {name: ring.to_dict() for name, ring in RINGS.items()}
     derived = {
         name: {
