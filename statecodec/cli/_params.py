@@ -19,7 +19,7 @@ from typing import Any, Final, TypeVar, cast
 import click
 
 from .._binding import Binding
-from .._codec import DEFAULT_MAX_TOKEN_BYTES
+from .._codec import DEFAULT_MAX_FLOW_AGE, DEFAULT_MAX_ROUNDS, DEFAULT_MAX_TOKEN_BYTES
 from .._format import MAX_TIME
 from .._humanize import duration
 from ._exit import CliError, ExitCode
@@ -336,6 +336,19 @@ def max_token_bytes_option(text: str) -> Callable[[F], F]:
         show_default=True,
         help=text,
     )
+
+
+def flow_budget_options(rounds_text: str, age_text: str) -> Callable[[F], F]:
+    """``--max-rounds N`` and ``--max-flow-age DURATION``: the codec's flow budgets."""
+    rounds = click.option(
+        "--max-rounds",
+        type=click.IntRange(1, 255),
+        default=DEFAULT_MAX_ROUNDS,
+        show_default=True,
+        help=rounds_text,
+    )
+    age = duration_option("--max-flow-age", DEFAULT_MAX_FLOW_AGE, age_text)
+    return lambda fn: rounds(age(fn))
 
 
 def mode_option(default: str, text: str) -> Callable[[F], F]:

@@ -28,12 +28,20 @@ from typing import Any, TextIO
 import click
 
 from .. import _telemetry
-from .._codec import DEFAULT_MAX_FLOW_AGE, DEFAULT_MAX_ROUNDS, DEFAULT_TTL, StateCodec
+from .._codec import DEFAULT_TTL, StateCodec
 from ..adapters.asgi import DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_RESPONSE_BYTES, ASGIApp, PrincipalFn
 from ..adapters.jsonrpc import DEFAULT_MAX_HOLD
 from ._exit import CliError, ExitCode
 from ._output import classify, echo
-from ._params import F, duration_option, keys_option, max_token_bytes_option, mode_option, require_keys
+from ._params import (
+    F,
+    duration_option,
+    flow_budget_options,
+    keys_option,
+    max_token_bytes_option,
+    mode_option,
+    require_keys,
+)
 
 logger = logging.getLogger("statecodec.proxy")
 
@@ -191,16 +199,8 @@ def _count_option(flag: str, default: int, text: str) -> Callable[[F], F]:
     help="Answer 503 beyond this many open requests (default: no limit).",
 )
 @_count_option("--max-connections", 100, "Upstream connection pool size.")
-@click.option(
-    "--max-rounds",
-    type=click.IntRange(1, 255),
-    default=DEFAULT_MAX_ROUNDS,
-    show_default=True,
-    help="Most states one flow may have; a later round is refused (the clients' own default is 10).",
-)
-@duration_option(
-    "--max-flow-age",
-    DEFAULT_MAX_FLOW_AGE,
+@flow_budget_options(
+    "Most states one flow may have; a later round is refused (the clients' own default is 10).",
     "A flow's states are refused once it started longer ago than this.",
 )
 @click.option(

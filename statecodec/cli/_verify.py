@@ -16,8 +16,6 @@ import click
 
 from .._codec import (
     DEFAULT_EXPIRY_GRACE,
-    DEFAULT_MAX_FLOW_AGE,
-    DEFAULT_MAX_ROUNDS,
     DEFAULT_MAX_SKEW,
     OpenedState,
     StateCodec,
@@ -38,6 +36,7 @@ from ._params import (
     binding_options,
     clock_at,
     duration_option,
+    flow_budget_options,
     keys_option,
     max_token_bytes_option,
     read_token,
@@ -144,16 +143,8 @@ def _resolve_format(fmt: str, token: str) -> str:
     "--expiry-grace", DEFAULT_EXPIRY_GRACE, "Accept a token this long past its expiry (0: the TTL is exact)."
 )
 @max_token_bytes_option("The server's size limit.")
-@click.option(
-    "--max-rounds",
-    type=click.IntRange(1, 255),
-    default=DEFAULT_MAX_ROUNDS,
-    show_default=True,
-    help="The server's round budget: a token of a later round of its flow is refused.",
-)
-@duration_option(
-    "--max-flow-age",
-    DEFAULT_MAX_FLOW_AGE,
+@flow_budget_options(
+    "The server's round budget: a token of a later round of its flow is refused.",
     "The server's flow budget: a token of a flow that started longer ago is refused.",
 )
 @click.option(
