@@ -49,6 +49,15 @@ def test_dumps_writes_what_json_dumps_writes(document: Any) -> None:
     assert _json.dumps(document, allow_nan=True) == reference
 
 
+@pytest.mark.parametrize("number", [1.192092896e-07, 1e-05, 1.5e-05, 1e16, 1.2345678901234568e17, 0.1, -0.0])
+def test_dumps_writes_floats_as_json_dumps_does(number: float) -> None:
+    """orjson writes 1e-05 as 0.00001 and 1e+16 as 1e16: floats take json's path."""
+    assert (
+        _json.dumps([number, {"n": number}])
+        == json.dumps([number, {"n": number}], separators=(",", ":")).encode()
+    )
+
+
 def test_dumps_refuses_what_json_refuses() -> None:
     with pytest.raises(ValueError):
         _json.dumps([math.nan])

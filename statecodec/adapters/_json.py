@@ -42,6 +42,9 @@ _LEADING: Final = " \t\r\n\ufeff"  # whitespace and byte-order marks before a do
 # The first line of an event stream: a field (data, event, id, retry) or a comment.
 _SSE_START: Final = re.compile(r"(?:data|event|id|retry)(?::|\r|\n|$)|:")
 _SNIFF_BYTES: Final = 64
+# orjson writes every float with a '.' or an exponent after a digit; a string may match too
+# (a false alarm only costs the slow path).
+_MAY_BE_FLOAT: Final = re.compile(rb"[0-9][.eE]")
 # What json.dumps cannot write, orjson must not write either: those go the slow way and fail.
 _PLAIN_JSON_ONLY: Final = (
     orjson.OPT_PASSTHROUGH_DATACLASS | orjson.OPT_PASSTHROUGH_DATETIME | orjson.OPT_PASSTHROUGH_SUBCLASS
@@ -246,9 +249,10 @@ def dumps(value: Any, *, allow_nan: bool = False) -> bytes:
     """
     try:
         # orjson writes the same compact JSON as json.dumps(ensure_ascii=False) several
-        # times faster, but NaN and Infinity as null: any null sends the value the slow way.
+        # times faster, except NaN and Infinity (as null) and floats (1e-05 as 0.00001,
+        # 1e+16 as 1e16): a null or anything that may be a float sends the value the slow way.
         fast = orjson.dumps(value, option=_PLAIN_JSON_ONLY)
-        if b"null" not in fast:
+        if b"null" not in fast and not _MAY_BE_FLOAT.search(fast):
             return fast
     except (TypeError, orjson.JSONEncodeError):  # integers beyond 64 bits, lone surrogates, depth
         pass
