@@ -632,7 +632,8 @@ async def test_a_body_nested_near_the_recursion_limit_never_fails_after_the_cons
     app = App()
     outcomes: set[int] = set()
     async with client(protect(app, codec)) as http:
-        for depth in [*range(500, 1000, 10), 1500]:
+        # The C parser's limit: under 1,000 levels on 3.11, under 1,500 on 3.12, 3,000-10,000 on 3.13.
+        for depth in [*range(500, 1000, 10), 1500, 20_000]:
             state = await round_one(http, request_id=depth)
             nested = b"[" * depth + b"1" + b"]" * depth
             body = json.dumps(call(depth, state, _meta={"n": "N"})).encode()
