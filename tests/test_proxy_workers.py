@@ -8,6 +8,7 @@ a worker that dies is replaced, and SIGTERM stops the group with exit code 0.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import sys
@@ -49,8 +50,9 @@ def until(condition: Any, timeout: float = 60.0) -> Any:
     return value
 
 
-@pytest.fixture
-def group(tmp_path: Path) -> Iterator[tuple[Any, str, Path]]:
+@contextlib.contextmanager
+def spawned_group(tmp_path: Path, *extra: str) -> Iterator[tuple[Any, Path]]:
+    """A Python upstream and a 2-worker proxy before it, stopped on exit; the caller reads its lines."""
     keys = tmp_path / "keys.json"
     keys.write_text(KeyRing.generate().to_json())
     keys.chmod(0o600)
@@ -63,15 +65,21 @@ def group(tmp_path: Path) -> Iterator[tuple[Any, str, Path]]:
         proxy = spawn(
             [sys.executable, "-m", "statecodec.cli", "proxy", "--upstream", upstream_url,
              "--listen", "127.0.0.1:0", "--keys", f"file:{keys}", "--replay", f"sqlite:{tmp_path / 'r.db'}",
-             "--audience", "deploy", "--workers", "2", "--graceful-timeout", "5s"],
+             "--audience", "deploy", "--workers", "2", "--graceful-timeout", "5s", *extra],
             log,
         )  # fmt: skip
-        base = await_line(proxy, "listening on ", log)
-        yield proxy, base + "/mcp", log
+        yield proxy, log
     finally:
         if proxy is not None:
             stop(proxy)
         stop(upstream)
+
+
+@pytest.fixture
+def group(tmp_path: Path) -> Iterator[tuple[Any, str, Path]]:
+    with spawned_group(tmp_path) as (proxy, log):
+        base = await_line(proxy, "listening on ", log)
+        yield proxy, base + "/mcp", log
 
 
 def call(url: str, body: bytes, headers: dict[str, str]) -> dict[str, Any]:

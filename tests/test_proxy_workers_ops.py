@@ -11,48 +11,26 @@ from __future__ import annotations
 
 import json
 import signal
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
-from fixtures_proxy import TOOL, messages, modern_request, upstream_command
-from processes import await_line, spawn, stop
+from fixtures_proxy import TOOL, messages, modern_request
+from processes import await_line
 from prometheus_client.parser import text_string_to_metric_families
-from test_proxy_workers import until, workers_of
-
-from statecodec import KeyRing
+from test_proxy_workers import spawned_group, until, workers_of
 
 pytestmark = pytest.mark.slow
 
 
 @pytest.fixture
 def group(tmp_path: Path) -> Iterator[tuple[Any, str, str, Path]]:
-    keys = tmp_path / "keys.json"
-    keys.write_text(KeyRing.generate().to_json())
-    keys.chmod(0o600)
-    command, cwd = upstream_command("python", tmp_path / "record.jsonl")
-    upstream = spawn(command, tmp_path / "upstream.log", cwd)
-    proxy = None
-    try:
-        upstream_url = await_line(upstream, "READY ", tmp_path / "upstream.log")
-        log = tmp_path / "proxy.log"
-        proxy = spawn(
-            [sys.executable, "-m", "statecodec.cli", "proxy", "--upstream", upstream_url,
-             "--listen", "127.0.0.1:0", "--keys", f"file:{keys}", "--replay", f"sqlite:{tmp_path / 'r.db'}",
-             "--audience", "deploy", "--workers", "2", "--graceful-timeout", "5s",
-             "--admin-listen", "127.0.0.1:0", "--log-format", "json"],
-            log,
-        )  # fmt: skip
+    with spawned_group(tmp_path, "--admin-listen", "127.0.0.1:0", "--log-format", "json") as (proxy, log):
         admin = await_line(proxy, "admin on ", log)  # printed before "listening on"
         base = await_line(proxy, "listening on ", log)
         yield proxy, base + "/mcp", admin, log
-    finally:
-        if proxy is not None:
-            stop(proxy)
-        stop(upstream)
 
 
 def requests_counted(admin: str) -> float:
