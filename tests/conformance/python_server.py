@@ -21,6 +21,8 @@ import argparse
 import asyncio
 import base64
 import json
+import logging
+import sys
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -350,6 +352,10 @@ def main() -> None:
     parser.add_argument("--replay", help="a replay store URL (sqlite:PATH, redis://...), with sign/encrypt")
     parser.add_argument("--port", type=int, default=0)
     args = parser.parse_args()
+    # Plain log lines, set before MCPServer configures its own: the SDK's default handler
+    # renders tracebacks with rich, which took over 10 s on a loaded machine the first time
+    # a tool raised (tools-call-error), longer than the harness waits for an answer.
+    logging.basicConfig(level=logging.WARNING, stream=sys.stderr, format="%(levelname)s %(name)s %(message)s")
     server = build(args.boundary, args.keys, args.replay)
     asyncio.run(serve_http(server.streamable_http_app(host="127.0.0.1"), "127.0.0.1", args.port))
 
