@@ -36,7 +36,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import yaml
@@ -56,6 +56,12 @@ SPEC = "2026-07-28"
 MRTR_PREFIX = "input-required-result-"
 # The harness names each scenario's directory NAME-<ISO time with dashes>.
 _STAMPED = re.compile(r"-\d{4}-\d\d-\d\dT[\d-]+Z$")
+#: A scenario that breaks the rule runs again, alone, at most this many times, and its last
+#: run counts. Why: the harness gives some exchanges fixed windows (800 ms to open a
+#: subscriptions/listen stream and read its first frames, 10 s for an answer), which a
+#: 2-core machine at a load of 15 misses now and then, with statecodec or without; a real
+#: regression fails every time. Every retry is printed, and counted in the summary.
+RETRIES = 2
 _RANK = {"SUCCESS": 0, "INFO": 0, "SKIPPED": 0, "WARNING": 1, "FAILURE": 2}
 
 
@@ -94,6 +100,7 @@ class Result:
     checks: dict[str, dict[str, str]]
     seconds: float
     exit_code: int
+    retried: set[str] = field(default_factory=set)
 
     def failed(self) -> set[str]:
         return {name for name, checks in self.checks.items() if "FAILURE" in checks.values()}
@@ -101,7 +108,9 @@ class Result:
     def summary(self) -> str:
         failed = sorted(self.failed())
         line = f"{self.path.name}: {len(self.checks) - len(failed)} passed, {len(failed)} failed"
-        return line + (f" ({', '.join(failed)})" if failed else "") + f" [{self.seconds:.0f} s]"
+        line += f" ({', '.join(failed)})" if failed else ""
+        line += f"; run again: {', '.join(sorted(self.retried))}" if self.retried else ""
+        return line + f" [{self.seconds:.0f} s]"
 
 
 def read_checks(out: Path) -> dict[str, dict[str, str]]:
@@ -130,33 +139,37 @@ def expected_failures() -> dict[str, dict[str, str]]:
     return table
 
 
+def breaches(result: Result, base: Result | None, listed: set[str], partial: bool) -> list[tuple[str, str]]:
+    """``(scenario, what is wrong)`` for each breach of the rule on one path."""
+    found = [(s, f"{s} fails") for s in sorted(result.failed()) if s.startswith(MRTR_PREFIX)]
+    if result.path.baseline:
+        failed = result.failed()
+        found += [(s, f"{s} fails but is not in {EXPECTED.name}") for s in sorted(failed - listed)]
+        if not partial:
+            found += [(s, f"{s} is in {EXPECTED.name} but passes") for s in sorted(listed - failed)]
+        return found
+    if base is None:
+        return [*found, ("", f"no baseline ({result.path.server}) ran to compare with")]
+    for scenario, checks in sorted(base.checks.items()):
+        mine = result.checks.get(scenario)
+        if mine is None:
+            found.append((scenario, f"{scenario} did not run"))
+            continue
+        for check, status in sorted(checks.items()):
+            got = mine.get(check, "FAILURE")  # a check that vanished did not pass
+            if _RANK.get(got, 2) > _RANK.get(status, 2):
+                found.append((scenario, f"{scenario} / {check} is {got}, {status} without statecodec"))
+    return found
+
+
 def judge(results: list[Result], expected: dict[str, dict[str, str]], partial: bool) -> list[str]:
     """Every breach of the rule (the module docstring), as one line each."""
-    problems: list[str] = []
     baselines = {result.path.server: result for result in results if result.path.baseline}
+    problems: list[str] = []
     for result in results:
-        name = result.path.name
-        problems += [f"{name}: {s} fails" for s in sorted(result.failed()) if s.startswith(MRTR_PREFIX)]
-        if result.path.baseline:
-            listed = set(expected[result.path.server])
-            failed = result.failed()
-            problems += [f"{name}: {s} fails but is not in {EXPECTED.name}" for s in sorted(failed - listed)]
-            if not partial:
-                problems += [f"{name}: {s} is in {EXPECTED.name} but passes" for s in sorted(listed - failed)]
-            continue
+        listed = set(expected[result.path.server])
         base = baselines.get(result.path.server)
-        if base is None:
-            problems.append(f"{name}: no baseline ({result.path.server}) ran to compare with")
-            continue
-        for scenario, checks in sorted(base.checks.items()):
-            mine = result.checks.get(scenario)
-            if mine is None:
-                problems.append(f"{name}: {scenario} did not run")
-                continue
-            for check, status in sorted(checks.items()):
-                got = mine.get(check, "FAILURE")  # a check that vanished did not pass
-                if _RANK.get(got, 2) > _RANK.get(status, 2):
-                    problems.append(f"{name}: {scenario} / {check} is {got}, {status} without statecodec")
+        problems += [f"{result.path.name}: {text}" for _, text in breaches(result, base, listed, partial)]
     return problems
 
 
@@ -222,19 +235,48 @@ def processes(work: Path, node: str) -> Iterator[Processes]:
         procs.close()
 
 
-def run_path(procs: Processes, path: Path_, out: Path, scenario: str | None) -> Result:
-    url = procs.server(path)
-    if path.proxy is not None:
-        url = procs.proxy(path, url)
-    target = out / path.name
-    baseline = out / f"expected-failures.{path.server}.yaml"
+def harness(procs: Processes, url: str, path: Path_, target: Path, scenario: str | None) -> int:
+    """One run of the harness against ``url``; its records go to ``target``, its output to a log."""
+    baseline = target.parent / f"expected-failures.{path.server}.yaml"
     command = [procs.node, str(HARNESS), "server", "--url", url, "--spec-version", SPEC]
     command += ["--scenario", scenario] if scenario else ["--suite", "all"]
     command += ["--expected-failures", str(baseline), "--output-dir", str(target)]
+    with target.with_name(f"{target.name}.harness.log").open("w", encoding="utf-8") as log:
+        return subprocess.run(command, stdout=log, stderr=subprocess.STDOUT, cwd=HERE, timeout=600).returncode
+
+
+def run_path(
+    procs: Processes, path: Path_, out: Path, scenario: str | None, base: Result | None, listed: set[str]
+) -> Result:
+    """The harness on one path; a scenario that breaks the rule runs again, alone (:data:`RETRIES`)."""
+    url = procs.server(path)
+    if path.proxy is not None:
+        url = procs.proxy(path, url)
     started = time.monotonic()
-    with (out / f"{path.name}.harness.log").open("w", encoding="utf-8") as log:
-        code = subprocess.run(command, stdout=log, stderr=subprocess.STDOUT, cwd=HERE, timeout=600).returncode
-    return Result(path, read_checks(target), time.monotonic() - started, code)
+    code = harness(procs, url, path, out / path.name, scenario)
+    result = Result(path, read_checks(out / path.name), 0.0, code)
+    for attempt in range(1, RETRIES + 1):
+        found = breaches(result, base, listed, scenario is not None)
+        # A baseline's stale entry (listed, yet passing) is no accident to retry.
+        suspects = sorted({n for n, _ in found if n and (n in result.failed() or not path.baseline)})
+        if not suspects:
+            break
+        for name in suspects:
+            target = out / f"{path.name}.retry{attempt}.{name}"
+            harness(procs, url, path, target, name)
+            again = read_checks(target).get(name)
+            print(f"{path.name}: {name} run again ({attempt}/{RETRIES}): {_verdict(again)}", flush=True)
+            if again is not None:
+                result.checks[name] = again
+                result.retried.add(name)
+    result.seconds = time.monotonic() - started
+    return result
+
+
+def _verdict(checks: dict[str, str] | None) -> str:
+    if checks is None:
+        return "did not run"
+    return "failed" if "FAILURE" in checks.values() else "passed"
 
 
 def main() -> int:
@@ -255,8 +297,9 @@ def main() -> int:
     results: list[Result] = []
     with processes(out, args.node) as procs:
         for path in chosen:
+            base = next((r for r in results if r.path.baseline and r.path.server == path.server), None)
             try:
-                results.append(run_path(procs, path, out, args.scenario))
+                results.append(run_path(procs, path, out, args.scenario, base, set(expected[path.server])))
             except (RuntimeError, AssertionError, subprocess.TimeoutExpired) as exc:
                 print(f"conformance: {path.name} could not run: {exc} (logs in {out})", file=sys.stderr)
                 return 2
