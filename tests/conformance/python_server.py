@@ -179,15 +179,18 @@ def _stateless_tools(server: MCPServer[Any]) -> None:
         return "sampling declared"
 
 
-def _input_required_tools(server: MCPServer[Any]) -> None:
-    def ask_name(message: str = "What is your name?") -> types.ElicitRequest:
-        return _form(message, "name", "string")
+def _ask_name(message: str = "What is your name?") -> types.ElicitRequest:
+    return _form(message, "name", "string")
+
+
+def _one_round_tools(server: MCPServer[Any]) -> None:
+    """SEP-2322 tools whose second round completes without a requestState."""
 
     @server.tool(description="SEP-2322: one elicitation round")
     async def test_input_required_result_elicitation(ctx: Context) -> str | types.InputRequiredResult:
         name = _accepted(ctx.input_responses, "user_name", "name")
         if not isinstance(name, str):
-            return types.InputRequiredResult(input_requests={"user_name": ask_name()})
+            return types.InputRequiredResult(input_requests={"user_name": _ask_name()})
         return f"Hello, {name}!"
 
     @server.tool(description="SEP-2322: one sampling round")
@@ -207,6 +210,26 @@ def _input_required_tools(server: MCPServer[Any]) -> None:
             return types.InputRequiredResult(input_requests={"client_roots": types.ListRootsRequest()})
         return "roots: " + ", ".join(str(root.uri) for root in answer.roots)
 
+    @server.tool(description="SEP-2322: input requests only for declared capabilities")
+    async def test_input_required_result_capabilities(ctx: Context) -> str | types.InputRequiredResult:
+        if ctx.input_responses is not None:
+            return "capability-aware input received"
+        caps = ctx.client_capabilities
+        requests: dict[str, types.InputRequest] = {}
+        if caps is not None and caps.elicitation is not None:
+            requests["user_name"] = _ask_name()
+        if caps is not None and caps.sampling is not None:
+            requests["greeting"] = _sample("Say hello", 50)
+        if caps is not None and caps.roots is not None:
+            requests["client_roots"] = types.ListRootsRequest()
+        if not requests:
+            return "no declared capability takes an input request"
+        return types.InputRequiredResult(input_requests=requests)
+
+
+def _stateful_tools(server: MCPServer[Any]) -> None:
+    """SEP-2322 tools that round-trip a requestState (protected by the boundary in front)."""
+
     @server.tool(description="SEP-2322: requestState round-tripped")
     async def test_input_required_result_request_state(ctx: Context) -> str | types.InputRequiredResult:
         if _accepted(ctx.input_responses, "confirm", "ok") is None:
@@ -225,7 +248,7 @@ def _input_required_tools(server: MCPServer[Any]) -> None:
             return "all inputs received"
         return types.InputRequiredResult(
             input_requests={
-                "user_name": ask_name(),
+                "user_name": _ask_name(),
                 "greeting": _sample("Generate a greeting", 50),
                 "client_roots": types.ListRootsRequest(),
             },
@@ -248,7 +271,7 @@ def _input_required_tools(server: MCPServer[Any]) -> None:
             if isinstance(color, str):
                 return f"{state.get('name')} likes {color}"
         return types.InputRequiredResult(
-            input_requests={"step1": ask_name("Step 1: What is your name?")},
+            input_requests={"step1": _ask_name("Step 1: What is your name?")},
             request_state=json.dumps({"round": 1}),
         )
 
@@ -260,22 +283,6 @@ def _input_required_tools(server: MCPServer[Any]) -> None:
                 request_state=json.dumps({"tool": "tampered_state"}),
             )
         return "integrity-ok"
-
-    @server.tool(description="SEP-2322: input requests only for declared capabilities")
-    async def test_input_required_result_capabilities(ctx: Context) -> str | types.InputRequiredResult:
-        if ctx.input_responses is not None:
-            return "capability-aware input received"
-        caps = ctx.client_capabilities
-        requests: dict[str, types.InputRequest] = {}
-        if caps is not None and caps.elicitation is not None:
-            requests["user_name"] = ask_name()
-        if caps is not None and caps.sampling is not None:
-            requests["greeting"] = _sample("Say hello", 50)
-        if caps is not None and caps.roots is not None:
-            requests["client_roots"] = types.ListRootsRequest()
-        if not requests:
-            return "no declared capability takes an input request"
-        return types.InputRequiredResult(input_requests=requests)
 
 
 def _resources_and_prompts(server: MCPServer[Any]) -> None:
@@ -335,7 +342,8 @@ def build(boundary: str, keys: str | None, replay: str | None) -> MCPServer[Any]
     server: MCPServer[Any] = MCPServer(NAME, log_level="WARNING")
     _content_tools(server)
     _stateless_tools(server)
-    _input_required_tools(server)
+    _one_round_tools(server)
+    _stateful_tools(server)
     _resources_and_prompts(server)
     if boundary != "sdk":
         if keys is None or replay is None:
