@@ -117,7 +117,7 @@ def run_page(path: Path, workdir: Path, env: dict[str, str]) -> subprocess.Compl
 
 def test_docs_have_code_samples() -> None:
     names = {p.name for p in DOCS_WITH_CODE}
-    assert {"README.md", "keys.md", "fleet.md"} <= names
+    assert {"README.md", "keys.md", "fleet.md", "serving.md"} <= names
 
 
 def test_page_program_keeps_the_pages_line_numbers(tmp_path: Path) -> None:
