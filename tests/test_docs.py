@@ -38,6 +38,8 @@ DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("**/*.md"))]
 _BLOCK = re.compile(r"(<!--\s*docs-test:\s*skip(?P<why>[^>]*)-->\s*\n)?```python\n(?P<code>.*?)```", re.S)
 #: The interpreter the samples run in (see the module's docstring).
 PYTHON = os.environ.get("STATECODEC_DOCS_PYTHON") or sys.executable
+#: True when the samples run on the built wheel (scripts/check-package), not the tree.
+ON_WHEEL = bool(os.environ.get("STATECODEC_DOCS_PYTHON"))
 #: Runs one page's program; reports where statecodec came from and each warning of the key
 #: manager (the harness's only addition: the program itself runs as __main__, unchanged).
 _HARNESS = """
@@ -96,8 +98,13 @@ def docs_valkey() -> Iterator[ValkeyServer]:
 
 
 def reader_env(home: Path, **servers: str) -> dict[str, str]:
-    """A reader's shell: PATH and a home of its own, no VAULT_*/BAO_*, no PYTHONPATH; then SERVERS."""
-    kept = {k: v for k, v in os.environ.items() if k in {"PATH", "LANG", "LC_ALL", "TMPDIR", "SYSTEMROOT"}}
+    """A reader's shell: PATH and a home of its own, no VAULT_*/BAO_*; then SERVERS.
+
+    PYTHONPATH goes too when the samples run on the wheel; otherwise it stays, since it is how
+    scripts/check-package's run from the unpacked sdist finds the sdist's package.
+    """
+    names = {"PATH", "LANG", "LC_ALL", "TMPDIR"} | (set() if ON_WHEEL else {"PYTHONPATH"})
+    kept = {k: v for k, v in os.environ.items() if k in names}
     return {**kept, "HOME": str(home), **servers}
 
 
@@ -150,7 +157,7 @@ def test_code_samples_run(path: Path, tmp_path: Path, docs_vault: OpenBao, docs_
     assert not warnings, where
     imported = re.search(r"^docs-test: statecodec from (.*)$", done.stderr, re.M)
     assert imported, where
-    if os.environ.get("STATECODEC_DOCS_PYTHON"):  # the wheel, never the tree
+    if ON_WHEEL:  # the wheel, never the tree
         assert not Path(imported.group(1)).resolve().is_relative_to(ROOT), imported.group(1)
 
 
