@@ -63,13 +63,17 @@ def test_detect_ts_v1_reads_payload_and_exp() -> None:
     assert info.fields == {"bound": True} and info.kid is None
 
 
-def test_detect_python_v1_reads_kid_and_size() -> None:
+def test_detect_python_v1_names_both_candidates_and_reads_kid_and_size() -> None:
+    # A Ruby SDK token has the same shape: without the key, both are candidates.
     token = py_token()
     info = detect(token)
-    assert (info.name, info.format, info.mode) == ("Python SDK v1", "mcp-py-v1", "encrypt")
-    assert info.kid == mcp_py_v1.key_id(mcp_py_v1.derive_key(SECRET)).hex() and len(info.kid) == 8
+    assert (info.name, info.format, info.mode) == ("Python SDK v1 or Ruby SDK v1", None, "encrypt")
+    assert info.candidates == ("mcp-py-v1", "ruby-v1") and info.recognised and info.ambiguity
+    kid = info.fields["mcp-py-v1 kid"]
+    assert kid == mcp_py_v1.key_id(mcp_py_v1.derive_key(SECRET)).hex() and info.kid is None
     assert info.size == len(token) and info.payload is None and info.expires_at is None
-    assert info.fields["ciphertext_bytes"] > 0
+    assert info.fields["mcp-py-v1 ciphertext_bytes"] > 0
+    assert info.fields["ruby-v1 ciphertext_bytes"] == info.fields["mcp-py-v1 ciphertext_bytes"] + 4
 
 
 def test_detect_rs1_reads_expiry_and_payload() -> None:
@@ -85,14 +89,14 @@ def test_detect_rs1_reads_expiry_and_payload() -> None:
     [
         ("", "unknown", "not a statecodec"),
         ("hello", "unknown", "not a statecodec"),
-        ("rs2.a2lk.Ym9keQ.dGFn", "unknown", "rs2"),
+        ("rs2.a2lk.Ym9keQ.dGFn", "rmcp rs2 (proposed, rmcp PR #1128)", "malformed"),  # body < 8 bytes
         ("v1.a.b.c", "unknown", "neither"),
         ("sc9s.AAAA", "unknown", "unsupported_version"),
         ("sc1s.!!!", "statecodec sc1", "malformed"),
         ("v1.e30.AAAA", "TypeScript SDK v1", "malformed"),  # MAC too short
-        ("v1.AAAA", "Python SDK v1", "malformed"),  # shorter than kid + nonce + tag
+        ("v1.AAAA", "Python SDK v1 or Ruby SDK v1", "malformed"),  # shorter than iv + tag
         ("rs1.AAAA.AAAA", "rmcp rs1", "malformed"),  # body shorter than the expiry
-        (MB, "Python SDK v1", "too_large"),
+        (MB, "Python SDK v1 or Ruby SDK v1", "too_large"),
         ("\x00\xff\ud800 binary", "unknown", "not a statecodec"),
     ],
 )
@@ -150,7 +154,7 @@ def test_detect_never_raises_on_any_text(text: str) -> None:
 
 # -------------------------------------------------------------------------- registry
 def test_registry_lists_every_format() -> None:
-    assert set(FORMATS) == {"sc1", "ts-v1", "mcp-py-v1", "rs1"}
+    assert set(FORMATS) == {"sc1", "ts-v1", "mcp-py-v1", "ruby-v1", "php-v1", "rs1", "rs2"}
     with pytest.raises(KeyError):
         verify("jwt", "x", RING)
 
