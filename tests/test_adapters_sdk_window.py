@@ -27,6 +27,7 @@ from statecodec.adapters.sdk_window import SDKStateWindow
 from statecodec.compat import detect
 from statecodec.replay.memory import MemoryReplayStore
 
+fastmcp: Any
 try:  # module-level: FastMCP resolves a tool's annotations (fastmcp.Context) in these globals
     import fastmcp
 except ImportError:  # pragma: no cover - the fastmcp extra
@@ -111,12 +112,15 @@ async def test_a_flow_started_on_the_sdk_instance_finishes_on_the_statecodec_ins
 
     first = await call(a, None)  # round 1 on the SDK instance
     token = first.request_state
-    assert token.startswith("v1.") and detect(token).candidates == ("mcp-py-v1", "ruby-v1")
+    assert (
+        token is not None and token.startswith("v1.") and detect(token).candidates == ("mcp-py-v1", "ruby-v1")
+    )
     second = await call(b, token)  # round 2 on statecodec: the SDK token is accepted...
     assert isinstance(second, types.InputRequiredResult)
-    assert second.request_state.startswith("sc1")  # ...and the next state is statecodec's
+    assert (second.request_state or "").startswith("sc1")  # ...and the next state is statecodec's
     third = await call(b, second.request_state)
     assert isinstance(third, types.CallToolResult)
+    assert isinstance(third.content[0], types.TextContent)
     assert third.content[0].text == "deployed 1.2.3 after step-2"
     assert seen_a == [None] and seen_b == ["step-1", "step-2"]
 
@@ -193,6 +197,7 @@ async def test_an_sdk_token_of_other_keys_is_refused() -> None:
 def test_the_window_is_validated_when_the_server_is_assembled() -> None:
     with pytest.raises(ValueError, match="replay store"):
         protect(build([]), StateCodec(KeyRing.generate()), sdk_window=SDKStateWindow([SDK_KEY], until=1e10))
+    bad: dict[str, Any]
     for bad in ({"keys": []}, {"keys": SDK_KEY}, {"keys": [b"short"]}, {"until": float("nan")}, {"ttl": 0}):
         kwargs: dict[str, Any] = {"keys": [SDK_KEY], "until": 1e10, **bad}
         with pytest.raises((TypeError, ValueError)):
@@ -224,7 +229,7 @@ async def test_fastmcp_flow_moves_off_its_sdk_boundary() -> None:
     fastmcp_adapter.protect(b, codec, sdk_window=SDKStateWindow([SDK_KEY], until=clock() + 3600))
     async with Client(a._mcp_server) as client:
         first = await client.session.call_tool(TOOL, ARGS, allow_input_required=True)
-    assert isinstance(first, types.InputRequiredResult) and first.request_state.startswith("v1.")
+    assert isinstance(first, types.InputRequiredResult) and (first.request_state or "").startswith("v1.")
     async with Client(b._mcp_server) as client:
         done = await client.session.call_tool(
             TOOL, ARGS, request_state=first.request_state, allow_input_required=True

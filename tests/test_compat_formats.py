@@ -21,11 +21,24 @@ from hypothesis import strategies as st
 
 from statecodec import Binding, InvalidState, KeyRing, StateCodec
 from statecodec._format import b64encode
-from statecodec.compat import FORMATS, VerifyOptions, detect, mcp_py_v1, rs1, ts_v1, verify
+from statecodec.compat import (
+    FORMATS,
+    VerifyOptions,
+    detect,
+    mcp_py_v1,
+    php_v1,
+    rs1,
+    rs2,
+    ruby_v1,
+    ts_v1,
+    verify,
+    verify_detected,
+)
 from statecodec.compat._common import fail_closed
 from statecodec.replay.memory import MemoryReplayStore
 
 SECRET = b"compat-formats-secret-0123456789abcdef"
+RUBY_KEY = b"r" * 32  # the Ruby SDK takes exactly 32 bytes
 RING = KeyRing.from_secret(SECRET, kid="k1")
 NOW = 1_780_000_000.0
 MB = "v1." + "A" * (1 << 20)
@@ -268,6 +281,10 @@ GARBAGE = [
     pytest.param("A" * (1 << 20), id="1MB-no-prefix"),
     pytest.param("v1." + "A" * (1 << 20), id="1MB-v1"),
     pytest.param("rs1." + "A" * (1 << 20) + ".AAAA", id="1MB-rs1"),
+    pytest.param("rs2.a2lk." + "A" * (1 << 20) + ".AAAA", id="1MB-rs2"),
+    pytest.param("eyJleHAiOj" + "A" * (1 << 20) + ".AAAA", id="1MB-php"),
+    pytest.param("rs2.", id="prefix-only-rs2"),
+    pytest.param("rs2." + "QQ" * 200 + ".AAAAAAAAAAA.AAAA", id="rs2-kid-too-long"),
     pytest.param("x1.AAAA.AAAA", id="wrong-prefix"),
     pytest.param("v1.", id="prefix-only-v1"),
     pytest.param("rs1.", id="prefix-only-rs1"),
@@ -285,10 +302,15 @@ def _readers() -> list[tuple[str, Callable[[str], object]]]:
         ("mcp-py-v1", lambda t: mcp_py_v1.unseal(t, [SECRET], clock=lambda: NOW, expect=PY_EXPECT)),
         ("mcp-py-v1-cipher", lambda t: mcp_py_v1.decrypt(t, [SECRET])),
         ("rs1", lambda t: rs1.unseal(t, SECRET, b"", clock=lambda: NOW)),
+        ("ruby-v1", lambda t: ruby_v1.unseal(t, RUBY_KEY, expect=ruby_v1.Expected(), clock=lambda: NOW)),
+        ("php-v1", lambda t: php_v1.unseal(t, SECRET, clock=lambda: NOW)),
+        ("rs2", lambda t: rs2.unseal(t, {"k1": SECRET}, b"", clock=lambda: NOW)),
         *(
             (f"verify {f}", lambda t, f=f: verify(f, t, [SECRET], clock=lambda: NOW))
-            for f in ("ts-v1", "mcp-py-v1", "rs1")
+            for f in ("ts-v1", "mcp-py-v1", "php-v1", "rs1")
         ),
+        ("verify ruby-v1", lambda t: verify("ruby-v1", t, [RUBY_KEY], clock=lambda: NOW)),
+        ("verify rs2", lambda t: verify("rs2", t, {"k1": SECRET}, clock=lambda: NOW)),
     ]
 
 
@@ -310,7 +332,7 @@ def test_every_reader_rejects_non_text(thing: object) -> None:
         assert err.value.reason == "malformed"
 
 
-@given(st.text(max_size=200), st.sampled_from(["", "v1.", "rs1.", "v1.e30."]))
+@given(st.text(max_size=200), st.sampled_from(["", "v1.", "rs1.", "rs2.a2lk.", "v1.e30.", "eyJleHAiOj"]))
 def test_random_text_never_crashes_or_passes(text: str, prefix: str) -> None:
     for _, open_ in _readers():
         with pytest.raises(InvalidState) as err:
@@ -358,6 +380,22 @@ def test_unusable_keys_are_refused_before_any_token_is_read() -> None:
         ts_v1.seal(SECRET, 1, clock=lambda: NOW, ttl_seconds=float("nan"))
     with pytest.raises(TypeError):
         rs1.unseal(tokens["rs1"], SECRET, "ctx", clock=lambda: NOW)  # type: ignore[arg-type]
+    for bad_ring in ({"k1": b"short"}, {"": SECRET}, {}):
+        with pytest.raises(ValueError):
+            rs2.unseal("rs2.a2sx.AAAAAAAAAAA.AAAA", bad_ring, b"")
+    with pytest.raises(ValueError):
+        ruby_v1.unseal("v1." + "A" * 40, SECRET, expect=ruby_v1.Expected())  # not 32 bytes
+
+
+def test_verify_detected_names_sc1_and_the_formats_it_cannot_tell_apart() -> None:
+    token = StateCodec(RING, clock=lambda: NOW).seal(b"p")
+    assert verify_detected(token, RING, clock=lambda: NOW).format == "sc1"
+    with pytest.raises(InvalidState) as err:
+        verify_detected("hello", RING, clock=lambda: NOW)
+    assert err.value.reason == "malformed"
+    # A Python SDK token: the Ruby candidate fails its tag, the Python one opens it.
+    ok = verify_detected(py_token(), [SECRET, RUBY_KEY], clock=lambda: NOW)
+    assert ok.format == "mcp-py-v1" and ok.payload == b"state"
 
 
 def test_errors_never_show_keys() -> None:
