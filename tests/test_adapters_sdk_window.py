@@ -5,21 +5,27 @@ SDK's own ``RequestStateSecurity`` (its AES-GCM tokens, its boundary), instance 
 server protected by statecodec with a window for A's tokens. The real ``mcp.Client`` drives
 the rounds by hand (``allow_input_required=True``), in memory: a flow started on A
 finishes on B; a replay of A's token is refused; after the window A's tokens are refused.
-FastMCP, which uses the same SDK class, is held to the same flow.
+FastMCP, which uses the same SDK class, is held to the same flow. The last test runs the
+same flow over Streamable HTTP between separate processes (tests/sdk_window_server.py),
+two statecodec instances sharing a key ring file and a SQLite replay store.
 """
 
 from __future__ import annotations
 
 import logging
+import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 from mcp import Client, types
+from mcp.client.streamable_http import streamable_http_client
 from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.request_state import RequestStateSecurity
 from mcp.shared.exceptions import MCPError
+from processes import ROOT, await_line, spawn, stop
 
 from statecodec import KeyRing, StateCodec
 from statecodec.adapters.mcp import protect
@@ -239,3 +245,72 @@ async def test_fastmcp_flow_moves_off_its_sdk_boundary() -> None:
             await client.session.call_tool(
                 TOOL, ARGS, request_state=first.request_state, allow_input_required=True
             )
+
+
+# ------------------------------------------------------------------ over HTTP, separate processes
+@pytest.fixture(scope="module")
+def migrating_fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
+    # Yields each instance's URL under its name, and its log file under "<name> log".
+    """A: the SDK's boundary; B: statecodec with an open window; C: the same after the window.
+
+    Three processes of tests/sdk_window_server.py on free loopback ports, B and C sharing a
+    key ring file and a SQLite replay store, stopped by their own PIDs.
+    """
+    tmp = tmp_path_factory.mktemp("sdk-window")
+    keys = tmp / "keys.json"
+    keys.write_text(KeyRing.generate().to_json())
+    keys.chmod(0o600)
+    common = [sys.executable, str(ROOT / "tests" / "sdk_window_server.py"), "--sdk-key", SDK_KEY.hex()]
+    shared = ["--keys", str(keys), "--replay", f"sqlite:{tmp / 'replay.db'}"]
+    open_until, closed_at = str(time.time() + 3600), str(time.time() - 1)
+    commands = {
+        "A": [*common, "--boundary", "sdk", "--instance", "A"],
+        "B": [*common, "--boundary", "statecodec", *shared, "--window-until", open_until, "--instance", "B"],
+        "C": [*common, "--boundary", "statecodec", *shared, "--window-until", closed_at, "--instance", "C"],
+    }
+    started: list[tuple[str, Any, Path]] = []
+    try:
+        for name, command in commands.items():
+            log_path = tmp / f"{name}.log"
+            started.append((name, spawn(command, log_path), log_path))
+        urls = {name: await_line(proc, "READY ", log_path) for name, proc, log_path in started}
+        yield {**urls, **{f"{name} log": str(log_path) for name, _, log_path in started}}
+    finally:
+        for _, proc, _ in started:
+            stop(proc)
+
+
+async def http_call(url: str, state: str | None) -> Any:
+    async with Client(streamable_http_client(url)) as client:
+        return await client.session.call_tool(TOOL, ARGS, request_state=state, allow_input_required=True)
+
+
+async def http_refused(url: str, state: str) -> Any:
+    async with Client(streamable_http_client(url)) as client:
+        with pytest.raises(MCPError) as err:
+            await client.session.call_tool(TOOL, ARGS, request_state=state, allow_input_required=True)
+    return err.value.error
+
+
+async def test_over_http_a_flow_moves_from_an_sdk_instance_to_a_statecodec_one(
+    migrating_fleet: dict[str, str],
+) -> None:
+    first = await http_call(migrating_fleet["A"], None)
+    assert isinstance(first, types.InputRequiredResult) and first.request_state is not None
+    sdk_state = first.request_state
+    second = await http_call(migrating_fleet["B"], sdk_state)
+    assert isinstance(second, types.InputRequiredResult) and (second.request_state or "").startswith("sc1")
+    done = await http_call(migrating_fleet["B"], second.request_state)
+    assert isinstance(done, types.CallToolResult) and isinstance(done.content[0], types.TextContent)
+    assert done.content[0].text == "deployed 1.2.3 after step-2 on B"
+    # The SDK token was redeemed once, in the store B and C share: a replay is refused...
+    replay = await http_refused(migrating_fleet["B"], sdk_state)
+    assert (replay.code, replay.message) == (-32602, "Invalid or expired requestState")
+    # ...and a fresh SDK token is refused by an instance whose window has closed.
+    fresh = await http_call(migrating_fleet["A"], None)
+    assert (await http_refused(migrating_fleet["C"], fresh.request_state)).code == -32602
+    assert "reason=expired detail='an SDK requestState after the migration window closed'" in Path(
+        migrating_fleet["C log"]
+    ).read_text(encoding="utf-8")
+    assert "reason=replayed" in Path(migrating_fleet["B log"]).read_text(encoding="utf-8")
+    assert isinstance(await http_call(migrating_fleet["B"], fresh.request_state), types.InputRequiredResult)
