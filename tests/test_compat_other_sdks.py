@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import jsonschema
 import pytest
 from click.testing import CliRunner
 
@@ -267,12 +268,22 @@ def keys_file(tmp_path: Path, keys: dict[str, bytes]) -> str:
     ring = KeyRing([Key(kid, secret) for kid, secret in keys.items()], next(iter(keys)))
     path = tmp_path / "keys.json"
     path.write_text(ring.to_json())
+    path.chmod(0o600)
     return f"file:{path}"
 
 
+SCHEMA = jsonschema.Draft202012Validator(
+    json.loads((Path(__file__).parent.parent / "docs" / "cli-schema.json").read_text())
+)
+
+
 def cli(*args: str) -> tuple[int, dict[str, Any]]:
+    """``statecodec ARGS --json -- TOKEN``: the exit code and the document, valid under the schema."""
     result = CliRunner().invoke(main, [*args[1:-1], "--json", "--", args[-1]])
-    return result.exit_code, json.loads(result.stdout or "{}")
+    doc: dict[str, Any] = json.loads(result.stdout)
+    SCHEMA.validate(doc)
+    assert doc["exit_code"] == result.exit_code
+    return result.exit_code, doc
 
 
 @pytest.mark.parametrize(("vector", "check"), [*cases("ruby-v1.json")][:14] + [*cases("php-v1.json")][:12])
@@ -333,6 +344,14 @@ def test_cli_inspect_names_both_candidates_and_says_why() -> None:
     assert "only the key tells them apart" in token["ambiguity"]
     text = CliRunner().invoke(main, ["inspect", entry["token"]]).stdout
     assert "Python SDK v1 (mcp-py-v1)" in text and "Ruby SDK v1 (ruby-v1)" in text
+
+
+def test_cli_verify_names_both_candidates_when_no_key_opens_the_token(tmp_path: Path) -> None:
+    entry = load("cross-format.json")["vectors"][0]["tokens"][1]
+    spec = keys_file(tmp_path, {"k1": b"w" * 32})
+    code, doc = cli("--json", "verify", "--keys", spec, "--at", "1780000000", entry["token"])
+    assert code == 1 and doc["format"] is None and doc["error"]["reason"] in {"tampered", "unknown_key"}
+    assert "mcp-py-v1" in doc["error"]["message"] and "ruby-v1" in doc["error"]["message"], doc["error"]
 
 
 def test_cli_verify_lets_the_key_decide_between_candidates(tmp_path: Path) -> None:
