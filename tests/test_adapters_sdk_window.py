@@ -200,6 +200,17 @@ async def test_an_sdk_token_of_other_keys_is_refused() -> None:
     assert isinstance(await call(other, token), types.InputRequiredResult)
 
 
+async def test_a_failing_clock_accepts_no_sdk_token(caplog: pytest.LogCaptureFixture) -> None:
+    clock = Clock()
+    server, _ = statecodec_instance([], clock, until=clock() + 3600)
+    token = await sdk_token()
+    clock.offset = float("nan")
+    with caplog.at_level(logging.WARNING, logger="statecodec"):
+        assert (await refused(server, token)).code == -32602
+    rejected = [r for r in caplog.records if getattr(r, "event", None) == "token_rejected"]
+    assert rejected[0].reason == "internal_error"  # type: ignore[attr-defined]
+
+
 def test_the_window_is_validated_when_the_server_is_assembled() -> None:
     with pytest.raises(ValueError, match="replay store"):
         protect(build([]), StateCodec(KeyRing.generate()), sdk_window=SDKStateWindow([SDK_KEY], until=1e10))

@@ -150,7 +150,12 @@ class SDKStateWindow:
             raise InvalidState(
                 "too_large", f"token is {len(token)} characters, the limit is {codec.max_token_bytes}"
             )
-        now = codec.clock()
+        try:  # deny on error: a clock that fails (or says NaN) accepts nothing
+            now = float(codec.clock())
+        except Exception:
+            now = math.nan
+        if not math.isfinite(now):
+            raise InvalidState("internal_error", "the clock failed")
         if not self.is_open(now):
             raise InvalidState("expired", "an SDK requestState after the migration window closed")
         try:  # the binding of the answer's new (statecodec) state: never sealed to no one
