@@ -18,7 +18,7 @@ ROOT = Path(__file__).resolve().parent.parent
 PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))
 PROJECT = PYPROJECT["project"]
 USER_EXTRAS = {"redis", "vault", "mcp", "fastmcp", "proxy", "otel", "ops", "all"}
-DEV_GROUPS = {"test", "dev", "bench", "fuzz", "docs", "release"}
+DEV_GROUPS = {"test", "dev", "bench", "fuzz", "docs", "release", "conformance"}
 
 
 def classifier_versions() -> list[str]:

@@ -172,6 +172,9 @@ class StateCodecMiddleware:
         if isinstance(result, Mapping):
             return dict(jsonrpc.seal_result(self.codec, judged, result, retry_after=self.retry_after))
         state = getattr(result, "request_state", None)
+        if state is None and isinstance(result, InputRequiredResult):
+            wire = {"resultType": jsonrpc.INPUT_REQUIRED, "inputRequests": result.input_requests}
+            jsonrpc.check_asks_something(self.codec, judged.method, wire)
         if state is None or not isinstance(result, BaseModel):
             return result
         state_only = isinstance(result, InputRequiredResult) and not result.input_requests
