@@ -13,20 +13,27 @@ case scripts in answer to the first request, then answers every later request wi
 
 Where bytes past the end of an answer were written, the connection that carried them
 must have been closed by the proxy (the upstream sees its end) and the next request
-must arrive on a new connection.
+must arrive on a new connection. The last test runs the headline case through the
+``statecodec proxy`` process and real HTTP clients (on main, the victim got the 302).
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
+from fixtures_proxy import modern_request, proxy_command
+from processes import await_line, spawn, stop
 from test_proxy_upstream import scope
 
+from statecodec import KeyRing
 from statecodec.proxy import Timeouts, UpstreamApp
 
 NEXT = b'{"next":true}'
@@ -325,3 +332,46 @@ async def _exchange(
         list(start.get("headers", [])),
         [m for m in sent if m["type"] == "http.response.body"],
     )
+
+
+async def test_through_the_proxy_process_a_second_response_reaches_no_client(
+    upstream: Callable[[Case], Any], tmp_path: Path
+) -> None:
+    """Attack 5 on the wire: ``statecodec proxy`` (one upstream connection) in front of an upstream
+    that answers 200 and, in the same write, a 302 with a ``Location``."""
+    answer = b'{"jsonrpc":"2.0","id":1,"result":{"tools":[]}}'
+    first = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%b" % (
+        len(answer),
+        answer,
+    )
+    script: Upstream = await upstream(Case((first + SECOND,), 200))
+    keys = tmp_path / "keys.json"
+    keys.write_text(KeyRing.generate().to_json())
+    keys.chmod(0o600)
+    command = proxy_command(
+        script.url,
+        keys=keys,
+        replay="memory:",
+        mode="sign",
+        jwks=None,
+        extra=["--max-connections", "1", "--log-format", "json"],
+    )
+    log_path = tmp_path / "proxy.log"
+    proc = spawn(command, log_path)
+    try:
+        base = await asyncio.to_thread(await_line, proc, "listening on ", log_path)
+        body, headers = modern_request("tools/list", {})
+        async with httpx.AsyncClient(timeout=30) as victim:
+            hit = await victim.post(base + "/mcp", content=body, headers=headers)
+        await asyncio.wait_for(script.ended[1].wait(), 10)  # the proxy closed that connection
+        async with httpx.AsyncClient(timeout=30) as bystander:  # an unrelated client
+            after = await bystander.post(base + "/mcp", content=body, headers=headers)
+    finally:
+        stop(proc)
+    assert (hit.status_code, hit.content, hit.headers.get("location")) == (200, answer, None)
+    assert (after.status_code, after.content) == (200, NEXT)
+    assert script.requests == [1, 2]
+    records = [json.loads(line) for line in log_path.read_text().splitlines() if line.startswith("{")]
+    assert [r.get("reason") for r in records if r.get("event") == "upstream_framing"] == [
+        "bytes_after_answer"
+    ]
