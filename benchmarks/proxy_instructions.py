@@ -1,6 +1,7 @@
 """Instructions the proxy executes per round, counted by valgrind (callgrind): repeatable on a busy machine.
 
     .venv/bin/python benchmarks/proxy_instructions.py [--flows 100] [--part proxy,forwarder,server]
+        [--tree TREE] [--client httptools|h11]
 
 CPU time on a shared VM moves by a third from one minute to the next; an instruction
 count does not. Each part runs under ``valgrind --tool=callgrind`` with instrumentation
@@ -11,6 +12,10 @@ one flow at a time, in front of the TypeScript upstream, driven as bench_proxy d
 * ``forwarder``: :class:`statecodec.proxy.UpstreamApp` alone under the same server (no
   judging, no sealing: what forwarding costs);
 * ``server``: uvicorn with a trivial application answering the same bytes (no upstream).
+
+``--tree TREE`` runs the parts from another source tree (a copy of ``main``) with this
+interpreter and its packages; ``--client h11`` runs them with the h11 candidate in the
+place of the httptools connection toward the upstream (benchmarks/_h11_client.py).
 
 User-space instructions only: the system calls' kernel work is not in these counts.
 Needs ``valgrind`` (Debian package) and node with ``npm ci`` in tests/node.
@@ -26,8 +31,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-import _harness  # noqa: F401 - puts tests/ and the tree on sys.path
 import httpx
+from _harness import ROOT  # also puts tests/ and the tree on sys.path
 from bench_proxy import flow, start, upstream_command
 from processes import stop
 
@@ -58,15 +63,24 @@ with asyncio.Runner(loop_factory=event_loop_factory()) as runner:
 """
 
 
-def command(part: str, upstream: str, tmp: Path) -> list[str]:
+# Run before a part's code when ``--client h11``: the candidate replaces the connection class.
+_H11 = (
+    f"import sys; sys.path.insert(0, {str(Path(__file__).parent)!r})\n"
+    "import _h11_client; _h11_client.install()\n"
+)
+
+
+def command(part: str, upstream: str, tmp: Path, client: str = "httptools") -> list[str]:
+    preamble = _H11 if client == "h11" else ""
     if part == "proxy":
         keys = tmp / "keys.json"
         keys.write_text(KeyRing.generate().to_json())
         keys.chmod(0o600)
-        return [sys.executable, "-m", "statecodec.cli", "proxy", "--upstream", upstream,
+        run = "import runpy; runpy.run_module('statecodec.cli', run_name='__main__', alter_sys=True)"
+        return [sys.executable, "-c", preamble + run, "proxy", "--upstream", upstream,
                 "--listen", "127.0.0.1:0", "--keys", f"file:{keys}", "--replay", f"sqlite:{tmp / 'r.db'}",
                 "--audience", "deploy", "--mode", "encrypt", "--log-level", "warning"]  # fmt: skip
-    return [sys.executable, "-c", _SERVE, part, upstream]
+    return [sys.executable, "-c", preamble + _SERVE, part, upstream]
 
 
 async def drive(url: str, pid: int, flows: int) -> None:
@@ -79,11 +93,13 @@ async def drive(url: str, pid: int, flows: int) -> None:
         subprocess.run(["callgrind_control", "-i", "off", str(pid)], check=True, capture_output=True)
 
 
-def count(part: str, upstream: str, flows: int, tmp: Path) -> int:
-    """Instructions per round of one part."""
+def count(part: str, upstream: str, flows: int, tmp: Path, tree: Path, client: str) -> int:
+    """Instructions per round of one part, run from ``tree`` with ``client`` toward the upstream."""
     out = tmp / f"callgrind.{part}"
     valgrind = ["valgrind", "--tool=callgrind", "--instr-atstart=no", f"--callgrind-out-file={out}"]
-    proc, url = start(valgrind + command(part, upstream, tmp), "listening on ", tmp / f"{part}.log")
+    proc, url = start(
+        valgrind + command(part, upstream, tmp, client), "listening on ", tmp / f"{part}.log", tree
+    )
     try:
         asyncio.run(drive(url + "/mcp", proc.pid, flows))
     finally:
@@ -100,6 +116,13 @@ def main() -> None:
     )
     parser.add_argument("--flows", type=int, default=100, help="measured flows per part (two rounds each)")
     parser.add_argument("--part", default=",".join(PARTS), help=f"comma-separated, of {', '.join(PARTS)}")
+    parser.add_argument("--tree", type=Path, default=ROOT, help="the source tree whose parts are run")
+    parser.add_argument(
+        "--client",
+        choices=["httptools", "h11"],
+        default="httptools",
+        help="the connection toward the upstream",
+    )
     args = parser.parse_args()
     if shutil.which("valgrind") is None or shutil.which("callgrind_control") is None:
         raise SystemExit("needs valgrind (apt-get install valgrind)")
@@ -108,11 +131,10 @@ def main() -> None:
         cmd, cwd = upstream_command("typescript")
         upstream, upstream_url = start(cmd, "READY ", tmp / "upstream.log", cwd)
         try:
+            tree = args.tree.resolve()
             for part in args.part.split(","):
-                print(
-                    f"{part:10s} {count(part, upstream_url, args.flows, tmp):>12,} instructions per round",
-                    flush=True,
-                )
+                per_round = count(part, upstream_url, args.flows, tmp, tree, args.client)
+                print(f"{part:10s} {per_round:>12,} instructions per round", flush=True)
         finally:
             stop(upstream)
 
