@@ -109,7 +109,10 @@ def schema_statements(table: str = DEFAULT_TABLE) -> list[str]:
 def grant_statement(table: str, role: str) -> str:
     """The least privileges the store needs on its table, for ``role``."""
     _check_table(table)
-    return f"GRANT SELECT, INSERT, DELETE ON {table} TO {sql.Identifier(role).as_string(None)}"
+    if not role or "\x00" in role:
+        raise ValueError(f"not a role name: {role!r}")
+    quoted = '"' + role.replace('"', '""') + '"'  # SQL's own identifier quoting: any name, no injection
+    return f"GRANT SELECT, INSERT, DELETE ON {table} TO {quoted}"
 
 
 def _check_table(table: str) -> None:
@@ -244,6 +247,30 @@ class PostgresReplayStore(ReplayStore):
     async def acheck(self) -> None:
         """Async :meth:`check`."""
         await self._acheck()
+
+    def schema(self, grant_to: str | None = None) -> list[str]:
+        """The SQL that creates this store's table and index, and grants ``grant_to`` its privileges."""
+        statements = schema_statements(self.table)
+        if grant_to is not None:
+            statements.append(grant_statement(self.table, grant_to))
+        return statements
+
+    def create_schema_now(self, grant_to: str | None = None) -> None:
+        """Run :meth:`schema` in one transaction (``statecodec replay init``), as a role that may."""
+        statements = self.schema(grant_to)
+
+        async def create() -> None:
+            async def go(conn: psycopg.AsyncConnection[Any]) -> None:
+                async with conn.transaction():
+                    for statement in statements:
+                        await conn.execute(statement)
+
+            lane = await self._lane()
+            deadline = time.monotonic() + self.timeout
+            await _within(lane.run(go, deadline), deadline, lane)
+            self._schema_ready = True
+
+        self._sync(create)
 
     def purge(self) -> int:
         """Delete expired rows now; returns how many were deleted."""
@@ -439,8 +466,9 @@ class PostgresReplayStore(ReplayStore):
             raise ReplayStoreError(f"PostgreSQL replay store {self._target.where} is closed")
         loop = asyncio.get_running_loop()
         lane = self._lanes.get(loop)
-        if lane is None:
+        if lane is None or self._pid != os.getpid():
             with self._lock:
+                self._after_fork()
                 for stale in [lp for lp in self._lanes if lp.is_closed()]:
                     del self._lanes[stale]
                 lane = self._lanes.setdefault(loop, _Lane(self._target, self.timeout, self.pool_size))
@@ -450,9 +478,7 @@ class PostgresReplayStore(ReplayStore):
     def _sync(self, make: Callable[[], Coroutine[Any, Any, T]]) -> T:
         """Run a coroutine of this store on the sync API's own loop; wait at most its deadline."""
         with self._lock:
-            if self._pid != os.getpid():  # a fork child: the parent's thread and sockets are not ours
-                self._pid, self._runner, self._lanes = os.getpid(), None, {}
-                self._unsettled = _Unsettled()
+            self._after_fork()
             if self._runner is None:
                 self._runner = _Runner()
             runner = self._runner
@@ -462,6 +488,12 @@ class PostgresReplayStore(ReplayStore):
             raise
         except Exception as exc:
             raise self._error(exc) from None
+
+    def _after_fork(self) -> None:
+        """In a fork child (under ``_lock``): the parent's thread, pools and sockets are not ours."""
+        if self._pid != os.getpid():
+            self._pid, self._runner, self._lanes = os.getpid(), None, {}
+            self._unsettled = _Unsettled()
 
     # ------------------------------------------------------------------ errors
     def _error(self, exc: BaseException) -> ReplayStoreError:
