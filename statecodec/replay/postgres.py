@@ -365,6 +365,10 @@ class PostgresReplayStore(ReplayStore):
         for attempt in range(2 if retry else 1):
             try:
                 return await _within(lane.run(work, deadline), deadline, lane)
+            except (TimeoutError, psycopg_pool.PoolTimeout) as exc:
+                if lane.connect_error is not None:  # no connection to be had: say why
+                    raise ReplayStoreError(f"cannot connect: {_describe(lane.connect_error)}") from exc
+                raise
             except psycopg.OperationalError as exc:
                 broken = not isinstance(exc, psycopg.errors.QueryCanceled)
                 if attempt or not retry or not broken or time.monotonic() >= deadline:
@@ -499,19 +503,22 @@ class PostgresReplayStore(ReplayStore):
     def _error(self, exc: BaseException) -> ReplayStoreError:
         if isinstance(exc, ReplayStoreError):
             message = str(exc)
-            if "PostgreSQL replay store" not in message:
+            if not message.startswith("PostgreSQL replay store"):
                 message = f"PostgreSQL replay store {self._target.where}: {message}"
         else:
             timed_out = isinstance(
                 exc, TimeoutError | psycopg.errors.QueryCanceled | psycopg_pool.PoolTimeout
             )
             what = f"timed out (timeout={self.timeout:g}s)" if timed_out else "unreachable or failing"
-            detail = str(exc).strip() or "no detail"
-            message = f"PostgreSQL replay store {self._target.where} {what}: {type(exc).__name__}: {detail}"
+            message = f"PostgreSQL replay store {self._target.where} {what}: {_describe(exc)}"
         return ReplayStoreError(scrub(message, self._target.secrets))
 
 
 # ---------------------------------------------------------------------------- helpers
+def _describe(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {' '.join(str(exc).split()) or 'no detail'}"
+
+
 async def _within(work: Awaitable[T], deadline: float, lane: _Lane) -> T:
     """``work``'s result, or TimeoutError at ``deadline``; late work goes on in the background."""
     task = asyncio.ensure_future(work)
@@ -541,9 +548,26 @@ class _Lane:
             # The server's own bound on each statement (a lock wait, an overloaded server).
             await conn.execute("SELECT set_config('statement_timeout', %s, false)", (f"{ms}ms",))
 
+        #: Why the pool's last connection attempt failed (None once one succeeds): a call
+        #: that found no connection in time says this, not just "timed out".
+        self.connect_error: BaseException | None = None
+        lane = self
+
+        class _Connection(psycopg.AsyncConnection[Any]):
+            @classmethod
+            async def connect(cls, *args: Any, **kw: Any) -> Any:
+                try:
+                    conn = await super().connect(*args, **kw)
+                except BaseException as exc:
+                    lane.connect_error = exc
+                    raise
+                lane.connect_error = None
+                return conn
+
         self.pool: psycopg_pool.AsyncConnectionPool[psycopg.AsyncConnection[Any]] = (
             psycopg_pool.AsyncConnectionPool(
                 target.conninfo,
+                connection_class=_Connection,
                 kwargs=kwargs,
                 min_size=1,
                 max_size=size,
