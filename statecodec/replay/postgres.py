@@ -308,12 +308,16 @@ class PostgresReplayStore(ReplayStore):
 
     # ------------------------------------------------------------------ one consume
     async def _consume(self, key: str, retention: float) -> bool:
-        nonce = secrets.token_hex(16)
-        sent = [False]
+        # A fresh nonce per attempt: a listed (key, nonce) never names the row of an attempt
+        # that succeeded, so a take-back can only ever delete a row nobody was told about.
+        sent: list[str] = []
 
         async def go(conn: psycopg.AsyncConnection[Any]) -> bool:
+            if sent:  # a retry of this call: the earlier attempt's insert may have committed
+                self._unsettled.note(key, sent.pop(), retention)
             await self._take_back(conn, key)
-            sent[0] = True
+            nonce = secrets.token_hex(16)
+            sent.append(nonce)
             if (await conn.execute(self._sql.insert, (key, nonce, retention))).rowcount == 1:
                 return True
             # Taken: live, or expired and not purged yet (then it counts as absent).
@@ -324,8 +328,8 @@ class PostgresReplayStore(ReplayStore):
         try:
             first = await self._with_connection(go, retry=True)
         except BaseException as exc:
-            if sent[0]:  # the insert may have run, or may yet: take that row back later
-                self._unsettled.note(key, nonce, retention)
+            if sent:  # the insert may have run, or may yet: take that row back later
+                self._unsettled.note(key, sent.pop(), retention)
             if isinstance(exc, Exception):
                 raise self._error(exc) from None
             raise
