@@ -417,6 +417,8 @@ def main(argv: list[str] | None = None) -> int:
         if pg is not None:
             pg.create_app()
             compared["postgres"] = pg.url()
+            # The same server, each commit not waiting for its WAL flush (a crash may lose the last ones).
+            compared["postgres, async commit"] = pg.url(options="-c synchronous_commit=off")
             results["machine"]["postgres"] = str(pg.sql("SHOW server_version")[0][0])
         else:
             print("(PostgreSQL rows left out: apt-get install postgresql-15)", file=sys.stderr)

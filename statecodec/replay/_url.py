@@ -251,7 +251,7 @@ def parse_postgres_url(url: str) -> PostgresTarget:
         ours[name] = _convert(url, name, unquote_plus(raw_value), POSTGRES_STORE_OPTIONS[name])
     suffix = "?" + "&".join(theirs) if theirs else ""
     return PostgresTarget(
-        f"{scheme}://{location}{suffix}", ours, frozenset(keys), redact(url), url_secrets(url)
+        f"{scheme.lower()}://{location}{suffix}", ours, frozenset(keys), redact(url), url_secrets(url)
     )
 
 

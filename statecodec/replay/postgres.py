@@ -220,7 +220,6 @@ class PostgresReplayStore(ReplayStore):
         self._schema_ready = False
         self._unsettled = _Unsettled()
         self._next_purge = 0.0
-        self._closed = False
 
     def __repr__(self) -> str:
         return f"PostgresReplayStore({self._target.where!r}, table={self.table!r})"
@@ -289,7 +288,7 @@ class PostgresReplayStore(ReplayStore):
         return self._sync(count)
 
     def close(self) -> None:
-        """Close the sync API's connections and its thread.
+        """Close the sync API's connections and its thread (a later call opens them again).
 
         Connections of the async API belong to their event loops: ``await store.aclose()``.
         """
@@ -470,8 +469,6 @@ class PostgresReplayStore(ReplayStore):
 
     # ------------------------------------------------------------------ loops and pools
     async def _lane(self) -> _Lane:
-        if self._closed:
-            raise ReplayStoreError(f"PostgreSQL replay store {self._target.where} is closed")
         loop = asyncio.get_running_loop()
         lane = self._lanes.get(loop)
         if lane is None or self._pid != os.getpid():
