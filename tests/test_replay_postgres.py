@@ -267,7 +267,7 @@ def test_server_stopped_fails_closed_burns_nothing_and_recovers(postgres_outage:
         started = time.monotonic()
         assert _reason(codec, token) == "store_unavailable"
         assert time.monotonic() - started < 5
-    with pytest.raises(ReplayStoreError, match=r"unreachable or failing|timed out"):
+    with pytest.raises(ReplayStoreError, match=r"cannot connect: .*Connection refused"):
         store.check()
     server.start()
     # The pool reconnects; every refused token redeems now, exactly once.

@@ -49,6 +49,7 @@ the async API runs them on the caller's loop, with one bounded pool per loop.
 from __future__ import annotations
 
 import asyncio
+import atexit
 import contextlib
 import logging
 import math
@@ -57,6 +58,7 @@ import re
 import secrets
 import threading
 import time
+import weakref
 from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any, Final, TypeVar
@@ -93,6 +95,16 @@ _MAX_UNSETTLED: Final = 10_000
 _TAKE_BACK_EVERY: Final = 1.0
 #: Callers waiting for a connection, per pool, before new ones are refused at once.
 _MAX_WAITING: Final = 1024
+#: Stores whose sync API has a thread: closed at interpreter exit, so that their
+#: connections end with a goodbye to the server instead of pending tasks torn down.
+_LIVE: weakref.WeakSet[PostgresReplayStore] = weakref.WeakSet()
+
+
+@atexit.register
+def _close_at_exit() -> None:
+    for store in list(_LIVE):
+        with contextlib.suppress(Exception):
+            store.close()
 
 
 def schema_statements(table: str = DEFAULT_TABLE) -> list[str]:
@@ -486,6 +498,7 @@ class PostgresReplayStore(ReplayStore):
             self._after_fork()
             if self._runner is None:
                 self._runner = _Runner()
+                _LIVE.add(self)
             runner = self._runner
         try:
             return runner.run(make(), self.timeout * 3 + 5)
