@@ -337,7 +337,7 @@ def print_compare(results: dict[str, Any]) -> None:
 # ---------------------------------------------------------------- report
 def machine(server_version: str) -> dict[str, Any]:
     return {
-        **_harness.machine("redis", "hiredis"),
+        **_harness.machine("redis", "hiredis", "psycopg", "psycopg-pool"),
         "sqlite": sqlite3.sqlite_version,
         "server": server_version,
         "redis_parser": "hiredis" if redis.utils.HIREDIS_AVAILABLE else "Python",

@@ -86,18 +86,21 @@ async def test_async_and_sync_share_entries_and_a_burst_has_one_winner(store: Po
 
 def test_threads_racing_on_one_key_have_one_winner(store: PostgresReplayStore) -> None:
     barrier = threading.Barrier(16)
-    results: list[bool] = []
+    results: list[bool | str] = []
 
     def race() -> None:
         barrier.wait()
-        results.append(store.consume("contended", 60))
+        try:
+            results.append(store.consume("contended", 60))
+        except ReplayStoreError as exc:  # kept, so that a failure says why
+            results.append(str(exc))
 
     threads = [threading.Thread(target=race) for _ in range(16)]
     for thread in threads:
         thread.start()
     for thread in threads:
         thread.join()
-    assert sorted(results) == [False] * 15 + [True]
+    assert sorted(results, key=str) == [False] * 15 + [True], results
 
 
 def test_an_expired_row_counts_as_absent(store: PostgresReplayStore) -> None:

@@ -395,6 +395,11 @@ class PostgresReplayStore(ReplayStore):
     async def _ensure_schema(self, lane: _Lane) -> None:
         if self._schema_ready:
             return
+        async with lane.schema_lock:  # one look at the table per loop, not one per first caller
+            if not self._schema_ready:
+                await self._look_at_schema(lane)
+
+    async def _look_at_schema(self, lane: _Lane) -> None:
         deadline = time.monotonic() + self.timeout
 
         async def go(conn: psycopg.AsyncConnection[Any]) -> None:
@@ -593,13 +598,16 @@ class _Lane:
                 name="statecodec-replay",
             )
         )
-        self._opened = False
+        self._opening: asyncio.Future[None] | None = None
+        self.schema_lock = asyncio.Lock()
         self._tasks: set[asyncio.Task[Any]] = set()
 
     async def open(self) -> None:
-        if not self._opened:
-            self._opened = True
-            await self.pool.open(wait=False)
+        # Once per lane, and every caller waits for it: a pool that is still opening
+        # refuses connections ("not open yet"), which would fail the concurrent first calls.
+        if self._opening is None:
+            self._opening = asyncio.ensure_future(self.pool.open(wait=False))
+        await asyncio.shield(self._opening)
 
     async def run(self, work: Callable[[psycopg.AsyncConnection[Any]], Awaitable[T]], deadline: float) -> T:
         async with self.pool.connection(timeout=max(0.001, deadline - time.monotonic())) as conn:
