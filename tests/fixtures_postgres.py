@@ -16,6 +16,7 @@ need them skip, saying how to install them. benchmarks/bench_replay.py imports i
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import glob
 import os
@@ -161,13 +162,17 @@ class PostgresServer:
             )
 
     def init(self) -> PostgresServer:
+        """A fresh cluster: a copy (``cp -a``: owner and modes kept) of one initdb per test process."""
+        subprocess.run(["cp", "-a", str(_template(self)), str(self.data)], check=True, timeout=120)
+        return self
+
+    def initdb(self) -> None:
         pwfile = self.root / "pw"
         pwfile.write_text(SUPERUSER_PASSWORD + "\n")
         os.chown(pwfile, *_owner())
         self._run("initdb", "-D", str(self.data), "-U", SUPERUSER, f"--pwfile={pwfile}",
                   "--auth-local=trust", "--auth-host=scram-sha-256", "-E", "UTF8", "--no-sync")  # fmt: skip
         pwfile.unlink()
-        return self
 
     def start(self, timeout: float = 60.0) -> PostgresServer:
         if self.process is not None:
@@ -289,6 +294,19 @@ class PostgresServer:
 
     def promote(self) -> None:
         self._run("pg_ctl", "promote", "-D", str(self.data), "-w", "-t", "60")
+
+
+_TEMPLATE: list[PostgresServer] = []
+
+
+def _template(server: PostgresServer) -> Path:
+    """The data directory of one initdb, made on first use and removed when the process exits."""
+    if not _TEMPLATE:
+        template = PostgresServer(settings=server.settings)
+        template.initdb()
+        _TEMPLATE.append(template)
+        atexit.register(lambda: shutil.rmtree(template.root, ignore_errors=True))
+    return _TEMPLATE[0].data
 
 
 @contextlib.contextmanager
