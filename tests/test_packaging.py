@@ -17,7 +17,7 @@ from statecodec.cli import main
 ROOT = Path(__file__).resolve().parent.parent
 PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))
 PROJECT = PYPROJECT["project"]
-USER_EXTRAS = {"redis", "vault", "mcp", "fastmcp", "proxy", "otel", "ops", "all"}
+USER_EXTRAS = {"redis", "postgres", "vault", "mcp", "fastmcp", "proxy", "otel", "ops", "all"}
 DEV_GROUPS = {"test", "dev", "bench", "fuzz", "docs", "release", "conformance"}
 
 

@@ -92,6 +92,19 @@ def test_redis_db_and_redis_py_options_pass_through(valkey_server: ValkeyServer)
     store.close()
 
 
+@pytest.mark.parametrize("scheme", ["postgresql", "postgres", "PostgreSQL"])
+def test_postgres_forms_build_without_connecting(scheme: str) -> None:
+    from statecodec.replay import PostgresReplayStore  # noqa: PLC0415
+
+    url = f"{scheme}://app:pw@db1:5432,db2:5433/replay?sslmode=require&target_session_attrs=read-write"
+    store = store_from_url(f"{url}&table=my_replay&timeout=0.5&pool_size=3&purge_interval=30")
+    assert isinstance(store, PostgresReplayStore)
+    assert (store.table, store.timeout, store.pool_size, store.purge_interval) == ("my_replay", 0.5, 3, 30.0)
+    assert store._target.conninfo == url.replace(scheme, scheme.lower())  # as written, less our options
+    assert "pw" not in repr(store)
+    assert store_from_url(url, timeout=4).timeout == 4  # keyword arguments win
+
+
 def test_rediss_builds_a_tls_store_without_connecting() -> None:
     store = store_from_url("rediss://:pw@cache.internal:6380/0?ssl_cert_reqs=required")
     assert isinstance(store, RedisReplayStore)
@@ -103,7 +116,13 @@ def test_rediss_builds_a_tls_store_without_connecting() -> None:
     [
         ("", "no scheme"),
         ("replay.db", "no scheme"),
-        ("postgres://db/replay", "unknown scheme 'postgres'"),
+        ("mysql://db/replay", "unknown scheme 'mysql'"),
+        ("postgresql://db/replay?timeout=0", "bad value '0' for timeout"),
+        ("postgresql://db/replay?pool_size=-2", "bad value '-2' for pool_size"),
+        ("postgresql://db/replay?table=a&table=b", "'table' is given twice"),
+        ("postgres://db/replay?table=Bad-Name", "lower-case SQL identifier"),
+        ("postgres://db/replay?no_such_option=1", "libpq refuses it"),
+        ("postgresql://db/replay#frag", "no '#fragment'"),
         ("memory://host", "takes no host"),
         ("memory:?max_entries=0", "bad value '0' for max_entries"),
         ("memory:?max_entries=lots", "bad value 'lots' for max_entries"),

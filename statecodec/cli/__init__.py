@@ -16,6 +16,7 @@ from ._mint import mint_command
 from ._params import OrderedGroup
 from ._probe import probe_command
 from ._proxy import proxy_command
+from ._replay_cmd import replay_group
 from ._verify import verify_command
 
 __all__ = ["main"]
@@ -40,6 +41,7 @@ main.add_command(inspect_command)
 main.add_command(verify_command)
 main.add_command(mint_command)
 main.add_command(keys_group)
+main.add_command(replay_group)
 main.add_command(proxy_command)
 main.add_command(demo_command)
 main.add_command(probe_command)

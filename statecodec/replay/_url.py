@@ -1,5 +1,8 @@
 """Pick a replay store from one URL string (configuration files, the CLI, environment).
 
+PostgreSQL URLs are libpq's to understand: this module takes statecodec's own options
+out of the query and hands the rest to libpq as written.
+
 Redis URLs are redis-py's to understand. This module only recognises the scheme (which
 says: one server, a cluster, or a Sentinel-managed primary), takes statecodec's own
 options out of the query, and splits a list of seed hosts, which redis-py's URL parser
@@ -26,7 +29,9 @@ FORMS: Final = (
     "redis://[USER:PASSWORD@]HOST:PORT/DB, rediss://... (TLS), unix:///PATH?db=N, "
     "redis+cluster://HOST:PORT[,HOST:PORT...], redis+sentinel://HOST:PORT[,HOST:PORT...]/SERVICE[/DB], "
     "rediss+cluster://..., rediss+sentinel://... (valkey/valkeys spell redis/rediss), options prefix, "
-    "wait, wait_timeout, socket_timeout, connect_timeout, retries and redis-py's own (many machines)"
+    "wait, wait_timeout, socket_timeout, connect_timeout, retries and redis-py's own (many machines); "
+    "postgresql://[USER:PASSWORD@]HOST[:PORT][,HOST[:PORT]...]/DB (postgres:// too), options table, "
+    "timeout, pool_size, purge_interval and libpq's own (many machines)"
 )
 
 Topology = Literal["server", "cluster", "sentinel"]
@@ -126,6 +131,8 @@ def store_from_url(url: str, **opts: Any) -> ReplayStore:
         return _sqlite(url, opts)
     if scheme in REDIS_SCHEMES:
         return _redis(url, opts)
+    if scheme in POSTGRES_SCHEMES:
+        return _postgres(url, opts)
     raise _bad(url, f"unknown scheme {scheme!r}")
 
 
@@ -172,6 +179,80 @@ def _redis(url: str, opts: dict[str, Any]) -> ReplayStore:
         return RedisReplayStore(url, **opts)
     except ValueError as exc:
         raise _bad(url, scrub(str(exc), url_secrets(url))) from None
+
+
+def _postgres(url: str, opts: dict[str, Any]) -> ReplayStore:
+    parse_postgres_url(url)  # a malformed URL is a ValueError even without psycopg
+    try:
+        from .postgres import PostgresReplayStore  # noqa: PLC0415 - psycopg is an optional extra
+    except ModuleNotFoundError as exc:
+        if (exc.name or "").partition(".")[0] not in ("psycopg", "psycopg_pool"):
+            raise
+        raise ModuleNotFoundError(
+            f"the replay store {redact(url)!r} needs psycopg: pip install 'statecodec[postgres]'",
+            name=exc.name,
+        ) from exc
+    try:
+        return PostgresReplayStore(url, **opts)
+    except ValueError as exc:
+        raise _bad(url, scrub(str(exc), url_secrets(url))) from None
+
+
+# ---------------------------------------------------------------------------- PostgreSQL URLs
+POSTGRES_SCHEMES: Final = ("postgresql", "postgres")
+#: statecodec's own options in a PostgreSQL URL; every other query option is libpq's.
+POSTGRES_STORE_OPTIONS: Final[dict[str, _Parser]] = {
+    "table": str,
+    "timeout": _positive_seconds,
+    "pool_size": _positive_int,
+    "purge_interval": _positive_seconds,
+}
+
+
+@dataclass(frozen=True)
+class PostgresTarget:
+    """What a PostgreSQL URL names: the conninfo for libpq, and statecodec's options.
+
+    ``conninfo`` is the user's URL without statecodec's options, everything else as
+    written (libpq parses it: hosts, ports, ``host=a,b``, ``sslmode``, ``options``...).
+    """
+
+    conninfo: str
+    options: Mapping[str, Any]
+    #: libpq's query parameter names present in the URL (to know which defaults to add).
+    libpq_keys: frozenset[str]
+    #: The URL as given, with every secret replaced (:func:`redact`).
+    where: str
+    #: The secret values in the URL, to scrub from any message (:func:`scrub`).
+    secrets: tuple[str, ...]
+
+
+def parse_postgres_url(url: str) -> PostgresTarget:
+    """Split a PostgreSQL URL into what libpq parses and statecodec's own options."""
+    scheme, sep, rest = url.partition("://")
+    if not sep or scheme.lower() not in POSTGRES_SCHEMES:
+        raise _bad(url, "not a PostgreSQL URL (postgresql://...)")
+    rest, hash_sign, _ = rest.partition("#")
+    if hash_sign:
+        raise _bad(url, "a PostgreSQL URL has no '#fragment'; write a '#' in a password as %23")
+    location, _, query = rest.partition("?")
+    theirs: list[str] = []
+    ours: dict[str, Any] = {}
+    keys: set[str] = set()
+    for piece in query.split("&") if query else []:
+        raw_name, _, raw_value = piece.partition("=")
+        name = unquote_plus(raw_name)
+        if name not in POSTGRES_STORE_OPTIONS:
+            theirs.append(piece)
+            keys.add(name)
+            continue
+        if name in ours:
+            raise _bad(url, f"the option {name!r} is given twice")
+        ours[name] = _convert(url, name, unquote_plus(raw_value), POSTGRES_STORE_OPTIONS[name])
+    suffix = "?" + "&".join(theirs) if theirs else ""
+    return PostgresTarget(
+        f"{scheme.lower()}://{location}{suffix}", ours, frozenset(keys), redact(url), url_secrets(url)
+    )
 
 
 # ---------------------------------------------------------------------------- Redis URLs
