@@ -69,6 +69,7 @@ LOG_FIELDS: Final = (
     "flow_id",  # a multi-round flow: the first 8 hex digits of its first token's id
     "round",  # the round of that flow a token belongs to (1 for a first round)
     "wait",  # seconds until a paced round's token is redeemable
+    "client",  # a client's address (HOST or HOST:PORT), on the proxy's shed records
 )
 _TEXT_MAX: Final = 120
 

@@ -328,3 +328,86 @@ def test_a_client_over_its_share_of_streams_is_refused_429_and_others_still_stre
             assert [open_stream(stack, greedy, base).status_code for _ in range(2)] == [200, 200]
     finally:
         stop(started.proxy.proc)
+
+
+# ------------------------------------------------------------------ attacks 3-4: holds
+PACED = ["--retry-after", "2", "--max-hold", "5"]
+
+
+def paced_token(base: str) -> str:
+    """Round 1 of the paced tool: its state, redeemable 2 s from now."""
+    answer = post(base, "tools/call", {"name": PACED_TOOL, "arguments": {}})
+    result = answer.json()["result"]
+    assert result["resultType"] == "input_required", result
+    return str(result["requestState"])
+
+
+def retry_request(token: str) -> tuple[bytes, dict[str, str]]:
+    return modern_request("tools/call", {"name": PACED_TOOL, "arguments": {}, "requestState": token})
+
+
+def retry(base: str, token: str, timeout: float = 15.0) -> dict[str, Any]:
+    body, headers = retry_request(token)
+    answer = httpx.post(base + "/mcp", content=body, headers=headers, timeout=timeout)
+    assert answer.status_code == 200, answer.text
+    return dict(answer.json())
+
+
+def test_a_client_leaving_during_its_hold_releases_it_without_consuming_the_token(
+    tmp_path: Path, upstream: TinyUpstream, keys: Path
+) -> None:
+    started = start(tmp_path, upstream.url, keys, PACED)
+    base = started.proxy.base
+    try:
+        token = paced_token(base)
+        issued = time.monotonic()
+        body, headers = retry_request(token)
+        head = "".join(f"{name}: {value}\r\n" for name, value in headers.items())
+        with socket.create_connection(address(base)) as sock:  # the early retry, then the client leaves
+            sock.sendall(
+                f"POST /mcp HTTP/1.1\r\nHost: 127.0.0.1\r\n{head}Content-Length: {len(body)}\r\n\r\n".encode()
+                + body
+            )
+            time.sleep(0.5)  # held by now (the token is redeemable 2 s after it was issued)
+        started.proxy.wait_for_log('"early_retry_abandoned"')
+        time.sleep(max(0.0, issued + 3 - time.monotonic()))  # past the pacing time
+        assert f"tools/call:{PACED_TOOL}+state" not in upstream.handled()  # nothing ran for nobody
+        [record] = [r for r in started.proxy.records() if r.get("event") == "early_retry_abandoned"]
+        assert record["reason"] == "hold_abandoned" and record["round"] == 1
+        answer = retry(base, token)  # the on-time retry: the token was never consumed
+        assert answer["result"]["content"][0]["text"] == "ok", answer
+        assert upstream.handled().count(f"tools/call:{PACED_TOOL}+state") == 1
+    finally:
+        stop(started.proxy.proc)
+
+
+def test_early_retries_of_one_token_beyond_its_bound_are_answered_at_once(
+    tmp_path: Path, upstream: TinyUpstream, keys: Path
+) -> None:
+    started = start(tmp_path, upstream.url, keys, [*PACED, "--max-holds-per-token", "2"])
+    base = started.proxy.base
+    try:
+        token = paced_token(base)
+        answers: list[tuple[float, dict[str, Any]]] = []
+        sent = time.monotonic()
+
+        def one() -> None:
+            answer = retry(base, token)
+            answers.append((time.monotonic() - sent, answer))
+
+        threads = [threading.Thread(target=one) for _ in range(6)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(30)
+        assert len(answers) == 6
+        at_once = [a for took, a in answers if a.get("result", {}).get("requestState") == token]
+        assert len(at_once) == 4, answers  # the same state, unconsumed: the client retries later
+        held = [a for _, a in answers if a not in at_once]
+        # The two held ones run at the pacing time: one redeems the token, the other finds it used.
+        assert sorted("result" in a for a in held) == [False, True], held
+        assert upstream.handled().count(f"tools/call:{PACED_TOOL}+state") == 1
+        records = [r for r in started.proxy.records() if r.get("reason") == "hold_limit"]
+        assert len(records) == 4 and {r["event"] for r in records} == {"early_retry_answered"}
+    finally:
+        stop(started.proxy.proc)

@@ -99,10 +99,13 @@ class StateCodecMiddleware:
         binding: BindingFn | None = None,
         retry_after: float | None = None,
         max_hold: float = jsonrpc.DEFAULT_MAX_HOLD,
+        max_holds: int = jsonrpc.DEFAULT_MAX_HOLDS,
+        max_holds_per_token: int = jsonrpc.DEFAULT_MAX_HOLDS_PER_TOKEN,
     ) -> None:
         if not isinstance(codec, StateCodec):
             raise TypeError(f"codec must be a statecodec.StateCodec, not {type(codec).__name__}")
         jsonrpc.check_pacing(codec, retry_after, max_hold)
+        self.holds = jsonrpc.Holds(max_holds, max_holds_per_token)
         self.codec = codec
         self.audience = audience
         self.principal = principal
@@ -123,8 +126,15 @@ class StateCodecMiddleware:
         # next round's token is bound to exactly what this round was), computed only when
         # a state arrives or leaves, never for plain calls.
         try:
+            # A hold ends early when the SDK cancels this request (its client went away, or
+            # sent notifications/cancelled): nothing is consumed and the handler never runs.
             judged = await jsonrpc.judge_request(
-                self.codec, method, ctx.params, partial(self._binding, ctx), max_hold=self.max_hold
+                self.codec,
+                method,
+                ctx.params,
+                partial(self._binding, ctx),
+                max_hold=self.max_hold,
+                holds=self.holds,
             )
         except jsonrpc.WireError as exc:
             raise _mcp_error(exc) from None
@@ -289,6 +299,8 @@ def protect(
     binding: BindingFn | None = None,
     retry_after: float | None = None,
     max_hold: float = jsonrpc.DEFAULT_MAX_HOLD,
+    max_holds: int = jsonrpc.DEFAULT_MAX_HOLDS,
+    max_holds_per_token: int = jsonrpc.DEFAULT_MAX_HOLDS_PER_TOKEN,
 ) -> StateCodecMiddleware:
     """Seal and verify every ``requestState`` of ``server`` with ``codec``.
 
@@ -308,6 +320,11 @@ def protect(
         at once with the same state. The handler never runs early, and no early retry
         consumes the token. Keep ``retry_after <= max_hold`` for clients that retry after a
         fixed pause (the TypeScript client waits 250 ms and counts every answer).
+    :param max_holds: early retries held at once; :param max_holds_per_token: of one
+        token. One more is answered at once with the same state, unconsumed
+        (:class:`~statecodec.adapters.jsonrpc.Holds`). A held retry whose request the SDK
+        cancels (its client disconnected from an SSE answer, or sent
+        ``notifications/cancelled``) is released: nothing consumed, the handler not run.
     :returns: the installed middleware.
 
     Rounds chain automatically: a round that came in with a state and answers
@@ -327,6 +344,8 @@ def protect(
         binding=binding,
         retry_after=retry_after,
         max_hold=max_hold,
+        max_holds=max_holds,
+        max_holds_per_token=max_holds_per_token,
     )
     install(chain, middleware)
     return middleware

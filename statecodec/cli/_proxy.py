@@ -30,7 +30,7 @@ import click
 from .. import _telemetry
 from .._codec import DEFAULT_TTL, StateCodec
 from ..adapters.asgi import DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_RESPONSE_BYTES, ASGIApp, PrincipalFn
-from ..adapters.jsonrpc import DEFAULT_MAX_HOLD
+from ..adapters.jsonrpc import DEFAULT_MAX_HOLD, DEFAULT_MAX_HOLDS, DEFAULT_MAX_HOLDS_PER_TOKEN
 from ._exit import CliError, ExitCode
 from ._output import classify, echo
 from ._params import (
@@ -234,6 +234,14 @@ def _count_option(flag: str, default: int, text: str) -> Callable[[F], F]:
     metavar="SECONDS",
     help="Hold an early retry until its time if at most this far away; else answer at once with its state.",
 )
+@_count_option(
+    "--max-holds",
+    DEFAULT_MAX_HOLDS,
+    "Early retries held at once; one more is answered at once with its state.",
+)
+@_count_option(
+    "--max-holds-per-token", DEFAULT_MAX_HOLDS_PER_TOKEN, "Early retries of one token held at once."
+)
 @click.option(
     "--passthrough-path",
     "passthrough_paths",
@@ -388,6 +396,8 @@ class _Settings:
     max_flow_age: int
     retry_after: float | None
     max_hold: float
+    max_holds: int
+    max_holds_per_token: int
     workers: int
 
 
@@ -479,6 +489,8 @@ def _built(settings: _Settings) -> Iterator[tuple[Any, Any, Any]]:
         passthrough_paths=settings.passthrough_paths,
         retry_after=settings.retry_after,
         max_hold=settings.max_hold,
+        max_holds=settings.max_holds,
+        max_holds_per_token=settings.max_holds_per_token,
     )
     manager = KeyManager(require_keys(settings.keys_spec), max_ttl=max(float(settings.ttl), 600.0))
     manager.start()  # exit 3 or 7 before listening if no keys can be had

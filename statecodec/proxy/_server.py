@@ -26,7 +26,7 @@ from ..adapters.asgi import (
     PrincipalFn,
     RequestStateMiddleware,
 )
-from ..adapters.jsonrpc import DEFAULT_MAX_HOLD
+from ..adapters.jsonrpc import DEFAULT_MAX_HOLD, DEFAULT_MAX_HOLDS, DEFAULT_MAX_HOLDS_PER_TOKEN
 from ._forward import Timeouts, UpstreamApp
 from ._guard import ClientLimits, Guard, default_max_connections, guarded_protocol
 from ._metered import MeteredApp
@@ -50,6 +50,8 @@ class ProxyOptions:
     passthrough_paths: Collection[str] = ()
     retry_after: float | None = None  # pacing of requestState-only rounds
     max_hold: float = DEFAULT_MAX_HOLD
+    max_holds: int = DEFAULT_MAX_HOLDS
+    max_holds_per_token: int = DEFAULT_MAX_HOLDS_PER_TOKEN
 
 
 def event_loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
@@ -86,6 +88,8 @@ def build_proxy(codec: StateCodec, options: ProxyOptions, *, principal: Principa
         passthrough_paths=options.passthrough_paths,
         retry_after=options.retry_after,
         max_hold=options.max_hold,
+        max_holds=options.max_holds,
+        max_holds_per_token=options.max_holds_per_token,
     )
     return MeteredApp(middleware)
 
