@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import json
 import socket
+import subprocess
 import sys
 import threading
 import time
@@ -28,6 +29,7 @@ from fixtures_proxy import Proxy, modern_request, proxy_command
 from processes import await_line, spawn, stop
 
 from statecodec import KeyRing
+from statecodec.proxy._guard import FD_RESERVE
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -236,7 +238,15 @@ def test_a_flood_of_half_sent_heads_does_not_stop_requests_or_livez(
             sock = socket.create_connection(address(started.proxy.base))
             sock.sendall(b"POST /mcp HTTP/1.1\r\nHost: 127.0.0.1\r\n")
             flood.append(sock)
-        time.sleep(0.5)  # let the proxy accept them all
+        # Every flood connection accepted before the legitimate request comes (else, under load,
+        # more than the cap of them could still arrive after it: a flood in progress, which
+        # evicts the oldest waiting connection whoever it belongs to).
+        cap = 256 - 16 - 100 - FD_RESERVE  # the open-file limit less upstream, streams, reserve
+        deadline = time.monotonic() + 30
+        while (
+            len(shed_records(started.proxy, "connection_limit")) < 300 - cap and time.monotonic() < deadline
+        ):
+            time.sleep(0.1)
         answer = post(started.proxy.base, "tools/list", {}, timeout=10)
         assert answer.status_code == 200, answer.text
         assert httpx.get(f"{started.admin}/livez", timeout=10).status_code == 200
@@ -244,7 +254,7 @@ def test_a_flood_of_half_sent_heads_does_not_stop_requests_or_livez(
         series = 'statecodec_shed_total{reason="connection_limit"}'
         shed = [line for line in metrics.splitlines() if line.startswith(series)]
         assert shed and float(shed[0].split()[-1]) >= 100, shed
-        assert len(shed_records(started.proxy, "connection_limit")) >= 100
+        assert len(shed_records(started.proxy, "connection_limit")) >= 300 - cap
         assert "Too many open files" not in started.proxy.log()
     finally:
         for sock in flood:
@@ -411,3 +421,31 @@ def test_early_retries_of_one_token_beyond_its_bound_are_answered_at_once(
         assert len(records) == 4 and {r["event"] for r in records} == {"early_retry_answered"}
     finally:
         stop(started.proxy.proc)
+
+
+def test_an_open_file_limit_too_low_to_serve_is_a_usage_error(tmp_path: Path, keys: Path) -> None:
+    # 128 descriptors, hard: the defaults' 100 upstream connections, 100 streams and 64 do not fit.
+    setup = (
+        "import resource, runpy, sys; resource.setrlimit(resource.RLIMIT_NOFILE, (128, 128)); "
+        "sys.argv = ['statecodec'] + sys.argv[1:]; runpy.run_module('statecodec.cli', run_name='__main__')"
+    )
+    command = proxy_command("http://127.0.0.1:9/mcp", keys=keys, replay="memory:", mode="sign", jwks=None)
+    done = subprocess.run(
+        [sys.executable, "-c", setup, *command[3:]], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert done.returncode == 2, done.stderr
+    assert "open-file limit (128)" in done.stderr and "ulimit -n" in done.stderr
+    assert "listening on" not in done.stdout
+
+
+def test_the_open_file_limit_is_raised_within_the_hard_limit() -> None:
+    code = (
+        "import resource; from statecodec.proxy._guard import raise_open_file_limit as r; "
+        "resource.setrlimit(resource.RLIMIT_NOFILE, (256, 1024)); a = r(); "
+        "b = resource.getrlimit(resource.RLIMIT_NOFILE); "
+        "resource.setrlimit(resource.RLIMIT_NOFILE, (300, 300)); print(a, b, r())"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True
+    )
+    assert done.stdout.split() == ["1024", "(1024,", "1024)", "300"]

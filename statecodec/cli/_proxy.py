@@ -563,8 +563,9 @@ def _serve_on(
 
 def _client_limits(settings: _Settings) -> Any:
     from ..proxy import ClientLimits  # noqa: PLC0415
-    from ..proxy._guard import default_max_connections  # noqa: PLC0415
+    from ..proxy._guard import default_max_connections, raise_open_file_limit  # noqa: PLC0415
 
+    raise_open_file_limit()  # the command owns its process (workers inherit the limit)
     try:
         most = settings.max_client_connections or default_max_connections(_descriptors_upstream(settings))
     except ValueError as exc:

@@ -42,13 +42,15 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from .. import _telemetry
 
-__all__ = ["ClientLimits", "Guard", "default_max_connections", "guarded_protocol"]
+__all__ = ["ClientLimits", "Guard", "default_max_connections", "guarded_protocol", "raise_open_file_limit"]
 
 logger = logging.getLogger("statecodec.proxy")
 
 #: Descriptors kept free beyond the client connections and the upstream's: the admin
 #: listener and its scrapes, the replay store, key sources, log files, the interpreter.
 FD_RESERVE: Final = 64
+#: The soft open-file limit the proxy asks for at start-up (within the hard limit).
+FD_WANTED: Final = 8192
 _TIMEOUT_408: Final = (
     b"HTTP/1.1 408 Request Timeout\r\ncontent-type: text/plain; charset=utf-8\r\n"
     b"content-length: 22\r\nconnection: close\r\n\r\nrequest body timed out"
@@ -72,6 +74,26 @@ class ClientLimits:
             raise ValueError("the head, body and idle timeouts must be positive")
         if self.max_connections is not None and self.max_connections < 1:
             raise ValueError("max_connections must be at least 1")
+
+
+def raise_open_file_limit(wanted: int = FD_WANTED) -> int:
+    """Raise this process's soft open-file limit to ``wanted`` when the hard limit allows; the soft limit.
+
+    Many systems start a process at 1024 descriptors (macOS at 256) while allowing far
+    more; a server owning its process takes what it is allowed, so the connection cap
+    derived from the limit is not needlessly small. Never lowers the limit; a refusal
+    (a hard limit below, a kernel maximum) leaves it as it was.
+    """
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY:
+        wanted = min(wanted, hard)
+    if soft == resource.RLIM_INFINITY or soft >= wanted:
+        return soft
+    try:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (wanted, hard))
+    except (ValueError, OSError):
+        return soft
+    return wanted
 
 
 def default_max_connections(upstream_connections: int) -> int:
