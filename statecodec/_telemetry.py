@@ -23,7 +23,9 @@ Prometheus names and labels: ``statecodec_unseals_total{outcome}`` (``ok`` or an
 :data:`~statecodec.REASONS` reason), ``statecodec_seals_total{mode}``,
 ``statecodec_token_size_bytes``, ``statecodec_flow_rounds``, ``statecodec_replay_store_errors_total``,
 ``statecodec_key_refresh_failures_total``, ``statecodec_proxy_requests_total{code}``,
-``statecodec_proxy_request_duration_seconds``, ``statecodec_upstream_errors_total{kind}``;
+``statecodec_proxy_request_duration_seconds``, ``statecodec_upstream_errors_total{kind}``,
+``statecodec_shed_total{reason}`` (a connection, stream or hold refused or closed to keep a
+bound: :data:`SHED_REASONS`);
 the key ring's gauges are read when scraped (:mod:`statecodec.ops`). A label is only ever
 drawn from a fixed vocabulary: never a token, kid, principal, target or flow id, which
 could be user data or grow the number of series without bound.
@@ -67,6 +69,7 @@ LOG_FIELDS: Final = (
     "flow_id",  # a multi-round flow: the first 8 hex digits of its first token's id
     "round",  # the round of that flow a token belongs to (1 for a first round)
     "wait",  # seconds until a paced round's token is redeemable
+    "client",  # a client's address (HOST or HOST:PORT), on the proxy's shed records
 )
 _TEXT_MAX: Final = 120
 
@@ -129,6 +132,7 @@ PROMETHEUS: Final[Mapping[str, tuple[str, ...]]] = {
     "statecodec_proxy_requests_total": ("code",),
     "statecodec_proxy_request_duration_seconds": (),
     "statecodec_upstream_errors_total": ("kind",),
+    "statecodec_shed_total": ("reason",),
     "statecodec_minting": (),
     "statecodec_key_ring_age_seconds": (),
     "statecodec_key_refresh_interval_seconds": (),
@@ -136,6 +140,17 @@ PROMETHEUS: Final[Mapping[str, tuple[str, ...]]] = {
 MODES: Final = ("sign", "encrypt")
 #: ``kind`` of ``statecodec_upstream_errors_total``.
 UPSTREAM_ERRORS: Final = ("timeout", "unreachable", "broken")
+#: ``reason`` of ``statecodec_shed_total``: what was shed to keep a bound (docs/proxy.md).
+SHED_REASONS: Final = (
+    "head_timeout",  # a request head not complete within the proxy's head deadline
+    "body_timeout",  # a request body not complete within the body deadline
+    "connection_limit",  # the oldest idle or half-open connection, closed for a new one
+    "busy",  # a new connection refused: every connection had a request in flight
+    "stream_limit",  # a long-lived stream refused: all stream slots taken
+    "stream_client_limit",  # a long-lived stream refused: its client holds its share
+    "hold_limit",  # an early retry answered at once: the holds' bound is reached
+    "hold_abandoned",  # a held early retry whose client went away (nothing consumed)
+)
 TOKEN_SIZE_BUCKETS: Final = (128, 256, 512, 1024, 2048, 4096, 8192, 16384, 65536)
 FLOW_ROUNDS_BUCKETS: Final = (1, 2, 3, 4, 5, 6, 8, 10, 15, 20, 50, 255)
 DURATION_BUCKETS: Final = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
@@ -251,10 +266,13 @@ def _prometheus(registry: Any) -> dict[str, Callable[..., None]]:
     )  # fmt: skip
     upstream = Counter("statecodec_upstream_errors", "upstream failures seen by the proxy, by kind",
                        ["kind"], registry=registry)  # fmt: skip
+    shed = Counter("statecodec_shed", "connections, streams and holds shed to keep a bound, by reason",
+                   ["reason"], registry=registry)  # fmt: skip
 
     outcomes = {outcome: unseals.labels(outcome) for outcome in ("ok", *REASONS)}
     modes = {mode: seals.labels(mode) for mode in MODES}
     kinds = {kind: upstream.labels(kind) for kind in UPSTREAM_ERRORS}
+    sheds = {reason: shed.labels(reason) for reason in SHED_REASONS}
     codes: dict[int, Any] = {}
     observe_size, observe_duration = size_of.observe, duration.observe
 
@@ -286,6 +304,7 @@ def _prometheus(registry: Any) -> dict[str, Callable[..., None]]:
         "record_key_refresh_failure": refresh_failures.inc,
         "record_proxy_request": proxy_request,
         "record_upstream_error": lambda kind: (kinds.get(kind) or upstream.labels(kind)).inc(),
+        "record_shed": lambda reason: (sheds.get(reason) or shed.labels(reason)).inc(),
     }
 
 
@@ -365,6 +384,7 @@ _RECORDERS: Final = (
     "record_key_refresh_failure",
     "record_proxy_request",
     "record_upstream_error",
+    "record_shed",
 )
 #: Count one seal attempt; ``size`` is the token length when it succeeded.
 record_seal: Recorder = _stub("record_seal")
@@ -380,3 +400,5 @@ record_key_refresh_failure: Callable[[], None] = _stub("record_key_refresh_failu
 record_proxy_request: Callable[[int, float], None] = _stub("record_proxy_request")
 #: ``record_upstream_error(kind)``: ``timeout``, ``unreachable`` or ``broken`` (a stream cut short).
 record_upstream_error: Callable[[str], None] = _stub("record_upstream_error")
+#: ``record_shed(reason)``: one connection, stream or hold shed to keep a bound (:data:`SHED_REASONS`).
+record_shed: Callable[[str], None] = _stub("record_shed")

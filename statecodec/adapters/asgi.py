@@ -31,6 +31,7 @@ See docs/proxy.md for the full list of what is and is not bound.
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import binascii
 import inspect
@@ -276,6 +277,11 @@ class RequestStateMiddleware:
         round; ``None``: no pacing. :param max_hold: an early retry is held until its time
         when that is at most this far away, else answered at once with the same state
         (see :func:`statecodec.adapters.mcp.protect`). Rounds chain automatically.
+    :param max_holds: early retries held at once, :param max_holds_per_token: of one
+        token; one more is answered at once with the same state
+        (:class:`~statecodec.adapters.jsonrpc.Holds`). While held, a retry keeps only its
+        raw body (not its parse), and a client that disconnects releases it: the token
+        is not consumed and the application is not called.
     """
 
     def __init__(
@@ -290,10 +296,13 @@ class RequestStateMiddleware:
         passthrough_paths: Collection[str] = (),
         retry_after: float | None = None,
         max_hold: float = jsonrpc.DEFAULT_MAX_HOLD,
+        max_holds: int = jsonrpc.DEFAULT_MAX_HOLDS,
+        max_holds_per_token: int = jsonrpc.DEFAULT_MAX_HOLDS_PER_TOKEN,
     ) -> None:
         if not isinstance(codec, StateCodec):
             raise TypeError(f"codec must be a statecodec.StateCodec, not {type(codec).__name__}")
         jsonrpc.check_pacing(codec, retry_after, max_hold)
+        self.holds = jsonrpc.Holds(max_holds, max_holds_per_token)
         if max_body_bytes < 1 or max_response_bytes < 1:
             raise ValueError("max_body_bytes and max_response_bytes must be positive")
         for path in passthrough_paths:
@@ -335,7 +344,16 @@ class RequestStateMiddleware:
                 request = self._parse(headers, body)
                 if request is not None:
                     request_id = request.message["id"]
-                    judged, body = await self._judge(scope, headers, request, body)
+                    if not request.stated:  # nothing to hold: the plain call of every flow's first round
+                        judged, body = await self._judge(scope, headers, request, body, self.max_hold)
+                    else:
+                        handed, request = [request], None  # this frame keeps no parse during a hold
+                        judged, forwarded = await self._judge_holding(
+                            scope, headers, handed, body, receive=receive
+                        )
+                        if forwarded is None:
+                            return  # the client went away during the hold: nothing consumed, nothing run
+                        body = forwarded
         except WireError as refusal:
             if refusal.code != jsonrpc.WIRE_ERROR_CODE:  # a token's refusal is logged where judged
                 logger.warning(
@@ -452,15 +470,61 @@ class RequestStateMiddleware:
             return None
         return _Request(message, method, params, stated)
 
+    async def _judge_holding(
+        self,
+        scope: Scope,
+        headers: list[tuple[bytes, bytes]],
+        handed: list[_Request],
+        body: bytes,
+        *,
+        receive: Receive,
+    ) -> tuple[Judged, bytes | None]:
+        """:meth:`_judge`, holding an early retry here: only the raw body is kept meanwhile.
+
+        ``handed`` holds the parsed request, emptied here so that no frame keeps it: the
+        parse, the body to forward and the verdict are dropped for the hold and made again
+        from the raw body after it (judged from the start, as every held retry is). ``None``
+        for the body: the client went away during the hold.
+        """
+        request: _Request | None = handed.pop()
+        held = 0.0
+        attempt = 0
+        while True:
+            if request is None:
+                request = self._parse(headers, body)
+                if request is None:  # pragma: no cover - the same body parses the same way
+                    raise _refusal(400, INVALID_REQUEST_CODE, "the request changed during its hold")
+            judged, forwarded = await self._judge(scope, headers, request, body, self.max_hold - held)
+            hold = judged.hold
+            if hold is None or attempt == jsonrpc.HOLDS_MAX:
+                return judged, forwarded  # early (and not held again): answered at once
+            if not self.holds.enter(hold.token_id):
+                jsonrpc.hold_refused(self.holds, hold.early, hold.seconds)
+                return judged, forwarded  # answered at once with the same state
+            del judged, forwarded
+            request = None
+            try:
+                present = await _client_stays(receive, hold.seconds)
+            finally:
+                self.holds.leave(hold.token_id)
+            if not present:
+                jsonrpc.hold_abandoned(hold.early, hold.seconds)
+                return Judged("-", {}, _no_binding), None
+            held += hold.seconds
+            attempt += 1
+
     async def _judge(
-        self, scope: Scope, headers: list[tuple[bytes, bytes]], request: _Request, body: bytes
+        self,
+        scope: Scope,
+        headers: list[tuple[bytes, bytes]],
+        request: _Request,
+        body: bytes,
+        max_hold: float,
     ) -> tuple[Judged, bytes]:
-        """The verdict on an MRTR request, and the body to forward."""
+        """The verdict on an MRTR request, and the body to forward; an early retry is not held here."""
         bind = await self._binder(scope, headers, request.method, request.params)
         if not request.stated:
-            judged = await jsonrpc.judge_request(
-                self.codec, request.method, request.params, bind, max_hold=self.max_hold
-            )
+            judged = await jsonrpc.judge_request(self.codec, request.method, request.params, bind, wait=None)
             return judged, body
         # The body to forward is written before the token is consumed, with an unguessable
         # placeholder for the plaintext: nothing that can fail runs after the consume.
@@ -468,7 +532,7 @@ class RequestStateMiddleware:
         params = {**(request.params or {}), jsonrpc.REQUEST_STATE: marker}
         head, _, tail = dumps({**request.message, "params": params}).partition(dumps(marker))
         judged = await jsonrpc.judge_request(
-            self.codec, request.method, request.params, bind, max_hold=self.max_hold
+            self.codec, request.method, request.params, bind, max_hold=max_hold, wait=None
         )
         if judged.early is not None:
             return judged, body  # never forwarded: answered at once with the same state
@@ -500,6 +564,26 @@ class RequestStateMiddleware:
         if principal is not None and not isinstance(principal, str):
             raise TypeError(f"the principal callable returned {type(principal).__name__}, not str or None")
         return principal
+
+
+def _no_binding() -> Binding:
+    raise RuntimeError("nothing to bind: the request was abandoned")
+
+
+async def _client_stays(receive: Receive, seconds: float) -> bool:
+    """Wait ``seconds``; False as soon as the client disconnects (its body is already read)."""
+    listener = asyncio.ensure_future(receive())
+    try:
+        done, _ = await asyncio.wait((listener,), timeout=seconds)
+    finally:
+        if not listener.done():
+            listener.cancel()
+    if not done:
+        return True
+    try:
+        return bool(listener.result()["type"] != "http.disconnect")
+    except Exception:  # a receive channel that broke: the client is as good as gone
+        return False
 
 
 def _log_round(method: str, opened: OpenedState) -> None:

@@ -39,7 +39,8 @@ import asyncio
 import json
 import logging
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
 from functools import lru_cache
 from types import MappingProxyType
 from typing import Any, Final, NoReturn, TypeAlias
@@ -51,7 +52,10 @@ from .._errors import FlowBudgetExceeded, InvalidState, StateCodecError
 
 __all__ = [
     "DEFAULT_MAX_HOLD",
+    "DEFAULT_MAX_HOLDS",
+    "DEFAULT_MAX_HOLDS_PER_TOKEN",
     "HEADER_MISMATCH_CODE",
+    "HOLDS_MAX",
     "INPUT_REQUIRED",
     "INTERNAL_ERROR_CODE",
     "INTERNAL_ERROR_MESSAGE",
@@ -64,7 +68,10 @@ __all__ = [
     "WIRE_ERROR_DATA",
     "WIRE_ERROR_MESSAGE",
     "Binder",
+    "Hold",
+    "Holds",
     "Judged",
+    "Waiter",
     "WireError",
     "binding_for",
     "carries_state",
@@ -87,8 +94,13 @@ logger = logging.getLogger("statecodec")
 #: How long an early retry of a paced round may be held before it runs (seconds); a retry
 #: that would wait longer is answered at once with the same state.
 DEFAULT_MAX_HOLD: Final = 10.0
-# An early retry is held at most this many times (the clock may wake a hair early).
-_HOLDS_MAX: Final = 3
+#: Early retries held at once by one adapter; one more is answered at once with its state.
+DEFAULT_MAX_HOLDS: Final = 100
+#: Early retries of one token held at once (a client has one retry outstanding; two
+#: allow for a client that gave up waiting and sent the retry again).
+DEFAULT_MAX_HOLDS_PER_TOKEN: Final = 2
+#: An early retry is held at most this many times (the clock may wake a hair early).
+HOLDS_MAX: Final = 3
 
 #: The only methods whose results may be ``input_required`` (spec 2026-07-28).
 MRTR_METHODS: Final = frozenset({"tools/call", "resources/read", "prompts/get"})
@@ -282,6 +294,68 @@ def carries_state(params: Mapping[str, Any]) -> bool:
     return params.get(REQUEST_STATE) is not None or bool(state_aliases(params))
 
 
+# ---------------------------------------------------------------- holding early retries
+#: ``wait(seconds)``: hold an early retry that long; raise (any exception, or be cancelled)
+#: when its client went away. The hold is then abandoned: nothing consumed, nothing run.
+Waiter: TypeAlias = Callable[[float], Awaitable[None]]
+
+
+@dataclass(frozen=True, slots=True)
+class Hold:
+    """An early retry its adapter holds itself (``judge_request(..., wait=None)``).
+
+    ``seconds`` to hold it before judging the request again; ``early`` is the
+    ``too_early`` verdict, for :class:`Holds` (its token id) and the log records.
+    """
+
+    seconds: float
+    early: InvalidState
+
+    @property
+    def token_id(self) -> str:
+        return self.early.token_id or "-"
+
+
+class Holds:
+    """How many early retries are held at once: at most ``total``, ``per_token`` of one token.
+
+    A held retry costs a coroutine and what its adapter keeps of the request until it
+    runs (the ASGI middleware keeps the raw body, one copy); these bounds keep a client
+    that sends one token's early retry a hundred times, or many tokens' at once, from
+    holding memory without limit. A retry over either bound is answered at once with the
+    same state (unconsumed), as one due beyond ``max_hold`` is: a well-behaved client just
+    retries later, where a refusal would end its flow. One instance per adapter; not
+    thread-safe (one event loop).
+    """
+
+    __slots__ = ("_by_token", "held", "per_token", "total")
+
+    def __init__(self, total: int = DEFAULT_MAX_HOLDS, per_token: int = DEFAULT_MAX_HOLDS_PER_TOKEN) -> None:
+        if not (isinstance(total, int) and isinstance(per_token, int) and total >= 0 and per_token >= 0):
+            raise ValueError(
+                f"max_holds and max_holds_per_token must be counts, got {total!r}, {per_token!r}"
+            )
+        self.total = total
+        self.per_token = per_token
+        self.held = 0
+        self._by_token: dict[str, int] = {}
+
+    def enter(self, token_id: str) -> bool:
+        """Take a place for an early retry of ``token_id``; False when a bound is reached."""
+        count = self._by_token.get(token_id, 0)
+        if self.held >= self.total or count >= self.per_token:
+            return False
+        self.held += 1
+        self._by_token[token_id] = count + 1
+        return True
+
+    def leave(self, token_id: str) -> None:
+        self.held -= 1
+        count = self._by_token.pop(token_id) - 1
+        if count:
+            self._by_token[token_id] = count
+
+
 # ---------------------------------------------------------------- judging a request
 class Judged:
     """The verdict on one MRTR request: what to hand on, what was redeemed, what to seal with.
@@ -294,10 +368,12 @@ class Judged:
 
     ``early``, when set, is the whole answer: the request retried a paced round too early
     to be held, so the handler must not run and the client gets this result (the same
-    state, unconsumed) instead.
+    state, unconsumed) instead. ``hold`` is set beside it when the caller asked to hold
+    the retry itself (``wait=None``) and it may be held (:class:`Hold`): its place in
+    :class:`Holds` is not taken yet.
     """
 
-    __slots__ = ("_bind", "_binding", "_flow_told", "early", "method", "opened", "params")
+    __slots__ = ("_bind", "_binding", "_flow_told", "early", "hold", "method", "opened", "params")
 
     def __init__(
         self,
@@ -308,11 +384,13 @@ class Judged:
         binding: Binding | None = None,
         *,
         early: Mapping[str, Any] | None = None,
+        hold: Hold | None = None,
     ) -> None:
         self.method = method
         self.params = params
         self.opened = opened
         self.early = early
+        self.hold = hold
         self._bind = bind
         self._binding = binding
         self._flow_told = False  # whether this round's answer was seen to continue or end its flow
@@ -346,6 +424,8 @@ async def judge_request(
     bind: Binder,
     *,
     max_hold: float = DEFAULT_MAX_HOLD,
+    holds: Holds | None = None,
+    wait: Waiter | None = asyncio.sleep,
 ) -> Judged:
     """Judge an inbound MRTR request; raise :class:`WireError` (-32602) to refuse it.
 
@@ -361,9 +441,14 @@ async def judge_request(
        and, last, the replay store (single use, awaited).
 
     A token that is ``too_early`` (a paced round retried before its time) is no refusal:
-    the request is held until then when that is at most ``max_hold`` seconds away
-    (asynchronously, holding no thread) and judged again; otherwise the verdict carries
-    :attr:`Judged.early`, the same state to answer at once, and nothing was consumed.
+    the request is held until then when that is at most ``max_hold`` seconds away and
+    ``holds`` has room (asynchronously, holding no thread: ``await wait(seconds)``) and
+    judged again; otherwise the verdict carries :attr:`Judged.early`, the same state to
+    answer at once, and nothing was consumed. A hold whose ``wait`` raises (or is
+    cancelled: its client went away) is abandoned: logged, counted, the exception
+    re-raised, the token neither consumed nor the handler run. ``wait=None``: the caller
+    holds the retry itself (to keep less of the request while it waits): the verdict is
+    early with :attr:`Judged.hold` set.
 
     Then the payload is read as UTF-8 text; only a holder of the keys can mint one that
     is not, and such a token could never be redeemed here anyway. Each refusal logs one
@@ -381,13 +466,13 @@ async def judge_request(
             raise InvalidState(
                 "malformed", f"the request cannot be bound: {type(exc).__name__}: {str(exc)[:200]}"
             ) from None
-        opened = await _paced_unseal(codec, token, binding, max_hold)
-        if opened is None:  # too early to hold: the same state, at once
+        opened = await _paced_unseal(codec, token, binding, max_hold, holds=holds, wait=wait)
+        if not isinstance(opened, OpenedState):  # too early to hold here: the same state, at once
             _telemetry.record_unseal(
                 _MODE_LABEL.get(codec.mode) or codec.mode.value, method, "too_early", len(token)
             )
             early = {"resultType": INPUT_REQUIRED, REQUEST_STATE: token}
-            return Judged(method, params, bind, None, binding, early=early)
+            return Judged(method, params, bind, None, binding, early=early, hold=opened)
         try:
             plaintext = opened.payload.decode("utf-8")
         except UnicodeDecodeError:
@@ -410,41 +495,93 @@ async def judge_request(
 
 
 async def _paced_unseal(
-    codec: StateCodec, token: str, binding: Binding, max_hold: float
-) -> OpenedState | None:
+    codec: StateCodec,
+    token: str,
+    binding: Binding,
+    max_hold: float,
+    *,
+    holds: Holds | None,
+    wait: Waiter | None,
+) -> OpenedState | Hold | None:
     """``codec.aunseal``, holding a ``too_early`` token until its time if that is within ``max_hold``.
 
-    ``None``: the token is too early to hold (it was not consumed). A held request is
-    judged again from the start after the wait, so a token redeemed meanwhile by another
-    request is ``replayed`` as usual.
+    ``None``: the token is too early to hold (it was not consumed); a :class:`Hold`: the
+    caller holds it itself (``wait=None``). A held request is judged again from the
+    start after the wait, so a token redeemed meanwhile by another request is
+    ``replayed`` as usual.
     """
     held = 0.0
-    for _ in range(_HOLDS_MAX + 1):
+    for _ in range(HOLDS_MAX + 1):
         try:
             return await codec.aunseal(token, binding)
         except InvalidState as exc:
             if exc.reason != "too_early" or exc.retry_at is None:
                 raise
-            wait = _wait_until(codec, exc)
-            if held + wait > max_hold:
+            seconds = _wait_until(codec, exc)
+            if held + seconds > max_hold:
                 logger.info(
                     "early retry of flow %s round %s answered with the same state (%.3fs early)",
                     (exc.flow_id or "-")[:8],
                     exc.round,
-                    wait,
-                    extra=_early_fields("early_retry_answered", exc, wait),
+                    seconds,
+                    extra=_early_fields("early_retry_answered", exc, seconds),
                 )
                 return None
-            logger.debug(
-                "holding an early retry of flow %s round %s for %.3fs",
-                (exc.flow_id or "-")[:8],
-                exc.round,
-                wait,
-                extra=_early_fields("early_retry_held", exc, wait),
-            )
-            held += wait
-            await asyncio.sleep(wait)
+            if wait is None:
+                return Hold(seconds, exc)
+            if holds is None:
+                await _hold(wait, exc, seconds)
+            elif not holds.enter(exc.token_id or "-"):
+                hold_refused(holds, exc, seconds)
+                return None
+            else:
+                try:
+                    await _hold(wait, exc, seconds)
+                finally:
+                    holds.leave(exc.token_id or "-")
+            held += seconds
     return None
+
+
+async def _hold(wait: Waiter, early: InvalidState, seconds: float) -> None:
+    logger.debug(
+        "holding an early retry of flow %s round %s for %.3fs",
+        (early.flow_id or "-")[:8],
+        early.round,
+        seconds,
+        extra=_early_fields("early_retry_held", early, seconds),
+    )
+    try:
+        await wait(seconds)
+    except BaseException:
+        hold_abandoned(early, seconds)
+        raise
+
+
+def hold_refused(holds: Holds, early: InvalidState, seconds: float) -> None:
+    """Log and count an early retry answered at once because ``holds`` is full."""
+    _telemetry.record_shed("hold_limit")
+    logger.warning(
+        "early retry of flow %s round %s answered with the same state: %d retries held, "
+        "at most %d (%d of one token)",
+        (early.flow_id or "-")[:8],
+        early.round,
+        holds.held,
+        holds.total,
+        holds.per_token,
+        extra={**_early_fields("early_retry_answered", early, seconds), "reason": "hold_limit"},
+    )
+
+
+def hold_abandoned(early: InvalidState, seconds: float) -> None:
+    """Log and count a hold given up because its client went away: nothing consumed, nothing run."""
+    _telemetry.record_shed("hold_abandoned")
+    logger.info(
+        "early retry of flow %s round %s abandoned by its client during the hold; token not consumed",
+        (early.flow_id or "-")[:8],
+        early.round,
+        extra={**_early_fields("early_retry_abandoned", early, seconds), "reason": "hold_abandoned"},
+    )
 
 
 def _early_fields(event: str, early: InvalidState, wait: float) -> dict[str, object]:

@@ -101,10 +101,13 @@ class StateCodecMiddleware:
         retry_after: float | None = None,
         max_hold: float = jsonrpc.DEFAULT_MAX_HOLD,
         sdk_window: SDKStateWindow | None = None,
+        max_holds: int = jsonrpc.DEFAULT_MAX_HOLDS,
+        max_holds_per_token: int = jsonrpc.DEFAULT_MAX_HOLDS_PER_TOKEN,
     ) -> None:
         if not isinstance(codec, StateCodec):
             raise TypeError(f"codec must be a statecodec.StateCodec, not {type(codec).__name__}")
         jsonrpc.check_pacing(codec, retry_after, max_hold)
+        self.holds = jsonrpc.Holds(max_holds, max_holds_per_token)
         self.codec = codec
         self.sdk_window = sdk_window
         self.audience = audience
@@ -129,8 +132,15 @@ class StateCodecMiddleware:
             jsonrpc.judge_request if self.sdk_window is None else partial(self.sdk_window.judge_request, ctx)
         )
         try:
+            # A hold ends early when the SDK cancels this request (its client went away, or
+            # sent notifications/cancelled): nothing is consumed and the handler never runs.
             judged = await judge(
-                self.codec, method, ctx.params, partial(self._binding, ctx), max_hold=self.max_hold
+                self.codec,
+                method,
+                ctx.params,
+                partial(self._binding, ctx),
+                max_hold=self.max_hold,
+                holds=self.holds,
             )
         except jsonrpc.WireError as exc:
             raise _mcp_error(exc) from None
@@ -299,6 +309,8 @@ def protect(
     retry_after: float | None = None,
     max_hold: float = jsonrpc.DEFAULT_MAX_HOLD,
     sdk_window: SDKStateWindow | None = None,
+    max_holds: int = jsonrpc.DEFAULT_MAX_HOLDS,
+    max_holds_per_token: int = jsonrpc.DEFAULT_MAX_HOLDS_PER_TOKEN,
 ) -> StateCodecMiddleware:
     """Seal and verify every ``requestState`` of ``server`` with ``codec``.
 
@@ -322,6 +334,11 @@ def protect(
         :class:`~statecodec.adapters.sdk_window.SDKStateWindow`: the SDK's tokens are
         accepted (once each, with the SDK's keys and binding rules) until it closes;
         every new state is statecodec's. The codec needs a replay store.
+    :param max_holds: early retries held at once; :param max_holds_per_token: of one
+        token. One more is answered at once with the same state, unconsumed
+        (:class:`~statecodec.adapters.jsonrpc.Holds`). A held retry whose request the SDK
+        cancels (its client disconnected from an SSE answer, or sent
+        ``notifications/cancelled``) is released: nothing consumed, the handler not run.
     :returns: the installed middleware.
 
     Rounds chain automatically: a round that came in with a state and answers
@@ -342,6 +359,8 @@ def protect(
         retry_after=retry_after,
         max_hold=max_hold,
         sdk_window=None if sdk_window is None else sdk_window.for_server(server.name, codec),
+        max_holds=max_holds,
+        max_holds_per_token=max_holds_per_token,
     )
     install(chain, middleware)
     return middleware

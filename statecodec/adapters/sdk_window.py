@@ -110,6 +110,7 @@ class SDKStateWindow:
         bind: jsonrpc.Binder,
         *,
         max_hold: float = jsonrpc.DEFAULT_MAX_HOLD,
+        holds: jsonrpc.Holds | None = None,
     ) -> jsonrpc.Judged:
         """:func:`statecodec.adapters.jsonrpc.judge_request`, plus the SDK's tokens while open.
 
@@ -118,7 +119,7 @@ class SDKStateWindow:
         """
         token = None if params is None else params.get(jsonrpc.REQUEST_STATE)
         if not isinstance(token, str) or not _sdk_shaped(token) or jsonrpc.state_aliases(params or {}):
-            return await jsonrpc.judge_request(codec, method, params, bind, max_hold=max_hold)
+            return await jsonrpc.judge_request(codec, method, params, bind, max_hold=max_hold, holds=holds)
         assert params is not None
         try:
             state, binding = await self._redeem(

@@ -30,7 +30,7 @@ import click
 from .. import _telemetry
 from .._codec import DEFAULT_TTL, StateCodec
 from ..adapters.asgi import DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_RESPONSE_BYTES, ASGIApp, PrincipalFn
-from ..adapters.jsonrpc import DEFAULT_MAX_HOLD
+from ..adapters.jsonrpc import DEFAULT_MAX_HOLD, DEFAULT_MAX_HOLDS, DEFAULT_MAX_HOLDS_PER_TOKEN
 from ._exit import CliError, ExitCode
 from ._output import classify, echo
 from ._params import (
@@ -237,12 +237,29 @@ def _count_option(flag: str, default: int, text: str) -> Callable[[F], F]:
 @duration_option("--connect-timeout", "10s", "Connecting to the upstream.")
 @duration_option("--read-timeout", "5m", "Silence allowed between two upstream chunks.")
 @duration_option("--graceful-timeout", "30s", "On SIGTERM, time left to open requests.")
+@duration_option("--head-timeout", "10s", "A client connection must complete each request head within this.")
+@duration_option(
+    "--body-timeout", "30s", "A request body must arrive whole within this after its head (else 408)."
+)
+@duration_option("--idle-timeout", "5s", "An idle keep-alive client connection is closed after this.")
+@click.option(
+    "--max-client-connections",
+    type=click.IntRange(1),
+    help="Client connections at once; beyond, the oldest idle or half-open one is closed "
+    "(default: the open-file limit less --max-connections, --max-streams and 64).",
+)
 @click.option(
     "--max-concurrent-requests",
     type=click.IntRange(1),
     help="Answer 503 beyond this many open requests (default: no limit).",
 )
 @_count_option("--max-connections", 100, "Upstream connection pool size.")
+@_count_option(
+    "--max-streams",
+    100,
+    "Long-lived streams (GET, subscriptions/listen) at once, on connections of their own.",
+)
+@_count_option("--max-streams-per-client", 10, "Streams one client address may hold at once.")
 @flow_budget_options(
     "Most states one flow may have; a later round is refused (the clients' own default is 10).",
     "A flow's states are refused once it started longer ago than this.",
@@ -260,6 +277,14 @@ def _count_option(flag: str, default: int, text: str) -> Callable[[F], F]:
     show_default=True,
     metavar="SECONDS",
     help="Hold an early retry until its time if at most this far away; else answer at once with its state.",
+)
+@_count_option(
+    "--max-holds",
+    DEFAULT_MAX_HOLDS,
+    "Early retries held at once; one more is answered at once with its state.",
+)
+@_count_option(
+    "--max-holds-per-token", DEFAULT_MAX_HOLDS_PER_TOKEN, "Early retries of one token held at once."
 )
 @click.option(
     "--passthrough-path",
@@ -405,13 +430,21 @@ class _Settings:
     connect_timeout: int
     read_timeout: int
     graceful_timeout: int
+    head_timeout: int
+    body_timeout: int
+    idle_timeout: int
+    max_client_connections: int | None
     max_concurrent_requests: int | None
     max_connections: int
+    max_streams: int
+    max_streams_per_client: int
     passthrough_paths: tuple[str, ...]
     max_rounds: int
     max_flow_age: int
     retry_after: float | None
     max_hold: float
+    max_holds: int
+    max_holds_per_token: int
     workers: int
     allowed_hosts: tuple[str, ...]
     allowed_origins: tuple[str, ...]
@@ -424,6 +457,10 @@ def _run(settings: _Settings, host: str, port: int, admin_address: tuple[str, in
 
     if settings.ttl <= 0:
         raise click.BadParameter("must be positive", param_hint="'--ttl'")
+    for name in ("head_timeout", "body_timeout", "idle_timeout"):
+        if getattr(settings, name) <= 0:
+            raise click.BadParameter("must be positive", param_hint=f"'--{name.replace('_', '-')}'")
+    _client_limits(settings)  # an open-file limit too low to serve is a usage error, before listening
     if settings.workers > 1 and settings.replay.strip().lower().startswith("memory"):
         raise click.UsageError(
             "--workers N needs a replay store the workers share (sqlite:PATH or redis://...): "
@@ -497,10 +534,14 @@ def _built(settings: _Settings) -> Iterator[tuple[Any, Any, Any]]:
         max_response_bytes=settings.max_response_bytes,
         timeouts=Timeouts(connect=settings.connect_timeout, read=settings.read_timeout),
         max_connections=settings.max_connections,
+        max_streams=settings.max_streams,
+        max_streams_per_client=settings.max_streams_per_client,
         passthrough_paths=settings.passthrough_paths,
         retry_after=settings.retry_after,
         max_hold=settings.max_hold,
         hosts=HostPolicy.of(settings.allowed_hosts, settings.allowed_origins),
+        max_holds=settings.max_holds,
+        max_holds_per_token=settings.max_holds_per_token,
     )
     manager = KeyManager(require_keys(settings.keys_spec), max_ttl=max(float(settings.ttl), 600.0))
     manager.start()  # exit 3 or 7 before listening if no keys can be had
@@ -559,6 +600,7 @@ def _serve_on(
                         sock,
                         graceful_timeout=settings.graceful_timeout,
                         limit_concurrency=settings.max_concurrent_requests,
+                        clients=_client_limits(settings),
                         on_ready=ready,
                     ),
                     closer,
@@ -568,6 +610,23 @@ def _serve_on(
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+
+
+def _client_limits(settings: _Settings) -> Any:
+    from ..proxy import ClientLimits  # noqa: PLC0415
+    from ..proxy._guard import default_max_connections, raise_open_file_limit  # noqa: PLC0415
+
+    raise_open_file_limit()  # the command owns its process (workers inherit the limit)
+    try:
+        most = settings.max_client_connections or default_max_connections(_descriptors_upstream(settings))
+    except ValueError as exc:
+        raise click.UsageError(str(exc)) from None
+    return ClientLimits(settings.head_timeout, settings.body_timeout, settings.idle_timeout, most)
+
+
+def _descriptors_upstream(settings: _Settings) -> int:
+    """The most connections the proxy opens to the upstream at once."""
+    return settings.max_connections + settings.max_streams
 
 
 def _serve_worker(settings: _Settings, sock: socket.socket, announce: Any) -> None:

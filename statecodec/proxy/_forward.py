@@ -25,7 +25,13 @@ proxy:
   checked it), so the upstream's own DNS-rebinding protection judges the same value;
 - no header the client did not send is added but ``Accept-Encoding``, ``Content-Length``
   (or ``Transfer-Encoding: chunked``) and ``X-Forwarded-*`` (and ``Host`` when the client
-  sent none).
+  sent none);
+- long-lived streams never take the connections request/response traffic needs: a
+  ``GET`` (in MCP, the server's SSE stream) or a ``subscriptions/listen`` request goes
+  through a pool of its own, ``max_streams`` connections, and one client address holds
+  at most ``max_streams_per_client`` of them (:class:`_Streams`). A stream over either
+  bound is refused at once (503, or 429 for a client over its share), logged and counted,
+  and never waits: a POST never queues behind a stream, nor a stream behind a POST.
 """
 
 from __future__ import annotations
@@ -74,6 +80,9 @@ _REPLACED_REQUEST: Final = frozenset(
     }
 )
 _DROPPED_REQUEST: Final = HOP_BY_HOP | _REPLACED_REQUEST
+# The requests that open a long-lived stream: MCP's GET stream and SEP-2575's listen
+# request (named by its ``Mcp-Method`` header, which the middleware checks against the body).
+_LISTEN: Final = b"subscriptions/listen"
 # Methods that define no meaning for a body: no ``Content-Length: 0`` when there is none.
 _BODILESS: Final = frozenset({b"GET", b"HEAD", b"OPTIONS", b"TRACE", b"DELETE", b"CONNECT"})
 # Below Node's default keep-alive timeout (5 s): an idle connection is dropped here before
@@ -99,6 +108,50 @@ class Timeouts:
 
 class _ClientGone(Exception):  # noqa: N818 - control flow
     pass
+
+
+class _Streams:
+    """Slots for long-lived streams: ``total`` at once, ``per_client`` for one client address.
+
+    The client is the peer address: behind a load balancer that hides it, every client is
+    one, so give such a deployment ``per_client == total``.
+    """
+
+    __slots__ = ("by_client", "open", "per_client", "total")
+
+    def __init__(self, total: int, per_client: int) -> None:
+        if total < 1 or per_client < 1:
+            raise ValueError("max_streams and max_streams_per_client must be at least 1")
+        self.total = total
+        self.per_client = min(per_client, total)
+        self.open = 0
+        self.by_client: dict[str, int] = {}
+
+    def take(self, client: str) -> str | None:
+        """A slot for ``client``, or the reason there is none (a shed reason)."""
+        if self.open >= self.total:
+            return "stream_limit"
+        held = self.by_client.get(client, 0)
+        if held >= self.per_client:
+            return "stream_client_limit"
+        self.open += 1
+        self.by_client[client] = held + 1
+        return None
+
+    def give(self, client: str) -> None:
+        self.open -= 1
+        held = self.by_client.pop(client) - 1
+        if held:
+            self.by_client[client] = held
+
+
+def _is_stream(scope: Scope, headers: list[tuple[bytes, bytes]]) -> bool:
+    if scope["method"] == "GET":
+        return True
+    if scope["method"] != "POST":
+        return False
+    # ASGI header names are lower-case: one comparison per header, for POSTs only.
+    return any(name == b"mcp-method" and value.strip() == _LISTEN for name, value in headers)
 
 
 # What reading an answer's body raises when the upstream breaks off: the connection's
@@ -156,7 +209,11 @@ class UpstreamApp:
     """Forward to ``upstream`` (its scheme, host and port; each request keeps its own path).
 
     :param upstream: for example ``http://127.0.0.1:9000/mcp``.
-    :param max_connections: the most connections open to the upstream at once.
+    :param max_connections: the most connections open to the upstream at once for
+        request/response traffic.
+    :param max_streams: the most long-lived streams (GET, ``subscriptions/listen``) at
+        once, on connections of their own; :param max_streams_per_client: of which one
+        client address may hold this many.
     :param tls: the TLS context for an ``https://`` upstream (by default the system's
         trust store, hostname checked).
     """
@@ -167,6 +224,8 @@ class UpstreamApp:
         *,
         timeouts: Timeouts = Timeouts(),
         max_connections: int = 100,
+        max_streams: int = 100,
+        max_streams_per_client: int = 10,
         tls: ssl.SSLContext | None = None,
     ) -> None:
         try:
@@ -181,12 +240,14 @@ class UpstreamApp:
         self.upstream = upstream
         self.timeouts = timeouts
         self.max_connections = max_connections
+        self.streams = _Streams(max_streams, max_streams_per_client)
         self._host = host
         self._port = port or (443 if url.scheme == "https" else 80)
         self._tls = (tls or ssl.create_default_context()) if url.scheme == "https" else None
         authority = f"[{host}]" if ":" in host else host
         self._host_header = (authority if port is None else f"{authority}:{port}").encode("idna")
         self._pool: Pool | None = None
+        self._stream_pool: Pool | None = None
 
     def __repr__(self) -> str:
         return f"UpstreamApp({self.upstream!r})"
@@ -195,24 +256,40 @@ class UpstreamApp:
     def pool(self) -> Pool:
         """The connection pool; created on first use, inside the running event loop."""
         if self._pool is None:
-            self._pool = Pool(
-                self._host,
-                self._port,
-                tls=self._tls,
-                limit=self.max_connections,
-                keepalive=_KEEPALIVE_SECONDS,
-                read_timeout=self.timeouts.read,
-            )
+            self._pool = self._new_pool(self.max_connections)
         return self._pool
 
+    @property
+    def stream_pool(self) -> Pool:
+        """The connections of long-lived streams, apart from :attr:`pool`."""
+        if self._stream_pool is None:
+            self._stream_pool = self._new_pool(self.streams.total)
+        return self._stream_pool
+
+    def _new_pool(self, limit: int) -> Pool:
+        return Pool(
+            self._host,
+            self._port,
+            tls=self._tls,
+            limit=limit,
+            keepalive=_KEEPALIVE_SECONDS,
+            read_timeout=self.timeouts.read,
+        )
+
     async def aclose(self) -> None:
-        pool, self._pool = self._pool, None
-        if pool is not None:
-            pool.close()
+        pools = (self._pool, self._stream_pool)
+        self._pool = self._stream_pool = None
+        for pool in pools:
+            if pool is not None:
+                pool.close()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http":
-            await self._forward(scope, receive, send)
+            headers = list(scope.get("headers", ()))
+            if _is_stream(scope, headers):
+                await self._stream(scope, headers, receive, send)
+            else:
+                await self._forward(scope, headers, receive, send, self.pool)
         elif scope["type"] == "lifespan":
             await self._lifespan(receive, send)
         elif scope["type"] == "websocket":
@@ -259,8 +336,39 @@ class UpstreamApp:
         lines.append(b"\r\n")
         return b"".join(lines)
 
-    async def _forward(self, scope: Scope, receive: Receive, send: Send) -> None:
-        headers = _RequestHeaders(list(scope.get("headers", ())))
+    async def _stream(
+        self, scope: Scope, headers: list[tuple[bytes, bytes]], receive: Receive, send: Send
+    ) -> None:
+        """A long-lived stream: forwarded on :attr:`stream_pool` if it gets a slot, else refused."""
+        client = scope.get("client")
+        address = str(client[0]) if client else "-"
+        refused = self.streams.take(address)
+        if refused is not None:
+            status = 503 if refused == "stream_limit" else 429
+            _telemetry.record_shed(refused)
+            logger.warning(
+                "refused a stream with HTTP %d (%s): %d open, at most %d, %d per client",
+                status,
+                refused,
+                self.streams.open,
+                self.streams.total,
+                self.streams.per_client,
+                extra={
+                    **_telemetry.fields("stream_refused", reason=refused, status=status),
+                    "client": address,
+                },
+            )
+            await _error(send, status, "Too many streams")
+            return
+        try:
+            await self._forward(scope, headers, receive, send, self.stream_pool)
+        finally:
+            self.streams.give(address)
+
+    async def _forward(
+        self, scope: Scope, raw_headers: list[tuple[bytes, bytes]], receive: Receive, send: Send, pool: Pool
+    ) -> None:
+        headers = _RequestHeaders(raw_headers)
         body = await _Body.read(receive)
         if body is None:
             return  # the client went away while sending
@@ -275,7 +383,7 @@ class UpstreamApp:
             return
         timeouts = self.timeouts
         try:
-            response = await self.pool.request(
+            response = await pool.request(
                 str(scope["method"]).encode("ascii"),
                 head,
                 body.data,

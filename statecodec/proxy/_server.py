@@ -14,6 +14,7 @@ import logging
 import socket
 from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
+from typing import Final
 
 import uvicorn
 
@@ -25,12 +26,14 @@ from ..adapters.asgi import (
     PrincipalFn,
     RequestStateMiddleware,
 )
-from ..adapters.jsonrpc import DEFAULT_MAX_HOLD
+from ..adapters.jsonrpc import DEFAULT_MAX_HOLD, DEFAULT_MAX_HOLDS, DEFAULT_MAX_HOLDS_PER_TOKEN
 from ._forward import Timeouts, UpstreamApp
+from ._guard import ClientLimits, Guard, default_max_connections, guarded_protocol
 from ._hosts import HostGuard, HostPolicy
 from ._metered import MeteredApp
 
 logger = logging.getLogger("statecodec.proxy")
+_DEFAULT_CLIENTS: Final = ClientLimits()
 
 
 @dataclass(frozen=True)
@@ -43,11 +46,15 @@ class ProxyOptions:
     max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES
     timeouts: Timeouts = field(default_factory=Timeouts)
     max_connections: int = 100
+    max_streams: int = 100
+    max_streams_per_client: int = 10
     passthrough_paths: Collection[str] = ()
     retry_after: float | None = None  # pacing of requestState-only rounds
     max_hold: float = DEFAULT_MAX_HOLD
     #: The Host and Origin values answered (DNS-rebinding protection); by default loopback's.
     hosts: HostPolicy = field(default_factory=HostPolicy.loopback)
+    max_holds: int = DEFAULT_MAX_HOLDS
+    max_holds_per_token: int = DEFAULT_MAX_HOLDS_PER_TOKEN
 
 
 def event_loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
@@ -70,7 +77,11 @@ def build_proxy(codec: StateCodec, options: ProxyOptions, *, principal: Principa
     if not options.audience:
         raise ValueError("the proxy needs an audience (the protected service's name)")
     upstream = UpstreamApp(
-        options.upstream, timeouts=options.timeouts, max_connections=options.max_connections
+        options.upstream,
+        timeouts=options.timeouts,
+        max_connections=options.max_connections,
+        max_streams=options.max_streams,
+        max_streams_per_client=options.max_streams_per_client,
     )
     middleware = RequestStateMiddleware(
         upstream,
@@ -82,6 +93,8 @@ def build_proxy(codec: StateCodec, options: ProxyOptions, *, principal: Principa
         passthrough_paths=options.passthrough_paths,
         retry_after=options.retry_after,
         max_hold=options.max_hold,
+        max_holds=options.max_holds,
+        max_holds_per_token=options.max_holds_per_token,
     )
     return MeteredApp(HostGuard(middleware, options.hosts))
 
@@ -92,6 +105,8 @@ async def serve(
     *,
     graceful_timeout: int = 30,
     limit_concurrency: int | None = None,
+    clients: ClientLimits = _DEFAULT_CLIENTS,
+    upstream_connections: int = 100,
     on_ready: Callable[[str], None] | None = None,
 ) -> None:
     """Run ``app`` on ``sock`` until SIGINT/SIGTERM, then drain for ``graceful_timeout`` seconds.
@@ -101,7 +116,14 @@ async def serve(
     logging of its own (its records reach the process's handlers, which ``statecodec
     proxy`` sets, text or JSON). Its ``Server`` and ``Date`` headers are off too, so the
     upstream's pass through unchanged.
+
+    Client connections are kept within ``clients`` (:mod:`._guard`): head and body
+    deadlines, idle keep-alive connections closed after ``clients.idle_timeout`` (uvicorn's
+    ``timeout_keep_alive``), and at most ``clients.max_connections`` connections, by default
+    what the open-file limit leaves once ``upstream_connections`` are counted. Raises
+    ``ValueError`` when that limit is too low to serve.
     """
+    guard = Guard(clients, clients.max_connections or default_max_connections(upstream_connections))
     config = uvicorn.Config(
         app,
         log_config=None,
@@ -113,6 +135,8 @@ async def serve(
         proxy_headers=False,
         timeout_graceful_shutdown=graceful_timeout,
         limit_concurrency=limit_concurrency,
+        http=guarded_protocol(guard),
+        timeout_keep_alive=clients.idle_timeout,  # type: ignore[arg-type]  # a float works
     )
     server = uvicorn.Server(config)
 
@@ -125,7 +149,9 @@ async def serve(
             on_ready(url)
 
     announcer = asyncio.create_task(announce())
+    sweeper = asyncio.create_task(guard.run(min(0.5, clients.head_timeout / 4, clients.body_timeout / 4)))
     try:
         await server.serve(sockets=[sock])
     finally:
         announcer.cancel()
+        sweeper.cancel()
