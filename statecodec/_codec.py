@@ -449,11 +449,7 @@ class StateCodec:
         if why is not None:
             raise _refusal(why, kid, tid, flow_id, round_, not_before=not_before)
         flow_hex = tid if flow_id is token_id else flow_id.hex()
-        # tuple.__new__ directly: OpenedState(...) goes through a Python-level __new__
-        # that only forwards its arguments, on every unseal.
-        return tuple.__new__(
-            OpenedState, (payload, kid, iat, exp, tid, self.mode, flow_hex, round_, started, not_before)
-        )
+        return OpenedState(payload, kid, iat, exp, tid, self.mode, flow_hex, round_, started, not_before)
 
     def _authentic_payload(self, key: Key, parsed: _format.ParsedToken) -> bytes:
         """The payload once the MAC (SIGN) or the AEAD tag (ENCRYPT) verifies under ``key``."""
