@@ -59,9 +59,10 @@ class RotationPolicy:
         """Rotate when the newest live key is ``min_age`` old; retire a key once its successor
         is ``retire_after`` old (never the primary); drop tombstones ``retire_after`` later.
 
-        A key added now changes neither the primary (it is not promoted yet) nor any
-        retirement (its predecessor waits ``retire_after`` from now), so the decision over
-        the ring before the new key is also the decision after it.
+        A key stamped ``now`` changes neither the primary (it is not promoted yet) nor any
+        retirement (its predecessor waits ``retire_after`` from now), so for a document the
+        decision over the ring before the new key is also the decision after it. A source
+        that dates new keys by its own clock (transit) decides again after adding one.
         """
         live = sorted((k for k in ring.keys if k.verifies_at(now)), key=lambda k: k.created_at)
         newest = live[-1] if live else None

@@ -171,7 +171,7 @@ class TransitSource(KeySource):
         policy = RotationPolicy(min_age, retire_after, timeline)  # refuses an unsafe retire_after
         meta = self._metadata()
         latest = int(meta["latest_version"])
-        decision = policy.decide(self._dated_ring(meta), now)
+        decision = retiring = policy.decide(self._dated_ring(meta), now)
         new_kid: str | None = None
         notes: list[str] = []
         if decision.rotate:
@@ -179,7 +179,10 @@ class TransitSource(KeySource):
                 new_kid = self.kid(latest + 1)
             else:
                 meta, new_kid = self._rotate_once(latest, notes)
-        retired = self._retire(meta, decision, dry_run=dry_run, notes=notes)
+                # Vault dates the new version by its own clock, which may be behind ``now``
+                # (a job judging ages at another instant): decide again on what is there now.
+                retiring = policy.decide(self._dated_ring(meta), now)
+        retired = self._retire(meta, retiring, dry_run=dry_run, notes=notes)
         newest = int(meta["latest_version"]) if new_kid is None or not dry_run else latest + 1
         return RotationReport(
             source=self.describe(),
