@@ -84,7 +84,7 @@ class _Flow:
     state: str
     responses: dict[str, Any]
     input_requests: Mapping[str, Any]
-    started: float  # time.time() of round 1
+    started: float  # time.time() when round 1's answer arrived
 
 
 async def probe(settings: Settings) -> Report:
@@ -131,10 +131,12 @@ class _Run:
         arguments: Mapping[str, Any] | None = None,
     ) -> _Flow | Reply:
         """A fresh flow's round 1, or the reply that was not a state-carrying input_required."""
-        at = time.time()
         reply = await (conn or self.main).call(
             tool or self.s.tool, self.s.arguments if arguments is None else arguments
         )
+        # The state was issued at the latest now: a --wait counted from here outlasts its lifetime
+        # however slowly round 1 ran, and "N s after it was issued" stays a lower bound.
+        at = time.time()
         if reply.outcome is Outcome.INPUT_REQUIRED and isinstance(reply.state, str):
             requests = reply.input_requests or {}
             return _Flow(reply.state, self.answers(requests), requests, at)
