@@ -69,7 +69,6 @@ MAX_ROUND: Final = 255
 _TIMES = struct.Struct(">II")
 _CHAIN = struct.Struct(f">{TOKEN_ID_LEN}sBI")  # flow id, round, flow start
 _PACE = struct.Struct(">I")  # nbf_ms
-_new_tuple: Final = tuple.__new__
 _HEADER_FIXED: Final = 1 + 8 + TOKEN_ID_LEN + BIND_TAG_LEN  # the header without the kid: 41 bytes
 _AEAD_TRAILER: Final = NONCE_SUFFIX_LEN + AEAD_TAG_LEN
 # kid, iat, exp, tid and btag in one C call: one layout per kid length.
@@ -263,13 +262,10 @@ def parse(token: str, max_token_bytes: int) -> ParsedToken:
     else:
         body, mac = raw[header_len:], b""
     header = raw[:header_len]
-    # tuple.__new__ directly: ParsedToken(...) goes through a Python-level __new__ that
-    # only forwards its arguments, and the codec parses on every unseal.
     if not flags:  # a flow of one: its own id, round 1, started at iat; not paced
-        return _new_tuple(
-            ParsedToken,
-            (prefix, mode, kid, issued_at, expires_at, token_id, bind_tag, header, body, mac,
-             token_id, 1, issued_at, 0),
+        return ParsedToken(
+            prefix, mode, kid, issued_at, expires_at, token_id, bind_tag, header, body, mac,
+            token_id, 1, issued_at, 0,
         )  # fmt: skip
     flow_id, round_, started, not_before_ms = token_id, 1, issued_at, 0
     at = kid_len + _HEADER_FIXED
@@ -282,8 +278,7 @@ def parse(token: str, max_token_bytes: int) -> ParsedToken:
         (not_before_ms,) = _PACE.unpack_from(raw, at)
         if not not_before_ms:
             raise InvalidState("malformed", "a paced token without a wait")
-    return _new_tuple(
-        ParsedToken,
-        (prefix, mode, kid, issued_at, expires_at, token_id, bind_tag, header, body, mac,
-         flow_id, round_, started, not_before_ms),
+    return ParsedToken(
+        prefix, mode, kid, issued_at, expires_at, token_id, bind_tag, header, body, mac,
+        flow_id, round_, started, not_before_ms,
     )  # fmt: skip

@@ -46,7 +46,7 @@ from statecodec.probe._mutate import (
     payload_swapped,
     truncated,
 )
-from statecodec.probe._table import render
+from tools.probe_table import render
 
 VALIDATOR = jsonschema.Draft202012Validator(json.loads((ROOT / "docs" / "cli-schema.json").read_text()))
 PLAN = {"version": "1.2.3", "plan_id": "ab12cd34", "steps": ["canary", "roll"], "retries": 3}

@@ -19,7 +19,8 @@ a token's ``exp`` and a key's ``retires_at`` are both read on the verifier's clo
 however the minter's clock was off, the key outlives the token by the same margin.
 
 The rotation job may remove a key from the source once the next key is ``D + M`` old
-(:attr:`Timeline.min_retire_after`); ``rotate()`` refuses a shorter ``retire_after``.
+(:attr:`Timeline.min_retire_after`); the rotation policy (``._policy``) refuses a
+shorter ``retire_after``.
 """
 
 from __future__ import annotations
@@ -30,13 +31,15 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Final, Literal
 
+from .. import _codec
 from .._keys import Key, KeyRing
 
 DEFAULT_REFRESH_INTERVAL: Final = 60.0
 DEFAULT_JITTER: Final = 0.1
-DEFAULT_MAX_SKEW: Final = 60.0  # the codec's default max_skew
-DEFAULT_MAX_TTL: Final = 600.0  # the codec's default ttl
-DEFAULT_EXPIRY_GRACE: Final = 0.0  # the codec's default expiry_grace
+# The codec's own defaults: a timeline agrees with a StateCodec built without options.
+DEFAULT_MAX_SKEW: Final = float(_codec.DEFAULT_MAX_SKEW)
+DEFAULT_MAX_TTL: Final = float(_codec.DEFAULT_TTL)
+DEFAULT_EXPIRY_GRACE: Final = float(_codec.DEFAULT_EXPIRY_GRACE)
 DEFAULT_STALENESS_LIMIT: Final = 900.0
 
 #: Source timestamps (transit metadata, ``created_at``) are truncated to whole seconds,

@@ -18,6 +18,7 @@ from typing import Any
 from .. import _format, _telemetry
 from .._keys import MIN_SECRET_BYTES, Key, KeyRing
 from ._errors import KeySourceError
+from ._policy import Decision, RotationPolicy
 from ._settings import VaultSettings
 from ._source import TRANSIT_KEY_TYPES, KeySource, RotationReport, metadata_ring
 from ._timeline import Timeline
@@ -167,30 +168,37 @@ class TransitSource(KeySource):
     def rotate(
         self, *, min_age: float, retire_after: float, now: float, dry_run: bool, timeline: Timeline
     ) -> RotationReport:
+        policy = RotationPolicy(min_age, retire_after, timeline)  # refuses an unsafe retire_after
         meta = self._metadata()
         latest = int(meta["latest_version"])
-        times = self._dated(meta)
-        age = now - times[latest]
+        decision = retiring = policy.decide(self._dated_ring(meta), now)
         new_kid: str | None = None
         notes: list[str] = []
-        if age >= min_age:
+        if decision.rotate:
             if dry_run:
                 new_kid = self.kid(latest + 1)
             else:
                 meta, new_kid = self._rotate_once(latest, notes)
-                times = self._dated(meta)
-        retired = self._retire(meta, times, retire_after, now, dry_run=dry_run, notes=notes)
+                # Vault dates the new version by its own clock, which may be behind ``now``
+                # (a job judging ages at another instant): decide again on what is there now.
+                retiring = policy.decide(self._dated_ring(meta), now)
+        retired = self._retire(meta, retiring, dry_run=dry_run, notes=notes)
         newest = int(meta["latest_version"]) if new_kid is None or not dry_run else latest + 1
         return RotationReport(
             source=self.describe(),
             rotated=new_kid is not None,
             newest_kid=self.kid(newest),
-            newest_age=age,
+            newest_age=decision.newest_age,
             new_kid=new_kid,
             retired=tuple(retired),
             dry_run=dry_run,
             notes=tuple(notes),
         )
+
+    def _dated_ring(self, meta: dict[str, Any]) -> KeyRing:
+        """The live versions with their recorded creation times, in version order."""
+        times = self._dated(meta)
+        return metadata_ring((self.kid(v), times[v]) for v in self._live_versions(meta) if v in times)
 
     def _rotate_once(self, seen_latest: int, notes: list[str]) -> tuple[dict[str, Any], str]:
         self._write_until(
@@ -212,25 +220,20 @@ class TransitSource(KeySource):
         return meta, self.kid(latest)
 
     def _retire(
-        self,
-        meta: dict[str, Any],
-        times: dict[int, int],
-        retire_after: float,
-        now: float,
-        *,
-        dry_run: bool,
-        notes: list[str],
+        self, meta: dict[str, Any], decision: Decision, *, dry_run: bool, notes: list[str]
     ) -> list[str]:
-        # Version v may stop verifying once v+1 is retire_after old; raising the minimum
-        # to the newest version that old retires everything below it in one step.
-        current = int(meta["min_decryption_version"])
-        old_enough = [v for v, t in times.items() if v > current and t + retire_after <= now]
-        if not old_enough:
+        # Transit retires by raising min_decryption_version, which cuts every version below
+        # it: cut below the newest version the decision retires, and only ever upwards (a
+        # concurrent job may have cut further meanwhile).
+        version = {self.kid(v): v for v in self._live_versions(meta)}
+        retired = [version[kid] for kid, _ in decision.retire if kid in version]
+        if not retired:
             return []
-        target = max(old_enough)
+        current = int(meta["min_decryption_version"])
+        target = max(retired) + 1
         if not dry_run:
             self._cut_below(target, notes)
-        return [self.kid(v) for v in range(current, target) if v in times]
+        return [self.kid(v) for v in range(current, target) if self.kid(v) in version]
 
     # ---------------------------------------------------------------- retire
     def retire_scope(self, ring: KeyRing, kid: str) -> tuple[tuple[str, ...], str | None]:
