@@ -6,12 +6,13 @@ and binding tag read and judged. Consuming the token id in the replay store come
 so nothing that fails a check can burn a valid token. Any unexpected exception fails
 closed (deny-on-error) as ``internal_error``.
 
-Time, in whole seconds like the token's own ``iat`` and ``exp``: a token is valid at
-``now`` while ``iat - max_skew <= floor(now) <= exp + expiry_grace``. So with ``ttl=600``
-and the default grace of 0 it is accepted through the 600th second after its issue
-(``now < exp + 1``) and rejected from the 601st; and it may come from an instance whose
-clock runs up to ``max_skew`` seconds ahead (``iat <= now + max_skew``, exact for a
-fractional ``now`` too).
+Time: a token is valid at ``now`` while ``iat - max_skew <= now < exp + expiry_grace``.
+A TTL is at most its TTL, as JWT's ``exp`` and the MCP SDKs have it: with ``ttl=600`` and
+the default grace of 0, a token issued at ``iat`` is refused from ``iat + 600`` on (and,
+``iat`` being ``floor`` of the minting time, it lives at most 600 s, up to a second less).
+It may come from an instance whose clock runs up to ``max_skew`` seconds ahead
+(``iat <= now + max_skew``). The times are whole seconds, so both comparisons give the
+same answer with ``floor(now)`` as with a fractional ``now``.
 
 Flows: a token sealed with ``parent=`` (the :class:`OpenedState` its round was opened
 from) is the next round of the parent's flow and carries, authenticated, the flow id (the
@@ -167,13 +168,13 @@ class StateCodec:
         self._mode_char = _MODE_CHAR[self.mode]
         # Tested on every seal and unseal: an attribute read, not an enum comparison.
         self._signs = self.mode is Mode.SIGN
-        # Expired from this instant after exp: floor(now) > exp + expiry_grace.
-        self._expired_after = self.expiry_grace + 1
-        # A flow ends like a token: floor(now) > start + max_flow_age + expiry_grace.
+        # Expired from this instant after exp: now >= exp + expiry_grace.
+        self._expired_after = self.expiry_grace
+        # A flow ends like a token: now >= start + max_flow_age + expiry_grace.
         self._flow_over_after = math.inf if max_flow_age is None else int(max_flow_age) + self._expired_after
         # A first round's token lives at most as long as its flow.
         self._flow_ttl_max = 2**31 if max_flow_age is None else int(max_flow_age)
-        # Replay entries: "<namespace>:<token id hex>", kept until exp + expiry_grace + 1 +
+        # Replay entries: "<namespace>:<token id hex>", kept until exp + expiry_grace +
         # max_skew on this codec's clock, handed to the store as a retention from now (the
         # comment above _store_down). Every instance sharing a store must use the same
         # max_skew and expiry_grace.
@@ -436,7 +437,7 @@ class StateCodec:
             raise InvalidState(
                 "malformed", "expires before it was issued, or issued before its flow", kid=kid, token_id=tid
             )
-        if now >= exp + self._expired_after:  # floor(now) > exp + expiry_grace
+        if now >= exp + self._expired_after:  # now >= exp + expiry_grace: a TTL is at most its TTL
             raise InvalidState(
                 "expired",
                 f"expired {duration(now - exp)} ago (expiry grace {self.expiry_grace}s)",
@@ -461,7 +462,7 @@ class StateCodec:
                 token_id=tid,
                 **self._flow_ids(tid, flow_id, round_),
             )
-        if now >= started + self._flow_over_after:  # floor(now) > start + max_flow_age + expiry_grace
+        if now >= started + self._flow_over_after:  # now >= start + max_flow_age + expiry_grace
             raise InvalidState(
                 "flow_expired",
                 f"its flow started {duration(now - started)} ago, beyond max_flow_age={self.max_flow_age}s",
@@ -514,8 +515,8 @@ class StateCodec:
             raise InvalidState("unknown_key", f"key {kid} was retired {retired} ago", kid=kid)
         return key
 
-    # Why exp + expiry_grace + 1 + max_skew (self._kept_after_expiry): keep the entry while
-    # ANY instance may still accept the token. This one rejects it from exp + expiry_grace + 1
+    # Why exp + expiry_grace + max_skew (self._kept_after_expiry): keep the entry while
+    # ANY instance may still accept the token. This one rejects it from exp + expiry_grace
     # on its own clock, but an instance whose clock is behind by up to max_skew (the most the
     # fleet's clocks may disagree) accepts it until max_skew later on this clock: forgetting
     # earlier would let that instance redeem the token a second time

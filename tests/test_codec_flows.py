@@ -124,18 +124,19 @@ def test_a_flow_older_than_max_flow_age_is_refused_though_its_token_is_fresh(mod
     # A round's token never outlives its flow: 300 s asked, 100 s left.
     assert _format.parse(second, 8192).expires_at == T0 + 600
     opened = strict.unseal(second, BOUND)
-    _clock(strict).now = T0 + 601
+    _clock(strict).now = T0 + 600
     with pytest.raises(sc.FlowBudgetExceeded) as info:
         strict.seal(b"r3", BOUND, parent=opened)
     assert info.value.reason == "flow_expired"
-    # A looser instance mints a fresh round 3 at T0 + 601: the strict one refuses it.
+    # A looser instance mints a fresh round 3 at T0 + 600: the strict one refuses it (a flow
+    # ends like a token: at start + max_flow_age).
     fresh = loose.seal(b"r3", BOUND, parent=opened)
-    assert _format.parse(fresh, 8192).issued_at == T0 + 601
+    assert _format.parse(fresh, 8192).issued_at == T0 + 600
     exc = _reason(strict, fresh)
     assert exc.reason == "flow_expired" and exc.round == 3
-    # At T0 + 600 (the last second of the flow) it was still fine.
-    _clock(strict).now = T0 + 600.5
-    assert strict.unseal(fresh, BOUND).round == 3
+    # Just before the flow's end, a round minted then is still fine.
+    _clock(strict).now = T0 + 599.5
+    assert strict.unseal(loose.seal(b"r3", BOUND, parent=opened), BOUND).round == 3
 
 
 @pytest.mark.parametrize("mode", MODES)
