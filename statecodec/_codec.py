@@ -135,6 +135,9 @@ class StateCodec:
     ) -> None:
         if not isinstance(keys, KeyProvider):
             raise TypeError("keys must be a KeyRing or a KeyProvider (keyring() and signing_key())")
+        if isinstance(keys, KeyRing) and not len(keys):
+            # Refused now, as the SDK refuses an empty ring, not at the first seal.
+            raise ValueError("the key ring has no keys, so the codec could neither seal nor unseal")
         if not 0 < ttl < 2**31:
             raise ValueError(f"ttl must be a positive number of seconds, got {ttl!r}")
         for name, value in (("max_skew", max_skew), ("expiry_grace", expiry_grace)):

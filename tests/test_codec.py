@@ -402,6 +402,17 @@ def test_expiry_is_strict_by_default(mode: sc.Mode) -> None:
         assert _reason(codec, token, now=now) == "expired", now
 
 
+def test_an_empty_key_ring_is_refused_at_construction() -> None:
+    # As the SDK refuses a codec without keys: at construction, not at the first seal.
+    with pytest.raises(ValueError, match="the key ring has no keys"):
+        sc.StateCodec(sc.KeyRing([]))
+    with pytest.raises(ValueError, match="the key ring has no keys"):
+        sc.StateCodec(sc.KeyRing([]), mode="encrypt")
+    # A ring that only verifies (no primary) still builds: `statecodec verify` uses one.
+    verify_only = sc.KeyRing([sc.Key("k1", bytes(32))])
+    assert sc.StateCodec(verify_only).keys is verify_only
+
+
 @pytest.mark.parametrize("mode", MODES)
 def test_a_ttl_is_at_most_its_ttl_as_the_sdks_state_it(mode: sc.Mode) -> None:
     # The two cases of issue 29, from the official SDKs' requestState tests: with ttl=600 a
