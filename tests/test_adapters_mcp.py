@@ -325,6 +325,28 @@ async def test_a_seal_failure_is_an_internal_error_with_nothing_leaked(
     assert "max_token_bytes" in caplog.text
 
 
+async def test_a_store_outage_reaches_the_client_as_retry_not_invalid() -> None:
+    # Through the official client: a replay store that cannot record the token (a real
+    # MemoryReplayStore full to max_entries) is -32603 "retry the same request", never the
+    # -32602 of a forgery; the token was not consumed, and the same request then redeems.
+    now = [0.0]
+    echo = EchoServer()
+    codec = make_codec(replay=MemoryReplayStore(max_entries=1, clock=lambda: now[0]))
+    protect(echo.server, codec)
+    async with Client(echo.server) as client:
+        first = await call(client, "tools/call")
+        await call(client, "tools/call", first.request_state)  # fills the store
+        second = await call(client, "tools/call", variant="a")
+        with pytest.raises(MCPError) as caught:
+            await call(client, "tools/call", second.request_state)
+        assert caught.value.code == -32603
+        assert caught.value.message.startswith("Temporarily unavailable: retry the same request")
+        assert caught.value.data == {"reason": "temporarily_unavailable"}
+        now[0] += codec.ttl + codec.max_skew + 1
+        assert "plan for deploy" in await call(client, "tools/call", second.request_state)
+    assert echo.received.count(None) == 2 and len(echo.received) == 4  # the refused round never ran
+
+
 async def test_other_methods_pass_untouched() -> None:
     async def list_tools(ctx: Ctx, params: Any) -> types.ListToolsResult:
         return types.ListToolsResult(tools=[types.Tool(name="t", input_schema={"type": "object"})])

@@ -197,7 +197,12 @@ def test_readyz_turns_503_when_valkey_dies_and_200_when_it_is_back(watched: Watc
         # Meanwhile a second round is refused unconsumed, and counted.
         token = call(watched.url, {})["result"]["requestState"]
         refused = call(watched.url, {"inputResponses": ANSWERS, "requestState": token}, 2)
-        assert refused["error"]["code"] == -32602
+        # Not the -32602 of a forgery: -32603, asking for the same request again.
+        assert refused["error"] == {
+            "code": -32603,
+            "message": "Temporarily unavailable: retry the same request (its requestState was not consumed)",
+            "data": {"reason": "temporarily_unavailable"},
+        }
         after = watched.metrics()
         assert delta(after, before, "statecodec_replay_store_errors_total") == 1
         assert delta(after, before, "statecodec_unseals_total", outcome="store_unavailable") == 1
