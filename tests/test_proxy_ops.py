@@ -238,6 +238,7 @@ def test_it_exits_before_listening_when_it_cannot_start(tmp_path: Path, log_form
     vault_down = {"VAULT_ADDR": f"http://127.0.0.1:{_closed_port()}", "VAULT_TOKEN": "s.test"}
     cases = [
         (3, ["--keys", f"file:{tmp_path / 'missing.json'}", "--replay", "memory:"], None, "keys init"),
+        (3, ["--keys", f"file:{tmp_path}", "--replay", "memory:"], None, "is a directory"),
         (4, ["--keys", keys, "--replay", unreachable_store], None, "is the --replay URL right?"),
         (7, ["--keys", "vault-transit:transit/statecodec", "--replay", "memory:"], vault_down, "VAULT_ADDR"),
     ]
