@@ -644,3 +644,23 @@ def test_schema_rejects_what_the_cli_must_not_print() -> None:
     ):
         with pytest.raises(jsonschema.ValidationError):
             VALIDATOR.validate(bad)
+
+
+def test_verify_principal_is_the_compact_json_the_adapters_bind(ring: KeyRing, keys: str) -> None:
+    # A token sealed by protect() for an OAuth access token is bound to the compact JSON
+    # [client_id, issuer, subject]; --help says so, and only that exact text verifies.
+    from statecodec.adapters.jsonrpc import binding_for, principal_string  # noqa: PLC0415
+
+    bound = principal_string("deploy-cli", "https://idp.example", "alice")
+    assert bound == '["deploy-cli","https://idp.example","alice"]'
+    binding = binding_for("tools/call", {"name": "book"}, principal=bound, audience="svc")
+    token = StateCodec(ring, clock=lambda: T0).seal(b"{}", binding)
+    base = ("verify", token, "--keys", keys, "--at", str(T0), "--audience", "svc", "--arguments", "{}")
+    assert run(*base, "--method", "tools/call", "--target", "book", "--principal", bound).exit_code == 0
+    spaced = '["deploy-cli", "https://idp.example", "alice"]'  # json.dumps' default separators
+    doc = run_json(*base, "--method", "tools/call", "--target", "book", "--principal", spaced)
+    assert doc["error"]["reason"] == "binding_mismatch"
+    help_text = " ".join(run("verify", "--help").stdout.split())
+    example = principal_string("app", "https://idp.example", "alice")
+    assert f"compact JSON [client_id, issuer, subject], no spaces: '{example}'" in help_text
+    assert example in (ROOT / "docs" / "cli.md").read_text(encoding="utf-8")

@@ -282,7 +282,17 @@ def binding_options(fn: F) -> F:
         return fn(*args, binding=options, **kwargs)
 
     options = [
-        click.option("--principal", help="Authenticated principal the token is bound to."),
+        click.option(
+            "--principal",
+            metavar="TEXT",
+            help=(
+                "Authenticated principal the token is bound to, byte for byte as the server binds it. "
+                "protect() and the proxy's --principal-from jwt-sub bind an access token as the compact "
+                "JSON [client_id, issuer, subject], no spaces: "
+                '\'["app","https://idp.example","alice"]\' (null for a missing field); '
+                "--principal-from header:NAME binds the header's value as is."
+            ),
+        ),
         click.option("--audience", help="Audience (this server's identifier)."),
         click.option("--method", help="MCP method, e.g. tools/call."),
         click.option("--target", help="Tool or prompt name, or resource URI."),
