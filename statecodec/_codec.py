@@ -556,6 +556,8 @@ class StateCodec:
             f"{kind} replay store did not answer ({cause}); the token was not consumed, retry later",
             kid=opened.kid,
             token_id=opened.token_id,
+            flow_id=opened.flow_id,
+            round=opened.round,
         )
 
     def _judge_replay(self, opened: OpenedState, first: object) -> None:
@@ -576,4 +578,6 @@ class StateCodec:
                 "this token was already redeemed (single use)",
                 kid=opened.kid,
                 token_id=opened.token_id,
+                flow_id=opened.flow_id,  # authentic: the header passed every check
+                round=opened.round,
             )

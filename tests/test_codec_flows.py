@@ -245,3 +245,26 @@ def test_every_reason_is_documented_and_in_the_cli_schema() -> None:
     for reason in sc.REASONS:
         assert f"`{reason}`" in table, reason
         assert reason in listed, reason
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_a_replay_rejection_names_its_flow_and_round(mode: sc.Mode, caplog: pytest.LogCaptureFixture) -> None:
+    # Operators correlate rejections by flow: a replayed round says which flow it was
+    # (it was logged flow=-), in the exception and in the boundary's log record.
+    import asyncio  # noqa: PLC0415
+    import logging  # noqa: PLC0415
+
+    from statecodec.adapters import jsonrpc  # noqa: PLC0415
+
+    codec = _codec(mode, replay=MemoryReplayStore())
+    first = codec.unseal(codec.seal(b"r1", BOUND), BOUND)
+    second = codec.seal(b"r2", BOUND, parent=first)
+    codec.unseal(second, BOUND)
+    exc = _reason(codec, second)
+    assert (exc.reason, exc.flow_id, exc.round) == ("replayed", first.flow_id, 2)
+    params = {"name": BOUND.target, "requestState": second}
+    with caplog.at_level(logging.WARNING, logger="statecodec"), pytest.raises(jsonrpc.WireError):
+        asyncio.run(jsonrpc.judge_request(codec, "tools/call", params, lambda: BOUND))
+    (record,) = [r for r in caplog.records if getattr(r, "reason", None) == "replayed"]
+    assert f"flow={first.flow_id[:8]} round=2" in record.getMessage()
+    assert record.flow_id == first.flow_id[:8] and record.round == 2  # 8 hex digits, as token ids
