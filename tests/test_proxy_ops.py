@@ -261,3 +261,75 @@ def test_it_exits_before_listening_when_it_cannot_start(tmp_path: Path, log_form
             assert all(json.loads(each) for each in err.splitlines())  # every stderr line is JSON
         else:
             assert line.startswith("statecodec: error: ") and fix in line
+
+
+# ------------------------------------------------------------------ timeline, shutdown, workers
+def _json_records(log_path: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in log_path.read_text(encoding="utf-8").splitlines() if line.strip()]
+
+
+def test_the_proxy_takes_the_key_timeline_and_logs_its_shutdown_on_sigterm(tmp_path: Path) -> None:
+    # docs/keys.md tells operators to shorten the refresh interval in an emergency: the
+    # proxy takes it (and the staleness limit) as `keys rotate` does; and a SIGTERM it
+    # obeys says so in the log, so a stop is not mistaken for a crash.
+    log_path = tmp_path / "proxy.log"
+    command = proxy_command(
+        "http://127.0.0.1:9/mcp", keys=keys_file(tmp_path), replay="memory:", mode="sign", jwks=None,
+        extra=["--admin-listen", "127.0.0.1:0", "--log-format", "json",
+               "--refresh-interval", "7s", "--staleness-limit", "30s"],
+    )  # fmt: skip
+    proc = spawn(command, log_path)
+    try:
+        admin = await_line(proc, "admin on ", log_path)
+        await_line(proc, "listening on ", log_path)
+        text = httpx.get(f"{admin}/metrics", timeout=30).text
+        gauges = {s.name: s.value for f in text_string_to_metric_families(text) for s in f.samples}
+        assert gauges["statecodec_key_refresh_interval_seconds"] == 7
+    finally:
+        code = stop(proc)  # SIGTERM by PID
+    assert code == 0
+    (stopped,) = [r for r in _json_records(log_path) if r.get("event") == "proxy_stopped"]
+    assert stopped["signal"] == "SIGTERM" and stopped["level"] == "INFO" and stopped["workers"] == 1
+    assert "proxy stopped on SIGTERM" in stopped["message"]
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        (["--refresh-interval", "0s"], "key timeline"),
+        (["--staleness-limit", "0s"], "key timeline"),
+    ],
+)
+def test_an_impossible_key_timeline_is_a_usage_error(
+    tmp_path: Path, options: list[str], message: str
+) -> None:
+    code, out, err = _start(
+        ["--keys", f"file:{keys_file(tmp_path)}", "--replay", "memory:", *options], tmp_path
+    )
+    assert code == 2 and out == "" and message in err, err
+
+
+def test_two_workers_print_each_start_up_warning_once(tmp_path: Path) -> None:
+    # The supervisor and each worker load the keys; the key file's mode warning (and the
+    # key-minting note) came three times with --workers 2. Now once, from the supervisor.
+    keys = keys_file(tmp_path)
+    keys.chmod(0o644)  # readable by others: the start-up warning under test
+    log_path = tmp_path / "proxy.log"
+    command = proxy_command(
+        "http://127.0.0.1:9/mcp", keys=keys, replay=f"sqlite:{tmp_path / 'replay.db'}", mode="sign",
+        jwks=None, extra=["--workers", "2", "--log-format", "json"],
+    )  # fmt: skip
+    proc = spawn(command, log_path)
+    try:
+        await_line(proc, "listening on ", log_path)
+    finally:
+        code = stop(proc)
+    assert code == 0
+    records = _json_records(log_path)
+    events = [r.get("event") for r in records]
+    assert events.count("key_file_exposed") == 1, events
+    started = [r for r in records if r.get("message", "").startswith("minting with key")]
+    assert len(started) == 1, started
+    assert events.count("proxy_started") == 1
+    (stopped,) = [r for r in records if r.get("event") == "proxy_stopped"]
+    assert stopped["signal"] == "SIGTERM" and stopped["workers"] == 2

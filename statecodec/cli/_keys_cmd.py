@@ -30,7 +30,16 @@ from ..kms._local import write_key_file
 from ._describe import moment
 from ._exit import CliError, ExitCode
 from ._output import Outcome, Output, command
-from ._params import TIME, F, OrderedGroup, clock_at, duration_option, keys_option, require_keys
+from ._params import (
+    TIME,
+    TIMELINE_HELP,
+    F,
+    OrderedGroup,
+    clock_at,
+    duration_option,
+    keys_option,
+    require_keys,
+)
 
 
 @click.group("keys", cls=OrderedGroup)
@@ -96,13 +105,7 @@ def timeline_options(fn: F) -> F:
     return cast(F, decorated)
 
 
-_TIMELINE = {
-    "refresh_interval": "How often services reload keys.",
-    "max_skew": "Clock difference tolerated between instances (the codecs' max_skew).",
-    "max_ttl": "Longest token lifetime any service mints.",
-    "expiry_grace": "Time the codecs accept a token past its expiry (their expiry_grace).",
-    "staleness_limit": "How long services mint with a ring they cannot refresh.",
-}
+_TIMELINE = TIMELINE_HELP
 
 
 # ------------------------------------------------------------------- list

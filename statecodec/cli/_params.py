@@ -337,6 +337,17 @@ def duration_option(flag: str, default: float | str | None, text: str, **attrs: 
     return click.option(flag, type=DURATION, help=text, **attrs)
 
 
+#: The key timeline's options, with their help: `keys rotate`/`retire`/`list` take them all,
+#: the proxy the two that are its own (how often it reloads, how long it mints unrefreshed).
+TIMELINE_HELP: Final = {
+    "refresh_interval": "How often services reload keys.",
+    "max_skew": "Clock difference tolerated between instances (the codecs' max_skew).",
+    "max_ttl": "Longest token lifetime any service mints.",
+    "expiry_grace": "Time the codecs accept a token past its expiry (their expiry_grace).",
+    "staleness_limit": "How long services mint with a ring they cannot refresh.",
+}
+
+
 def max_token_bytes_option(text: str) -> Callable[[F], F]:
     """``--max-token-bytes N``: the codec's size limit."""
     return click.option(
