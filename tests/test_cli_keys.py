@@ -373,3 +373,20 @@ def test_the_shipped_policies_run_list_rotate_and_retire(
         assert denied["exit_code"] == ExitCode.KEYS, denied  # a permission problem: fix, not retry
         assert "permission denied" in denied["error"]["message"]
     assert root.secrets.transit.read_key(name)["data"]["latest_version"] == 2
+
+
+def test_retire_now_plans_a_cut_without_the_wait(tmp_path: Path) -> None:
+    now = int(time.time())
+    ring = KeyRing([Key.generate("a", created_at=now - 9000), Key.generate("b", created_at=now - 5000)], "b")
+    spec = write_ring(tmp_path / "keys.json", ring)
+    doc = run_json("keys", "retire", "b", "--keys", spec, "--now", "--dry-run")
+    assert doc["exit_code"] == 0 and doc["at_once"] is True and doc["wait"] == 0 and doc["successor_in"] > 0
+    human = run("keys", "retire", "b", "--keys", spec, "--now", "--dry-run").stdout
+    assert "cut at once (--now)" in " ".join(human.split())
+    assert "honest rounds minted with b meanwhile fail" in " ".join(human.split())
+    done = run_json("keys", "retire", "b", "--keys", spec, "--now", "--yes")
+    assert (
+        done["changed"] is True
+        and done["wait"] == 0
+        and "b" not in KeyRing.from_json((tmp_path / "keys.json").read_text()).kids
+    )
