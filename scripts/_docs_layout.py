@@ -3,8 +3,10 @@
     python scripts/_docs_layout.py SITE_DIR CHROMIUM [--width 1280 --width 390] [--screenshots DIR]
 
 At each width, on every page:
-- a code block must not scroll sideways (a line cut off at the right edge),
-- no code text may lie under the block's copy button,
+- no line of a code block wraps: each source line is laid out on one line of the screen
+  (a folded line reads as two: a comment as code, a diagram garbled);
+- a code block wider than its box scrolls sideways (never cuts its lines off unseen);
+- in a block that does not scroll, no code text lies under the block's copy button,
 - an inline code span in a table cell may wrap between words, never inside one (a spec token
   such as ``vault-transit:MOUNT/NAME`` stays whole),
 - the page itself must not scroll sideways.
@@ -43,32 +45,52 @@ FIND_PROBLEMS = r"""() => {
   const snippet = (el) => el.textContent.trim().split("\n")[0].slice(0, 60);
   const overlaps = (a, b) =>
     a.left < b.right && b.left < a.right && a.top < b.bottom && b.top < a.bottom;
-  // Every visible character of an element: its box, the text from it on, and whether white
-  // space precedes it (white space itself is skipped: a wrapped line's trailing blanks hang
-  // into the padding, unseen).
+  // Every visible character of an element: its box, the text from it on, whether white
+  // space precedes it and whether a line break does (white space itself is skipped: a
+  // wrapped line's trailing blanks hang into the padding, unseen).
   const glyphs = (el) => {
     const out = [];
     const range = document.createRange();
     const walker = document.createTreeWalker(el, NodeFilter.SHOW_TEXT);
     let afterSpace = false;
+    let afterBreak = true;
     for (let node = walker.nextNode(); node; node = walker.nextNode()) {
       for (let i = 0; i < node.length; i++) {
-        if (/\s/.test(node.data[i])) { afterSpace = true; continue; }
+        if (/\s/.test(node.data[i])) {
+          afterSpace = true;
+          afterBreak = afterBreak || node.data[i] === "\n";
+          continue;
+        }
         range.setStart(node, i);
         range.setEnd(node, i + 1);
-        out.push({rect: range.getBoundingClientRect(), text: node.data.slice(i), afterSpace});
+        out.push({rect: range.getBoundingClientRect(), text: node.data.slice(i), afterSpace, afterBreak});
         afterSpace = false;
+        afterBreak = false;
       }
     }
     return out;
   };
   for (const code of document.querySelectorAll("pre > code")) {
-    if (code.scrollWidth > code.clientWidth + 1) {
-      found.push(`code block cut off (${code.scrollWidth} px of text in ${code.clientWidth} px): ` +
-                 JSON.stringify(snippet(code)));
+    // A character lower than the one before it, with no line break between them, starts a
+    // folded line.
+    let last = null;
+    let line = "";
+    for (const g of glyphs(code)) {
+      if (g.afterBreak) line = g.text.split("\n")[0];
+      if (last && !g.afterBreak && g.rect.top > last.rect.top + 2) {
+        found.push(`code line wraps before ${JSON.stringify(g.text.split("\n")[0].slice(0, 20))}: ` +
+                   JSON.stringify(line.slice(0, 70)));
+        break;
+      }
+      last = g;
+    }
+    const scrolls = code.scrollWidth > code.clientWidth + 1;
+    if (scrolls && !["auto", "scroll"].includes(getComputedStyle(code).overflowX)) {
+      found.push(`code block cut off (${code.scrollWidth} px of text in ${code.clientWidth} px, ` +
+                 `not scrollable): ${JSON.stringify(snippet(code))}`);
     }
     const button = code.parentElement.querySelector(".md-code__nav");
-    if (button && button.offsetParent !== null) {
+    if (!scrolls && button && button.offsetParent !== null) {
       const box = button.getBoundingClientRect();
       const hidden = glyphs(code).find((g) => overlaps(g.rect, box));
       if (hidden) {

@@ -426,3 +426,24 @@ def test_metrics_through_opentelemetry() -> None:
     assert all(p[0] == {**base, "outcome": p[0]["outcome"]} for p in data["statecodec.unseals"])
     sizes = {p[0]["direction"]: (p[2], p[3]) for p in data["statecodec.token.size"]}
     assert sizes == {"seal": (1, size), "unseal": (3, 3 * size)}
+
+
+@pytest.mark.parametrize(
+    "result",
+    [
+        {"resultType": "input_required"},
+        {"resultType": "input_required", "inputRequests": {}},  # an empty object asks nothing either
+        {"resultType": "input_required", "inputRequests": None, "requestState": None},
+    ],
+)
+def test_an_input_required_result_that_asks_nothing_is_replaced(
+    result: dict[str, Any], caplog: pytest.LogCaptureFixture
+) -> None:
+    # MCP 2026-07-28: it MUST carry inputRequests or requestState; the TypeScript SDK's guard
+    # answers -32603, and so does the boundary, whether or not the request held a state.
+    codec = make_codec()
+    for judged in (jsonrpc.Judged("tools/call", TOOL_PARAMS, binder()), None):
+        with caplog.at_level(logging.ERROR, logger="statecodec"), pytest.raises(WireError) as caught:
+            jsonrpc.seal_result(codec, judged, result)
+        assert caught.value.error() == {"code": -32603, "message": "Internal error"}
+    assert [r.reason for r in caplog.records] == ["empty_input_required"] * 2  # type: ignore[attr-defined]

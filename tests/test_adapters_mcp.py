@@ -464,3 +464,19 @@ def test_sdk_codec_raises_the_sdk_exception() -> None:
     assert adapted.unseal(token) == b"payload"  # consume=False: the SDK's own semantics
     with pytest.raises(InvalidRequestState, match="malformed"):
         adapted.unseal("v1.not-ours")
+
+
+@pytest.mark.parametrize("wire", [False, True], ids=["model", "wire-dict"])
+async def test_an_input_required_result_that_asks_nothing_is_an_internal_error(wire: bool) -> None:
+    # MCP 2026-07-28: inputRequests or requestState, at least one; the TypeScript SDK's guard
+    # answers -32603, and so does protect(), for the runner's dicts and for result models (the
+    # SDK's model validates this, but model_construct, used by code further in, skips that).
+    middleware = StateCodecMiddleware(make_codec(), audience="svc", principal=None)
+    params = {"name": "deploy", "arguments": {"version": "1"}}
+
+    async def nothing(ctx: Ctx) -> Any:
+        return {"resultType": "input_required"} if wire else types.InputRequiredResult.model_construct()
+
+    with pytest.raises(MCPError) as caught:
+        await middleware(_context(params), nothing)
+    assert caught.value.error.code == -32603

@@ -702,3 +702,22 @@ def test_pacing_settings_are_checked(codec: StateCodec) -> None:
         protect(App(), codec, retry_after=codec.ttl)
     with pytest.raises(ValueError, match="max_hold"):
         protect(App(), codec, max_hold=-1)
+
+
+@pytest.mark.parametrize("sse", [False, True], ids=["json", "sse"])
+async def test_an_input_required_answer_that_asks_nothing_is_replaced(codec: StateCodec, sse: bool) -> None:
+    # Neither inputRequests nor requestState (MCP 2026-07-28 requires one): no key spells a
+    # state, yet the answer is read and replaced by -32603, as the TypeScript SDK does.
+    answer = b'{"jsonrpc":"2.0","id":1,"result":{"resultType":"input_required","content":[]}}'
+    if sse:
+        app = App(headers=[(b"content-type", b"text/event-stream")], chunks=[b"data: " + answer + b"\n\n"])
+    else:
+        app = App(chunks=[answer])
+    async with client(protect(app, codec)) as http:
+        response = await http.post(URL, json=call(1))
+    body = response.text.removeprefix("data: ").strip() if sse else response.text
+    assert json.loads(body) == {
+        "jsonrpc": "2.0",
+        "id": 1,
+        "error": {"code": -32603, "message": "Internal error"},
+    }

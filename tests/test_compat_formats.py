@@ -21,11 +21,24 @@ from hypothesis import strategies as st
 
 from statecodec import Binding, InvalidState, KeyRing, StateCodec
 from statecodec._format import b64encode
-from statecodec.compat import FORMATS, VerifyOptions, detect, mcp_py_v1, rs1, ts_v1, verify
+from statecodec.compat import (
+    FORMATS,
+    VerifyOptions,
+    detect,
+    mcp_py_v1,
+    php_v1,
+    rs1,
+    rs2,
+    ruby_v1,
+    ts_v1,
+    verify,
+    verify_detected,
+)
 from statecodec.compat._common import fail_closed
 from statecodec.replay.memory import MemoryReplayStore
 
 SECRET = b"compat-formats-secret-0123456789abcdef"
+RUBY_KEY = b"r" * 32  # the Ruby SDK takes exactly 32 bytes
 RING = KeyRing.from_secret(SECRET, kid="k1")
 NOW = 1_780_000_000.0
 MB = "v1." + "A" * (1 << 20)
@@ -63,13 +76,17 @@ def test_detect_ts_v1_reads_payload_and_exp() -> None:
     assert info.fields == {"bound": True} and info.kid is None
 
 
-def test_detect_python_v1_reads_kid_and_size() -> None:
+def test_detect_python_v1_names_both_candidates_and_reads_kid_and_size() -> None:
+    # A Ruby SDK token has the same shape: without the key, both are candidates.
     token = py_token()
     info = detect(token)
-    assert (info.name, info.format, info.mode) == ("Python SDK v1", "mcp-py-v1", "encrypt")
-    assert info.kid == mcp_py_v1.key_id(mcp_py_v1.derive_key(SECRET)).hex() and len(info.kid) == 8
+    assert (info.name, info.format, info.mode) == ("Python SDK v1 or Ruby SDK v1", None, "encrypt")
+    assert info.candidates == ("mcp-py-v1", "ruby-v1") and info.recognised and info.ambiguity
+    kid = info.fields["mcp-py-v1 kid"]
+    assert kid == mcp_py_v1.key_id(mcp_py_v1.derive_key(SECRET)).hex() and info.kid is None
     assert info.size == len(token) and info.payload is None and info.expires_at is None
-    assert info.fields["ciphertext_bytes"] > 0
+    assert info.fields["mcp-py-v1 ciphertext_bytes"] > 0
+    assert info.fields["ruby-v1 ciphertext_bytes"] == info.fields["mcp-py-v1 ciphertext_bytes"] + 4
 
 
 def test_detect_rs1_reads_expiry_and_payload() -> None:
@@ -85,14 +102,14 @@ def test_detect_rs1_reads_expiry_and_payload() -> None:
     [
         ("", "unknown", "not a statecodec"),
         ("hello", "unknown", "not a statecodec"),
-        ("rs2.a2lk.Ym9keQ.dGFn", "unknown", "rs2"),
+        ("rs2.a2lk.Ym9keQ.dGFn", "rmcp rs2 (proposed, rmcp PR #1128)", "malformed"),  # body < 8 bytes
         ("v1.a.b.c", "unknown", "neither"),
         ("sc9s.AAAA", "unknown", "unsupported_version"),
         ("sc1s.!!!", "statecodec sc1", "malformed"),
         ("v1.e30.AAAA", "TypeScript SDK v1", "malformed"),  # MAC too short
-        ("v1.AAAA", "Python SDK v1", "malformed"),  # shorter than kid + nonce + tag
+        ("v1.AAAA", "Python SDK v1 or Ruby SDK v1", "malformed"),  # shorter than iv + tag
         ("rs1.AAAA.AAAA", "rmcp rs1", "malformed"),  # body shorter than the expiry
-        (MB, "Python SDK v1", "too_large"),
+        (MB, "Python SDK v1 or Ruby SDK v1", "too_large"),
         ("\x00\xff\ud800 binary", "unknown", "not a statecodec"),
     ],
 )
@@ -150,7 +167,7 @@ def test_detect_never_raises_on_any_text(text: str) -> None:
 
 # -------------------------------------------------------------------------- registry
 def test_registry_lists_every_format() -> None:
-    assert set(FORMATS) == {"sc1", "ts-v1", "mcp-py-v1", "rs1"}
+    assert set(FORMATS) == {"sc1", "ts-v1", "mcp-py-v1", "ruby-v1", "php-v1", "rs1", "rs2"}
     with pytest.raises(KeyError):
         verify("jwt", "x", RING)
 
@@ -264,6 +281,10 @@ GARBAGE = [
     pytest.param("A" * (1 << 20), id="1MB-no-prefix"),
     pytest.param("v1." + "A" * (1 << 20), id="1MB-v1"),
     pytest.param("rs1." + "A" * (1 << 20) + ".AAAA", id="1MB-rs1"),
+    pytest.param("rs2.a2lk." + "A" * (1 << 20) + ".AAAA", id="1MB-rs2"),
+    pytest.param("eyJleHAiOj" + "A" * (1 << 20) + ".AAAA", id="1MB-php"),
+    pytest.param("rs2.", id="prefix-only-rs2"),
+    pytest.param("rs2." + "QQ" * 200 + ".AAAAAAAAAAA.AAAA", id="rs2-kid-too-long"),
     pytest.param("x1.AAAA.AAAA", id="wrong-prefix"),
     pytest.param("v1.", id="prefix-only-v1"),
     pytest.param("rs1.", id="prefix-only-rs1"),
@@ -281,10 +302,15 @@ def _readers() -> list[tuple[str, Callable[[str], object]]]:
         ("mcp-py-v1", lambda t: mcp_py_v1.unseal(t, [SECRET], clock=lambda: NOW, expect=PY_EXPECT)),
         ("mcp-py-v1-cipher", lambda t: mcp_py_v1.decrypt(t, [SECRET])),
         ("rs1", lambda t: rs1.unseal(t, SECRET, b"", clock=lambda: NOW)),
+        ("ruby-v1", lambda t: ruby_v1.unseal(t, RUBY_KEY, expect=ruby_v1.Expected(), clock=lambda: NOW)),
+        ("php-v1", lambda t: php_v1.unseal(t, SECRET, clock=lambda: NOW)),
+        ("rs2", lambda t: rs2.unseal(t, {"k1": SECRET}, b"", clock=lambda: NOW)),
         *(
             (f"verify {f}", lambda t, f=f: verify(f, t, [SECRET], clock=lambda: NOW))
-            for f in ("ts-v1", "mcp-py-v1", "rs1")
+            for f in ("ts-v1", "mcp-py-v1", "php-v1", "rs1")
         ),
+        ("verify ruby-v1", lambda t: verify("ruby-v1", t, [RUBY_KEY], clock=lambda: NOW)),
+        ("verify rs2", lambda t: verify("rs2", t, {"k1": SECRET}, clock=lambda: NOW)),
     ]
 
 
@@ -306,7 +332,7 @@ def test_every_reader_rejects_non_text(thing: object) -> None:
         assert err.value.reason == "malformed"
 
 
-@given(st.text(max_size=200), st.sampled_from(["", "v1.", "rs1.", "v1.e30."]))
+@given(st.text(max_size=200), st.sampled_from(["", "v1.", "rs1.", "rs2.a2lk.", "v1.e30.", "eyJleHAiOj"]))
 def test_random_text_never_crashes_or_passes(text: str, prefix: str) -> None:
     for _, open_ in _readers():
         with pytest.raises(InvalidState) as err:
@@ -354,6 +380,22 @@ def test_unusable_keys_are_refused_before_any_token_is_read() -> None:
         ts_v1.seal(SECRET, 1, clock=lambda: NOW, ttl_seconds=float("nan"))
     with pytest.raises(TypeError):
         rs1.unseal(tokens["rs1"], SECRET, "ctx", clock=lambda: NOW)  # type: ignore[arg-type]
+    for bad_ring in ({"k1": b"short"}, {"": SECRET}, {}):
+        with pytest.raises(ValueError):
+            rs2.unseal("rs2.a2sx.AAAAAAAAAAA.AAAA", bad_ring, b"")
+    with pytest.raises(ValueError):
+        ruby_v1.unseal("v1." + "A" * 40, SECRET, expect=ruby_v1.Expected())  # not 32 bytes
+
+
+def test_verify_detected_names_sc1_and_the_formats_it_cannot_tell_apart() -> None:
+    token = StateCodec(RING, clock=lambda: NOW).seal(b"p")
+    assert verify_detected(token, RING, clock=lambda: NOW).format == "sc1"
+    with pytest.raises(InvalidState) as err:
+        verify_detected("hello", RING, clock=lambda: NOW)
+    assert err.value.reason == "malformed"
+    # A Python SDK token: the Ruby candidate fails its tag, the Python one opens it.
+    ok = verify_detected(py_token(), [SECRET, RUBY_KEY], clock=lambda: NOW)
+    assert ok.format == "mcp-py-v1" and ok.payload == b"state"
 
 
 def test_errors_never_show_keys() -> None:

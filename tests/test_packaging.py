@@ -10,11 +10,15 @@ import re
 import tomllib
 from pathlib import Path
 
+from click.testing import CliRunner
+
+from statecodec.cli import main
+
 ROOT = Path(__file__).resolve().parent.parent
 PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))
 PROJECT = PYPROJECT["project"]
 USER_EXTRAS = {"redis", "vault", "mcp", "fastmcp", "proxy", "otel", "ops", "all"}
-DEV_GROUPS = {"test", "dev", "bench", "fuzz", "docs", "release"}
+DEV_GROUPS = {"test", "dev", "bench", "fuzz", "docs", "release", "conformance"}
 
 
 def classifier_versions() -> list[str]:
@@ -60,3 +64,34 @@ def test_licence_text_and_changelog_match_the_metadata() -> None:
     assert "END OF TERMS AND CONDITIONS" in licence
     changelog = (ROOT / "CHANGELOG.md").read_text(encoding="utf-8")
     assert f"## [{PROJECT['version']}]" in changelog
+
+
+def test_project_urls_name_pages_the_docs_site_has() -> None:
+    urls = PROJECT["urls"]
+    assert set(urls) == {"Homepage", "Documentation", "Source", "Issues", "Changelog"}
+    site = "https://statecodec.readthedocs.io/"
+    assert all(url.startswith(site) for url in urls.values()), urls
+    nav = (ROOT / "mkdocs.yml").read_text(encoding="utf-8")
+    for name in ("Source", "Issues", "Changelog"):
+        path = urls[name].removeprefix(site + "en/latest/")
+        page, _, anchor = path.partition("#")
+        assert f" {page.rstrip('/')}.md" in nav, f"{name}: {page} is not in the mkdocs nav"
+        if anchor:
+            text = (ROOT / "docs" / f"{page.rstrip('/')}.md").read_text(encoding="utf-8")
+            assert f"\n## {anchor.capitalize()}\n" in text, f"{name}: no section #{anchor} in {page}"
+
+
+def test_the_wheel_carries_what_help_and_the_docs_point_to() -> None:
+    # scripts/check-package checks the built wheel's copies byte for byte against docs/.
+    forced = PYPROJECT["tool"]["hatch"]["build"]["targets"]["wheel"]["force-include"]
+    assert forced == {
+        "docs/cli-schema.json": "statecodec/data/cli-schema.json",
+        "docs/policies": "statecodec/data/policies",
+    }
+    assert sorted(p.name for p in (ROOT / "docs" / "policies").iterdir()) == sorted(
+        p.name for p in (ROOT / "docs" / "policies").glob("*.hcl")
+    )
+    shown = CliRunner().invoke(main, ["inspect", "--help"], terminal_width=200).output
+    assert "statecodec/data/cli-schema.json" in shown, shown
+    keys = (ROOT / "docs" / "keys.md").read_text(encoding="utf-8")
+    assert "statecodec/data/policies/" in keys

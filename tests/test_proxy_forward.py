@@ -192,7 +192,7 @@ async def test_headers_as_a_careful_reverse_proxy_sends_them(upstream: EchoUpstr
         "content-type",
         "cookie",
     }
-    assert seen.header("host") == [upstream.url.split("/")[2]]
+    assert seen.header("host") == ["proxy.example"]  # the client's: the upstream's own checks judge it
     assert seen.header("accept-encoding") == ["identity"]
     assert seen.header("x-forwarded-for") == ["192.0.2.1, 10.0.0.7"]
     assert seen.header("x-forwarded-host") == ["proxy.example"]
@@ -200,6 +200,15 @@ async def test_headers_as_a_careful_reverse_proxy_sends_them(upstream: EchoUpstr
     assert seen.header("authorization") == ["Bearer abc"]
     assert seen.header("mcp-session-id") == ["s-1"]
     assert seen.header("content-length") == ["7"]  # a streamed body keeps the client's length
+
+
+async def test_a_request_without_host_gets_the_upstreams_authority(upstream: EchoUpstream) -> None:
+    app = UpstreamApp(upstream.url)
+    try:
+        await call(app, scope(headers=[]), [b"{}"])  # HTTP/1.0 sends no Host; HTTP/1.1 needs one
+    finally:
+        await app.aclose()
+    assert upstream.seen[0].header("host") == [upstream.url.split("/")[2]]
 
 
 async def test_a_whole_body_is_sent_with_its_true_length(upstream: EchoUpstream) -> None:

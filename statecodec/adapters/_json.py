@@ -119,6 +119,18 @@ def may_hold_state(text: str) -> bool:
     return "requeststate" in text.lower().replace("_", "").replace("-", "")
 
 
+def may_need_sealing(text: str) -> bool:
+    """False only when the answer ``text`` needs nothing from the boundary's sealing path.
+
+    It must be read when it may hold a state (:func:`may_hold_state`) and when it may be
+    an ``input_required`` result, which must carry ``inputRequests`` or a state
+    (:func:`statecodec.adapters.jsonrpc.check_asks_something`). That value is a JSON
+    string, so written without escapes it appears in quotes exactly; with escapes,
+    :func:`may_hold_state` already says yes.
+    """
+    return '"input_required"' in text or may_hold_state(text)
+
+
 def read_answer(text: str) -> Any:
     """The JSON document of an answer's text, at any depth, or ``ValueError``.
 

@@ -47,7 +47,7 @@ from .._binding import Binding
 from .._codec import OpenedState, StateCodec
 from . import _json, _sse, jsonrpc
 from ._json import dumps, loads_strict
-from .jsonrpc import INVALID_REQUEST_CODE, PARSE_ERROR_CODE, Judged, WireError
+from .jsonrpc import HEADER_MISMATCH_CODE, INVALID_REQUEST_CODE, PARSE_ERROR_CODE, Judged, WireError
 
 __all__ = [
     "DEFAULT_MAX_BODY_BYTES",
@@ -135,28 +135,57 @@ def _decode_header_value(raw: bytes) -> str | None:
         return None
 
 
-def _check_routing_headers(index: Mapping[bytes, bytes], message: Mapping[str, Any]) -> None:
-    """``Mcp-Method`` and ``Mcp-Name`` must say what the body says.
+_ROUTING_HEADERS: Final = (b"mcp-method", b"mcp-name")
+# RFC 9110 section 5.5: optional whitespace (spaces, tabs) around a field value is not part of it.
+_OWS: Final = b" \t"
+
+
+def _routing_headers(headers: list[tuple[bytes, bytes]]) -> dict[bytes, bytes]:
+    """``Mcp-Method`` and ``Mcp-Name`` as sent, trimmed; a repeated one is refused.
+
+    Only the first of repeated headers would be compared with the body, while a router
+    reading the last one would dispatch on a value nobody compared: HTTP 400, -32020.
+    """
+    found: dict[bytes, bytes] = {}
+    for raw_name, value in headers:
+        name = raw_name.lower()
+        if name in _ROUTING_HEADERS:
+            if name in found:
+                raise _refusal(400, HEADER_MISMATCH_CODE, f"the {_header_label(name)} header is repeated")
+            found[name] = value.strip(_OWS)
+    return found
+
+
+def _header_label(name: bytes) -> str:
+    return "Mcp-Method" if name == b"mcp-method" else "Mcp-Name"
+
+
+def _check_routing_headers(headers: list[tuple[bytes, bytes]], message: Mapping[str, Any]) -> None:
+    """``Mcp-Method`` and ``Mcp-Name`` must say what the body says (SEP-2243).
 
     MCP 2026-07-28 mirrors the method and the tool/prompt name or resource URI into
     headers for routing. A server (or a router in front of it) that dispatched on the
     header while this middleware judged the body could run a request whose state was
-    never verified, or a target other than the bound one: refuse any disagreement.
+    never verified, or a target other than the bound one: any disagreement is refused as
+    the specification says, HTTP 400 with -32020 (HeaderMismatch). Values are compared
+    without the optional whitespace around them (a server MUST accept a padded value),
+    and forwarded as sent.
     """
-    method_header = index.get(b"mcp-method")
-    name_header = index.get(b"mcp-name")
-    if (method_header is None and name_header is None) or "method" not in message:
+    routing = _routing_headers(headers)
+    if not routing or "method" not in message:
         return
+    method_header = routing.get(b"mcp-method")
+    name_header = routing.get(b"mcp-name")
     method = message["method"]
     if method_header is not None and method_header.decode("latin-1") != method:
-        raise _refusal(400, INVALID_REQUEST_CODE, "the Mcp-Method header does not match the body")
+        raise _refusal(400, HEADER_MISMATCH_CODE, "the Mcp-Method header does not match the body")
     if name_header is None or not isinstance(method, str) or not jsonrpc.is_mrtr(method):
         return
     params = message.get("params")
     field = "uri" if method == "resources/read" else "name"
     target = params.get(field) if isinstance(params, dict) else None
     if target is not None and _decode_header_value(name_header) != target:
-        raise _refusal(400, INVALID_REQUEST_CODE, "the Mcp-Name header does not match the body")
+        raise _refusal(400, HEADER_MISMATCH_CODE, "the Mcp-Name header does not match the body")
 
 
 def _id_key(value: Any) -> tuple[str, Any]:
@@ -303,7 +332,7 @@ class RequestStateMiddleware:
             if passthrough:
                 self._check_passthrough(body)
             elif body:
-                request = self._parse(index, body)
+                request = self._parse(headers, body)
                 if request is not None:
                     request_id = request.message["id"]
                     judged, body = await self._judge(scope, headers, request, body)
@@ -391,7 +420,7 @@ class RequestStateMiddleware:
             if not message.get("more_body", False):
                 return bytes(body)
 
-    def _parse(self, index: Mapping[bytes, bytes], body: bytes) -> _Request | None:
+    def _parse(self, headers: list[tuple[bytes, bytes]], body: bytes) -> _Request | None:
         """The MRTR request in ``body`` (None for any other message), or a refusal."""
         try:
             message = loads_strict(body)
@@ -408,7 +437,7 @@ class RequestStateMiddleware:
         if not isinstance(message, dict):
             raise _refusal(400, INVALID_REQUEST_CODE, "the body is not a JSON-RPC message")
         _check_keys(message, _FOLDED_ENVELOPE, "JSON-RPC")
-        _check_routing_headers(index, message)
+        _check_routing_headers(headers, message)
         method, params = message.get("method"), message.get("params")
         if not isinstance(method, str) or not jsonrpc.is_mrtr(method):
             return None  # forwarded byte for byte; its answers are watched all the same
@@ -618,8 +647,8 @@ class _Outbound:
             await self._relay(body)  # HEAD, 204, 304: nothing to read
             return
         text = _json.decode_answer(body)
-        if not _json.may_hold_state(text):
-            await self._relay(body)  # the common answer: no key could spell a state
+        if not _json.may_need_sealing(text):
+            await self._relay(body)  # the common answer: no state, nothing input_required
             return
         try:
             document = _json.read_answer(text)
@@ -675,7 +704,7 @@ class _Outbound:
         if not data or _json.classify(data, final=True) != "json":
             return event.raw  # priming events, keep-alives, comments, plain text
         text = _json.decode_answer(data)
-        if not _json.may_hold_state(text):
+        if not _json.may_need_sealing(text):
             return event.raw
         try:
             document = _json.read_answer(text)

@@ -30,6 +30,7 @@ from .mcp import (
     install,
     service_audience,
 )
+from .sdk_window import SDKStateWindow
 
 __all__ = ["authenticated_principal", "protect"]
 
@@ -57,12 +58,14 @@ def protect(
     binding: BindingFn | None = None,
     retry_after: float | None = None,
     max_hold: float = jsonrpc.DEFAULT_MAX_HOLD,
+    sdk_window: SDKStateWindow | None = None,
 ) -> StateCodecMiddleware:
     """Seal and verify every ``requestState`` of a FastMCP ``server`` with ``codec``.
 
     Same behaviour and parameters as :func:`statecodec.adapters.mcp.protect` (flows chain
     automatically; ``retry_after`` paces requestState-only rounds, ``max_hold`` bounds the
-    wait of an early retry). Name the
+    wait of an early retry; ``sdk_window`` accepts the tokens of FastMCP's own
+    ``request_state_security`` for a bounded migration window). Name the
     server (``FastMCP("deploy")``) or pass ``audience``: an unnamed FastMCP gets a random
     name per process, so its tokens would never verify on another instance; it is
     refused with ``ValueError``, as an unnamed ``MCPServer`` is.
@@ -77,6 +80,7 @@ def protect(
         binding=binding,
         retry_after=retry_after,
         max_hold=max_hold,
+        sdk_window=None if sdk_window is None else sdk_window.for_server(lowlevel.name, codec),
     )
     install(_sdk_chain(lowlevel), middleware)
     return middleware

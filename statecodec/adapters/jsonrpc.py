@@ -56,6 +56,7 @@ from .._errors import FlowBudgetExceeded, InvalidState, StateCodecError
 
 __all__ = [
     "DEFAULT_MAX_HOLD",
+    "HEADER_MISMATCH_CODE",
     "INPUT_REQUIRED",
     "INTERNAL_ERROR_CODE",
     "INTERNAL_ERROR_MESSAGE",
@@ -74,6 +75,7 @@ __all__ = [
     "WireError",
     "binding_for",
     "carries_state",
+    "check_asks_something",
     "check_pacing",
     "flow_fields",
     "is_state_only",
@@ -136,6 +138,8 @@ STORE_UNAVAILABLE_DATA: Final[Mapping[str, str]] = MappingProxyType({"reason": "
 #: JSON-RPC's codes for a body that is not JSON, and for JSON that is not a request.
 PARSE_ERROR_CODE: Final = -32700
 INVALID_REQUEST_CODE: Final = -32600
+#: MCP 2026-07-28 (SEP-2243): the ``Mcp-*`` routing headers and the body disagree (HTTP 400).
+HEADER_MISMATCH_CODE: Final = -32020
 
 
 class WireError(StateCodecError):
@@ -590,15 +594,18 @@ def seal_result(
     - there is no request to bind it to (``judged`` is ``None``: an answer to another
       method, to an unknown id, on a stream that belongs to no request);
     - the request cannot be bound, or the state is not text, is too large, or no key mints;
-    - the flow is out of budget (``max_rounds``, ``max_flow_age``).
+    - the flow is out of budget (``max_rounds``, ``max_flow_age``);
+    - it is ``input_required`` with neither ``inputRequests`` nor a state
+      (:func:`check_asks_something`).
     """
     aliases = _aliases(result, _RESULT_KEYS)
     state = result.get(REQUEST_STATE)
+    method = judged.method if judged is not None else "-"
     if state is None and not aliases:
+        check_asks_something(codec, method, result)
         if judged is not None:  # the flow (if any) ends here
             judged.end_flow(codec)
         return result
-    method = judged.method if judged is not None else "-"
     if aliases:
         _refuse_seal(
             codec, method, "alias", f"the result carries {aliases[0][:40]!r}, a spelling of requestState"
@@ -609,6 +616,21 @@ def seal_result(
         )
     paced = retry_after if retry_after is not None and is_state_only(result) else None
     return {**result, REQUEST_STATE: seal_state(codec, judged, state, retry_after=paced)}
+
+
+def check_asks_something(codec: StateCodec, method: str, result: Mapping[str, Any]) -> None:
+    """Refuse (-32603) an ``input_required`` result with neither ``inputRequests`` nor ``requestState``.
+
+    MCP 2026-07-28: every InputRequiredResult MUST include at least one of the two. One
+    with neither asks the client nothing and gives it nothing to come back with; clients
+    retry it until their round budget ends. The TypeScript SDK's own guard answers such a
+    result with -32603, and so does every statecodec boundary, whoever wrote the handler.
+    An empty ``inputRequests`` object counts as none, as it does there.
+    """
+    asks = result.get("inputRequests") or result.get(REQUEST_STATE) is not None
+    if result.get("resultType") == INPUT_REQUIRED and not asks:
+        why = "an input_required result with neither inputRequests nor requestState (it must carry one)"
+        _refuse_seal(codec, method, "empty_input_required", why)
 
 
 def seal_state(codec: StateCodec, judged: Judged, state: object, *, retry_after: float | None = None) -> str:

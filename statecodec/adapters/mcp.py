@@ -45,6 +45,7 @@ from .._binding import Binding
 from .._codec import StateCodec
 from .._errors import InvalidState
 from . import jsonrpc
+from .sdk_window import SDKStateWindow
 
 __all__ = [
     "AudienceFn",
@@ -99,11 +100,13 @@ class StateCodecMiddleware:
         binding: BindingFn | None = None,
         retry_after: float | None = None,
         max_hold: float = jsonrpc.DEFAULT_MAX_HOLD,
+        sdk_window: SDKStateWindow | None = None,
     ) -> None:
         if not isinstance(codec, StateCodec):
             raise TypeError(f"codec must be a statecodec.StateCodec, not {type(codec).__name__}")
         jsonrpc.check_pacing(codec, retry_after, max_hold)
         self.codec = codec
+        self.sdk_window = sdk_window
         self.audience = audience
         self.principal = principal
         self.binding = binding
@@ -122,16 +125,19 @@ class StateCodecMiddleware:
         # One binding per request, for the inbound check and the outbound seal alike (the
         # next round's token is bound to exactly what this round was), computed only when
         # a state arrives or leaves, never for plain calls.
+        judge = (
+            jsonrpc.judge_request if self.sdk_window is None else partial(self.sdk_window.judge_request, ctx)
+        )
         try:
-            judged = await jsonrpc.judge_request(
+            judged = await judge(
                 self.codec, method, ctx.params, partial(self._binding, ctx), max_hold=self.max_hold
             )
         except jsonrpc.WireError as exc:
             raise _mcp_error(exc) from None
         if judged.early is not None:  # a paced round retried too early: the same state, no handler
             return dict(judged.early)
-        if judged.opened is not None:
-            ctx = _with_params(ctx, judged.params)
+        if judged.opened is not None or (ctx.params is not None and judged.params is not ctx.params):
+            ctx = _with_params(ctx, judged.params)  # a state was redeemed (an SDK one has no opened)
         result = await call_next(ctx)
         try:
             if type(result) is dict:  # the runner's wire form
@@ -166,6 +172,9 @@ class StateCodecMiddleware:
         if isinstance(result, Mapping):
             return dict(jsonrpc.seal_result(self.codec, judged, result, retry_after=self.retry_after))
         state = getattr(result, "request_state", None)
+        if state is None and isinstance(result, InputRequiredResult):
+            wire = {"resultType": jsonrpc.INPUT_REQUIRED, "inputRequests": result.input_requests}
+            jsonrpc.check_asks_something(self.codec, judged.method, wire)
         if state is None or not isinstance(result, BaseModel):
             return result
         state_only = isinstance(result, InputRequiredResult) and not result.input_requests
@@ -315,6 +324,7 @@ def protect(
     binding: BindingFn | None = None,
     retry_after: float | None = None,
     max_hold: float = jsonrpc.DEFAULT_MAX_HOLD,
+    sdk_window: SDKStateWindow | None = None,
 ) -> StateCodecMiddleware:
     """Seal and verify every ``requestState`` of ``server`` with ``codec``.
 
@@ -336,6 +346,10 @@ def protect(
         at once with the same state. The handler never runs early, and no early retry
         consumes the token. Keep ``retry_after <= max_hold`` for clients that retry after a
         fixed pause (the TypeScript client waits 250 ms and counts every answer).
+    :param sdk_window: while migrating off the SDK's own boundary, an
+        :class:`~statecodec.adapters.sdk_window.SDKStateWindow`: the SDK's tokens are
+        accepted (once each, with the SDK's keys and binding rules) until it closes;
+        every new state is statecodec's. The codec needs a replay store.
     :returns: the installed middleware.
 
     Rounds chain automatically: a round that came in with a state and answers
@@ -356,6 +370,7 @@ def protect(
         binding=binding,
         retry_after=retry_after,
         max_hold=max_hold,
+        sdk_window=None if sdk_window is None else sdk_window.for_server(server.name, codec),
     )
     install(chain, middleware)
     return middleware

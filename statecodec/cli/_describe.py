@@ -112,6 +112,10 @@ def token_rows(info: dict[str, Any], now: float) -> list[tuple[str, str | list[s
     rows: list[tuple[str, str | list[str]]] = [
         ("format", printable(info.get("format_name", "statecodec v1")))
     ]
+    if info.get("candidates"):
+        names = [f"{c['format_name']} ({c['format']})" for c in info["candidates"]]
+        rows[0] = ("format", "one of: " + ", ".join(printable(n) for n in names))
+        rows.append(("why", printable(str(info.get("ambiguity") or ""))))
     if info.get("mode"):
         rows.append(("mode", str(info["mode"]).upper()))
     if info.get("kid"):

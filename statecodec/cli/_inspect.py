@@ -7,7 +7,7 @@ from typing import Any, Final
 import click
 
 from .._errors import REASONS
-from ..compat import FormatInfo, detect
+from ..compat import FORMATS, FormatInfo, detect
 from ._describe import DEFAULT_LIMIT, flow_fields, moment, payload_fields, table, token_rows
 from ._exit import CliError, ExitCode
 from ._output import Outcome, Output, command
@@ -27,9 +27,12 @@ def describe(info: FormatInfo, now: float) -> dict[str, Any]:
     else:
         payload = None if info.payload is None else payload_fields(info.payload)
     fields = dict(info.fields)
+    candidates = [{"format": c, "format_name": FORMATS[c].name} for c in info.candidates]
     return {
         "format": info.format,
         "format_name": info.name,
+        "candidates": candidates or None,
+        "ambiguity": info.ambiguity,
         "version": fields.pop("version", None),
         "mode": info.mode,
         "kid": info.kid,
@@ -54,8 +57,10 @@ def inspect_command(out: Output, *, token: str, at: float | None) -> Outcome:
     """Decode TOKEN (or stdin with '-') WITHOUT verifying it.
 
     Shows format, mode, kid, issued/expires, token id, size and (SIGN mode) the payload.
-    Needs no keys. Recognises statecodec tokens and the TypeScript SDK v1, Python SDK v1
-    and Rust rmcp rs1 formats.
+    Needs no keys. Recognises statecodec tokens and the TypeScript SDK v1, Python SDK v1,
+    Ruby SDK v1, PHP SDK v1, rmcp rs1 and rmcp rs2 (proposed) formats. Where the bytes fit
+    two formats (Python and Ruby SDK v1), it names both and says why; 'statecodec verify'
+    with the keys tells them apart.
     """
     now = clock_at(at)()
     info = detect(read_token(token), max_token_bytes=MAX_INPUT_BYTES)

@@ -266,7 +266,10 @@ def command(name: str, *, log_format: bool = False) -> Callable[[F], F]:
 
     def decorate(fn: F) -> F:
         @click.option(
-            "--json", "json_mode", is_flag=True, help="Print one JSON document (docs/cli-schema.json)."
+            "--json",
+            "json_mode",
+            is_flag=True,
+            help="Print one JSON document (its schema: statecodec/data/cli-schema.json in the package).",
         )
         @functools.wraps(fn)
         def wrapper(*, json_mode: bool, **params: Any) -> None:

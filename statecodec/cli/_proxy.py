@@ -121,6 +121,34 @@ def _listen(value: str) -> tuple[str, int]:
     return host.strip("[]"), int(port)
 
 
+def _host_lists(
+    listen: str, hosts: tuple[str, ...], origins: tuple[str, ...]
+) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """The Host and Origin lists the proxy answers (DNS-rebinding protection, see proxy/_hosts.py).
+
+    On a loopback address the SDKs' loopback lists are the default. Anywhere else no list is
+    safe to guess: without ``--allowed-host`` the proxy refuses to start (exit 3, a missing
+    setting), rather than answer every name a rebinding DNS record could point at it.
+    """
+    from ..proxy._hosts import LOOPBACK_HOSTS, LOOPBACK_ORIGINS, HostPolicy, is_loopback  # noqa: PLC0415
+
+    loopback = is_loopback(listen)
+    if not hosts and not loopback:
+        raise CliError(
+            ExitCode.KEYS,
+            f"--listen {listen} is not a loopback address: name the Host values clients use with "
+            "--allowed-host (e.g. --allowed-host mcp.example.com), or --allowed-host '*' if a "
+            "front end checks Host",
+        )
+    hosts = hosts or LOOPBACK_HOSTS
+    origins = origins or (LOOPBACK_ORIGINS if loopback else ())
+    try:
+        HostPolicy.of(hosts, origins)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="'--allowed-host' / '--allowed-origin'") from None
+    return tuple(hosts), tuple(origins)
+
+
 def _count_option(flag: str, default: int, text: str) -> Callable[[F], F]:
     return click.option(flag, type=click.IntRange(1), default=default, show_default=True, help=text)
 
@@ -138,6 +166,22 @@ def _count_option(flag: str, default: int, text: str) -> Callable[[F], F]:
     show_default=True,
     metavar="HOST:PORT",
     help="Address to serve on (port 0: any free port).",
+)
+@click.option(
+    "--allowed-host",
+    "allowed_hosts",
+    multiple=True,
+    metavar="HOST",
+    help="A Host clients may use: NAME or NAME:PORT, [IPv6], * for any (repeatable). Default on a "
+    "loopback --listen: localhost, 127.0.0.1, [::1]; required on any other address.",
+)
+@click.option(
+    "--allowed-origin",
+    "allowed_origins",
+    multiple=True,
+    metavar="ORIGIN",
+    help="An Origin browsers may send: SCHEME://NAME[:PORT], * for any (repeatable); requests "
+    "without Origin always pass. Default: the loopback origins on a loopback --listen, else none.",
 )
 @keys_option
 @click.option(
@@ -279,6 +323,9 @@ def proxy_command(**params: Any) -> None:
     log_level = params.pop("log_level")
     _configure_logging(log_level, log_format)
     try:
+        params["allowed_hosts"], params["allowed_origins"] = _host_lists(
+            host, params.pop("allowed_hosts"), params.pop("allowed_origins")
+        )
         settings = _Settings(principal=principal, log_level=log_level, log_format=log_format, **params)
         _run(settings, host, port, admin_address)
     except (click.exceptions.Exit, click.exceptions.Abort, click.ClickException, KeyboardInterrupt):
@@ -373,6 +420,8 @@ class _Settings:
     retry_after: float | None
     max_hold: float
     workers: int
+    allowed_hosts: tuple[str, ...]
+    allowed_origins: tuple[str, ...]
     refresh_interval: int
     staleness_limit: int
 
@@ -465,6 +514,7 @@ def _built(settings: _Settings) -> Iterator[tuple[Any, Any, Any]]:
     from .. import ops  # noqa: PLC0415
     from ..kms import KeyManager  # noqa: PLC0415 - loaded only for this command
     from ..proxy import ProxyOptions, Timeouts, build_proxy  # noqa: PLC0415
+    from ..proxy._hosts import HostPolicy  # noqa: PLC0415
     from ._sources import open_store  # noqa: PLC0415
 
     principal_fn, closer = settings.principal.build()
@@ -478,6 +528,7 @@ def _built(settings: _Settings) -> Iterator[tuple[Any, Any, Any]]:
         passthrough_paths=settings.passthrough_paths,
         retry_after=settings.retry_after,
         max_hold=settings.max_hold,
+        hosts=HostPolicy.of(settings.allowed_hosts, settings.allowed_origins),
     )
     tl = _timeline(settings)
     manager = KeyManager(

@@ -23,7 +23,7 @@ from .._codec import (
 from .._errors import InvalidState
 from .._keys import KeyProvider
 from ..compat import FORMATS as COMPAT_FORMATS
-from ..compat import Verified, VerifyOptions, detect
+from ..compat import Verified, VerifyOptions, detect, verify_detected
 from ..compat import verify as compat_verify
 from ..replay._url import redact
 from . import _sources
@@ -51,8 +51,15 @@ _NOT_CHECKED = (
 _FOREIGN_HINT = {
     "ts-v1": "add --bind-value with what the server's bind(ctx) returns",
     "mcp-py-v1": "add --method/--target/--arguments/--audience/--principal as the server binds them",
+    "ruby-v1": "add --method/--target/--arguments/--audience as the server binds them",
+    "php-v1": "a PHP SDK token binds nothing: any request of any user can redeem it",
     "rs1": "add --associated-data",
+    "rs2": "add --associated-data",
 }
+#: The pseudo-format of a token whose bytes fit several formats: the keys decide.
+_CANDIDATES = "candidates"
+_ENCRYPTED = frozenset({"mcp-py-v1", "ruby-v1"})
+_AD_FORMATS = frozenset({"rs1", "rs2"})
 
 
 @dataclass(frozen=True)
@@ -100,12 +107,16 @@ def _check_foreign_flags(
     given = [name for name, value in sc1_only.items() if value is not None]
     if fmt == "ts-v1" and binding.given:
         given.append("binding options (a ts-v1 token binds one string: pass --bind-value)")
-    if fmt == "rs1" and binding.given:
-        given.append("binding options (an rs1 token binds associated data: pass --associated-data)")
+    if fmt in _AD_FORMATS and binding.given:
+        given.append(f"binding options (an {fmt} token binds associated data: pass --associated-data)")
+    if fmt == "php-v1" and binding.given:
+        given.append("binding options (a php-v1 token binds nothing)")
+    if fmt == "ruby-v1" and binding.principal is not None:
+        given.append("--principal (the Ruby SDK binds no principal)")
     if fmt != "ts-v1" and bind_value is not None:
         given.append("--bind-value (ts-v1 only)")
-    if fmt != "rs1" and associated_data is not None:
-        given.append("--associated-data (rs1 only)")
+    if fmt not in _AD_FORMATS and associated_data is not None:
+        given.append("--associated-data (rs1 and rs2 only)")
     if given:
         raise click.UsageError(f"not applicable to a {fmt} token: {', '.join(given)}")
 
@@ -113,8 +124,10 @@ def _check_foreign_flags(
 def _resolve_format(fmt: str, token: str) -> str:
     if fmt != "auto":
         return fmt
-    detected = detect(token).format
-    return detected if detected is not None and detected in COMPAT_FORMATS else "sc1"
+    info = detect(token)
+    if info.format is None and info.candidates:
+        return _CANDIDATES  # Python or Ruby SDK v1: the keys decide (verify_detected)
+    return info.format if info.format is not None and info.format in COMPAT_FORMATS else "sc1"
 
 
 @click.command("verify")
@@ -153,11 +166,15 @@ def _resolve_format(fmt: str, token: str) -> str:
     type=click.Choice(["auto", *COMPAT_FORMATS]),
     default="auto",
     show_default=True,
-    help="Token format: statecodec sc1, TypeScript SDK ts-v1, Python SDK mcp-py-v1, rmcp rs1.",
+    help="Token format: statecodec sc1, TypeScript SDK ts-v1, Python SDK mcp-py-v1, Ruby SDK ruby-v1, "
+    "PHP SDK php-v1, rmcp rs1, rmcp rs2 (proposed). auto: from the token; a 'v1.<blob>' token "
+    "(Python or Ruby SDK) is verified as the one whose key opens it.",
 )
 @click.option("--bind-value", metavar="TEXT", help="ts-v1: the string the server's bind(ctx) returns.")
 @click.option(
-    "--associated-data", metavar="TEXT", help="rs1: the associated data (UTF-8) the token was sealed with."
+    "--associated-data",
+    metavar="TEXT",
+    help="rs1, rs2: the associated data (UTF-8) the token was sealed with.",
 )
 @command("verify")
 def verify_command(
@@ -186,7 +203,7 @@ def verify_command(
         _check_sc1_flags(binding, opts, at)
         foreign_only = {
             "--bind-value (ts-v1 only)": bind_value,
-            "--associated-data (rs1 only)": associated_data,
+            "--associated-data (rs1 and rs2 only)": associated_data,
         }
         if misplaced := [name for name, value in foreign_only.items() if value is not None]:
             raise click.UsageError(f"not applicable to an sc1 token: {', '.join(misplaced)}")
@@ -313,10 +330,18 @@ def _verify_foreign(
     clock: Callable[[], float],
 ) -> Outcome:
     now = clock()
-    mode = "encrypt" if fmt == "mcp-py-v1" else "sign"
-    base: dict[str, Any] = {"format": fmt, "mode": mode, "at": moment(now, now)}
+    mode = "encrypt" if fmt in _ENCRYPTED or fmt == _CANDIDATES else "sign"
+    base: dict[str, Any] = {
+        "format": None if fmt == _CANDIDATES else fmt,
+        "mode": mode,
+        "at": moment(now, now),
+    }
     try:
-        verified = compat_verify(fmt, token, keys, options, clock=clock)
+        if fmt == _CANDIDATES:
+            verified = verify_detected(token, keys, options, clock=clock)
+            base["format"] = verified.format
+        else:
+            verified = compat_verify(fmt, token, keys, options, clock=clock)
     except InvalidState as exc:
         return _invalid(out, {**base, "binding_checked": False, "binding": None}, exc)
     except (TypeError, ValueError) as exc:  # arguments or keys unusable for this format
@@ -334,7 +359,7 @@ def _verify_foreign(
         note = f"; not checked: {', '.join(verified.unchecked)}" if verified.unchecked else ""
         binding_line = out.style(f"checked ({', '.join(verified.checked)}){note}", fg="green")
     else:
-        binding_line = out.style(f"NOT CHECKED - {_FOREIGN_HINT[fmt]}", fg="yellow", bold=True)
+        binding_line = out.style(f"NOT CHECKED - {_FOREIGN_HINT[verified.format]}", fg="yellow", bold=True)
     replay_line = (
         f"not available: {verified.name} tokens have no token id and can be replayed until they expire"
     )

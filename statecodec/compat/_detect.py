@@ -1,8 +1,17 @@
 """Naming a token's format and reading what it shows without keys (``statecodec inspect``).
 
 Nothing here is verified: every field comes from whoever made the token. The shapes are
-told apart by prefix and section count alone; ``v1.`` is shared by the TypeScript SDK
-(``v1.<body>.<mac>``, two sections) and the Python SDK (``v1.<blob>``, one section).
+told apart by prefix and section count alone, and where they cannot be, detection says
+so instead of guessing:
+
+- ``sc1s.``/``sc1e.``: statecodec; ``rs1.``/``rs2.``: rmcp (three and four sections);
+- ``v1.<body>.<mac>``: the TypeScript SDK;
+- ``v1.<blob>``: the Python SDK **or** the Ruby SDK. Both are ``"v1."`` and one base64url
+  section of AES-256-GCM output; the Python SDK's first 4 bytes are a fingerprint of its
+  HKDF-derived key, the Ruby SDK's are the start of a random IV, and nothing without the
+  key tells the two apart. :func:`detect` then names both (:attr:`FormatInfo.candidates`)
+  and says why; ``verify`` with the keys decides (:func:`~statecodec.compat.verify_detected`);
+- ``<body>.<mac>`` without a prefix: the PHP SDK (the only format of that shape).
 """
 
 from __future__ import annotations
@@ -14,22 +23,35 @@ from typing import Any, Final
 
 from .. import _format
 from .._errors import InvalidState
-from . import mcp_py_v1, rs1, ts_v1
+from . import mcp_py_v1, php_v1, rs1, rs2, ruby_v1, ts_v1
 from ._common import DEFAULT_MAX_TOKEN_BYTES, displayable_time, logger
 
 SC1: Final = "statecodec sc1"
 TS_V1: Final = "TypeScript SDK v1"
 MCP_PY_V1: Final = "Python SDK v1"
+RUBY_V1: Final = "Ruby SDK v1"
+PHP_V1: Final = "PHP SDK v1"
 RS1: Final = "rmcp rs1"
+RS2: Final = "rmcp rs2 (proposed, rmcp PR #1128)"
 UNKNOWN: Final = "unknown"
+#: base64url of ``{"exp":``: the PHP SDK's json_encode always writes ``exp`` first.
+PHP_BODY_START: Final = "eyJleHAiOj"
+AMBIGUOUS_V1: Final = f"{MCP_PY_V1} or {RUBY_V1}"
+#: Why a ``v1.<blob>`` token has two candidates: said by inspect, word for word.
+WHY_AMBIGUOUS_V1: Final = (
+    "the Python SDK and the Ruby SDK both write 'v1.' + one base64url section of AES-256-GCM "
+    "output; only the key tells them apart (verify with --keys: the format whose key opens it wins)"
+)
 
 
 @dataclass(frozen=True, slots=True)
 class FormatInfo:
     """What a token's format is and what it shows without keys. UNVERIFIED.
 
-    ``format`` is the registry id (``"sc1"``, ``"ts-v1"``, ``"mcp-py-v1"``, ``"rs1"``) or
-    ``None``. ``problem`` says why the fields could not be read when the format was
+    ``format`` is the registry id (``"sc1"``, ``"ts-v1"``, ``"mcp-py-v1"``, ``"ruby-v1"``,
+    ``"php-v1"``, ``"rs1"``, ``"rs2"``) or ``None``: unknown, or one of several
+    ``candidates`` (registry ids) that the bytes alone cannot tell apart, ``ambiguity``
+    saying why. ``problem`` says why the fields could not be read when the format was
     recognised but the token is malformed (or why it is unknown).
     """
 
@@ -46,10 +68,12 @@ class FormatInfo:
     problem: str | None = None
     # sc1 only: the flow the token belongs to: flow_id (hex), round, flow_started_at, not_before
     flow: Mapping[str, Any] | None = None
+    candidates: tuple[str, ...] = ()
+    ambiguity: str | None = None
 
     @property
     def recognised(self) -> bool:
-        return self.format is not None
+        return self.format is not None or bool(self.candidates)
 
 
 def detect(token: object, *, max_token_bytes: int = DEFAULT_MAX_TOKEN_BYTES) -> FormatInfo:
@@ -59,17 +83,21 @@ def detect(token: object, *, max_token_bytes: int = DEFAULT_MAX_TOKEN_BYTES) -> 
     name, fmt, reader = _classify(token)
     if reader is None:
         return FormatInfo(name, fmt, len(token), problem=_unknown_hint(token))
+    candidates = ("mcp-py-v1", "ruby-v1") if name == AMBIGUOUS_V1 else ()
+    why = WHY_AMBIGUOUS_V1 if candidates else None
     try:
         return reader(token, max(max_token_bytes, 1))
     except InvalidState as exc:
-        return FormatInfo(name, fmt, len(token), problem=f"{exc.reason}: {exc.detail}")
+        problem = f"{exc.reason}: {exc.detail}"
+        return FormatInfo(name, fmt, len(token), problem=problem, candidates=candidates, ambiguity=why)
     except Exception as exc:  # inspect must describe anything, never crash on it
         logger.exception(
             "unexpected error while reading a %s token",
             name,
             extra={"event": "compat_crashed", "format": name},
         )
-        return FormatInfo(name, fmt, len(token), problem=f"internal_error: unexpected {type(exc).__name__}")
+        problem = f"internal_error: unexpected {type(exc).__name__}"
+        return FormatInfo(name, fmt, len(token), problem=problem, candidates=candidates, ambiguity=why)
 
 
 _Reader = Callable[[str, int], FormatInfo]
@@ -80,28 +108,34 @@ def _classify(token: str) -> tuple[str, str | None, _Reader | None]:
         return SC1, "sc1", _read_sc1
     if token.startswith(rs1.PREFIX):
         return RS1, "rs1", _read_rs1
+    if token.startswith(rs2.PREFIX):
+        return RS2, "rs2", _read_rs2
     if token.startswith(ts_v1.PREFIX):
         dots = token.count(".", len(ts_v1.PREFIX), len(ts_v1.PREFIX) + DEFAULT_MAX_TOKEN_BYTES)
         if dots == 1:
             return TS_V1, "ts-v1", _read_ts_v1
         if dots == 0:
-            return MCP_PY_V1, "mcp-py-v1", _read_mcp_py_v1
+            return AMBIGUOUS_V1, None, _read_v1_blob
+        return UNKNOWN, None, None
+    if token.startswith(PHP_BODY_START) and token.count(".", 0, DEFAULT_MAX_TOKEN_BYTES) == 1:
+        return PHP_V1, "php-v1", _read_php_v1
     return UNKNOWN, None, None
 
 
 def _unknown_hint(token: str) -> str:
-    if token.startswith("rs2."):
-        return "an rmcp rs2 token (with a key id): not supported by statecodec.compat"
     if token.startswith("v1."):
         return (
-            "starts with 'v1.' but has neither the TypeScript (2 sections) nor the Python (1 section) shape"
+            "starts with 'v1.' but has neither the TypeScript (2 sections) nor the Python/Ruby "
+            "(1 section) shape"
         )
+    if token.count(".", 0, DEFAULT_MAX_TOKEN_BYTES) == 1 and not token.startswith("sc"):
+        return "two sections without a prefix, but not a PHP SDK body (it starts with '{\"exp\":')"
     if token.startswith("sc"):
         try:
             _format.parse(token, DEFAULT_MAX_TOKEN_BYTES)
         except InvalidState as exc:
             return f"{exc.reason}: {exc.detail}"
-    return "not a statecodec, TypeScript SDK, Python SDK or rmcp token"
+    return "not a statecodec, TypeScript SDK, Python SDK, Ruby SDK, PHP SDK or rmcp token"
 
 
 def _read_sc1(token: str, cap: int) -> FormatInfo:
@@ -142,15 +176,64 @@ def ts_v1_facts(payload: Any, exp: float, bound: bool) -> tuple[bytes, float | N
     return json.dumps(payload, ensure_ascii=False).encode("utf-8", "surrogatepass"), shown, fields
 
 
-def _read_mcp_py_v1(token: str, cap: int) -> FormatInfo:
-    p = mcp_py_v1.parse(token, cap)
+def _read_v1_blob(token: str, cap: int) -> FormatInfo:
+    """``v1.<blob>``: both candidates when the blob fits both, else the one it fits."""
+    ruby = ruby_v1.parse(token, cap)  # the shorter minimum: fails only if it fits neither
+    ruby_fields = {"ruby-v1 ciphertext_bytes": len(ruby.sealed) - ruby_v1.TAG_LEN}
+    try:
+        py = mcp_py_v1.parse(token, cap)
+    except InvalidState as exc:  # 28 to 31 bytes: room for an IV and a tag, not for a kid too
+        fields = {"ciphertext_bytes": len(ruby.sealed) - ruby_v1.TAG_LEN, "not mcp-py-v1": exc.detail}
+        return FormatInfo(RUBY_V1, "ruby-v1", len(token), mode="encrypt", fields=fields)
+    fields = {
+        "candidates": "mcp-py-v1, ruby-v1",
+        "mcp-py-v1 kid": py.kid.hex(),
+        "mcp-py-v1 ciphertext_bytes": len(py.sealed) - mcp_py_v1.TAG_LEN,
+        **ruby_fields,
+    }
     return FormatInfo(
-        MCP_PY_V1,
-        "mcp-py-v1",
+        AMBIGUOUS_V1,
+        None,
         len(token),
         mode="encrypt",
-        kid=p.kid.hex(),
-        fields={"ciphertext_bytes": len(p.sealed) - mcp_py_v1.TAG_LEN},
+        fields=fields,
+        candidates=("mcp-py-v1", "ruby-v1"),
+        ambiguity=WHY_AMBIGUOUS_V1,
+    )
+
+
+def _read_php_v1(token: str, cap: int) -> FormatInfo:
+    exp, data = php_v1.read_body(php_v1.parse(token, cap).body)
+    shown = displayable_time(exp)
+    fields: dict[str, Any] = {"binds": "nothing (no method, target, arguments, audience or principal)"}
+    if shown is None:
+        fields["exp_out_of_range"] = str(exp)
+    payload = json.dumps(data, ensure_ascii=False).encode("utf-8", "surrogatepass")
+    return FormatInfo(
+        PHP_V1, "php-v1", len(token), mode="sign", expires_at=shown, payload=payload, fields=fields
+    )
+
+
+def _read_rs2(token: str, cap: int) -> FormatInfo:
+    p = rs2.parse(token, cap)
+    body = p.body()
+    p.tag()  # both sections must decode, as rmcp requires
+    expiry = rs2.expiry_ms(body)
+    if expiry is None:
+        raise InvalidState("malformed", f"body is {len(body)} bytes, shorter than its expiry field")
+    return FormatInfo(
+        RS2,
+        "rs2",
+        len(token),
+        mode="sign",
+        kid=p.kid,
+        expires_at=displayable_time(expiry / 1000) if expiry else None,
+        payload=body[rs2.EXPIRY_LEN :],
+        fields={
+            "expiry_ms": expiry,
+            "never_expires": expiry == 0,
+            "status": "proposed (rmcp PR #1128), not released",
+        },
     )
 
 

@@ -1,33 +1,36 @@
 """One verify entry point per format, for ``statecodec verify --format ID``.
 
 The keys come either from a statecodec key provider (``--keys``: every key the ring would
-verify with at that time; sc1 selects by kid, the foreign formats have no usable kid and
-try each secret) or from a list of raw secrets. Trying several secrets is safe for the
-HMAC formats (HMAC-SHA256 is committing: one tag verifies under one key only) and the
-Python SDK format selects its key by fingerprint, so there is no trial decryption.
+verify with at that time; sc1 and rs2 select by kid, the other formats have no usable kid
+and try each secret), from a list of raw secrets, or (rs2) from a mapping kid -> secret.
+Trying several secrets is safe for the HMAC formats (HMAC-SHA256 is committing: one tag
+verifies under one key only), and the Python SDK format selects its key by fingerprint.
+The Ruby SDK format has no key id at all: its AES-GCM tag is tried under each 32-byte
+key given, which is why a verifier should hold only the one key the Ruby servers use.
 
 Nothing here consumes a token: this is for looking, not for accepting.
 """
 
 from __future__ import annotations
 
+import json
 import math
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Final
 
 from .._binding import Binding
 from .._codec import Mode, StateCodec
-from .._errors import InvalidState
+from .._errors import InvalidState, Reason
 from .._keys import KeyProvider
-from . import mcp_py_v1, rs1, ts_v1
+from . import mcp_py_v1, php_v1, rs1, rs2, ruby_v1, ts_v1
 from ._common import UNCHECKED, displayable_time
-from ._detect import MCP_PY_V1, RS1, SC1, TS_V1, ts_v1_facts
+from ._detect import MCP_PY_V1, PHP_V1, RS1, RS2, RUBY_V1, SC1, TS_V1, detect, ts_v1_facts
 
 #: What to verify with: a statecodec key provider (``KeyRing``, ``KeyManager``) or raw
 #: secrets. (Not a :class:`statecodec.kms.KeySource`, which is where a ring comes from.)
-VerifyKeys = KeyProvider | Sequence[bytes | str]
+VerifyKeys = KeyProvider | Sequence[bytes | str] | Mapping[str, bytes | str]
 #: Returns the current Unix time, as every ``clock`` in statecodec.
 Clock = Callable[[], float]
 
@@ -39,9 +42,10 @@ class VerifyOptions:
     """What the token is expected to be bound to. ``None`` means "not given, not checked".
 
     ``bind`` is the TypeScript SDK's: the string the server's ``bind(ctx)`` returns.
-    ``associated_data`` is rmcp's AD; rs1 always authenticates it (``None`` means ``b""``).
-    For sc1 the five binding fields are one keyed tag: giving any of them compares all,
-    an omitted field counting as absent.
+    ``associated_data`` is rmcp's AD; rs1 and rs2 always authenticate it (``None`` means
+    ``b""``). ``arguments_digest`` is the Ruby SDK's ``a`` claim as it is (a server may
+    pass any string), instead of ``arguments``. For sc1 the five binding fields are one
+    keyed tag: giving any of them compares all, an omitted field counting as absent.
     """
 
     principal: str | None = None
@@ -51,6 +55,7 @@ class VerifyOptions:
     arguments: Any = None
     bind: str | None = None
     associated_data: bytes | None = None
+    arguments_digest: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,9 +101,18 @@ def verify(
 def _secrets(keys: VerifyKeys, now: float) -> list[bytes | str]:
     if isinstance(keys, KeyProvider):
         return [k.secret for k in keys.keyring().keys if k.verifies_at(now)]
-    if isinstance(keys, bytes | bytearray | str):
+    if isinstance(keys, bytes | bytearray | str | Mapping):
         raise TypeError("keys must be a key provider or a sequence of secrets, e.g. [secret]")
     return list(keys)
+
+
+def _ring(keys: VerifyKeys, now: float) -> dict[str, bytes | str]:
+    """kid -> secret, for the formats whose token names its key (rs2)."""
+    if isinstance(keys, KeyProvider):
+        return {k.kid: k.secret for k in keys.keyring().keys if k.verifies_at(now)}
+    if isinstance(keys, Mapping):
+        return dict(keys)
+    raise TypeError("rs2 tokens name their key by kid: pass a key ring or a mapping kid -> secret")
 
 
 def _try_each(
@@ -199,9 +213,141 @@ def _verify_rs1(token: str, keys: VerifyKeys, options: VerifyOptions, clock: Clo
         raise
 
 
+def _verify_ruby_v1(token: str, keys: VerifyKeys, options: VerifyOptions, clock: Clock) -> Verified:
+    if options.principal is not None:
+        raise ValueError("a ruby-v1 token binds no principal (the Ruby SDK has none): drop --principal")
+    if options.arguments is not None and options.arguments_digest is not None:
+        raise ValueError("give the arguments or their digest, not both")
+    u = UNCHECKED
+    digest = options.arguments_digest
+    if options.arguments is not None:
+        digest = ruby_v1.arguments_digest(options.arguments)
+    expect = ruby_v1.Expected(
+        u if options.method is None else options.method,
+        u if options.target is None else options.target,
+        u if digest is None else digest,
+        u if options.audience is None else options.audience,
+    )
+    secrets = _ruby_keys(keys, clock())
+
+    def open_one(key: bytes | str) -> Verified:
+        opened = ruby_v1.unseal(token, key, expect=expect, clock=clock)
+        names = ("method", "target", "arguments", "audience")
+        compared = tuple(n for n, want in zip(names, expect, strict=True) if want is not u)
+        claims = {k: v for k, v in opened.claims.items() if k != "s"}
+        return Verified(
+            "ruby-v1",
+            RUBY_V1,
+            opened.state.encode("utf-8", "surrogatepass"),
+            displayable_time(opened.expires_at),
+            claims=claims,
+            checked=compared,
+            unchecked=tuple(n for n in names if n not in compared),
+        )
+
+    return _try_each(secrets, open_one, "the AES-GCM tag")
+
+
+def _ruby_keys(keys: VerifyKeys, now: float) -> list[bytes | str]:
+    """The secrets a Ruby server could hold: exactly 32 bytes (of a ring, the others are skipped)."""
+    secrets = _secrets(keys, now)
+    if isinstance(keys, KeyProvider):
+        secrets = [s for s in secrets if len(s) == ruby_v1.KEY_LEN]
+        if not secrets:
+            raise ValueError(
+                f"no key of the ring is {ruby_v1.KEY_LEN} bytes, the only size the Ruby SDK takes"
+            )
+    for secret in secrets:
+        ruby_v1.ruby_key(secret)  # TypeError/ValueError before any token is read
+    return secrets
+
+
+def _verify_php_v1(token: str, keys: VerifyKeys, options: VerifyOptions, clock: Clock) -> Verified:
+    if options != VerifyOptions():
+        raise ValueError(
+            "a php-v1 token binds nothing (the PHP SDK has no binding): drop the binding options"
+        )
+
+    def open_one(secret: bytes | str) -> Verified:
+        opened = php_v1.unseal(token, secret, clock=clock)
+        payload = json.dumps(opened.payload, ensure_ascii=False).encode("utf-8", "surrogatepass")
+        return Verified(
+            "php-v1", PHP_V1, payload, displayable_time(opened.expires_at), claims={"exp": opened.expires_at}
+        )
+
+    return _try_each(_secrets(keys, clock()), open_one, "the MAC")
+
+
+def _verify_rs2(token: str, keys: VerifyKeys, options: VerifyOptions, clock: Clock) -> Verified:
+    ad = options.associated_data or b""
+    try:
+        opened = rs2.unseal(token, _ring(keys, clock()), ad, clock=clock)
+    except InvalidState as exc:
+        if exc.reason == "tampered" and options.associated_data is None:
+            raise InvalidState(
+                exc.reason, exc.detail + " (if it was sealed with associated data, give it)", kid=exc.kid
+            ) from None
+        raise
+    return Verified(
+        "rs2",
+        RS2,
+        opened.payload,
+        displayable_time(opened.expires_at),
+        kid=opened.kid,
+        claims={"status": "proposed (rmcp PR #1128), not released"},
+        checked=("associated_data",),
+    )
+
+
+def verify_detected(
+    token: str, keys: VerifyKeys, options: VerifyOptions | None = None, *, clock: Clock = time.time
+) -> Verified:
+    """Verify ``token`` as the format :func:`detect` names, or as the candidate whose key opens it.
+
+    For a token whose bytes fit several formats (a ``v1.<blob>`` of the Python or the Ruby
+    SDK), each candidate is tried with ``keys``: the first that verifies wins, and one whose
+    key opened the token but whose claims fail (expired, another binding) decides the
+    reason. When no key opens it under any candidate, the error names every candidate and
+    what it said. ``InvalidState("malformed")`` for a token of no known format.
+    """
+    options = options or VerifyOptions()
+    info = detect(token)
+    if info.format is not None:
+        return verify(info.format, token, keys, options, clock=clock)
+    if not info.candidates:
+        raise InvalidState("malformed", f"not a recognised requestState token: {info.problem}")
+    failures: list[str] = []
+    unusable: list[str] = []
+    reasons: set[Reason] = set()
+    for fmt in info.candidates:
+        try:
+            verified = verify(fmt, token, keys, options, clock=clock)
+        except (TypeError, ValueError) as exc:
+            unusable.append(f"{fmt}: {exc}")
+            continue
+        except InvalidState as exc:
+            if exc.reason not in {"tampered", "unknown_key"}:  # its key opened the token: it is this format
+                raise InvalidState(exc.reason, f"as {fmt}: {exc.detail}", kid=exc.kid) from None
+            failures.append(f"{fmt}: {exc.reason} ({exc.detail})")
+            reasons.add(exc.reason)
+            continue
+        ruled_out = "; ".join(failures + unusable) or "none tried before it"
+        return replace(verified, claims={**verified.claims, "candidates": ", ".join(info.candidates),
+                                         "ruled_out": ruled_out})  # fmt: skip
+    if not failures:
+        raise ValueError("; ".join(unusable))
+    reason: Reason = "unknown_key" if reasons == {"unknown_key"} else "tampered"
+    raise InvalidState(
+        reason, "no candidate format verifies with these keys: " + "; ".join(failures + unusable)
+    )
+
+
 FORMATS: Final[Mapping[str, CompatFormat]] = {
     "sc1": CompatFormat("sc1", SC1, _verify_sc1),
     "ts-v1": CompatFormat("ts-v1", TS_V1, _verify_ts_v1),
     "mcp-py-v1": CompatFormat("mcp-py-v1", MCP_PY_V1, _verify_mcp_py_v1),
+    "ruby-v1": CompatFormat("ruby-v1", RUBY_V1, _verify_ruby_v1),
+    "php-v1": CompatFormat("php-v1", PHP_V1, _verify_php_v1),
     "rs1": CompatFormat("rs1", RS1, _verify_rs1),
+    "rs2": CompatFormat("rs2", RS2, _verify_rs2),
 }

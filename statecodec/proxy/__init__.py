@@ -11,6 +11,7 @@ Needs ``statecodec[proxy]`` (uvicorn, httptools, httpx, PyJWT; uvloop on POSIX).
 
 from .._net import bind_socket
 from ._forward import HOP_BY_HOP, Timeouts, UpstreamApp
+from ._hosts import HostPolicy
 from ._principal import (
     DEFAULT_ALGORITHMS,
     BearerPrincipal,
@@ -29,6 +30,7 @@ __all__ = [
     "DEFAULT_ALGORITHMS",
     "HOP_BY_HOP",
     "BearerPrincipal",
+    "HostPolicy",
     "JWKSVerifier",
     "ProxyOptions",
     "Supervisor",

@@ -21,8 +21,11 @@ proxy:
   another client's request;
 - proxy environment variables play no part, so no ``HTTPS_PROXY`` setting can silently
   route tokens elsewhere, and redirects are relayed, not followed;
-- no header the client did not send is added but ``Host``, ``Accept-Encoding``,
-  ``Content-Length`` (or ``Transfer-Encoding: chunked``) and ``X-Forwarded-*``.
+- the client's ``Host`` is forwarded as sent (the proxy's :class:`~._hosts.HostGuard` has
+  checked it), so the upstream's own DNS-rebinding protection judges the same value;
+- no header the client did not send is added but ``Accept-Encoding``, ``Content-Length``
+  (or ``Transfer-Encoding: chunked``) and ``X-Forwarded-*`` (and ``Host`` when the client
+  sent none).
 """
 
 from __future__ import annotations
@@ -248,7 +251,10 @@ class UpstreamApp:
         else:
             fields.append((b"Transfer-Encoding", b"chunked"))
         check_fields(method, target, fields)
-        lines = [b"%b %b HTTP/1.1\r\nHost: %b\r\n" % (method, target, self._host_header)]
+        # The client's Host, as sent: an upstream's own DNS-rebinding check must judge what
+        # the client sent, not a name this proxy made up (docs/proxy.md, "how the two layers
+        # fit"). The upstream's authority only when the client sent none (HTTP/1.0).
+        lines = [b"%b %b HTTP/1.1\r\nHost: %b\r\n" % (method, target, headers.host or self._host_header)]
         lines += [name + b": " + value + b"\r\n" for name, value in fields]
         lines.append(b"\r\n")
         return b"".join(lines)

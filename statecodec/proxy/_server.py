@@ -27,6 +27,7 @@ from ..adapters.asgi import (
 )
 from ..adapters.jsonrpc import DEFAULT_MAX_HOLD
 from ._forward import Timeouts, UpstreamApp
+from ._hosts import HostGuard, HostPolicy
 from ._metered import MeteredApp
 
 logger = logging.getLogger("statecodec.proxy")
@@ -45,6 +46,8 @@ class ProxyOptions:
     passthrough_paths: Collection[str] = ()
     retry_after: float | None = None  # pacing of requestState-only rounds
     max_hold: float = DEFAULT_MAX_HOLD
+    #: The Host and Origin values answered (DNS-rebinding protection); by default loopback's.
+    hosts: HostPolicy = field(default_factory=HostPolicy.loopback)
 
 
 def event_loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
@@ -60,7 +63,9 @@ def build_proxy(codec: StateCodec, options: ProxyOptions, *, principal: Principa
     """The proxy as one ASGI application: ``RequestStateMiddleware(UpstreamApp(upstream))``.
 
     Serve it with any ASGI server; its lifespan opens and closes the upstream connection
-    pool. Every answer is counted (:class:`~statecodec.proxy._metered.MeteredApp`).
+    pool. Every answer is counted (:class:`~statecodec.proxy._metered.MeteredApp`). The
+    ``Host`` and ``Origin`` check (:class:`~statecodec.proxy._hosts.HostGuard`) runs first,
+    so a refused request is never judged and never consumes a token.
     """
     if not options.audience:
         raise ValueError("the proxy needs an audience (the protected service's name)")
@@ -78,7 +83,7 @@ def build_proxy(codec: StateCodec, options: ProxyOptions, *, principal: Principa
         retry_after=options.retry_after,
         max_hold=options.max_hold,
     )
-    return MeteredApp(middleware)
+    return MeteredApp(HostGuard(middleware, options.hosts))
 
 
 async def serve(

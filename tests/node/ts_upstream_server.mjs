@@ -25,8 +25,13 @@
 // arrives at the `checks`-th retry; `three_questions(topic)` asks one question per round,
 // three rounds. Each handler run is recorded ({"run": TOOL, "step": N, "at": SECONDS}).
 //
+// --host-check puts the SDK's own DNS-rebinding check on Host (hostHeaderValidationResponse with
+// the loopback names) in front of the handler, as a careful deployment does: the proxy must let
+// it see the Host the client sent. The tool `touch_tools` publishes tools/list_changed to the
+// open subscriptions/listen streams (SEP-2575), so a test can watch one pass through the proxy.
+//
 // usage: node ts_upstream_server.mjs [--port 0] [--record PATH] [--response-mode auto|sse|json]
-//                                    [--codec [--ttl SECONDS]] [--second-tool] [--flows]
+//                                    [--codec [--ttl SECONDS]] [--second-tool] [--flows] [--host-check]
 // prints "READY http://127.0.0.1:PORT/mcp" once listening; stops on SIGTERM.
 import { appendFileSync } from 'node:fs';
 import { createServer } from 'node:http';
@@ -37,7 +42,9 @@ import {
     acceptedContent,
     createMcpHandler,
     createRequestStateCodec,
-    inputRequired
+    hostHeaderValidationResponse,
+    inputRequired,
+    localhostAllowedHostnames
 } from '@modelcontextprotocol/server';
 import { z } from 'zod';
 
@@ -51,7 +58,8 @@ const { values } = parseArgs({
         codec: { type: 'boolean', default: false },
         ttl: { type: 'string', default: '600' },
         'second-tool': { type: 'boolean', default: false },
-        flows: { type: 'boolean', default: false }
+        flows: { type: 'boolean', default: false },
+        'host-check': { type: 'boolean', default: false }
     }
 });
 
@@ -199,6 +207,14 @@ function factory() {
         );
     }
     server.registerTool(
+        'touch_tools',
+        { description: 'Publish tools/list_changed to the listen streams', inputSchema: z.object({}) },
+        async () => {
+            handler.notify.toolsChanged();
+            return { content: [{ type: 'text', text: 'tools changed' }] };
+        }
+    );
+    server.registerTool(
         'nested_meta',
         { description: 'Ask, with a deeply nested _meta', inputSchema: z.object({ depth: z.number().int().min(0) }) },
         async ({ depth }, ctx) => nestedMeta(depth, ctx)
@@ -249,8 +265,10 @@ const http = createServer(async (req, res) => {
             body: body && body.length ? body : undefined,
             signal: abort.signal
         });
-        const response = await handler.fetch(request);
+        const refused = values['host-check'] ? hostHeaderValidationResponse(request, localhostAllowedHostnames()) : undefined;
+        const response = refused ?? (await handler.fetch(request));
         res.writeHead(response.status, Object.fromEntries(response.headers.entries()));
+        res.flushHeaders(); // a stream's head goes out at once, before its first event
         if (response.body) {
             for await (const chunk of response.body) {
                 res.write(chunk);

@@ -1,0 +1,82 @@
+"""A Python ``MCPServer`` for the migration tests: the SDK's own boundary, or statecodec with a window.
+
+- ``--boundary sdk``: ``MCPServer(request_state_security=RequestStateSecurity(keys=[SDK_KEY]))``,
+  what a fleet runs before the migration (the key shared by every instance);
+- ``--boundary statecodec``: the same server with ``protect(server, codec,
+  sdk_window=SDKStateWindow([SDK_KEY], until=...))``, keys from ``--keys``, replay store
+  ``--replay`` (shared by every instance).
+
+One tool, ``deploy_production(version)``, of three requestState-only rounds: no state ->
+``step-1`` -> ``step-2`` -> done ("deployed VERSION after step-2 on INSTANCE"). Prints
+``READY <url>`` once listening (``--port 0``); stopped by the tests through its PID.
+
+usage: python tests/sdk_window_server.py --boundary sdk|statecodec --sdk-key HEX
+           [--keys KEYS.json --replay URL --window-until UNIX] [--instance A]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import sys
+from pathlib import Path
+from typing import Any
+
+import mcp_types as types
+from mcp.server.mcpserver import Context, MCPServer
+from mcp.server.request_state import RequestStateSecurity
+
+from statecodec import KeyRing, StateCodec
+from statecodec._demo._serve import serve_http
+from statecodec.adapters.mcp import protect
+from statecodec.adapters.sdk_window import SDKStateWindow
+from statecodec.replay import store_from_url
+
+NAME = "deploy"
+TOOL = "deploy_production"
+
+
+def build(args: argparse.Namespace) -> MCPServer[Any]:
+    sdk_key = bytes.fromhex(args.sdk_key)
+    security = RequestStateSecurity(keys=[sdk_key]) if args.boundary == "sdk" else None
+    server: MCPServer[Any] = MCPServer(NAME, request_state_security=security)
+
+    @server.tool(name=TOOL)
+    async def deploy(version: str, ctx: Context) -> types.CallToolResult | types.InputRequiredResult:
+        state = ctx.request_state
+        if state is None:
+            return types.InputRequiredResult(request_state="step-1")
+        if state == "step-1":
+            return types.InputRequiredResult(request_state="step-2")
+        text = f"deployed {version} after {state} on {args.instance}"
+        return types.CallToolResult(content=[types.TextContent(type="text", text=text)])
+
+    if args.boundary == "statecodec":
+        codec = StateCodec(KeyRing.from_json(Path(args.keys).read_text()), replay=store_from_url(args.replay))
+        protect(server, codec, sdk_window=SDKStateWindow([sdk_key], until=args.window_until))
+    return server
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--boundary", choices=["sdk", "statecodec"], required=True)
+    parser.add_argument("--sdk-key", required=True)
+    parser.add_argument("--keys")
+    parser.add_argument("--replay")
+    parser.add_argument("--window-until", type=float)
+    parser.add_argument("--instance", default="A")
+    parser.add_argument("--port", type=int, default=0)
+    args = parser.parse_args()
+    server = build(args)
+    logging.basicConfig(
+        level=logging.INFO,
+        stream=sys.stderr,
+        force=True,
+        format=f"[{args.instance}] %(levelname)s %(name)s: %(message)s",
+    )
+    asyncio.run(serve_http(server.streamable_http_app(), "127.0.0.1", args.port))
+
+
+if __name__ == "__main__":
+    main()
