@@ -6,12 +6,13 @@ and binding tag read and judged. Consuming the token id in the replay store come
 so nothing that fails a check can burn a valid token. Any unexpected exception fails
 closed (deny-on-error) as ``internal_error``.
 
-Time, in whole seconds like the token's own ``iat`` and ``exp``: a token is valid at
-``now`` while ``iat - max_skew <= floor(now) <= exp + expiry_grace``. So with ``ttl=600``
-and the default grace of 0 it is accepted through the 600th second after its issue
-(``now < exp + 1``) and rejected from the 601st; and it may come from an instance whose
-clock runs up to ``max_skew`` seconds ahead (``iat <= now + max_skew``, exact for a
-fractional ``now`` too).
+Time: a token is valid at ``now`` while ``iat - max_skew <= now < exp + expiry_grace``.
+A TTL is at most its TTL, as JWT's ``exp`` and the MCP SDKs have it: with ``ttl=600`` and
+the default grace of 0, a token issued at ``iat`` is refused from ``iat + 600`` on (and,
+``iat`` being ``floor`` of the minting time, it lives at most 600 s, up to a second less).
+It may come from an instance whose clock runs up to ``max_skew`` seconds ahead
+(``iat <= now + max_skew``). The times are whole seconds, so both comparisons give the
+same answer with ``floor(now)`` as with a fractional ``now``.
 
 Flows: a token sealed with ``parent=`` (the :class:`OpenedState` its round was opened
 from) is the next round of the parent's flow and carries, authenticated, the flow id (the
@@ -134,6 +135,9 @@ class StateCodec:
     ) -> None:
         if not isinstance(keys, KeyProvider):
             raise TypeError("keys must be a KeyRing or a KeyProvider (keyring() and signing_key())")
+        if isinstance(keys, KeyRing) and not len(keys):
+            # Refused now, as the SDK refuses an empty ring, not at the first seal.
+            raise ValueError("the key ring has no keys, so the codec could neither seal nor unseal")
         if not 0 < ttl < 2**31:
             raise ValueError(f"ttl must be a positive number of seconds, got {ttl!r}")
         for name, value in (("max_skew", max_skew), ("expiry_grace", expiry_grace)):
@@ -167,13 +171,13 @@ class StateCodec:
         self._mode_char = _MODE_CHAR[self.mode]
         # Tested on every seal and unseal: an attribute read, not an enum comparison.
         self._signs = self.mode is Mode.SIGN
-        # Expired from this instant after exp: floor(now) > exp + expiry_grace.
-        self._expired_after = self.expiry_grace + 1
-        # A flow ends like a token: floor(now) > start + max_flow_age + expiry_grace.
+        # Expired from this instant after exp: now >= exp + expiry_grace.
+        self._expired_after = self.expiry_grace
+        # A flow ends like a token: now >= start + max_flow_age + expiry_grace.
         self._flow_over_after = math.inf if max_flow_age is None else int(max_flow_age) + self._expired_after
         # A first round's token lives at most as long as its flow.
         self._flow_ttl_max = 2**31 if max_flow_age is None else int(max_flow_age)
-        # Replay entries: "<namespace>:<token id hex>", kept until exp + expiry_grace + 1 +
+        # Replay entries: "<namespace>:<token id hex>", kept until exp + expiry_grace +
         # max_skew on this codec's clock, handed to the store as a retention from now (the
         # comment above _store_down). Every instance sharing a store must use the same
         # max_skew and expiry_grace.
@@ -418,7 +422,7 @@ class StateCodec:
             )
         not_before = iat + nbf_ms / 1000 if nbf_ms else None
         why: tuple[Reason, str] | None = None
-        if now >= exp + self._expired_after:  # floor(now) > exp + expiry_grace
+        if now >= exp + self._expired_after:  # now >= exp + expiry_grace: a TTL is at most its TTL
             why = "expired", f"expired {duration(now - exp)} ago (expiry grace {self.expiry_grace}s)"
         elif iat > now + self.max_skew:  # the same as iat > floor(now) + max_skew: iat is whole
             why = (
@@ -430,7 +434,7 @@ class StateCodec:
             )
         elif round_ > self.max_rounds:
             why = "round_limit", f"round {round_} of its flow, beyond max_rounds={self.max_rounds}"
-        elif now >= started + self._flow_over_after:  # floor(now) > start + max_flow_age + expiry_grace
+        elif now >= started + self._flow_over_after:  # now >= start + max_flow_age + expiry_grace
             why = (
                 "flow_expired",
                 (f"its flow started {duration(now - started)} ago, beyond max_flow_age={self.max_flow_age}s"),
@@ -482,8 +486,8 @@ class StateCodec:
             raise InvalidState("unknown_key", f"key {kid} was retired {retired} ago", kid=kid)
         return key
 
-    # Why exp + expiry_grace + 1 + max_skew (self._kept_after_expiry): keep the entry while
-    # ANY instance may still accept the token. This one rejects it from exp + expiry_grace + 1
+    # Why exp + expiry_grace + max_skew (self._kept_after_expiry): keep the entry while
+    # ANY instance may still accept the token. This one rejects it from exp + expiry_grace
     # on its own clock, but an instance whose clock is behind by up to max_skew (the most the
     # fleet's clocks may disagree) accepts it until max_skew later on this clock: forgetting
     # earlier would let that instance redeem the token a second time
@@ -520,6 +524,8 @@ class StateCodec:
             f"{kind} replay store did not answer ({cause}); the token was not consumed, retry later",
             kid=opened.kid,
             token_id=opened.token_id,
+            flow_id=opened.flow_id,
+            round=opened.round,
         )
 
     def _judge_replay(self, opened: OpenedState, first: object) -> None:
@@ -540,6 +546,8 @@ class StateCodec:
                 "this token was already redeemed (single use)",
                 kid=opened.kid,
                 token_id=opened.token_id,
+                flow_id=opened.flow_id,  # authentic: the header passed every check
+                round=opened.round,
             )
 
 

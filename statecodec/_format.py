@@ -115,6 +115,10 @@ def b64encode(raw: bytes) -> str:
     return b64encode_as_string(raw, altchars=b"-_").rstrip("=")
 
 
+#: Why 4n+1 characters of base64url are refused: no encoding has that length.
+CUT_SHORT: Final = "looks cut short (no base64url text is 4n+1 characters long: was it truncated?)"
+
+
 def b64decode(text: str) -> bytes:
     """Decode canonical unpadded base64url or raise ``ValueError``.
 
@@ -140,7 +144,9 @@ def b64decode(text: str) -> bytes:
     if _B64_RE.fullmatch(text) is None:
         raise ValueError("characters outside the unpadded base64url alphabet")
     if rem == 1:
-        raise ValueError("impossible base64url length")
+        # No encoding is 4n+1 characters long: such text lost characters, almost always
+        # at its end (a copy, a terminal, a log line cut it).
+        raise ValueError(CUT_SHORT)
     raise ValueError("not canonical base64url")  # unreachable; fail closed anyway
 
 
@@ -236,7 +242,8 @@ def parse(token: str, max_token_bytes: int) -> ParsedToken:
     try:
         raw = b64decode(token[len(prefix) :])
     except ValueError as exc:
-        raise InvalidState("malformed", str(exc)) from None
+        detail = str(exc)
+        raise InvalidState("malformed", f"the token {detail}" if detail == CUT_SHORT else detail) from None
     if not raw:
         raise InvalidState("malformed", "empty token body")
     kid_len = raw[0]
@@ -249,7 +256,7 @@ def parse(token: str, max_token_bytes: int) -> ParsedToken:
     if flags:
         header_len += (_CHAIN.size if flags & FLAG_CHAINED else 0) + (_PACE.size if flags & FLAG_PACED else 0)
     if len(raw) < header_len + trailer:
-        raise InvalidState("malformed", "token is truncated")
+        raise InvalidState("malformed", "the token looks cut short (truncated before its tag)")
     kid_b, issued_at, expires_at, token_id, bind_tag = _HEADER_FIELDS[kid_len].unpack_from(raw, 1)
     if kid_b.isalnum():  # ASCII letters and digits only (bytes.isalnum is ASCII-only): valid
         kid = kid_b.decode("ascii")

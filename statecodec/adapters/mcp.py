@@ -28,7 +28,7 @@ import logging
 from collections.abc import Callable, Mapping, MutableSequence
 from dataclasses import fields, is_dataclass, replace
 from functools import partial
-from typing import Any, TypeAlias, cast
+from typing import Any, Final, TypeAlias, cast
 
 from mcp.server.auth.middleware.auth_context import get_access_token
 from mcp.server.auth.provider import principal_components
@@ -272,6 +272,32 @@ def _version(distribution: str) -> str:
         return "version unknown"
 
 
+#: The name ``MCPServer`` gives a server constructed without one (``MCPServer(None)``, ``MCPServer("")``).
+SDK_PLACEHOLDER_NAME: Final = "mcp-server"
+
+
+def service_audience(name: str, unnamed: bool, audience: str | AudienceFn | None) -> str | AudienceFn:
+    """The audience :func:`protect` binds: ``audience`` if given, else the server's name.
+
+    An unnamed server is refused, as the SDK refuses one with shared keys: every unnamed
+    server stamps the same placeholder, so services sharing keys would tell each other's
+    tokens apart only by tool and arguments, and a state minted by one would redeem on
+    another with a tool of the same name.
+    """
+    if isinstance(audience, str) and not audience.strip():
+        raise ValueError('audience= must name the service (audience="my-service"), not be empty')
+    if audience is not None:
+        return audience
+    if unnamed or not name.strip():
+        raise ValueError(
+            f"this server has no name of its own ({name!r}), and its name is the audience its "
+            "tokens are bound to: services sharing keys would then tell their tokens apart only "
+            'by tool and arguments. Pass protect(server, codec, audience="my-service"), or name '
+            'the server (MCPServer("my-service"))'
+        )
+    return name
+
+
 def protect(
     server: Server[Any] | MCPServer[Any],
     codec: StateCodec,
@@ -291,7 +317,9 @@ def protect(
     :param audience: the service the tokens are for; ``None`` (the default) means the
         server's name. Give every instance of one service the same name (or audience),
         and different services different ones, even when they share keys. A callable
-        ``audience(ctx)`` decides per request.
+        ``audience(ctx)`` decides per request. An unnamed server (``MCPServer(None)``,
+        ``MCPServer("")``, whose name is the SDK's placeholder ``"mcp-server"``, or
+        ``Server("")``) without ``audience=`` is refused with ``ValueError``.
     :param principal: ``principal(ctx) -> str | None``; by default the authenticated
         access token's (client id, issuer, subject). ``None`` binds no principal.
     :param binding: ``binding(ctx, default) -> Binding`` to add or change fields, for
@@ -324,9 +352,10 @@ def protect(
             "for FastMCP use statecodec.adapters.fastmcp.protect"
         )
     chain = _sdk_chain(server)
+    unnamed = not server.name or (isinstance(server, MCPServer) and server.name == SDK_PLACEHOLDER_NAME)
     middleware = StateCodecMiddleware(
         codec,
-        audience=server.name if audience is None else audience,
+        audience=service_audience(server.name, unnamed, audience),
         principal=principal,
         binding=binding,
         retry_after=retry_after,

@@ -34,6 +34,7 @@ from ..adapters.jsonrpc import DEFAULT_MAX_HOLD, DEFAULT_MAX_HOLDS, DEFAULT_MAX_
 from ._exit import CliError, ExitCode
 from ._output import classify, echo
 from ._params import (
+    TIMELINE_HELP,
     F,
     duration_option,
     flow_budget_options,
@@ -248,6 +249,12 @@ def _count_option(flag: str, default: int, text: str) -> Callable[[F], F]:
     help="Client connections at once; beyond, the oldest idle or half-open one is closed "
     "(default: the open-file limit less --max-connections, --max-streams and 64).",
 )
+@duration_option(
+    "--refresh-interval",
+    "1m",  # the KeyManager's default (kms stays unimported until the proxy starts)
+    TIMELINE_HELP["refresh_interval"] + " Shorten it after a leak (and give keys rotate/retire the same).",
+)
+@duration_option("--staleness-limit", "15m", TIMELINE_HELP["staleness_limit"])
 @click.option(
     "--max-concurrent-requests",
     type=click.IntRange(1),
@@ -448,6 +455,8 @@ class _Settings:
     workers: int
     allowed_hosts: tuple[str, ...]
     allowed_origins: tuple[str, ...]
+    refresh_interval: int
+    staleness_limit: int
 
 
 def _run(settings: _Settings, host: str, port: int, admin_address: tuple[str, int] | None) -> None:
@@ -461,6 +470,10 @@ def _run(settings: _Settings, host: str, port: int, admin_address: tuple[str, in
         if getattr(settings, name) <= 0:
             raise click.BadParameter("must be positive", param_hint=f"'--{name.replace('_', '-')}'")
     _client_limits(settings)  # an open-file limit too low to serve is a usage error, before listening
+    try:
+        _timeline(settings)  # validated where it is defined, before anything starts
+    except ValueError as exc:
+        raise click.UsageError(f"key timeline: {exc}") from None
     if settings.workers > 1 and settings.replay.strip().lower().startswith("memory"):
         raise click.UsageError(
             "--workers N needs a replay store the workers share (sqlite:PATH or redis://...): "
@@ -500,7 +513,7 @@ def _run(settings: _Settings, host: str, port: int, admin_address: tuple[str, in
                 stack.enter_context(contextlib.closing(_bind(bind_socket, *admin_address))),
             )
         if settings.workers == 1:
-            _serve_on(app, closer, sock, settings, ready, admin=admin)
+            _log_stopped(_serve_on(app, closer, sock, settings, ready, admin=admin), settings)
             return
         from ..proxy import Supervisor  # noqa: PLC0415
 
@@ -513,8 +526,23 @@ def _run(settings: _Settings, host: str, port: int, admin_address: tuple[str, in
             stop_timeout=settings.graceful_timeout,
         )
         code = supervisor.run(lambda: ready(_url_of(sock)))
+        if not code:
+            _log_stopped(supervisor.stopped_by, settings)
     if code:
         sys.exit(code)
+
+
+def _timeline(settings: _Settings) -> dict[str, float]:
+    """The KeyManager's timeline options (``ValueError`` if they cannot work together)."""
+    from ..kms import Timeline  # noqa: PLC0415
+
+    timeline = {
+        "refresh_interval": float(settings.refresh_interval),
+        "staleness_limit": float(settings.staleness_limit),
+        "max_ttl": max(float(settings.ttl), 600.0),
+    }
+    Timeline(**timeline)
+    return timeline
 
 
 @contextlib.contextmanager
@@ -543,7 +571,13 @@ def _built(settings: _Settings) -> Iterator[tuple[Any, Any, Any]]:
         max_holds=settings.max_holds,
         max_holds_per_token=settings.max_holds_per_token,
     )
-    manager = KeyManager(require_keys(settings.keys_spec), max_ttl=max(float(settings.ttl), 600.0))
+    tl = _timeline(settings)
+    manager = KeyManager(
+        require_keys(settings.keys_spec),
+        refresh_interval=tl["refresh_interval"],
+        staleness_limit=tl["staleness_limit"],
+        max_ttl=tl["max_ttl"],
+    )
     manager.start()  # exit 3 or 7 before listening if no keys can be had
     try:
         store = open_store(settings.replay, check=True)  # exit 4 before listening if it cannot serve
@@ -584,13 +618,18 @@ def _serve_on(
     ready: Any,
     *,
     admin: tuple[ASGIApp, socket.socket] | None = None,
-) -> None:
+) -> int | None:
+    """Serve until a signal; the signal that stopped it (None: the server ended by itself)."""
     from ..proxy import event_loop_factory, serve  # noqa: PLC0415
 
     # uvicorn handles SIGINT/SIGTERM itself (graceful shutdown), then re-raises the
-    # signal to the handler it found: make that one a no-op, so shutdown ends here,
-    # with the store closed and exit code 0, rather than by the default handler.
-    previous = {sig: signal.signal(sig, _ignore) for sig in (signal.SIGINT, signal.SIGTERM)}
+    # signal to the handler it found: make that one only note the signal, so shutdown
+    # ends here, with the store closed and exit code 0, rather than by the default handler.
+    received: list[int] = []
+    previous = {
+        sig: signal.signal(sig, lambda signum, frame: received.append(signum))
+        for sig in (signal.SIGINT, signal.SIGTERM)
+    }
     try:
         with asyncio.Runner(loop_factory=event_loop_factory()) as runner:
             runner.run(
@@ -610,6 +649,18 @@ def _serve_on(
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+    return received[0] if received else None
+
+
+def _log_stopped(signum: int | None, settings: _Settings) -> None:
+    """One record when the proxy has stopped: operators see a SIGTERM was obeyed, not a crash."""
+    name = signal.Signals(signum).name if signum is not None else None
+    logger.info(
+        "proxy stopped%s: open requests drained (graceful timeout %ds)",
+        f" on {name}" if name else "",
+        settings.graceful_timeout,
+        extra=_telemetry.fields("proxy_stopped", signal=name, workers=settings.workers),
+    )
 
 
 def _client_limits(settings: _Settings) -> Any:
@@ -634,7 +685,9 @@ def _serve_worker(settings: _Settings, sock: socket.socket, announce: Any) -> No
     _configure_logging(settings.log_level, settings.log_format)
     try:
         _telemetry.resolve()
-        with _built(settings) as (app, closer, _):
+        with contextlib.ExitStack() as stack:
+            with _said_by_the_supervisor():
+                app, closer, _ = stack.enter_context(_built(settings))
             _serve_on(app, closer, sock, settings, lambda url: announce())
     except Exception as exc:
         error = classify(exc) if not isinstance(exc, click.ClickException) else None
@@ -644,6 +697,29 @@ def _serve_worker(settings: _Settings, sock: socket.socket, announce: Any) -> No
             extra=_telemetry.fields("worker_failed", reason=error.code.slug if error else "usage"),
         )
         sys.exit(int(error.code) if error else 2)
+
+
+@contextlib.contextmanager
+def _said_by_the_supervisor() -> Iterator[None]:
+    """While a worker builds its proxy, its log records below ERROR are dropped.
+
+    The supervisor built the same proxy a moment before and logged what it found (a key
+    file readable by others, the key it mints with) once; each worker's copy would say it
+    again (``--workers 2`` printed every start-up warning three times). Errors still pass:
+    a worker that cannot start says why. Once built, a worker logs as usual.
+    """
+    handlers = list(logging.getLogger().handlers)
+    for handler in handlers:
+        handler.addFilter(_errors_only)
+    try:
+        yield
+    finally:
+        for handler in handlers:
+            handler.removeFilter(_errors_only)
+
+
+def _errors_only(record: logging.LogRecord) -> bool:
+    return record.levelno >= logging.ERROR
 
 
 @contextlib.contextmanager
@@ -735,10 +811,6 @@ def _bind(bind: Any, host: str, port: int) -> socket.socket:
     except OSError as exc:
         raise CliError(ExitCode.IO, f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
     return sock
-
-
-def _ignore(signum: int, frame: Any) -> None:
-    """Stand-in for the default handlers while uvicorn runs (see :func:`_run`)."""
 
 
 async def _serve_then_close(serving: Any, closer: Any, admin: tuple[ASGIApp, socket.socket] | None) -> None:

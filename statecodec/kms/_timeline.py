@@ -6,8 +6,9 @@ as long as any instance may have minted a still-valid token with it. With
 
     D = R * (1 + jitter) + max_skew + 1 s       (1 s: source timestamps are whole seconds)
     M = staleness_limit + max_ttl + expiry_grace + 1 s
-                                                (1 s: a token is accepted through the whole
-                                                 second exp + expiry_grace)
+                                                (1 s of margin: a token is accepted until
+                                                 exp + expiry_grace; releases before issue 29
+                                                 accepted it through that whole second)
 
 a key created at ``c`` is *published* at once (verifies on every instance by ``c + D``),
 *promoted* at ``c + D`` (the newest promoted key is primary and mints), and the key it
@@ -45,8 +46,9 @@ DEFAULT_STALENESS_LIMIT: Final = 900.0
 #: Source timestamps (transit metadata, ``created_at``) are truncated to whole seconds,
 #: so a key may be up to this much younger than its timestamp says.
 TIMESTAMP_GRANULARITY: Final = 1.0
-#: A token is accepted through the whole second ``exp + expiry_grace``, so until just
-#: before ``exp + expiry_grace + 1`` (see statecodec/_codec.py).
+#: A token is accepted until ``exp + expiry_grace`` (statecodec/_codec.py); the second on
+#: top is margin for a fleet mid-upgrade from releases that accepted it through that whole
+#: second, and keeps every retirement computed before issue 29 unchanged.
 LAST_SECOND: Final = 1.0
 
 State = Literal["primary", "verify-only", "pending", "retired"]

@@ -13,10 +13,11 @@ import binascii
 import logging
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
 from .. import _format, _telemetry
 from .._keys import MIN_SECRET_BYTES, Key, KeyRing
+from ._answers import transit_export, transit_metadata
 from ._errors import KeySourceError
 from ._policy import Decision, RotationPolicy
 from ._settings import VaultSettings
@@ -25,6 +26,7 @@ from ._timeline import Timeline
 from ._vault import VaultSession
 
 logger = logging.getLogger("statecodec.kms")
+T = TypeVar("T")
 
 EXPORT_TYPES = ("encryption-key", "hmac-key")
 
@@ -73,20 +75,19 @@ class TransitSource(KeySource):
         # timestamp and dated "now", which only delays its promotion.
         meta = self._metadata()
         export = self._export_type(meta)
-        exported: dict[str, str] = self.session.read(
+        answer = self.session.read(
             f"reading {self.mount}/export/{export}/{self.name}",
-            lambda c: c.secrets.transit.export_key(self.name, key_type=export, mount_point=self.mount)[
-                "data"
-            ]["keys"],
+            lambda c: c.secrets.transit.export_key(self.name, key_type=export, mount_point=self.mount),
             missing=self._missing(),
         )
-        versions = sorted(int(v) for v in exported)
+        exported = self._checked(transit_export, _data(answer).get("keys"))
+        versions = sorted(exported)
         if not versions:
             raise KeySourceError(
                 "the transit key exported no versions", kind="invalid", source=self.describe()
             )
         created = self._creation_times(meta, versions)
-        keys = [Key(self.kid(v), self._secret(v, exported[str(v)]), created[v]) for v in versions]
+        keys = [Key(self.kid(v), self._secret(v, exported[v]), created[v]) for v in versions]
         # No primary: Vault has no notion of promotion; the KeyManager's timeline decides.
         return KeyRing(keys)
 
@@ -107,11 +108,12 @@ class TransitSource(KeySource):
         return list(range(first, int(meta["latest_version"]) + 1))
 
     def _metadata(self) -> dict[str, Any]:
-        meta: dict[str, Any] = self.session.read(
+        answer = self.session.read(
             f"reading {self.mount}/keys/{self.name}",
-            lambda c: c.secrets.transit.read_key(self.name, mount_point=self.mount)["data"],
+            lambda c: c.secrets.transit.read_key(self.name, mount_point=self.mount),
             missing=self._missing(),
         )
+        meta = self._checked(transit_metadata, _data(answer))
         if not meta.get("exportable"):
             raise KeySourceError(
                 f"transit key {self.name} is not exportable; statecodec caches exported keys and does the "
@@ -121,6 +123,15 @@ class TransitSource(KeySource):
                 source=self.describe(),
             )
         return meta
+
+    def _checked(self, check: Callable[[object], T], document: object) -> T:
+        """``check(document)``, a malformed 200 answer becoming a key-source error (exit 3)."""
+        try:
+            return check(document)
+        except ValueError as exc:
+            raise KeySourceError(
+                f"Vault answered with a malformed document: {exc}", kind="invalid", source=self.describe()
+            ) from None
 
     def _export_type(self, meta: dict[str, Any]) -> str:
         if self.export:
@@ -365,3 +376,8 @@ class TransitSource(KeySource):
 
     def close(self) -> None:
         self.session.close()
+
+
+def _data(answer: object) -> Any:
+    """An answer's ``data`` member, or ``None`` for an answer that has none (then refused)."""
+    return answer.get("data") if isinstance(answer, dict) else None
