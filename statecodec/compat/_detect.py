@@ -27,9 +27,9 @@ from . import _rmcp, mcp_py_v1, php_v1, rs1, rs2, ruby_v1, ts_v1
 from ._common import DEFAULT_MAX_TOKEN_BYTES, displayable_time, logger
 
 SC1: Final = "statecodec sc1"
-TS_V1: Final = "TypeScript SDK v1"
-MCP_PY_V1: Final = "Python SDK v1"
-RUBY_V1: Final = "Ruby SDK v1"
+TS_V1: Final = ts_v1.NAME
+MCP_PY_V1: Final = mcp_py_v1.NAME
+RUBY_V1: Final = ruby_v1.NAME
 PHP_V1: Final = "PHP SDK v1"
 RS1: Final = "rmcp rs1"
 RS2: Final = "rmcp rs2 (proposed, rmcp PR #1128)"
