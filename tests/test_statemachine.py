@@ -102,7 +102,7 @@ class CodecMachine(RuleBasedStateMachine):
         key = self.holder.ring.get(issued.kid)
         if key is None or not key.verifies_at(t):
             return "unknown_key"
-        if t > issued.exp + EXPIRY_GRACE:
+        if t >= issued.exp + EXPIRY_GRACE:  # a TTL is at most its TTL (issue 29)
             return "expired"
         if issued.iat > t + MAX_SKEW:
             return "not_yet_valid"
