@@ -4,7 +4,7 @@ Following Fernet and the MCP SDK boundary, every way a token can be wrong ends i
 single exception type, :class:`InvalidState`. The *reason* is a short stable string
 that code may switch on and metrics may count; the *detail* is a human sentence for
 logs and the CLI. Neither ever contains key material, and adapters never put either on
-the wire: what clients see is the adapters' business (``statecodec.adapters.jsonrpc``),
+the wire: what clients see is the adapters' business (``statecodec.boundary``),
 and this module knows nothing of MCP.
 """
 

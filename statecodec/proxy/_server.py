@@ -26,7 +26,7 @@ from ..adapters.asgi import (
     PrincipalFn,
     RequestStateMiddleware,
 )
-from ..adapters.jsonrpc import DEFAULT_MAX_HOLD, DEFAULT_MAX_HOLDS, DEFAULT_MAX_HOLDS_PER_TOKEN
+from ..boundary import DEFAULT_MAX_HOLD, DEFAULT_MAX_HOLDS, DEFAULT_MAX_HOLDS_PER_TOKEN
 from ._forward import Timeouts, UpstreamApp
 from ._guard import ClientLimits, Guard, default_max_connections, guarded_protocol
 from ._hosts import HostGuard, HostPolicy
