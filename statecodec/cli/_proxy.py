@@ -10,20 +10,15 @@ per line), and exits with the usual codes when it cannot start, before it listen
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import functools
 import logging
 import os
-import queue
-import signal
 import socket
 import sys
-import tempfile
-import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any, TextIO
+from typing import Any
 
 import click
 
@@ -339,8 +334,10 @@ def proxy_command(**params: Any) -> None:
     admin_address = None if admin is None else _listen(admin)
     log_format = params.pop("log_format")
     log_level = params.pop("log_level")
-    _configure_logging(log_level, log_format)
     try:
+        from ..proxy._runtime import configure_logging  # noqa: PLC0415 - loaded only for this command
+
+        configure_logging(log_level, log_format)
         params["allowed_hosts"], params["allowed_origins"] = _host_lists(
             host, params.pop("allowed_hosts"), params.pop("allowed_origins")
         )
@@ -365,49 +362,6 @@ def proxy_command(**params: Any) -> None:
         else:
             click.echo(f"statecodec: error: {message}", err=True)
         sys.exit(int(error.code))
-
-
-class _ProxyLogHandler(logging.StreamHandler):  # type: ignore[type-arg]
-    """One line per record on the current stderr; installed once even if the command runs twice.
-
-    The stream is looked up at each record, as ``click.echo`` does, so a stream replaced
-    since (a test runner's capture, already closed) is never written to.
-    """
-
-    @property
-    def stream(self) -> TextIO:
-        return sys.stderr
-
-    @stream.setter
-    def stream(self, value: TextIO) -> None:
-        pass
-
-
-class _TextFormatter(logging.Formatter):
-    """``TIME LEVEL LOGGER: message``, with the message on one line (JSON does that by itself)."""
-
-    def __init__(self) -> None:
-        super().__init__("%(asctime)s %(levelname)s %(name)s: %(message)s")
-
-    def formatMessage(self, record: logging.LogRecord) -> str:  # noqa: N802 - logging's name
-        return super().formatMessage(record).replace("\n", " ")
-
-
-def _configure_logging(level: str, log_format: str) -> None:
-    """Every record of the process (statecodec's, uvicorn's, httpx's) through one handler on the root."""
-    if log_format == "json":
-        from ..ops import json_formatter  # noqa: PLC0415 - python-json-logger only when asked for
-
-        formatter: logging.Formatter = json_formatter()
-    else:
-        formatter = _TextFormatter()
-    root = logging.getLogger()
-    handler = next((h for h in root.handlers if isinstance(h, _ProxyLogHandler)), None)
-    if handler is None:
-        handler = _ProxyLogHandler()
-        root.addHandler(handler)
-    handler.setFormatter(formatter)
-    logging.getLogger("statecodec").setLevel(level.upper())
 
 
 @dataclass(frozen=True)
@@ -452,7 +406,8 @@ class _Settings:
 
 def _run(settings: _Settings, host: str, port: int, admin_address: tuple[str, int] | None) -> None:
     from .. import ops  # noqa: PLC0415
-    from ..proxy import bind_socket  # noqa: PLC0415 - loaded only for this command
+    from .._net import socket_url  # noqa: PLC0415
+    from ..proxy import _runtime  # noqa: PLC0415 - loaded only for this command
     from ..replay._url import redact  # noqa: PLC0415
 
     if settings.ttl <= 0:
@@ -468,9 +423,9 @@ def _run(settings: _Settings, host: str, port: int, admin_address: tuple[str, in
         )
     with contextlib.ExitStack() as stack:
         if settings.workers > 1 and admin_address is not None:
-            stack.enter_context(_metrics_shared_by_workers())
+            stack.enter_context(_runtime.metrics_shared_by_workers())
         _telemetry.resolve()  # the metrics libraries load now, not on the first request
-        _without_created_series()
+        _runtime.without_created_series()
 
         def ready(url: str) -> None:
             logger.info(
@@ -492,12 +447,12 @@ def _run(settings: _Settings, host: str, port: int, admin_address: tuple[str, in
         # Keys, store and options are checked here, before listening: exit 2/3/4/7. With
         # workers they stay open in the supervisor for /readyz; each worker builds its own.
         app, closer, health = stack.enter_context(_built(settings))
-        sock = stack.enter_context(contextlib.closing(_bind(bind_socket, host, port)))
+        sock = stack.enter_context(contextlib.closing(_runtime.listening_socket(host, port)))
         admin = None
         if admin_address is not None:
             admin = (
                 ops.app(health),
-                stack.enter_context(contextlib.closing(_bind(bind_socket, *admin_address))),
+                stack.enter_context(contextlib.closing(_runtime.listening_socket(*admin_address))),
             )
         if settings.workers == 1:
             _serve_on(app, closer, sock, settings, ready, admin=admin)
@@ -505,14 +460,14 @@ def _run(settings: _Settings, host: str, port: int, admin_address: tuple[str, in
         from ..proxy import Supervisor  # noqa: PLC0415
 
         if admin is not None:
-            stack.enter_context(_admin_in_thread(*admin))
+            stack.enter_context(_runtime.admin_in_thread(admin, echo))
         supervisor = Supervisor(
             functools.partial(_serve_worker, settings),
             sock,
             settings.workers,
             stop_timeout=settings.graceful_timeout,
         )
-        code = supervisor.run(lambda: ready(_url_of(sock)))
+        code = supervisor.run(lambda: ready(socket_url(sock)))
     if code:
         sys.exit(code)
 
@@ -585,31 +540,18 @@ def _serve_on(
     *,
     admin: tuple[ASGIApp, socket.socket] | None = None,
 ) -> None:
-    from ..proxy import event_loop_factory, serve  # noqa: PLC0415
+    from ..proxy import serve  # noqa: PLC0415
+    from ..proxy._runtime import run_serving  # noqa: PLC0415
 
-    # uvicorn handles SIGINT/SIGTERM itself (graceful shutdown), then re-raises the
-    # signal to the handler it found: make that one a no-op, so shutdown ends here,
-    # with the store closed and exit code 0, rather than by the default handler.
-    previous = {sig: signal.signal(sig, _ignore) for sig in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        with asyncio.Runner(loop_factory=event_loop_factory()) as runner:
-            runner.run(
-                _serve_then_close(
-                    serve(
-                        app,
-                        sock,
-                        graceful_timeout=settings.graceful_timeout,
-                        limit_concurrency=settings.max_concurrent_requests,
-                        clients=_client_limits(settings),
-                        on_ready=ready,
-                    ),
-                    closer,
-                    admin,
-                )
-            )
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
+    serving = serve(
+        app,
+        sock,
+        graceful_timeout=settings.graceful_timeout,
+        limit_concurrency=settings.max_concurrent_requests,
+        clients=_client_limits(settings),
+        on_ready=ready,
+    )
+    run_serving(serving, closer, admin=admin, announce=echo)
 
 
 def _client_limits(settings: _Settings) -> Any:
@@ -631,7 +573,9 @@ def _descriptors_upstream(settings: _Settings) -> int:
 
 def _serve_worker(settings: _Settings, sock: socket.socket, announce: Any) -> None:
     """One ``--workers`` process: the same proxy as a single one, on the inherited socket."""
-    _configure_logging(settings.log_level, settings.log_format)
+    from ..proxy._runtime import configure_logging  # noqa: PLC0415
+
+    configure_logging(settings.log_level, settings.log_format)
     try:
         _telemetry.resolve()
         with _built(settings) as (app, closer, _):
@@ -644,116 +588,3 @@ def _serve_worker(settings: _Settings, sock: socket.socket, announce: Any) -> No
             extra=_telemetry.fields("worker_failed", reason=error.code.slug if error else "usage"),
         )
         sys.exit(int(error.code) if error else 2)
-
-
-@contextlib.contextmanager
-def _metrics_shared_by_workers() -> Iterator[None]:
-    """``PROMETHEUS_MULTIPROC_DIR`` for the workers, so the supervisor's /metrics sums them.
-
-    Set before any worker starts (each is a fresh interpreter that inherits it): an empty
-    directory of this run's own, removed at exit, unless the operator set one.
-    """
-    from ..ops import MULTIPROCESS_ENV  # noqa: PLC0415
-
-    if os.environ.get(MULTIPROCESS_ENV):
-        yield
-        return
-    with tempfile.TemporaryDirectory(prefix="statecodec-proxy-metrics-") as directory:
-        os.environ[MULTIPROCESS_ENV] = directory
-        try:
-            yield
-        finally:
-            del os.environ[MULTIPROCESS_ENV]
-
-
-@contextlib.contextmanager
-def _admin_in_thread(app: ASGIApp, sock: socket.socket) -> Iterator[str]:
-    """The admin listener on a thread and event loop of its own, while the supervisor's
-    main thread watches the workers; its URL is printed before the proxy's."""
-    from ..proxy._admin import START_TIMEOUT, admin_listener  # noqa: PLC0415
-
-    loop = asyncio.new_event_loop()
-    started: queue.Queue[str | BaseException] = queue.Queue()
-    stop: asyncio.Future[None] | None = None
-
-    async def serve_admin() -> None:
-        nonlocal stop
-        stop = loop.create_future()
-        try:
-            async with admin_listener(app, sock) as url:
-                started.put(url)
-                await stop
-        except BaseException as exc:
-            started.put(exc)
-            raise
-
-    thread = threading.Thread(
-        target=loop.run_until_complete, args=(serve_admin(),), name="statecodec-admin", daemon=True
-    )
-    thread.start()
-    try:
-        result = started.get(timeout=START_TIMEOUT + 10)
-        if isinstance(result, BaseException):
-            raise CliError(ExitCode.IO, f"the admin listener did not start: {result}")
-        logger.info(
-            "admin endpoints on %s", result, extra={**_telemetry.fields("admin_started"), "url": result}
-        )
-        echo(f"admin on {result}")
-        yield result
-    finally:
-        loop.call_soon_threadsafe(_release, stop)
-        thread.join(15)
-        if not thread.is_alive():
-            loop.close()
-
-
-def _release(stop: asyncio.Future[None] | None) -> None:
-    if stop is not None and not stop.done():
-        stop.set_result(None)
-
-
-def _url_of(sock: socket.socket) -> str:
-    host, port = sock.getsockname()[:2]
-    return f"http://{f'[{host}]' if ':' in host else host}:{port}"
-
-
-def _without_created_series() -> None:
-    """No ``*_created`` series next to each counter: they double what Prometheus stores.
-
-    A process-wide prometheus-client setting, so only this command (which owns its
-    process) sets it, never the library.
-    """
-    with contextlib.suppress(ImportError):
-        from prometheus_client import disable_created_metrics  # noqa: PLC0415
-
-        disable_created_metrics()  # type: ignore[no-untyped-call]
-
-
-def _bind(bind: Any, host: str, port: int) -> socket.socket:
-    try:
-        sock: socket.socket = bind(host, port)
-    except OSError as exc:
-        raise CliError(ExitCode.IO, f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
-    return sock
-
-
-def _ignore(signum: int, frame: Any) -> None:
-    """Stand-in for the default handlers while uvicorn runs (see :func:`_run`)."""
-
-
-async def _serve_then_close(serving: Any, closer: Any, admin: tuple[ASGIApp, socket.socket] | None) -> None:
-    """The admin listener first (its URL printed), then the proxy until shutdown."""
-    from ..proxy._admin import admin_listener  # noqa: PLC0415
-
-    try:
-        async with contextlib.AsyncExitStack() as stack:
-            if admin is not None:
-                url = await stack.enter_async_context(admin_listener(*admin))
-                logger.info(
-                    "admin endpoints on %s", url, extra={**_telemetry.fields("admin_started"), "url": url}
-                )
-                echo(f"admin on {url}")
-            await serving
-    finally:
-        if closer is not None:
-            await closer.aclose()

@@ -1,0 +1,223 @@
+"""The proxy process's runtime: its logging, its event loop, the workers' metrics, the admin thread.
+
+``statecodec proxy`` (:mod:`statecodec.cli._proxy`) parses options and prints results;
+everything a running proxy process does between the two lives here, so that the command
+line holds no runtime and the runtime no option parsing. Nothing here prints: what the
+operator reads on stdout (``admin on URL``, ``listening on URL``) is handed to the
+``announce`` callables of the caller. Failures a command reports with an exit code are
+ordinary exceptions (``OSError`` for a socket or a listener that cannot start), which the
+command line classifies as it classifies any other.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import queue
+import signal
+import socket
+import sys
+import tempfile
+import threading
+from collections.abc import Awaitable, Callable, Iterator
+from typing import Any, TextIO
+
+from .. import _telemetry
+from .._net import bind_socket
+from ..adapters.asgi import ASGIApp
+from ._admin import START_TIMEOUT, admin_listener
+
+logger = logging.getLogger("statecodec.proxy")
+
+#: ``announce(url)``: what the operator is told once a listener accepts connections.
+Announce = Callable[[str], None]
+#: The admin endpoints and their socket, served beside the proxy.
+Admin = tuple[ASGIApp, socket.socket]
+
+
+# ---------------------------------------------------------------- logging
+class _ProxyLogHandler(logging.StreamHandler):  # type: ignore[type-arg]
+    """One line per record on the current stderr; installed once even if the command runs twice.
+
+    The stream is looked up at each record, as ``click.echo`` does, so a stream replaced
+    since (a test runner's capture, already closed) is never written to.
+    """
+
+    @property
+    def stream(self) -> TextIO:
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, value: TextIO) -> None:
+        pass
+
+
+class _TextFormatter(logging.Formatter):
+    """``TIME LEVEL LOGGER: message``, with the message on one line (JSON does that by itself)."""
+
+    def __init__(self) -> None:
+        super().__init__("%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+    def formatMessage(self, record: logging.LogRecord) -> str:  # noqa: N802 - logging's name
+        return super().formatMessage(record).replace("\n", " ")
+
+
+def configure_logging(level: str, log_format: str) -> None:
+    """Every record of the process (statecodec's, uvicorn's, httpx's) through one handler on the root."""
+    if log_format == "json":
+        from ..ops import json_formatter  # noqa: PLC0415 - python-json-logger only when asked for
+
+        formatter: logging.Formatter = json_formatter()
+    else:
+        formatter = _TextFormatter()
+    root = logging.getLogger()
+    handler = next((h for h in root.handlers if isinstance(h, _ProxyLogHandler)), None)
+    if handler is None:
+        handler = _ProxyLogHandler()
+        root.addHandler(handler)
+    handler.setFormatter(formatter)
+    logging.getLogger("statecodec").setLevel(level.upper())
+
+
+# ---------------------------------------------------------------- metrics
+@contextlib.contextmanager
+def metrics_shared_by_workers() -> Iterator[None]:
+    """``PROMETHEUS_MULTIPROC_DIR`` for the workers, so the supervisor's /metrics sums them.
+
+    Set before any worker starts (each is a fresh interpreter that inherits it): an empty
+    directory of this run's own, removed at exit, unless the operator set one.
+    """
+    from ..ops import MULTIPROCESS_ENV  # noqa: PLC0415
+
+    if os.environ.get(MULTIPROCESS_ENV):
+        yield
+        return
+    with tempfile.TemporaryDirectory(prefix="statecodec-proxy-metrics-") as directory:
+        os.environ[MULTIPROCESS_ENV] = directory
+        try:
+            yield
+        finally:
+            del os.environ[MULTIPROCESS_ENV]
+
+
+def without_created_series() -> None:
+    """No ``*_created`` series next to each counter: they double what Prometheus stores.
+
+    A process-wide prometheus-client setting, so only the proxy command (which owns its
+    process) sets it, never the library.
+    """
+    with contextlib.suppress(ImportError):
+        from prometheus_client import disable_created_metrics  # noqa: PLC0415
+
+        disable_created_metrics()  # type: ignore[no-untyped-call]
+
+
+# ---------------------------------------------------------------- sockets
+def listening_socket(host: str, port: int) -> socket.socket:
+    """:func:`~statecodec._net.bind_socket`, or an ``OSError`` naming the address (exit 6)."""
+    try:
+        return bind_socket(host, port)
+    except OSError as exc:
+        raise OSError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
+
+
+# ---------------------------------------------------------------- the admin listener
+def _admin_started(url: str, announce: Announce) -> None:
+    logger.info("admin endpoints on %s", url, extra={**_telemetry.fields("admin_started"), "url": url})
+    announce(f"admin on {url}")
+
+
+@contextlib.contextmanager
+def admin_in_thread(admin: Admin, announce: Announce) -> Iterator[str]:
+    """The admin listener on a thread and event loop of its own, while the supervisor's
+    main thread watches the workers; its URL is announced before the proxy's."""
+    loop = asyncio.new_event_loop()
+    started: queue.Queue[str | BaseException] = queue.Queue()
+    stop: asyncio.Future[None] | None = None
+
+    async def serve_admin() -> None:
+        nonlocal stop
+        stop = loop.create_future()
+        try:
+            async with admin_listener(*admin) as url:
+                started.put(url)
+                await stop
+        except BaseException as exc:
+            started.put(exc)
+            raise
+
+    thread = threading.Thread(
+        target=loop.run_until_complete, args=(serve_admin(),), name="statecodec-admin", daemon=True
+    )
+    thread.start()
+    try:
+        result = started.get(timeout=START_TIMEOUT + 10)
+        if isinstance(result, BaseException):
+            raise OSError(f"the admin listener did not start: {result}")
+        _admin_started(result, announce)
+        yield result
+    finally:
+        loop.call_soon_threadsafe(_release, stop)
+        thread.join(15)
+        if not thread.is_alive():
+            loop.close()
+
+
+def _release(stop: asyncio.Future[None] | None) -> None:
+    if stop is not None and not stop.done():
+        stop.set_result(None)
+
+
+# ---------------------------------------------------------------- the event loop
+def run_serving(
+    serving: Awaitable[None], closer: Any, *, admin: Admin | None = None, announce: Announce = print
+) -> None:
+    """Run ``serving`` (the proxy until SIGINT/SIGTERM) on the proxy's event loop, then close ``closer``.
+
+    uvicorn handles SIGINT/SIGTERM itself (graceful shutdown), then re-raises the signal
+    to the handler it found: that one is made a no-op for the run, so shutdown ends here,
+    with the store closed and exit code 0, rather than by the default handler. ``admin``,
+    when given, is served on the same loop first (its URL announced before the proxy's).
+    """
+    from ._server import event_loop_factory  # noqa: PLC0415
+
+    previous = {sig: signal.signal(sig, _ignore) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        with asyncio.Runner(loop_factory=event_loop_factory()) as runner:
+            runner.run(_serve_then_close(serving, closer, admin, announce))
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def _ignore(signum: int, frame: Any) -> None:
+    """Stand-in for the default handlers while uvicorn runs (see :func:`run_serving`)."""
+
+
+async def _serve_then_close(
+    serving: Awaitable[None], closer: Any, admin: Admin | None, announce: Announce
+) -> None:
+    """The admin listener first (its URL announced), then the proxy until shutdown."""
+    try:
+        async with contextlib.AsyncExitStack() as stack:
+            if admin is not None:
+                url = await stack.enter_async_context(admin_listener(*admin))
+                _admin_started(url, announce)
+            await serving
+    finally:
+        if closer is not None:
+            await closer.aclose()
+
+
+__all__ = [
+    "Admin",
+    "Announce",
+    "admin_in_thread",
+    "configure_logging",
+    "listening_socket",
+    "metrics_shared_by_workers",
+    "run_serving",
+    "without_created_series",
+]
