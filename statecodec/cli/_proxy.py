@@ -18,13 +18,13 @@ import socket
 import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from .. import _telemetry
-from .._codec import DEFAULT_TTL, StateCodec
-from ..adapters.asgi import DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_RESPONSE_BYTES, ASGIApp, PrincipalFn
+from .._codec import DEFAULT_TTL
+from ..adapters.asgi import DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_RESPONSE_BYTES, PrincipalFn
 from ..boundary import DEFAULT_MAX_HOLD, DEFAULT_MAX_HOLDS, DEFAULT_MAX_HOLDS_PER_TOKEN
 from ._exit import CliError, ExitCode
 from ._output import classify, echo
@@ -37,6 +37,9 @@ from ._params import (
     mode_option,
     require_keys,
 )
+
+if TYPE_CHECKING:
+    from ..proxy._runtime import ProxySettings
 
 logger = logging.getLogger("statecodec.proxy")
 
@@ -341,7 +344,9 @@ def proxy_command(**params: Any) -> None:
         params["allowed_hosts"], params["allowed_origins"] = _host_lists(
             host, params.pop("allowed_hosts"), params.pop("allowed_origins")
         )
-        settings = _Settings(principal=principal, log_level=log_level, log_format=log_format, **params)
+        from ..proxy._runtime import ProxySettings  # noqa: PLC0415
+
+        settings = ProxySettings(principal=principal, log_level=log_level, log_format=log_format, **params)
         _run(settings, host, port, admin_address)
     except (click.exceptions.Exit, click.exceptions.Abort, click.ClickException, KeyboardInterrupt):
         raise
@@ -364,47 +369,7 @@ def proxy_command(**params: Any) -> None:
         sys.exit(int(error.code))
 
 
-@dataclass(frozen=True)
-class _Settings:
-    """Everything a proxy process builds itself from: picklable, for ``--workers``."""
-
-    principal: PrincipalOptions
-    log_level: str
-    log_format: str
-    upstream: str
-    keys_spec: str | None
-    replay: str
-    audience: str
-    mode: str
-    ttl: int
-    namespace: str | None
-    max_token_bytes: int
-    max_body_bytes: int
-    max_response_bytes: int
-    connect_timeout: int
-    read_timeout: int
-    graceful_timeout: int
-    head_timeout: int
-    body_timeout: int
-    idle_timeout: int
-    max_client_connections: int | None
-    max_concurrent_requests: int | None
-    max_connections: int
-    max_streams: int
-    max_streams_per_client: int
-    passthrough_paths: tuple[str, ...]
-    max_rounds: int
-    max_flow_age: int
-    retry_after: float | None
-    max_hold: float
-    max_holds: int
-    max_holds_per_token: int
-    workers: int
-    allowed_hosts: tuple[str, ...]
-    allowed_origins: tuple[str, ...]
-
-
-def _run(settings: _Settings, host: str, port: int, admin_address: tuple[str, int] | None) -> None:
+def _run(settings: ProxySettings, host: str, port: int, admin_address: tuple[str, int] | None) -> None:
     from .. import ops  # noqa: PLC0415
     from .._net import socket_url  # noqa: PLC0415
     from ..proxy import _runtime  # noqa: PLC0415 - loaded only for this command
@@ -455,7 +420,10 @@ def _run(settings: _Settings, host: str, port: int, admin_address: tuple[str, in
                 stack.enter_context(contextlib.closing(_runtime.listening_socket(*admin_address))),
             )
         if settings.workers == 1:
-            _serve_on(app, closer, sock, settings, ready, admin=admin)
+            clients = _client_limits(settings)
+            _runtime.serve_on(
+                app, closer, sock, settings, clients=clients, ready=ready, admin=admin, announce=echo
+            )
             return
         from ..proxy import Supervisor  # noqa: PLC0415
 
@@ -473,88 +441,20 @@ def _run(settings: _Settings, host: str, port: int, admin_address: tuple[str, in
 
 
 @contextlib.contextmanager
-def _built(settings: _Settings) -> Iterator[tuple[Any, Any, Any]]:
-    """The proxy application, the object to close at shutdown, and the readiness checks."""
-    from .. import ops  # noqa: PLC0415
-    from ..kms import KeyManager  # noqa: PLC0415 - loaded only for this command
-    from ..proxy import ProxyOptions, Timeouts, build_proxy  # noqa: PLC0415
-    from ..proxy._hosts import HostPolicy  # noqa: PLC0415
+def _built(settings: ProxySettings) -> Iterator[tuple[Any, Any, Any]]:
+    """:func:`statecodec.proxy._runtime.built`, its failures in the command's exit codes."""
+    from ..proxy._runtime import ProxyConfigError, built  # noqa: PLC0415
     from ._sources import open_store  # noqa: PLC0415
 
-    principal_fn, closer = settings.principal.build()
-    options = ProxyOptions(
-        upstream=settings.upstream,
-        audience=settings.audience,
-        max_body_bytes=settings.max_body_bytes,
-        max_response_bytes=settings.max_response_bytes,
-        timeouts=Timeouts(connect=settings.connect_timeout, read=settings.read_timeout),
-        max_connections=settings.max_connections,
-        max_streams=settings.max_streams,
-        max_streams_per_client=settings.max_streams_per_client,
-        passthrough_paths=settings.passthrough_paths,
-        retry_after=settings.retry_after,
-        max_hold=settings.max_hold,
-        hosts=HostPolicy.of(settings.allowed_hosts, settings.allowed_origins),
-        max_holds=settings.max_holds,
-        max_holds_per_token=settings.max_holds_per_token,
-    )
-    manager = KeyManager(require_keys(settings.keys_spec), max_ttl=max(float(settings.ttl), 600.0))
-    manager.start()  # exit 3 or 7 before listening if no keys can be had
+    keys = require_keys(settings.keys_spec)
     try:
-        store = open_store(settings.replay, check=True)  # exit 4 before listening if it cannot serve
-        try:
-            # No namespace of its own: a proxy and a protect() server sharing keys, audience and
-            # store must share single use too, so both take the codec's default.
-            named: dict[str, Any] = {} if settings.namespace is None else {"namespace": settings.namespace}
-            codec = StateCodec(
-                manager,
-                mode=settings.mode,
-                ttl=settings.ttl,
-                max_token_bytes=settings.max_token_bytes,
-                max_rounds=settings.max_rounds,
-                max_flow_age=settings.max_flow_age,
-                replay=store,
-                **named,
-            )
-            try:
-                app = build_proxy(codec, options, principal=principal_fn)
-            except ValueError as exc:
-                raise CliError(ExitCode.USAGE, str(exc)) from None
-            health = ops.Health(manager, store)
-            try:
-                yield app, closer, health
-            finally:
-                health.close()
-        finally:
-            store.close()
-    finally:
-        manager.stop()
+        with built(settings, keys, functools.partial(open_store, check=True)) as running:
+            yield running
+    except ProxyConfigError as exc:
+        raise CliError(ExitCode.USAGE, str(exc)) from None
 
 
-def _serve_on(
-    app: Any,
-    closer: Any,
-    sock: socket.socket,
-    settings: _Settings,
-    ready: Any,
-    *,
-    admin: tuple[ASGIApp, socket.socket] | None = None,
-) -> None:
-    from ..proxy import serve  # noqa: PLC0415
-    from ..proxy._runtime import run_serving  # noqa: PLC0415
-
-    serving = serve(
-        app,
-        sock,
-        graceful_timeout=settings.graceful_timeout,
-        limit_concurrency=settings.max_concurrent_requests,
-        clients=_client_limits(settings),
-        on_ready=ready,
-    )
-    run_serving(serving, closer, admin=admin, announce=echo)
-
-
-def _client_limits(settings: _Settings) -> Any:
+def _client_limits(settings: ProxySettings) -> Any:
     from ..proxy import ClientLimits  # noqa: PLC0415
     from ..proxy._guard import default_max_connections, raise_open_file_limit  # noqa: PLC0415
 
@@ -566,20 +466,23 @@ def _client_limits(settings: _Settings) -> Any:
     return ClientLimits(settings.head_timeout, settings.body_timeout, settings.idle_timeout, most)
 
 
-def _descriptors_upstream(settings: _Settings) -> int:
+def _descriptors_upstream(settings: ProxySettings) -> int:
     """The most connections the proxy opens to the upstream at once."""
     return settings.max_connections + settings.max_streams
 
 
-def _serve_worker(settings: _Settings, sock: socket.socket, announce: Any) -> None:
+def _serve_worker(settings: ProxySettings, sock: socket.socket, announce: Any) -> None:
     """One ``--workers`` process: the same proxy as a single one, on the inherited socket."""
-    from ..proxy._runtime import configure_logging  # noqa: PLC0415
+    from ..proxy._runtime import configure_logging, serve_on  # noqa: PLC0415
 
     configure_logging(settings.log_level, settings.log_format)
     try:
         _telemetry.resolve()
         with _built(settings) as (app, closer, _):
-            _serve_on(app, closer, sock, settings, lambda url: announce())
+            clients = _client_limits(settings)
+            serve_on(
+                app, closer, sock, settings, clients=clients, ready=lambda url: announce(), announce=echo
+            )
     except Exception as exc:
         error = classify(exc) if not isinstance(exc, click.ClickException) else None
         logger.error(

@@ -22,12 +22,20 @@ import sys
 import tempfile
 import threading
 from collections.abc import Awaitable, Callable, Iterator
-from typing import Any, TextIO
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol, TextIO
 
 from .. import _telemetry
+from .._codec import StateCodec
+from .._errors import StateCodecError
 from .._net import bind_socket
-from ..adapters.asgi import ASGIApp
+from ..adapters.asgi import ASGIApp, PrincipalFn
 from ._admin import START_TIMEOUT, admin_listener
+
+if TYPE_CHECKING:
+    from ..ops import Health
+    from ..replay import ReplayStore
+    from ._guard import ClientLimits
 
 logger = logging.getLogger("statecodec.proxy")
 
@@ -170,6 +178,151 @@ def _release(stop: asyncio.Future[None] | None) -> None:
         stop.set_result(None)
 
 
+# ---------------------------------------------------------------- building the proxy
+class PrincipalSource(Protocol):
+    """How the proxy learns who is asking, as the command line parsed it (picklable, for workers)."""
+
+    def build(self) -> tuple[PrincipalFn | None, Any]:
+        """The principal callable, and the object to close at shutdown (or None)."""
+
+    def describe(self) -> str:
+        """One phrase for the start-up log line."""
+
+
+class ProxyConfigError(StateCodecError, ValueError):
+    """Options the proxy cannot run with, found while it is built (a usage error: exit 2)."""
+
+
+@dataclass(frozen=True)
+class ProxySettings:
+    """Everything a proxy process builds itself from: picklable, for ``--workers``."""
+
+    principal: PrincipalSource
+    log_level: str
+    log_format: str
+    upstream: str
+    keys_spec: str | None
+    replay: str
+    audience: str
+    mode: str
+    ttl: int
+    namespace: str | None
+    max_token_bytes: int
+    max_body_bytes: int
+    max_response_bytes: int
+    connect_timeout: int
+    read_timeout: int
+    graceful_timeout: int
+    head_timeout: int
+    body_timeout: int
+    idle_timeout: int
+    max_client_connections: int | None
+    max_concurrent_requests: int | None
+    max_connections: int
+    max_streams: int
+    max_streams_per_client: int
+    passthrough_paths: tuple[str, ...]
+    max_rounds: int
+    max_flow_age: int
+    retry_after: float | None
+    max_hold: float
+    max_holds: int
+    max_holds_per_token: int
+    workers: int
+    allowed_hosts: tuple[str, ...]
+    allowed_origins: tuple[str, ...]
+
+
+@contextlib.contextmanager
+def built(
+    settings: ProxySettings, keys: str, open_store: Callable[[str], ReplayStore]
+) -> Iterator[tuple[ASGIApp, Any, Health]]:
+    """The proxy application, the object to close at shutdown, and the readiness checks.
+
+    ``keys`` is the key source's spec; ``open_store(url)`` opens the replay store and checks
+    that it answers. Keys, store and options are checked here, before anything listens.
+    """
+    from .. import ops  # noqa: PLC0415
+    from ..kms import KeyManager  # noqa: PLC0415 - loaded only for this command
+    from ._forward import Timeouts  # noqa: PLC0415
+    from ._hosts import HostPolicy  # noqa: PLC0415
+    from ._server import ProxyOptions, build_proxy  # noqa: PLC0415
+
+    principal_fn, closer = settings.principal.build()
+    options = ProxyOptions(
+        upstream=settings.upstream,
+        audience=settings.audience,
+        max_body_bytes=settings.max_body_bytes,
+        max_response_bytes=settings.max_response_bytes,
+        timeouts=Timeouts(connect=settings.connect_timeout, read=settings.read_timeout),
+        max_connections=settings.max_connections,
+        max_streams=settings.max_streams,
+        max_streams_per_client=settings.max_streams_per_client,
+        passthrough_paths=settings.passthrough_paths,
+        retry_after=settings.retry_after,
+        max_hold=settings.max_hold,
+        hosts=HostPolicy.of(settings.allowed_hosts, settings.allowed_origins),
+        max_holds=settings.max_holds,
+        max_holds_per_token=settings.max_holds_per_token,
+    )
+    manager = KeyManager(keys, max_ttl=max(float(settings.ttl), 600.0))
+    manager.start()  # exit 3 or 7 before listening if no keys can be had
+    try:
+        store = open_store(settings.replay)  # exit 4 before listening if it cannot serve
+        try:
+            # No namespace of its own: a proxy and a protect() server sharing keys, audience and
+            # store must share single use too, so both take the codec's default.
+            named: dict[str, Any] = {} if settings.namespace is None else {"namespace": settings.namespace}
+            codec = StateCodec(
+                manager,
+                mode=settings.mode,
+                ttl=settings.ttl,
+                max_token_bytes=settings.max_token_bytes,
+                max_rounds=settings.max_rounds,
+                max_flow_age=settings.max_flow_age,
+                replay=store,
+                **named,
+            )
+            try:
+                app = build_proxy(codec, options, principal=principal_fn)
+            except ValueError as exc:
+                raise ProxyConfigError(str(exc)) from None
+            health = ops.Health(manager, store)
+            try:
+                yield app, closer, health
+            finally:
+                health.close()
+        finally:
+            store.close()
+    finally:
+        manager.stop()
+
+
+def serve_on(
+    app: ASGIApp,
+    closer: Any,
+    sock: socket.socket,
+    settings: ProxySettings,
+    *,
+    clients: ClientLimits,
+    ready: Announce,
+    admin: Admin | None = None,
+    announce: Announce = print,
+) -> None:
+    """Serve the proxy on ``sock`` until SIGINT/SIGTERM (see :func:`run_serving`)."""
+    from ._server import serve  # noqa: PLC0415
+
+    serving = serve(
+        app,
+        sock,
+        graceful_timeout=settings.graceful_timeout,
+        limit_concurrency=settings.max_concurrent_requests,
+        clients=clients,
+        on_ready=ready,
+    )
+    run_serving(serving, closer, admin=admin, announce=announce)
+
+
 # ---------------------------------------------------------------- the event loop
 def run_serving(
     serving: Awaitable[None], closer: Any, *, admin: Admin | None = None, announce: Announce = print
@@ -214,6 +367,11 @@ async def _serve_then_close(
 __all__ = [
     "Admin",
     "Announce",
+    "PrincipalSource",
+    "ProxyConfigError",
+    "ProxySettings",
+    "built",
+    "serve_on",
     "admin_in_thread",
     "configure_logging",
     "listening_socket",
