@@ -111,8 +111,8 @@ def _minted() -> Iterator[tuple[str, Minted]]:
         "fresh": NOW - 10,
         "in-skew-future": NOW + MAX_SKEW,
         "future": NOW + MAX_SKEW + 1,
-        "edge-expiring": NOW - TTL - EXPIRY_GRACE,  # NOW = exp + grace: the last second
-        "expired": NOW - TTL - EXPIRY_GRACE - 1,
+        "edge-expiring": NOW - TTL - EXPIRY_GRACE + 1,  # NOW = exp + grace - 1: the last second
+        "expired": NOW - TTL - EXPIRY_GRACE,  # NOW = exp + grace: a TTL is at most its TTL
     }
     valid_times = ("fresh", "in-skew-future", "edge-expiring")
     n = 0
@@ -191,13 +191,13 @@ def _policy(parsed: _format.ParsedToken, key: Key, binding: Binding, token_len: 
         return "unknown_key"
     if parsed.expires_at < parsed.issued_at or parsed.flow_started_at > parsed.issued_at:
         return "malformed"
-    if parsed.expires_at + EXPIRY_GRACE < NOW:  # NOW is a whole second
+    if parsed.expires_at + EXPIRY_GRACE <= NOW:
         return "expired"
     if parsed.issued_at > NOW + MAX_SKEW:
         return "not_yet_valid"
     if parsed.round > DEFAULT_MAX_ROUNDS:
         return "round_limit"
-    if parsed.flow_started_at + DEFAULT_MAX_FLOW_AGE + EXPIRY_GRACE < NOW:
+    if parsed.flow_started_at + DEFAULT_MAX_FLOW_AGE + EXPIRY_GRACE <= NOW:
         return "flow_expired"
     if not hmac.compare_digest(binding.tag(key), parsed.bind_tag):
         return "binding_mismatch"

@@ -6,12 +6,13 @@ and binding tag read and judged. Consuming the token id in the replay store come
 so nothing that fails a check can burn a valid token. Any unexpected exception fails
 closed (deny-on-error) as ``internal_error``.
 
-Time, in whole seconds like the token's own ``iat`` and ``exp``: a token is valid at
-``now`` while ``iat - max_skew <= floor(now) <= exp + expiry_grace``. So with ``ttl=600``
-and the default grace of 0 it is accepted through the 600th second after its issue
-(``now < exp + 1``) and rejected from the 601st; and it may come from an instance whose
-clock runs up to ``max_skew`` seconds ahead (``iat <= now + max_skew``, exact for a
-fractional ``now`` too).
+Time: a token is valid at ``now`` while ``iat - max_skew <= now < exp + expiry_grace``.
+A TTL is at most its TTL, as JWT's ``exp`` and the MCP SDKs have it: with ``ttl=600`` and
+the default grace of 0, a token issued at ``iat`` is refused from ``iat + 600`` on (and,
+``iat`` being ``floor`` of the minting time, it lives at most 600 s, up to a second less).
+It may come from an instance whose clock runs up to ``max_skew`` seconds ahead
+(``iat <= now + max_skew``). The times are whole seconds, so both comparisons give the
+same answer with ``floor(now)`` as with a fractional ``now``.
 
 Flows: a token sealed with ``parent=`` (the :class:`OpenedState` its round was opened
 from) is the next round of the parent's flow and carries, authenticated, the flow id (the
@@ -34,13 +35,13 @@ import math
 import os
 import time
 from collections.abc import Callable
-from typing import Any, Final, NamedTuple
+from typing import Final, NamedTuple
 
 from nacl.exceptions import CryptoError
 
 from . import _aead, _format, _telemetry
 from ._binding import UNBOUND, Binding
-from ._errors import FlowBudgetExceeded, InvalidState, ReplayStoreError
+from ._errors import FlowBudgetExceeded, InvalidState, Reason, ReplayStoreError
 from ._humanize import duration
 from ._keys import Key, KeyProvider, KeyRing
 from .replay.base import ReplayStore
@@ -134,6 +135,9 @@ class StateCodec:
     ) -> None:
         if not isinstance(keys, KeyProvider):
             raise TypeError("keys must be a KeyRing or a KeyProvider (keyring() and signing_key())")
+        if isinstance(keys, KeyRing) and not len(keys):
+            # Refused now, as the SDK refuses an empty ring, not at the first seal.
+            raise ValueError("the key ring has no keys, so the codec could neither seal nor unseal")
         if not 0 < ttl < 2**31:
             raise ValueError(f"ttl must be a positive number of seconds, got {ttl!r}")
         for name, value in (("max_skew", max_skew), ("expiry_grace", expiry_grace)):
@@ -167,13 +171,13 @@ class StateCodec:
         self._mode_char = _MODE_CHAR[self.mode]
         # Tested on every seal and unseal: an attribute read, not an enum comparison.
         self._signs = self.mode is Mode.SIGN
-        # Expired from this instant after exp: floor(now) > exp + expiry_grace.
-        self._expired_after = self.expiry_grace + 1
-        # A flow ends like a token: floor(now) > start + max_flow_age + expiry_grace.
+        # Expired from this instant after exp: now >= exp + expiry_grace.
+        self._expired_after = self.expiry_grace
+        # A flow ends like a token: now >= start + max_flow_age + expiry_grace.
         self._flow_over_after = math.inf if max_flow_age is None else int(max_flow_age) + self._expired_after
         # A first round's token lives at most as long as its flow.
         self._flow_ttl_max = 2**31 if max_flow_age is None else int(max_flow_age)
-        # Replay entries: "<namespace>:<token id hex>", kept until exp + expiry_grace + 1 +
+        # Replay entries: "<namespace>:<token id hex>", kept until exp + expiry_grace +
         # max_skew on this codec's clock, handed to the store as a retention from now (the
         # comment above _store_down). Every instance sharing a store must use the same
         # max_skew and expiry_grace.
@@ -401,10 +405,7 @@ class StateCodec:
 
     def _open(self, token: str, binding: Binding | None, now: float, check_binding: bool) -> OpenedState:
         parsed = _format.parse(token, self.max_token_bytes)
-        _, mode, kid, iat, exp, token_id, bind_tag, header, body, mac, flow_id, round_, started, nbf_ms = (
-            parsed
-        )
-        tid = token_id.hex()
+        _, mode, kid, iat, exp, token_id, bind_tag, _, _, _, flow_id, round_, started, nbf_ms = parsed
         if mode != self._mode_char:
             raise InvalidState(
                 "wrong_mode",
@@ -412,96 +413,67 @@ class StateCodec:
                 kid=kid,
             )
         key = self._verification_key(kid, now)
-
-        if self._signs:
-            if not hmac.compare_digest(key.sign_mac(header + body), mac):
-                raise InvalidState(
-                    "tampered", "MAC does not match: the token was modified or forged", kid=kid
-                )
-            payload = body
-        else:
-            # The token id is half of the nonce and part of the associated data: a changed
-            # tid fails the tag twice over.
-            nonce = _format.aead_nonce(token_id, body[: _format.NONCE_SUFFIX_LEN])
-            sealed = body[_format.NONCE_SUFFIX_LEN :]
-            try:
-                payload = _aead.decrypt(sealed, self._prefix_b + header, nonce, key.aead_key)
-            except CryptoError:
-                raise InvalidState(
-                    "tampered", "AEAD tag does not verify: the token was modified or forged", kid=kid
-                ) from None
-
+        payload = self._authentic_payload(key, parsed)
         # From here on the header (kid, times, token id, binding tag, flow) is authentic.
+        tid = token_id.hex()
         if exp < iat or started > iat:
             raise InvalidState(
                 "malformed", "expires before it was issued, or issued before its flow", kid=kid, token_id=tid
             )
-        if now >= exp + self._expired_after:  # floor(now) > exp + expiry_grace
-            raise InvalidState(
-                "expired",
-                f"expired {duration(now - exp)} ago (expiry grace {self.expiry_grace}s)",
-                kid=kid,
-                token_id=tid,
-                **self._flow_ids(tid, flow_id, round_),
-            )
-        if iat > now + self.max_skew:  # the same as iat > floor(now) + max_skew: iat is whole
-            raise InvalidState(
+        not_before = iat + nbf_ms / 1000 if nbf_ms else None
+        why: tuple[Reason, str] | None = None
+        if now >= exp + self._expired_after:  # now >= exp + expiry_grace: a TTL is at most its TTL
+            why = "expired", f"expired {duration(now - exp)} ago (expiry grace {self.expiry_grace}s)"
+        elif iat > now + self.max_skew:  # the same as iat > floor(now) + max_skew: iat is whole
+            why = (
                 "not_yet_valid",
-                f"issued {duration(iat - now)} in the future, beyond the {self.max_skew}s skew allowance "
-                "(clock skew between instances?)",
-                kid=kid,
-                token_id=tid,
-                **self._flow_ids(tid, flow_id, round_),
+                (
+                    f"issued {duration(iat - now)} in the future, beyond the {self.max_skew}s skew allowance "
+                    "(clock skew between instances?)"
+                ),
             )
-        if round_ > self.max_rounds:
-            raise InvalidState(
-                "round_limit",
-                f"round {round_} of its flow, beyond max_rounds={self.max_rounds}",
-                kid=kid,
-                token_id=tid,
-                **self._flow_ids(tid, flow_id, round_),
-            )
-        if now >= started + self._flow_over_after:  # floor(now) > start + max_flow_age + expiry_grace
-            raise InvalidState(
+        elif round_ > self.max_rounds:
+            why = "round_limit", f"round {round_} of its flow, beyond max_rounds={self.max_rounds}"
+        elif now >= started + self._flow_over_after:  # now >= start + max_flow_age + expiry_grace
+            why = (
                 "flow_expired",
-                f"its flow started {duration(now - started)} ago, beyond max_flow_age={self.max_flow_age}s",
-                kid=kid,
-                token_id=tid,
-                **self._flow_ids(tid, flow_id, round_),
+                (f"its flow started {duration(now - started)} ago, beyond max_flow_age={self.max_flow_age}s"),
             )
-        if check_binding:
-            expected_tag = (binding or UNBOUND).tag(key)
-            if not hmac.compare_digest(expected_tag, bind_tag):
-                raise InvalidState(
-                    "binding_mismatch",
+        elif check_binding and not hmac.compare_digest((binding or UNBOUND).tag(key), bind_tag):
+            why = (
+                "binding_mismatch",
+                (
                     "the token was sealed for a different principal, audience, method, target, "
-                    "arguments or extra binding" + ("" if binding else " (no binding was given)"),
-                    kid=kid,
-                    token_id=tid,
-                    **self._flow_ids(tid, flow_id, round_),
-                )
-        not_before = None
-        if nbf_ms:
-            not_before = iat + nbf_ms / 1000
-            if now < not_before:  # pacing, last before consuming: an early retry burns nothing
-                raise InvalidState(
-                    "too_early",
-                    f"redeemable in {now - not_before:.3f}s: the server paces this round",
-                    kid=kid,
-                    token_id=tid,
-                    retry_at=not_before,
-                    **self._flow_ids(tid, flow_id, round_),
-                )
+                    "arguments or extra binding" + ("" if binding else " (no binding was given)")
+                ),
+            )
+        elif not_before is not None and now < not_before:
+            # Pacing, last before consuming: an early retry burns nothing.
+            why = "too_early", f"redeemable in {now - not_before:.3f}s: the server paces this round"
+        if why is not None:
+            raise _refusal(why, kid, tid, flow_id, round_, not_before=not_before)
         flow_hex = tid if flow_id is token_id else flow_id.hex()
-        # tuple.__new__ directly: OpenedState(...) goes through a Python-level __new__
-        # that only forwards its arguments, on every unseal.
-        return tuple.__new__(
-            OpenedState, (payload, kid, iat, exp, tid, self.mode, flow_hex, round_, started, not_before)
-        )
+        return OpenedState(payload, kid, iat, exp, tid, self.mode, flow_hex, round_, started, not_before)
 
-    @staticmethod
-    def _flow_ids(tid: str, flow_id: bytes, round_: int) -> dict[str, Any]:
-        return {"flow_id": tid if round_ == 1 else flow_id.hex(), "round": round_}
+    def _authentic_payload(self, key: Key, parsed: _format.ParsedToken) -> bytes:
+        """The payload once the MAC (SIGN) or the AEAD tag (ENCRYPT) verifies under ``key``."""
+        kid, header, body = parsed.kid, parsed.header, parsed.body
+        if self._signs:
+            if not hmac.compare_digest(key.sign_mac(header + body), parsed.mac):
+                raise InvalidState(
+                    "tampered", "MAC does not match: the token was modified or forged", kid=kid
+                )
+            return body
+        # The token id is half of the nonce and part of the associated data: a changed
+        # tid fails the tag twice over.
+        nonce = _format.aead_nonce(parsed.token_id, body[: _format.NONCE_SUFFIX_LEN])
+        sealed = body[_format.NONCE_SUFFIX_LEN :]
+        try:
+            return _aead.decrypt(sealed, self._prefix_b + header, nonce, key.aead_key)
+        except CryptoError:
+            raise InvalidState(
+                "tampered", "AEAD tag does not verify: the token was modified or forged", kid=kid
+            ) from None
 
     def _verification_key(self, kid: str, now: float) -> Key:
         ring: KeyRing = self.keys.keyring()
@@ -514,8 +486,8 @@ class StateCodec:
             raise InvalidState("unknown_key", f"key {kid} was retired {retired} ago", kid=kid)
         return key
 
-    # Why exp + expiry_grace + 1 + max_skew (self._kept_after_expiry): keep the entry while
-    # ANY instance may still accept the token. This one rejects it from exp + expiry_grace + 1
+    # Why exp + expiry_grace + max_skew (self._kept_after_expiry): keep the entry while
+    # ANY instance may still accept the token. This one rejects it from exp + expiry_grace
     # on its own clock, but an instance whose clock is behind by up to max_skew (the most the
     # fleet's clocks may disagree) accepts it until max_skew later on this clock: forgetting
     # earlier would let that instance redeem the token a second time
@@ -552,6 +524,8 @@ class StateCodec:
             f"{kind} replay store did not answer ({cause}); the token was not consumed, retry later",
             kid=opened.kid,
             token_id=opened.token_id,
+            flow_id=opened.flow_id,
+            round=opened.round,
         )
 
     def _judge_replay(self, opened: OpenedState, first: object) -> None:
@@ -572,4 +546,22 @@ class StateCodec:
                 "this token was already redeemed (single use)",
                 kid=opened.kid,
                 token_id=opened.token_id,
+                flow_id=opened.flow_id,  # authentic: the header passed every check
+                round=opened.round,
             )
+
+
+def _refusal(
+    why: tuple[Reason, str], kid: str, tid: str, flow_id: bytes, round_: int, *, not_before: float | None
+) -> InvalidState:
+    """The rejection of an authentic token, naming it and its flow (``retry_at`` when paced)."""
+    reason, detail = why
+    return InvalidState(
+        reason,
+        detail,
+        kid=kid,
+        token_id=tid,
+        flow_id=tid if round_ == 1 else flow_id.hex(),
+        round=round_,
+        retry_at=not_before if reason == "too_early" else None,
+    )

@@ -6,6 +6,22 @@ that code may switch on and metrics may count; the *detail* is a human sentence 
 logs and the CLI. Neither ever contains key material, and adapters never put either on
 the wire: what clients see is the adapters' business (``statecodec.boundary``),
 and this module knows nothing of MCP.
+
+Every exception a user can catch derives from :class:`StateCodecError`, so one
+``except StateCodecError`` catches all of statecodec's refusals and nothing else::
+
+    StateCodecError
+    ├── InvalidState            a requestState token was rejected (``reason`` in REASONS)
+    ├── FlowBudgetExceeded      sealing the next round refused (also a ValueError)
+    ├── KeyUnavailable          no key can mint right now
+    ├── ReplayStoreError        a replay store could not answer; unseal fails closed
+    ├── KeySourceError          statecodec.kms: a key source failed (``kind`` in kms.KINDS)
+    ├── WireError               statecodec.boundary: a request the boundary refuses
+    ├── ProbeError              statecodec.probe: the probe could not run
+    └── Unauthenticated         statecodec.proxy: credentials presented but not verifiable
+
+``tests/test_errors_tree.py`` walks every public module and holds every exception it
+exports to this tree; exceptions of private modules (``_name``) never leave them.
 """
 
 from __future__ import annotations

@@ -69,7 +69,6 @@ MAX_ROUND: Final = 255
 _TIMES = struct.Struct(">II")
 _CHAIN = struct.Struct(f">{TOKEN_ID_LEN}sBI")  # flow id, round, flow start
 _PACE = struct.Struct(">I")  # nbf_ms
-_new_tuple: Final = tuple.__new__
 _HEADER_FIXED: Final = 1 + 8 + TOKEN_ID_LEN + BIND_TAG_LEN  # the header without the kid: 41 bytes
 _AEAD_TRAILER: Final = NONCE_SUFFIX_LEN + AEAD_TAG_LEN
 # kid, iat, exp, tid and btag in one C call: one layout per kid length.
@@ -116,6 +115,10 @@ def b64encode(raw: bytes) -> str:
     return b64encode_as_string(raw, altchars=b"-_").rstrip("=")
 
 
+#: Why 4n+1 characters of base64url are refused: no encoding has that length.
+CUT_SHORT: Final = "looks cut short (no base64url text is 4n+1 characters long: was it truncated?)"
+
+
 def b64decode(text: str) -> bytes:
     """Decode canonical unpadded base64url or raise ``ValueError``.
 
@@ -141,7 +144,9 @@ def b64decode(text: str) -> bytes:
     if _B64_RE.fullmatch(text) is None:
         raise ValueError("characters outside the unpadded base64url alphabet")
     if rem == 1:
-        raise ValueError("impossible base64url length")
+        # No encoding is 4n+1 characters long: such text lost characters, almost always
+        # at its end (a copy, a terminal, a log line cut it).
+        raise ValueError(CUT_SHORT)
     raise ValueError("not canonical base64url")  # unreachable; fail closed anyway
 
 
@@ -247,7 +252,8 @@ def parse(token: str, max_token_bytes: int) -> ParsedToken:
     try:
         raw = b64decode(token[len(prefix) :])
     except ValueError as exc:
-        raise InvalidState("malformed", str(exc)) from None
+        detail = str(exc)
+        raise InvalidState("malformed", f"the token {detail}" if detail == CUT_SHORT else detail) from None
     if not raw:
         raise InvalidState("malformed", "empty token body")
     kid_len = raw[0]
@@ -260,7 +266,7 @@ def parse(token: str, max_token_bytes: int) -> ParsedToken:
     if flags:
         header_len += (_CHAIN.size if flags & FLAG_CHAINED else 0) + (_PACE.size if flags & FLAG_PACED else 0)
     if len(raw) < header_len + trailer:
-        raise InvalidState("malformed", "token is truncated")
+        raise InvalidState("malformed", "the token looks cut short (truncated before its tag)")
     kid_b, issued_at, expires_at, token_id, bind_tag = _HEADER_FIELDS[kid_len].unpack_from(raw, 1)
     if kid_b.isalnum():  # ASCII letters and digits only (bytes.isalnum is ASCII-only): valid
         kid = kid_b.decode("ascii")
@@ -273,13 +279,10 @@ def parse(token: str, max_token_bytes: int) -> ParsedToken:
     else:
         body, mac = raw[header_len:], b""
     header = raw[:header_len]
-    # tuple.__new__ directly: ParsedToken(...) goes through a Python-level __new__ that
-    # only forwards its arguments, and the codec parses on every unseal.
     if not flags:  # a flow of one: its own id, round 1, started at iat; not paced
-        return _new_tuple(
-            ParsedToken,
-            (prefix, mode, kid, issued_at, expires_at, token_id, bind_tag, header, body, mac,
-             token_id, 1, issued_at, 0),
+        return ParsedToken(
+            prefix, mode, kid, issued_at, expires_at, token_id, bind_tag, header, body, mac,
+            token_id, 1, issued_at, 0,
         )  # fmt: skip
     flow_id, round_, started, not_before_ms = token_id, 1, issued_at, 0
     at = kid_len + _HEADER_FIXED
@@ -292,8 +295,7 @@ def parse(token: str, max_token_bytes: int) -> ParsedToken:
         (not_before_ms,) = _PACE.unpack_from(raw, at)
         if not not_before_ms:
             raise InvalidState("malformed", "a paced token without a wait")
-    return _new_tuple(
-        ParsedToken,
-        (prefix, mode, kid, issued_at, expires_at, token_id, bind_tag, header, body, mac,
-         flow_id, round_, started, not_before_ms),
+    return ParsedToken(
+        prefix, mode, kid, issued_at, expires_at, token_id, bind_tag, header, body, mac,
+        flow_id, round_, started, not_before_ms,
     )  # fmt: skip

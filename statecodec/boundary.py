@@ -27,7 +27,12 @@ against its 10 rounds, so answering each early retry would end its flow within s
 Both raise one exception, :class:`WireError`, which carries the JSON-RPC error to answer
 instead. Every token problem is the same -32602 "Invalid or expired requestState" (the
 SDKs' convention: a forger learns nothing); every result that cannot be sealed is -32603
-"Internal error". The precise reason goes to the ``statecodec`` logger and the metrics.
+"Internal error". One exception: a replay store that could not record the token
+(``store_unavailable``) is -32603 with a message saying to retry the same request, since
+the token was not consumed and is still good; only an authentic, unexpired, correctly
+bound token ever reaches the store, so this answer tells nothing to whoever forged,
+tampered or mis-bound one (docs/threat-model.md). The precise reason goes to the
+``statecodec`` logger and the metrics.
 
 The plaintext a handler puts in ``requestState`` is a ``str`` (the SDKs' type); the codec
 seals bytes. The mapping is UTF-8, strictly, both ways.
@@ -64,6 +69,8 @@ __all__ = [
     "PARAMS_KEYS",
     "PARSE_ERROR_CODE",
     "REQUEST_STATE",
+    "STORE_UNAVAILABLE_DATA",
+    "STORE_UNAVAILABLE_MESSAGE",
     "WIRE_ERROR_CODE",
     "WIRE_ERROR_DATA",
     "WIRE_ERROR_MESSAGE",
@@ -135,6 +142,12 @@ WIRE_ERROR_DATA: Final[Mapping[str, str]] = MappingProxyType({"reason": "invalid
 #: What a result that cannot be sealed is replaced with. Says nothing more.
 INTERNAL_ERROR_CODE: Final = -32603
 INTERNAL_ERROR_MESSAGE: Final = "Internal error"
+#: What a request is answered (with -32603) when the replay store could not record its
+#: token: nothing was consumed, so the client should send the same request again.
+STORE_UNAVAILABLE_MESSAGE: Final = (
+    "Temporarily unavailable: retry the same request (its requestState was not consumed)"
+)
+STORE_UNAVAILABLE_DATA: Final[Mapping[str, str]] = MappingProxyType({"reason": "temporarily_unavailable"})
 #: JSON-RPC's codes for a body that is not JSON, and for JSON that is not a request.
 PARSE_ERROR_CODE: Final = -32700
 INVALID_REQUEST_CODE: Final = -32600
@@ -171,6 +184,20 @@ class WireError(StateCodecError):
     def invalid_state(cls, reason: str = "", *, status: int = 200) -> WireError:
         """The uniform -32602 for a token that failed any check."""
         return cls(WIRE_ERROR_CODE, WIRE_ERROR_MESSAGE, data=WIRE_ERROR_DATA, status=status, reason=reason)
+
+    @classmethod
+    def refusing(cls, reason: str) -> WireError:
+        """The answer to a token the codec refused for ``reason`` (an InvalidState reason).
+
+        -32602 for every reason but ``store_unavailable``: that one is no verdict on the
+        token (it passed every check and was not consumed), so it is -32603 asking for
+        the same request again, never the answer a forgery gets.
+        """
+        if reason == "store_unavailable":
+            return cls(
+                INTERNAL_ERROR_CODE, STORE_UNAVAILABLE_MESSAGE, data=STORE_UNAVAILABLE_DATA, reason=reason
+            )
+        return cls.invalid_state(reason)
 
     @classmethod
     def internal(cls, reason: str = "", *, status: int = 200) -> WireError:
@@ -484,7 +511,7 @@ async def judge_request(
             ) from None
     except InvalidState as exc:
         _log_rejection(codec, method, params, exc, binding)
-        raise WireError.invalid_state(exc.reason) from None
+        raise WireError.refusing(exc.reason) from None
     _telemetry.record_unseal(_MODE_LABEL.get(codec.mode) or codec.mode.value, method, "ok", len(token))
     if logger.isEnabledFor(logging.DEBUG):
         logger.debug(

@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from statecodec import Binding, KeyRing, StateCodec
+from statecodec._errors import REASONS
 from statecodec.adapters import jsonrpc
 from statecodec.adapters.jsonrpc import WIRE_ERROR_CODE, WIRE_ERROR_DATA, WIRE_ERROR_MESSAGE, WireError
 from statecodec.replay.memory import MemoryReplayStore
@@ -292,6 +293,41 @@ def test_wire_errors() -> None:
     assert WireError.invalid_state().error()["data"] == {"reason": "invalid_request_state"}
     assert WireError.internal("why").error() == {"code": -32603, "message": "Internal error"}
     assert "why" not in str(WireError.internal("why").error())  # the reason is for logs only
+
+
+def test_a_store_outage_is_answered_retry_not_invalid() -> None:
+    # Every verdict on a token is -32602; a store that could not record it is none: -32603,
+    # saying to send the same request again (the token was not consumed).
+    retry = WireError.refusing("store_unavailable")
+    assert retry.error() == {
+        "code": -32603,
+        "message": "Temporarily unavailable: retry the same request (its requestState was not consumed)",
+        "data": {"reason": "temporarily_unavailable"},
+    }
+    assert retry.reason == "store_unavailable" and "store" not in str(retry.error())
+    for reason in sorted(set(REASONS) - {"store_unavailable"}):
+        assert WireError.refusing(reason).error() == WireError.invalid_state().error(), reason
+
+
+async def test_judge_request_maps_a_full_store_to_retry_and_burns_nothing() -> None:
+    # A real store condition, no fake: a MemoryReplayStore full to max_entries refuses to
+    # consume (rather than forget a live entry). Its clock is the test's, so it empties.
+    now = [0.0]
+    store = MemoryReplayStore(max_entries=1, clock=lambda: now[0])
+    codec = StateCodec(KeyRing.generate(), replay=store)
+    binding = jsonrpc.binding_for("tools/call", {"name": "t"}, principal=None, audience="svc")
+    first, second = codec.seal(b"1", binding), codec.seal(b"2", binding)
+    await jsonrpc.judge_request(codec, "tools/call", {"name": "t", "requestState": first}, lambda: binding)
+    params = {"name": "t", "requestState": second}
+    with pytest.raises(WireError) as caught:
+        await jsonrpc.judge_request(codec, "tools/call", params, lambda: binding)
+    assert caught.value.code == -32603 and "retry the same request" in caught.value.message
+    now[0] += codec.ttl + codec.max_skew + 1  # the first entry is forgotten: room again
+    judged = await jsonrpc.judge_request(codec, "tools/call", params, lambda: binding)
+    assert judged.params["requestState"] == "2"  # the same request, retried, redeems
+    with pytest.raises(WireError) as again:
+        await jsonrpc.judge_request(codec, "tools/call", params, lambda: binding)
+    assert again.value.code == -32602  # and only once
 
 
 def test_the_core_knows_no_wire() -> None:

@@ -9,7 +9,7 @@ the HTTP hop is skipped; the HTTP path is covered by test_adapters_e2e.py).
 from __future__ import annotations
 
 import json
-import logging
+from collections.abc import Callable
 from typing import Any
 
 import mcp_types as types
@@ -86,10 +86,40 @@ def test_fastmcp_boundary_is_replaced_in_the_sdk_chain() -> None:
     assert installed.audience == "deploy"
 
 
-def test_unnamed_fastmcp_warns(caplog: pytest.LogCaptureFixture) -> None:
-    with caplog.at_level(logging.WARNING, logger="statecodec"):
+@pytest.mark.parametrize(
+    "make",
+    [lambda: MCPServer(None), lambda: MCPServer(""), lambda: MCPServer(), lambda: Server("")],
+    ids=["MCPServer(None)", "MCPServer('')", "MCPServer()", "Server('')"],
+)
+def test_an_unnamed_server_is_refused_naming_audience(make: Callable[[], Any]) -> None:
+    # The SDK refuses an unnamed MCPServer with shared keys (its placeholder "mcp-server"
+    # would be every unnamed service's audience); protect() refuses it likewise.
+    server = make()
+    chain = server.middleware if isinstance(server, Server) else server._lowlevel_server.middleware
+    before = list(chain)
+    with pytest.raises(ValueError, match=r"audience=") as info:
+        protect(server, make_codec())
+    assert "no name of its own" in str(info.value)
+    assert list(chain) == before  # nothing installed
+    # The fix the message names works.
+    assert protect(make(), make_codec(), audience="deploy").audience == "deploy"
+
+
+@pytest.mark.parametrize("blank", ["", "  "])
+def test_an_empty_audience_is_refused(blank: str) -> None:
+    with pytest.raises(ValueError, match="audience= must name the service"):
+        protect(MCPServer("deploy"), make_codec(), audience=blank)
+    with pytest.raises(ValueError, match="audience= must name the service"):
+        fastmcp_adapter.protect(FastMCP("deploy"), make_codec(), audience=blank)
+
+
+def test_an_unnamed_fastmcp_is_refused_naming_audience() -> None:
+    # It warned before; now as the mcp adapter: a generated name differs per process.
+    with pytest.raises(ValueError, match=r"audience=") as info:
         fastmcp_adapter.protect(FastMCP(), make_codec())
-    assert "generated name" in caplog.text
+    assert "FastMCP-" in str(info.value)
+    assert fastmcp_adapter.protect(FastMCP(), make_codec(), audience="deploy").audience == "deploy"
+    assert fastmcp_adapter.protect(FastMCP("deploy"), make_codec()).audience == "deploy"
 
 
 def test_protect_rejects_other_objects() -> None:
@@ -293,6 +323,28 @@ async def test_a_seal_failure_is_an_internal_error_with_nothing_leaked(
     assert (caught.value.code, caught.value.message, caught.value.data) == (-32603, "Internal error", None)
     assert "could not seal requestState on tools/call 'deploy'" in caplog.text
     assert "max_token_bytes" in caplog.text
+
+
+async def test_a_store_outage_reaches_the_client_as_retry_not_invalid() -> None:
+    # Through the official client: a replay store that cannot record the token (a real
+    # MemoryReplayStore full to max_entries) is -32603 "retry the same request", never the
+    # -32602 of a forgery; the token was not consumed, and the same request then redeems.
+    now = [0.0]
+    echo = EchoServer()
+    codec = make_codec(replay=MemoryReplayStore(max_entries=1, clock=lambda: now[0]))
+    protect(echo.server, codec)
+    async with Client(echo.server) as client:
+        first = await call(client, "tools/call")
+        await call(client, "tools/call", first.request_state)  # fills the store
+        second = await call(client, "tools/call", variant="a")
+        with pytest.raises(MCPError) as caught:
+            await call(client, "tools/call", second.request_state)
+        assert caught.value.code == -32603
+        assert caught.value.message.startswith("Temporarily unavailable: retry the same request")
+        assert caught.value.data == {"reason": "temporarily_unavailable"}
+        now[0] += codec.ttl + codec.max_skew + 1
+        assert "plan for deploy" in await call(client, "tools/call", second.request_state)
+    assert echo.received.count(None) == 2 and len(echo.received) == 4  # the refused round never ran
 
 
 async def test_other_methods_pass_untouched() -> None:

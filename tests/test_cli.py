@@ -322,17 +322,22 @@ def test_verify_expired_and_not_yet_valid(keys: str) -> None:
     result = run("verify", token, "--keys", keys, "--at", str(T0 + 600 + 180))
     assert result.exit_code == ExitCode.INVALID
     assert result.stdout.strip() == "INVALID  expired: expired 3m ago (expiry grace 0s)"
-    # Strict by default: the 600th second is the last (ttl 600), the 601st is expired.
-    assert run("verify", token, "--keys", keys, "--at", str(T0 + 600.5)).exit_code == 0
-    assert run("verify", token, "--keys", keys, "--at", str(T0 + 601)).exit_code == ExitCode.INVALID
+    # Strict by default: a TTL is at most its TTL (ttl 600: valid while now < exp).
+    assert run("verify", token, "--keys", keys, "--at", str(T0 + 599.5)).exit_code == 0
+    at_exp = run("verify", token, "--keys", keys, "--at", str(T0 + 600))
+    assert at_exp.exit_code == ExitCode.INVALID
+    assert at_exp.stdout.strip() == "INVALID  expired: expired 0s ago (expiry grace 0s)"
+    assert run("verify", token, "--keys", keys, "--at", str(T0 + 600.5)).exit_code == ExitCode.INVALID
     # The grace is a duration option, and --at takes ISO 8601.
-    graced = ("--at", "2026-07-28T12:12:00Z", "--expiry-grace", "2m")
+    graced = ("--at", "2026-07-28T12:11:59Z", "--expiry-grace", "2m")
     assert run("verify", token, "--keys", keys, *graced).exit_code == 0
     assert run("verify", token, "--keys", keys, *graced, "--max-skew", "1h").exit_code == 0
     assert (
-        run("verify", token, "--keys", keys, "--at", "2026-07-28T12:12:00Z", "--max-skew", "1h").exit_code
+        run("verify", token, "--keys", keys, "--at", "2026-07-28T12:11:59Z", "--max-skew", "1h").exit_code
         == ExitCode.INVALID
     )
+    at_grace_end = ("--at", "2026-07-28T12:12:00Z", "--expiry-grace", "2m")
+    assert run("verify", token, "--keys", keys, *at_grace_end).exit_code == ExitCode.INVALID
     # --max-skew: issued up to that far in the future.
     doc = run_json("verify", token, "--keys", keys, "--at", str(T0 - 61))
     assert doc["error"]["reason"] == "not_yet_valid" and "60s skew allowance" in doc["error"]["message"]
@@ -375,8 +380,10 @@ def test_inspect_and_verify_show_the_flow(keys: str, ring: KeyRing) -> None:
     assert (tight["error"]["reason"], tight["round"]) == ("round_limit", 3)
     old = run_json("verify", tokens[2], "--keys", keys, "--at", str(T0 + 62), "--max-flow-age", "61s")
     assert old["error"]["reason"] == "flow_expired"
+    at_end = run_json("verify", tokens[2], "--keys", keys, "--at", str(T0 + 62), "--max-flow-age", "62s")
+    assert at_end["error"]["reason"] == "flow_expired"  # a flow ends like a token: at its end
     assert (
-        run("verify", tokens[2], "--keys", keys, "--at", str(T0 + 62), "--max-flow-age", "62s").exit_code == 0
+        run("verify", tokens[2], "--keys", keys, "--at", str(T0 + 62), "--max-flow-age", "63s").exit_code == 0
     )
 
 
@@ -640,3 +647,23 @@ def test_schema_rejects_what_the_cli_must_not_print() -> None:
     ):
         with pytest.raises(jsonschema.ValidationError):
             VALIDATOR.validate(bad)
+
+
+def test_verify_principal_is_the_compact_json_the_adapters_bind(ring: KeyRing, keys: str) -> None:
+    # A token sealed by protect() for an OAuth access token is bound to the compact JSON
+    # [client_id, issuer, subject]; --help says so, and only that exact text verifies.
+    from statecodec.adapters.jsonrpc import binding_for, principal_string  # noqa: PLC0415
+
+    bound = principal_string("deploy-cli", "https://idp.example", "alice")
+    assert bound == '["deploy-cli","https://idp.example","alice"]'
+    binding = binding_for("tools/call", {"name": "book"}, principal=bound, audience="svc")
+    token = StateCodec(ring, clock=lambda: T0).seal(b"{}", binding)
+    base = ("verify", token, "--keys", keys, "--at", str(T0), "--audience", "svc", "--arguments", "{}")
+    assert run(*base, "--method", "tools/call", "--target", "book", "--principal", bound).exit_code == 0
+    spaced = '["deploy-cli", "https://idp.example", "alice"]'  # json.dumps' default separators
+    doc = run_json(*base, "--method", "tools/call", "--target", "book", "--principal", spaced)
+    assert doc["error"]["reason"] == "binding_mismatch"
+    help_text = " ".join(run("verify", "--help").stdout.split())
+    example = principal_string("app", "https://idp.example", "alice")
+    assert f"compact JSON [client_id, issuer, subject], no spaces: '{example}'" in help_text
+    assert example in (ROOT / "docs" / "cli.md").read_text(encoding="utf-8")

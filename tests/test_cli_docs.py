@@ -9,8 +9,8 @@ import pytest
 from click.testing import CliRunner
 
 from statecodec.cli import main
-from statecodec.cli._docs import render
 from statecodec.cli._exit import EXIT_CODES
+from tools.cli_docs import render
 
 ROOT = Path(__file__).resolve().parent.parent
 DOC = ROOT / "docs" / "cli.md"
@@ -18,7 +18,7 @@ DOC = ROOT / "docs" / "cli.md"
 
 def test_committed_reference_matches_the_app() -> None:
     assert DOC.read_text(encoding="utf-8") == render(main), (
-        "docs/cli.md is stale: regenerate it with `python -m statecodec.cli._docs > docs/cli.md`"
+        "docs/cli.md is stale: regenerate it with `python tools/cli_docs.py > docs/cli.md`"
     )
 
 

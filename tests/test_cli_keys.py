@@ -7,6 +7,7 @@ Vault is a loopback port where nothing listens.
 from __future__ import annotations
 
 import json
+import os
 import re
 import stat
 import time
@@ -94,6 +95,50 @@ def test_generate_writes_0600_and_never_overwrites_without_force(tmp_path: Path)
 def test_generate_into_a_missing_directory_is_an_io_error(tmp_path: Path) -> None:
     doc = run_json("keys", "generate", "-o", str(tmp_path / "nope" / "keys.json"))
     assert doc["exit_code"] == ExitCode.IO and "No such file or directory" in doc["error"]["message"]
+
+
+def _unreadable_key_paths(tmp_path: Path) -> dict[str, Path]:
+    """Key paths that no retry can make readable (root reads a chmod-000 file, so not that)."""
+    a_file = tmp_path / "a-file"
+    a_file.write_text("{}")
+    loop = tmp_path / "loop.json"
+    loop.symlink_to(loop)
+    return {
+        "a directory": tmp_path,
+        "missing": tmp_path / "missing.json",
+        "through a file": a_file / "keys.json",
+        "a symlink loop": loop,
+    }
+
+
+@pytest.mark.parametrize("command", [["keys", "list"], ["verify", "sc1s.AAAA"]], ids=["keys-list", "verify"])
+def test_a_key_file_that_is_a_directory_missing_or_unreadable_is_configuration(
+    tmp_path: Path, command: list[str]
+) -> None:
+    # Exit 3 (fix the configuration), never 7 (unreachable, retry later): a scheduler would
+    # retry a directory given as --keys forever.
+    for what, path in _unreadable_key_paths(tmp_path).items():
+        doc = run_json(*command, "--keys", f"file:{path}")
+        assert doc["exit_code"] == ExitCode.KEYS, (what, doc)
+        assert doc["error"]["message"].startswith(f"file:{path}: "), doc
+    assert (
+        "is a directory; give the path of the key file in it"
+        in run_json(*command, "--keys", f"file:{tmp_path}")["error"]["message"]
+    )
+
+
+def test_a_read_a_retry_can_cure_is_key_source_down(tmp_path: Path) -> None:
+    # The other side of the rule, on the same code path: an I/O error of a network file
+    # system (EIO, ESTALE, ETIMEDOUT) is the source being down: exit 7. A real EIO cannot be
+    # produced without a broken device or a FUSE mount, so the classification is checked.
+    import errno  # noqa: PLC0415
+
+    from statecodec.kms._local import _read_failure  # noqa: PLC0415
+
+    for transient in (errno.EIO, errno.ESTALE, errno.ETIMEDOUT):
+        assert _read_failure(OSError(transient, os.strerror(transient))) == "unreachable"
+    for permanent in (errno.ENOTDIR, errno.ELOOP, errno.ENAMETOOLONG, errno.EISDIR, errno.EINVAL):
+        assert _read_failure(OSError(permanent, os.strerror(permanent))) == "config"
 
 
 def test_generate_rejects_a_bad_kid() -> None:
@@ -328,3 +373,20 @@ def test_the_shipped_policies_run_list_rotate_and_retire(
         assert denied["exit_code"] == ExitCode.KEYS, denied  # a permission problem: fix, not retry
         assert "permission denied" in denied["error"]["message"]
     assert root.secrets.transit.read_key(name)["data"]["latest_version"] == 2
+
+
+def test_retire_now_plans_a_cut_without_the_wait(tmp_path: Path) -> None:
+    now = int(time.time())
+    ring = KeyRing([Key.generate("a", created_at=now - 9000), Key.generate("b", created_at=now - 5000)], "b")
+    spec = write_ring(tmp_path / "keys.json", ring)
+    doc = run_json("keys", "retire", "b", "--keys", spec, "--now", "--dry-run")
+    assert doc["exit_code"] == 0 and doc["at_once"] is True and doc["wait"] == 0 and doc["successor_in"] > 0
+    human = run("keys", "retire", "b", "--keys", spec, "--now", "--dry-run").stdout
+    assert "cut at once (--now)" in " ".join(human.split())
+    assert "honest rounds minted with b meanwhile fail" in " ".join(human.split())
+    done = run_json("keys", "retire", "b", "--keys", spec, "--now", "--yes")
+    assert (
+        done["changed"] is True
+        and done["wait"] == 0
+        and "b" not in KeyRing.from_json((tmp_path / "keys.json").read_text()).kids
+    )

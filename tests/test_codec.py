@@ -390,24 +390,63 @@ def test_binding_tag_is_not_readable() -> None:
 # ------------------------------------------------------------------ time edges
 @pytest.mark.parametrize("mode", MODES)
 def test_expiry_is_strict_by_default(mode: sc.Mode) -> None:
-    # Whole seconds, like the token's times: accepted while floor(now) <= exp. A TTL of 600
-    # means the 600th second after iat is the last one (a fractional now inside it too).
+    # A TTL means at most its TTL: accepted while now < exp, as JWT's exp and both MCP SDKs
+    # have it (they reject at now >= exp). The exact edges: exp - epsilon, exp, exp + epsilon.
     codec = _codec(mode, ttl=600)
     assert (codec.max_skew, codec.expiry_grace) == (60, 0)
     token = _at(codec, T0).seal(b"x", FULL)
     exp = T0 + 600
-    for now in (T0, exp - 1, exp, exp + 0.5, exp + 0.999):
-        assert _at(codec, now).unseal(token, FULL).payload == b"x", now
-    for now in (exp + 1, exp + 1.001, exp + 59, exp + 10**6):
+    for now in (T0, exp - 1, exp - 0.5, exp - 0.001):
+        assert _at(codec, now).unseal(token, FULL, consume=False).payload == b"x", now
+    for now in (exp, exp + 0.001, exp + 0.5, exp + 0.999, exp + 1, exp + 59, exp + 10**6):
         assert _reason(codec, token, now=now) == "expired", now
+
+
+def test_an_empty_key_ring_is_refused_at_construction() -> None:
+    # As the SDK refuses a codec without keys: at construction, not at the first seal.
+    with pytest.raises(ValueError, match="the key ring has no keys"):
+        sc.StateCodec(sc.KeyRing([]))
+    with pytest.raises(ValueError, match="the key ring has no keys"):
+        sc.StateCodec(sc.KeyRing([]), mode="encrypt")
+    # A ring that only verifies (no primary) still builds: `statecodec verify` uses one.
+    verify_only = sc.KeyRing([sc.Key("k1", bytes(32))])
+    assert sc.StateCodec(verify_only).keys is verify_only
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_a_ttl_is_at_most_its_ttl_as_the_sdks_state_it(mode: sc.Mode) -> None:
+    # The two cases of issue 29, from the official SDKs' requestState tests: with ttl=600 a
+    # token minted at T0 is refused at T0 + 600.5; with ttl=1 one minted at T0 + 2.0 is
+    # refused at T0 + 3.1. Both through the injected clock, as the SDKs' tests do.
+    clock = Clock(T0)
+    codec = _codec(mode, clock=clock, ttl=600)
+    token = codec.seal(b"x", FULL)
+    clock.now = T0 + 600.5
+    with pytest.raises(sc.InvalidState) as info:
+        codec.unseal(token, FULL)
+    assert info.value.reason == "expired"
+    short = _codec(mode, clock=clock, ttl=1)
+    clock.now = T0 + 2.0
+    token = short.seal(b"y", FULL)
+    clock.now = T0 + 2.999
+    assert short.unseal(token, FULL, consume=False).payload == b"y"
+    clock.now = T0 + 3.1
+    with pytest.raises(sc.InvalidState) as info:
+        short.unseal(token, FULL)
+    assert info.value.reason == "expired"
+    # Minted late in a second, a token lives less than its TTL, never more: iat is floor(now).
+    clock.now = T0 + 2.9
+    late = short.seal(b"z", FULL)
+    assert _reason(short, late, now=T0 + 3.0) == "expired"
 
 
 @pytest.mark.parametrize("mode", MODES)
 def test_expiry_grace_extends_expiry_and_nothing_else(mode: sc.Mode) -> None:
     codec = _codec(mode, ttl=10, max_skew=0, expiry_grace=30)
     token = _at(codec, T0).seal(b"x", FULL)
-    assert _at(codec, T0 + 40.999).unseal(token, FULL).payload == b"x"  # exp + grace
-    assert _reason(codec, token, now=T0 + 41) == "expired"
+    assert _at(codec, T0 + 39.999).unseal(token, FULL).payload == b"x"  # just before exp + grace
+    assert _reason(codec, token, now=T0 + 40) == "expired"  # exp + grace
+    assert _reason(codec, token, now=T0 + 40.001) == "expired"
     assert _reason(codec, token, now=T0 - 1) == "not_yet_valid"  # no skew allowance from the grace
     detail = _detail(codec, token, now=T0 + 100)
     assert detail == "expired 1m30s ago (expiry grace 30s)"
@@ -426,7 +465,7 @@ def test_issued_in_the_future(mode: sc.Mode) -> None:
     assert _at(strict, T0).unseal(token, FULL).payload == b"x"
     assert _reason(strict, token, now=T0 - 0.5) == "not_yet_valid"
     # The skew allowance never extends expiry: that is the grace's job.
-    assert _reason(_codec(mode, max_skew=3600), token, now=T0 + 601) == "expired"
+    assert _reason(_codec(mode, max_skew=3600), token, now=T0 + 600) == "expired"
 
 
 def test_the_order_of_checks() -> None:
@@ -521,10 +560,10 @@ def test_second_unseal_is_replayed(mode: sc.Mode) -> None:
     codec = _codec(mode, replay=store, namespace="deploy", max_skew=60, expiry_grace=5)
     token = _at(codec, T0).seal(b"x", FULL)
     opened = _at(codec, T0 + 0.25).unseal(token, FULL)
-    # This codec accepts it while now < exp + grace + 1; an instance whose clock lags by up
-    # to max_skew, until max_skew later. The store gets that as a retention from now, to
+    # This codec accepts it while now < exp + grace; an instance whose clock lags by up to
+    # max_skew, until max_skew later. The store gets that as a retention from now, to
     # measure on its own clock.
-    assert store.calls == [(f"deploy:{opened.token_id}", 600 + 5 + 1 + 60 - 0.25)]
+    assert store.calls == [(f"deploy:{opened.token_id}", 600 + 5 + 60 - 0.25)]
     with pytest.raises(sc.InvalidState) as info:
         _at(codec, T0 + 1).unseal(token, FULL)
     assert info.value.reason == "replayed"
@@ -614,11 +653,11 @@ async def test_time_enters_only_through_the_clock() -> None:
     codec = _codec(clock=clock, ttl=600)
     token = codec.seal(b"x", FULL)
     assert codec.verify_unbound(token).issued_at == T0  # truncated to the whole second
-    clock.now = T0 + 600.9  # the last accepted second, for every entry point
+    clock.now = T0 + 599.9  # the last accepted instants, for every entry point
     assert codec.unseal(token, FULL, consume=False).payload == b"x"
     assert (await codec.aunseal(token, FULL, consume=False)).payload == b"x"
     assert codec.verify_unbound(token).payload == b"x"
-    clock.now = T0 + 601
+    clock.now = T0 + 600  # exp: expired
     for attempt in (lambda: codec.unseal(token, FULL), lambda: codec.verify_unbound(token)):
         with pytest.raises(sc.InvalidState, match="expired"):
             attempt()

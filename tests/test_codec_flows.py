@@ -124,18 +124,19 @@ def test_a_flow_older_than_max_flow_age_is_refused_though_its_token_is_fresh(mod
     # A round's token never outlives its flow: 300 s asked, 100 s left.
     assert _format.parse(second, 8192).expires_at == T0 + 600
     opened = strict.unseal(second, BOUND)
-    _clock(strict).now = T0 + 601
+    _clock(strict).now = T0 + 600
     with pytest.raises(sc.FlowBudgetExceeded) as info:
         strict.seal(b"r3", BOUND, parent=opened)
     assert info.value.reason == "flow_expired"
-    # A looser instance mints a fresh round 3 at T0 + 601: the strict one refuses it.
+    # A looser instance mints a fresh round 3 at T0 + 600: the strict one refuses it (a flow
+    # ends like a token: at start + max_flow_age).
     fresh = loose.seal(b"r3", BOUND, parent=opened)
-    assert _format.parse(fresh, 8192).issued_at == T0 + 601
+    assert _format.parse(fresh, 8192).issued_at == T0 + 600
     exc = _reason(strict, fresh)
     assert exc.reason == "flow_expired" and exc.round == 3
-    # At T0 + 600 (the last second of the flow) it was still fine.
-    _clock(strict).now = T0 + 600.5
-    assert strict.unseal(fresh, BOUND).round == 3
+    # Just before the flow's end, a round minted then is still fine.
+    _clock(strict).now = T0 + 599.5
+    assert strict.unseal(loose.seal(b"r3", BOUND, parent=opened), BOUND).round == 3
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -244,3 +245,26 @@ def test_every_reason_is_documented_and_in_the_cli_schema() -> None:
     for reason in sc.REASONS:
         assert f"`{reason}`" in table, reason
         assert reason in listed, reason
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_a_replay_rejection_names_its_flow_and_round(mode: sc.Mode, caplog: pytest.LogCaptureFixture) -> None:
+    # Operators correlate rejections by flow: a replayed round says which flow it was
+    # (it was logged flow=-), in the exception and in the boundary's log record.
+    import asyncio  # noqa: PLC0415
+    import logging  # noqa: PLC0415
+
+    from statecodec.adapters import jsonrpc  # noqa: PLC0415
+
+    codec = _codec(mode, replay=MemoryReplayStore())
+    first = codec.unseal(codec.seal(b"r1", BOUND), BOUND)
+    second = codec.seal(b"r2", BOUND, parent=first)
+    codec.unseal(second, BOUND)
+    exc = _reason(codec, second)
+    assert (exc.reason, exc.flow_id, exc.round) == ("replayed", first.flow_id, 2)
+    params = {"name": BOUND.target, "requestState": second}
+    with caplog.at_level(logging.WARNING, logger="statecodec"), pytest.raises(jsonrpc.WireError):
+        asyncio.run(jsonrpc.judge_request(codec, "tools/call", params, lambda: BOUND))
+    (record,) = [r for r in caplog.records if getattr(r, "reason", None) == "replayed"]
+    assert f"flow={first.flow_id[:8]} round=2" in record.getMessage()
+    assert record.flow_id == first.flow_id[:8] and record.round == 2  # 8 hex digits, as token ids

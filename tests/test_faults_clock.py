@@ -64,12 +64,13 @@ def test_no_false_rejection_within_the_skew(world: World, minter_skew: int, veri
     a, b = world.instance(minter_skew), world.instance(verifier_skew)
     first, last = a.seal(b"1", BINDING), a.seal(b"2", BINDING)
     assert b.unseal(first, BINDING).payload == b"1"  # the moment it was minted
-    # The last second of its life on the verifier's own clock: expiry is judged there, strictly.
-    world.true_time = T0 + minter_skew + TTL - verifier_skew
+    # Just before exp on the verifier's own clock: expiry is judged there, strictly.
+    at_exp = T0 + minter_skew + TTL - verifier_skew
+    world.true_time = at_exp - 0.5
     assert b.unseal(last, BINDING).payload == b"2"
-    world.true_time += 1
+    world.true_time = at_exp
     with pytest.raises(InvalidState, match="expired"):
-        b.unseal(last, BINDING)  # a second later: expired (judged before the store)
+        b.unseal(last, BINDING)  # at exp: expired (judged before the store)
 
 
 @pytest.mark.parametrize(("minter_skew", "verifier_skew"), PAIRS_WITHIN)
@@ -81,7 +82,7 @@ def test_an_expiry_grace_of_max_skew_keeps_every_token_its_whole_ttl(
     world = World(Mode.SIGN, expiry_grace=MAX_SKEW)
     a, b = world.instance(minter_skew), world.instance(verifier_skew)
     token = a.seal(b"x", BINDING)
-    world.true_time = T0 + TTL  # the minter's exp, in true time, give or take its skew
+    world.true_time = T0 + TTL - 0.5  # just before the minter's exp, in true time
     assert b.unseal(token, BINDING).payload == b"x"
 
 
@@ -99,7 +100,7 @@ def test_minter_ahead_beyond_the_skew_is_not_yet_valid(world: World, beyond: int
 @pytest.mark.parametrize("ahead", [1, 30, MAX_SKEW, TTL])
 def test_a_verifier_ahead_sees_the_token_expire_on_its_own_clock(world: World, ahead: int) -> None:
     token = world.instance(0).seal(b"x", BINDING)
-    world.true_time += TTL + 1 - ahead  # one second past exp on the verifier's clock
+    world.true_time += TTL - ahead  # exp on the verifier's clock: a TTL is at most its TTL
     with pytest.raises(InvalidState) as info:
         world.instance(ahead).unseal(token, BINDING)
     assert info.value.reason == "expired"
@@ -117,7 +118,7 @@ def test_no_second_redemption_on_an_instance_whose_clock_is_behind(grace: int, b
     a, b = world.instance(0), world.instance(-behind)
     token = a.seal(b"once", BINDING)
     a.unseal(token, BINDING)
-    world.true_time = T0 + TTL + grace  # A's last second of acceptance
+    world.true_time = T0 + TTL + grace - 1  # A's last second of acceptance
     for _ in range(behind + 2):
         world.true_time += 1
         with pytest.raises(InvalidState) as info:

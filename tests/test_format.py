@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from statecodec import InvalidState
+from statecodec import InvalidState, KeyRing, StateCodec
 from statecodec import _format as fmt
 
 TID = bytes(range(16))
@@ -235,3 +235,28 @@ def test_parse_raises_only_invalid_state(text: str) -> None:
             fmt.parse(candidate, 8192)
         except InvalidState as exc:
             assert exc.reason in {"malformed", "unsupported_version", "too_large"}
+
+
+def test_a_truncated_token_is_said_to_look_cut_short() -> None:
+    # A token cut anywhere when copied: the reader is told it looks cut short, not about
+    # base64url lengths (4n+1 characters) or header sizes.
+    codec = StateCodec(KeyRing.generate("k1"))
+    token = codec.seal(b"state", None)
+    for cut in range(6, len(token)):
+        text = token[:cut]
+        with pytest.raises(InvalidState) as info:
+            codec.unseal(text, None)
+        if (cut - 5) % 4 == 1:
+            assert info.value.detail.startswith("the token looks cut short"), (cut, info.value.detail)
+            assert "was it truncated?" in info.value.detail
+        assert "impossible" not in info.value.detail
+    # Decodable but shorter than header and tag: the same words.
+    assert _detail_of(codec, "sc1s." + fmt.b64encode(fmt.b64decode(token[5:])[:40])).startswith(
+        "the token looks cut short"
+    )
+
+
+def _detail_of(codec: StateCodec, token: str) -> str:
+    with pytest.raises(InvalidState) as info:
+        codec.unseal(token, None)
+    return info.value.detail

@@ -195,12 +195,12 @@ def test_rotation_in_three_phases() -> None:
     new_token = sc.StateCodec(promoted, clock=lambda: 1000).seal(b"after", None)
     assert sc.StateCodec(published, clock=lambda: 1000).unseal(new_token, None).kid == "next"
     assert sc.StateCodec(promoted, clock=lambda: 1000).unseal(old_token, None).kid == "new"
-    # Accepted through the second exp (grace 0): retire from exp + 1 on.
-    retired = promoted.retire("new", 1000 + 600 + 1)
-    now = [1000 + 600.5]
+    # Accepted while now < exp (grace 0): retire from exp on.
+    retired = promoted.retire("new", 1000 + 600)
+    now = [1000 + 599.5]
     codec = sc.StateCodec(retired, clock=lambda: now[0])
     assert codec.unseal(old_token, None).payload == b"before"
-    now[0] = 1000 + 600 + 1
+    now[0] = 1000 + 600
     with pytest.raises(sc.InvalidState) as info:
         codec.unseal(old_token, None)
     assert info.value.reason == "unknown_key"  # the kid is judged before the times

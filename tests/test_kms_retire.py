@@ -344,3 +344,44 @@ def test_transit_hmac_keys_cannot_be_planned(vault_env: OpenBao) -> None:
     with pytest.raises(KeySourceError, match="record no creation times") as info:
         retire(f"vault-transit:transit/{name}", f"{name}-v1", timeline=TL, dry_run=True)
     assert info.value.kind == "unsupported"
+
+
+def test_retire_now_cuts_the_primary_at_once_and_the_plan_says_what_fails(tmp_path: Path) -> None:
+    # After a leak the wait for the successor (promotion delay + skew) is exposure: --now
+    # cuts at once. The successor is still made; tokens minted with the key fail at once.
+    path = tmp_path / "ring.json"
+    now = time.time()
+    a, b = Key.generate("a", created_at=int(now) - 200), Key.generate("b", created_at=int(now) - 100)
+    path.write_text(KeyRing([a, b], "b").to_json())
+    manager = KeyManager(FileSource(path), **TIMING)
+    manager.start()
+    try:
+        codec = StateCodec(manager)
+        leaked = codec.seal(b"minted with b", None)
+        assert codec.unseal(leaked, None).kid == "b"
+        plan = retire(f"file:{path}", "b", timeline=TL, dry_run=True, at_once=True)
+        assert plan.at_once and plan.wait == 0 and plan.new_key
+        assert 0 < plan.successor_in <= TL.promotion_delay + TL.max_skew
+        text = str(plan)
+        assert "cut at once (--now)" in text and "honest rounds minted with b meanwhile fail" in text
+
+        def no_waiting(seconds: float) -> None:
+            raise AssertionError(f"--now must not wait ({seconds}s)")
+
+        started = time.time()
+        report = retire(f"file:{path}", "b", timeline=TL, at_once=True, sleep=no_waiting)
+        assert report.at_once and report.cut_at is not None and report.cut_at - started < 2
+        assert report.wait == 0 and report.successor is not None
+        stored = KeyRing.from_json(path.read_text())
+        assert set(stored.kids) == {"a", report.successor}
+        deadline = time.monotonic() + TL.max_refresh_gap + REFRESH_SLACK
+        while True:  # every service drops it at its next refresh
+            try:
+                codec.unseal(leaked, None)
+            except InvalidState as exc:
+                assert exc.reason == "unknown_key"
+                break
+            assert time.monotonic() < deadline, "the retired key still verifies"
+            time.sleep(0.05)
+    finally:
+        manager.stop()

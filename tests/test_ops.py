@@ -117,6 +117,28 @@ def test_a_store_that_does_not_answer_fails_readiness_with_its_reason() -> None:
         time.sleep(0.01)
 
 
+def test_a_store_that_refuses_is_not_ready_at_its_next_check_not_after_max_silence() -> None:
+    # A refusal (connection refused) is not silence: every redemption fails now, so the
+    # instance is not ready as soon as a check sees it, though it answered moments ago.
+    now = [1000.0]
+    store = FailingStore()
+    store.down = False
+    health = ops.Health(KeyRing.generate("k1"), store, interval=1, max_silence=5, clock=lambda: now[0])
+    assert health.check().ready
+    store.down = True
+    now[0] += 0.5
+    assert health.check().ready  # not asked again within the interval: the answer 0.5 s ago stands
+    now[0] += 0.5
+    refused = health.check()  # asked (1 s since the last check), refused: not ready, 4 s before max_silence
+    assert not refused.ready and refused.failing == ["replay_store"]
+    detail = refused.checks["replay_store"].detail
+    assert detail.startswith("the failing replay store failed its last check: connection refused")
+    assert "(last answer 1.0s ago)" in detail
+    store.down = False
+    now[0] += 1
+    assert health.check().ready  # and ready again at the first check it answers
+
+
 def test_store_is_asked_at_most_once_per_interval() -> None:
     store = FailingStore()
     health = ops.Health(KeyRing.generate("k1"), store, interval=60, max_silence=60)

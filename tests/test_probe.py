@@ -46,7 +46,7 @@ from statecodec.probe._mutate import (
     payload_swapped,
     truncated,
 )
-from statecodec.probe._table import render
+from tools.probe_table import render
 
 VALIDATOR = jsonschema.Draft202012Validator(json.loads((ROOT / "docs" / "cli-schema.json").read_text()))
 PLAN = {"version": "1.2.3", "plan_id": "ab12cd34", "steps": ["canary", "roll"], "retries": 3}
@@ -586,6 +586,35 @@ def test_a_hostile_server_gets_verdicts_not_a_crash(
     assert tampered["verdict"] == "FAIL" and tampered["evidence"]["outcome"] == outcome, tampered
     assert detail in tampered["evidence"]["detail"]
     assert {a["evidence"]["outcome"] for a in checks["garbage"]["attempts"]} == {outcome}
+
+
+@pytest.mark.parametrize("misbehaving", ["garbage", "flood", "html"], indirect=True)
+def test_hostile_answers_print_no_sdk_traceback(misbehaving: Misbehaving) -> None:
+    # The real command in its own process, as a user runs it: the mcp SDK logs an ERROR
+    # with a traceback for each answer it cannot parse, which Python printed on stderr.
+    # The verdicts stay those of test_a_hostile_server_gets_verdicts_not_a_crash.
+    command = [
+        sys.executable, "-m", "statecodec.cli", "probe", misbehaving.url, "--tool", "deploy",
+        "--timeout", "30s", "--i-understand-side-effects", "--only", "readable,tamper,replay,garbage",
+    ]  # fmt: skip
+    for output in ("--json", None):
+        proc = subprocess.run(
+            [*command, *([output] if output else [])],
+            capture_output=True, text=True, timeout=300, cwd=ROOT,
+        )  # fmt: skip
+        for sdk_noise in ("Traceback", "Error parsing JSON response", "Unexpected content type"):
+            assert sdk_noise not in proc.stderr, proc.stderr
+        if output == "--json":
+            assert proc.stderr == ""
+            doc = json.loads(proc.stdout)
+            if misbehaving.mode == "html":
+                assert doc["exit_code"] == 8 and "is not an MCP server" in doc["error"]["message"]
+            else:
+                assert doc["exit_code"] == 1 and doc["error"]["message"].startswith("3 of 4 checks failed")
+                tamper = next(c for c in doc["checks"] if c["check"] == "tamper")
+                assert tamper["attempts"][0]["evidence"]["outcome"] == "no_answer"
+        else:
+            assert proc.stderr.strip() == "" or proc.stderr.startswith("statecodec: error: "), proc.stderr
 
 
 @pytest.mark.parametrize("misbehaving", ["escapes"], indirect=True)

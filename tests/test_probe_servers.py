@@ -39,7 +39,7 @@ from processes import ROOT, await_line, spawn, stop
 
 from statecodec import KeyRing
 from statecodec.probe import CHECKS
-from statecodec.probe._table import render
+from tools.probe_table import render
 
 pytestmark = pytest.mark.node
 

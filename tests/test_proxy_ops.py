@@ -188,16 +188,27 @@ def test_readyz_turns_503_when_valkey_dies_and_200_when_it_is_back(watched: Watc
     before = watched.metrics()
     watched.valkey.kill()  # SIGKILL by PID: the store is gone without a word
     try:
-        until(lambda: readyz().status_code == 503, "/readyz reports the dead store")
-        document = readyz().json()
+        # The first probe once the readiness interval (1 s) has passed since the last check
+        # asks the store, which refuses the connection: not ready at once, not after the
+        # 5 s of silence allowed to a store that hangs (while saying "answered 2.7s ago").
+        time.sleep(1.1)
+        first = readyz()
+        assert first.status_code == 503, first.text
+        document = first.json()
         assert document["ready"] is False and document["failing"] == ["replay_store"]
         assert document["checks"]["keys"]["ok"] is True
-        assert "redis replay store has not answered" in document["checks"]["replay_store"]["detail"]
+        detail = document["checks"]["replay_store"]["detail"]
+        assert "redis replay store failed its last check" in detail and "last answer" in detail, detail
         assert httpx.get(f"{watched.admin}/livez", timeout=30).status_code == 200  # alive, not ready
         # Meanwhile a second round is refused unconsumed, and counted.
         token = call(watched.url, {})["result"]["requestState"]
         refused = call(watched.url, {"inputResponses": ANSWERS, "requestState": token}, 2)
-        assert refused["error"]["code"] == -32602
+        # Not the -32602 of a forgery: -32603, asking for the same request again.
+        assert refused["error"] == {
+            "code": -32603,
+            "message": "Temporarily unavailable: retry the same request (its requestState was not consumed)",
+            "data": {"reason": "temporarily_unavailable"},
+        }
         after = watched.metrics()
         assert delta(after, before, "statecodec_replay_store_errors_total") == 1
         assert delta(after, before, "statecodec_unseals_total", outcome="store_unavailable") == 1
@@ -233,6 +244,7 @@ def test_it_exits_before_listening_when_it_cannot_start(tmp_path: Path, log_form
     vault_down = {"VAULT_ADDR": f"http://127.0.0.1:{_closed_port()}", "VAULT_TOKEN": "s.test"}
     cases = [
         (3, ["--keys", f"file:{tmp_path / 'missing.json'}", "--replay", "memory:"], None, "keys init"),
+        (3, ["--keys", f"file:{tmp_path}", "--replay", "memory:"], None, "is a directory"),
         (4, ["--keys", keys, "--replay", unreachable_store], None, "is the --replay URL right?"),
         (7, ["--keys", "vault-transit:transit/statecodec", "--replay", "memory:"], vault_down, "VAULT_ADDR"),
     ]
@@ -249,3 +261,75 @@ def test_it_exits_before_listening_when_it_cannot_start(tmp_path: Path, log_form
             assert all(json.loads(each) for each in err.splitlines())  # every stderr line is JSON
         else:
             assert line.startswith("statecodec: error: ") and fix in line
+
+
+# ------------------------------------------------------------------ timeline, shutdown, workers
+def _json_records(log_path: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in log_path.read_text(encoding="utf-8").splitlines() if line.strip()]
+
+
+def test_the_proxy_takes_the_key_timeline_and_logs_its_shutdown_on_sigterm(tmp_path: Path) -> None:
+    # docs/keys.md tells operators to shorten the refresh interval in an emergency: the
+    # proxy takes it (and the staleness limit) as `keys rotate` does; and a SIGTERM it
+    # obeys says so in the log, so a stop is not mistaken for a crash.
+    log_path = tmp_path / "proxy.log"
+    command = proxy_command(
+        "http://127.0.0.1:9/mcp", keys=keys_file(tmp_path), replay="memory:", mode="sign", jwks=None,
+        extra=["--admin-listen", "127.0.0.1:0", "--log-format", "json",
+               "--refresh-interval", "7s", "--staleness-limit", "30s"],
+    )  # fmt: skip
+    proc = spawn(command, log_path)
+    try:
+        admin = await_line(proc, "admin on ", log_path)
+        await_line(proc, "listening on ", log_path)
+        text = httpx.get(f"{admin}/metrics", timeout=30).text
+        gauges = {s.name: s.value for f in text_string_to_metric_families(text) for s in f.samples}
+        assert gauges["statecodec_key_refresh_interval_seconds"] == 7
+    finally:
+        code = stop(proc)  # SIGTERM by PID
+    assert code == 0
+    (stopped,) = [r for r in _json_records(log_path) if r.get("event") == "proxy_stopped"]
+    assert stopped["signal"] == "SIGTERM" and stopped["level"] == "INFO" and stopped["workers"] == 1
+    assert "proxy stopped on SIGTERM" in stopped["message"]
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        (["--refresh-interval", "0s"], "key timeline"),
+        (["--staleness-limit", "0s"], "key timeline"),
+    ],
+)
+def test_an_impossible_key_timeline_is_a_usage_error(
+    tmp_path: Path, options: list[str], message: str
+) -> None:
+    code, out, err = _start(
+        ["--keys", f"file:{keys_file(tmp_path)}", "--replay", "memory:", *options], tmp_path
+    )
+    assert code == 2 and out == "" and message in err, err
+
+
+def test_two_workers_print_each_start_up_warning_once(tmp_path: Path) -> None:
+    # The supervisor and each worker load the keys; the key file's mode warning (and the
+    # key-minting note) came three times with --workers 2. Now once, from the supervisor.
+    keys = keys_file(tmp_path)
+    keys.chmod(0o644)  # readable by others: the start-up warning under test
+    log_path = tmp_path / "proxy.log"
+    command = proxy_command(
+        "http://127.0.0.1:9/mcp", keys=keys, replay=f"sqlite:{tmp_path / 'replay.db'}", mode="sign",
+        jwks=None, extra=["--workers", "2", "--log-format", "json"],
+    )  # fmt: skip
+    proc = spawn(command, log_path)
+    try:
+        await_line(proc, "listening on ", log_path)
+    finally:
+        code = stop(proc)
+    assert code == 0
+    records = _json_records(log_path)
+    events = [r.get("event") for r in records]
+    assert events.count("key_file_exposed") == 1, events
+    started = [r for r in records if r.get("message", "").startswith("minting with key")]
+    assert len(started) == 1, started
+    assert events.count("proxy_started") == 1
+    (stopped,) = [r for r in records if r.get("event") == "proxy_stopped"]
+    assert stopped["signal"] == "SIGTERM" and stopped["workers"] == 2

@@ -154,8 +154,8 @@ def test_entries_outlive_the_token_and_then_go(tmp_path: Path) -> None:
     opened = codec.unseal(codec.seal(b"t", ALICE), ALICE)
     with sqlite3.connect(tmp_path / "r.db") as conn:
         (expires_at,) = conn.execute("SELECT expires_at FROM statecodec_replay").fetchone()
-    # Accepted here while now < exp + grace + 1, and max_skew longer by an instance behind.
-    last_acceptance = opened.expires_at + 2 + 1 + 5
+    # Accepted here while now < exp + grace, and max_skew longer by an instance behind.
+    last_acceptance = opened.expires_at + 2 + 5
     assert expires_at >= last_acceptance
     # ...measured from the store's reading of the host clock, a moment after the codec's.
     assert expires_at <= last_acceptance + 1
@@ -201,8 +201,8 @@ async def test_single_use_does_not_depend_on_the_codec_and_store_clocks_agreeing
         opened = codec.unseal(token, ALICE)
         assert _reason(codec.unseal, token, ALICE) == "replayed"
         assert await _areason(codec, token, ALICE) == "replayed"
-        # Until no instance accepts it: exp + expiry_grace (0) + 1 + max_skew on this clock.
-        needed = opened.expires_at + 1 + MAX_SKEW - (time.time() + offset)
+        # Until no instance accepts it: exp + expiry_grace (0) + max_skew on this clock.
+        needed = opened.expires_at + MAX_SKEW - (time.time() + offset)
         remembered = _remembered_for(store, f"default:{opened.token_id}")
         assert needed - 1 <= remembered <= needed + 1
     token = codec.seal(b"async", ALICE)

@@ -178,9 +178,13 @@ def _ref_binding_encoded(doc: dict[str, Any] | None) -> bytes:
 
 
 def _ref_times_valid(iat: int, exp: int, case: dict[str, Any]) -> bool:
-    """Steps 10-11 of docs/format.md: whole seconds, compared with floor(now)."""
+    """Steps 10-11 of docs/format.md: whole seconds, compared with floor(now).
+
+    ``floor(now) < exp + expiry_grace`` is ``now < exp + expiry_grace`` (both sides of the
+    latter are whole seconds on the right): a TTL is at most its TTL.
+    """
     second = math.floor(case["now"])
-    return iat - case["max_skew"] <= second <= exp + case["expiry_grace"]
+    return iat - case["max_skew"] <= second < exp + case["expiry_grace"]
 
 
 def _ref_header_times(token: str) -> tuple[int, int]:
@@ -272,7 +276,7 @@ def test_reference_opener_from_the_spec(file: str, case: dict[str, Any]) -> None
     assert got["encoded"].hex() == inter["binding_encoded"]
     assert got["tag"].hex() == inter["binding_tag"]
     assert len(case["token"]) <= case["max_token_bytes"]
-    # Time rules of the spec, in whole seconds: iat - max_skew <= floor(now) <= exp + expiry_grace.
+    # Time rules of the spec, in whole seconds: iat - max_skew <= floor(now) < exp + expiry_grace.
     assert _ref_times_valid(got["iat"], got["exp"], case)
     if "canonical_arguments" in inter:
         arguments = case["binding"]["arguments"]
@@ -290,19 +294,33 @@ TIME_NEGATIVE = [(f, c) for f, c in CASES if c["expected"].get("reason") in {"ex
 def test_reference_time_rule_rejects_the_time_negatives(file: str, case: dict[str, Any]) -> None:
     iat, exp = _ref_header_times(case["token"])
     assert not _ref_times_valid(iat, exp, case)
-    too_late = math.floor(case["now"]) > exp + case["expiry_grace"]
+    too_late = case["now"] >= exp + case["expiry_grace"]
     assert case["expected"]["reason"] == ("expired" if too_late else "not_yet_valid")
 
 
 def test_the_time_edges_are_in_the_set() -> None:
-    # ttl 600, expiry_grace 0: 600 s after iat accepted, 601 s rejected; max_skew 60:
-    # issued 60 s in the future accepted, 61 s rejected; and a fractional now on each side.
+    # ttl 600, expiry_grace 0: 599.999 s after iat accepted, 600 s (= exp) and 600.5 s
+    # rejected (a TTL is at most its TTL); max_skew 60: issued 60 s in the future accepted,
+    # 61 s rejected; and a fractional now on each side.
     edges = {
-        (c["mode"], c["now"] - c["expected"]["issued_at"]) for _, c in POSITIVE if c["expiry_grace"] == 0
+        (c["mode"], round(c["now"] - c["expected"]["issued_at"], 3))
+        for _, c in POSITIVE
+        if c["expiry_grace"] == 0
     }
-    assert {("sign", 600), ("encrypt", 600), ("sign", 600.75), ("sign", -60), ("encrypt", -60)} <= edges
-    late = {c["now"] - _ref_header_times(c["token"])[0] for _, c in TIME_NEGATIVE if c["expiry_grace"] == 0}
-    assert {601, -61, -60.25} <= late
+    assert {("sign", 599.999), ("encrypt", 599.999), ("sign", 599), ("sign", -60), ("encrypt", -60)} <= edges
+    late = {
+        (c["mode"], c["now"] - _ref_header_times(c["token"])[0])
+        for _, c in TIME_NEGATIVE
+        if c["expiry_grace"] == 0
+    }
+    assert {("sign", 600), ("encrypt", 600), ("sign", 600.5), ("sign", -61), ("sign", -60.25)} <= late
+    # expiry_grace 30: exp + 29.5 accepted, exp + 30 rejected.
+    graced = {c["now"] - c["expected"]["issued_at"] for _, c in POSITIVE if c["expiry_grace"] == 30}
+    assert 629.5 in graced
+    graced_late = {
+        c["now"] - _ref_header_times(c["token"])[0] for _, c in TIME_NEGATIVE if c["expiry_grace"] == 30
+    }
+    assert {630, 631} <= graced_late
 
 
 def test_derived_subkeys_follow_the_spec() -> None:

@@ -15,6 +15,7 @@ from ._scenario import (
     SERVER_NAME,
     TOOL,
     USERS,
+    DeployServer,
     StaticVerifier,
     ask,
     call_tool_result,
@@ -23,7 +24,7 @@ from ._scenario import (
     plan_for,
     user_answers,
 )
-from ._servers import FLAVORS, DeployServer, build_fastmcp, build_lowlevel, build_mcpserver
+from ._servers import FLAVORS, build_fastmcp, build_lowlevel, build_mcpserver
 
 __all__ = [
     "CLIENT_ID",

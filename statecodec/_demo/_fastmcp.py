@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import fastmcp
 import mcp_types as types
@@ -11,15 +11,10 @@ from fastmcp.tools import ToolResult
 
 from .._codec import StateCodec
 from ..adapters import fastmcp as fastmcp_adapter
-from ._scenario import CLIENT_ID, ISSUER, TOOL, TOOL_DESCRIPTION, USERS, handle
-
-if TYPE_CHECKING:
-    from ._servers import DeployServer
+from ._scenario import CLIENT_ID, ISSUER, TOOL, TOOL_DESCRIPTION, USERS, DeployServer, handle
 
 
 def build(codec: StateCodec, instance: str, *, auth: bool, name: str) -> DeployServer:
-    from ._servers import DeployServer  # noqa: PLC0415 - _servers imports this module lazily
-
     verifier = StaticTokenVerifier(
         tokens={
             token: {"client_id": CLIENT_ID, "sub": user, "iss": ISSUER, "scopes": []}

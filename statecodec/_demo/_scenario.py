@@ -12,7 +12,8 @@ from __future__ import annotations
 import json
 import logging
 import secrets
-from typing import Any, Final
+from collections.abc import Awaitable, Callable
+from typing import Any, Final, NamedTuple
 
 import mcp_types as types
 from mcp.server.auth.provider import AccessToken
@@ -132,6 +133,13 @@ def user_answers(params: types.ElicitRequestParams) -> types.ElicitResult:
     if "confirm" in properties:
         return types.ElicitResult(action="accept", content={"confirm": True})
     return types.ElicitResult(action="accept", content={"ticket": "CHG-1234"})
+
+
+class DeployServer(NamedTuple):
+    """How to serve one built server: an ASGI app factory, or stdio for one client."""
+
+    http_app: Callable[[], Any]
+    run_stdio: Callable[[], Awaitable[None]]
 
 
 class StaticVerifier:

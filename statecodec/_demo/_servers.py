@@ -8,8 +8,8 @@ FastMCP is an optional extra, imported only by :func:`build_fastmcp`.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
-from typing import Any, Literal, NamedTuple
+from collections.abc import Callable
+from typing import Any, Literal
 
 import mcp_types as types
 from mcp.server.context import ServerRequestContext
@@ -26,19 +26,13 @@ from ._scenario import (
     TOOL,
     TOOL_DESCRIPTION,
     TOOL_SCHEMA,
+    DeployServer,
     StaticVerifier,
     auth_settings,
     handle,
 )
 
 LogLevel = Literal["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"]
-
-
-class DeployServer(NamedTuple):
-    """How to serve one built server: an ASGI app factory, or stdio for one client."""
-
-    http_app: Callable[[], Any]
-    run_stdio: Callable[[], Awaitable[None]]
 
 
 def lowlevel_server(

@@ -11,14 +11,13 @@ boundary's place, exactly as for ``mcp`` servers.
 
 from __future__ import annotations
 
-import logging
 from typing import Any
 
 from fastmcp import FastMCP
 from fastmcp.server.dependencies import get_access_token
 from mcp.server.lowlevel import Server
 
-from .. import _telemetry, boundary
+from .. import boundary
 from .._codec import StateCodec
 from .mcp import (
     AudienceFn,
@@ -29,12 +28,11 @@ from .mcp import (
     _sdk_chain,
     _version,
     install,
+    service_audience,
 )
 from .sdk_window import SDKStateWindow
 
 __all__ = ["authenticated_principal", "protect"]
-
-logger = logging.getLogger("statecodec")
 
 
 def authenticated_principal(ctx: Context) -> str | None:
@@ -69,21 +67,15 @@ def protect(
     wait of an early retry; ``sdk_window`` accepts the tokens of FastMCP's own
     ``request_state_security`` for a bounded migration window). Name the
     server (``FastMCP("deploy")``) or pass ``audience``: an unnamed FastMCP gets a random
-    name per process, and tokens would then never verify on another instance.
+    name per process, so its tokens would never verify on another instance; it is
+    refused with ``ValueError``, as an unnamed ``MCPServer`` is.
     """
     if not isinstance(server, FastMCP):
         raise TypeError(f"protect() takes a FastMCP server, not {type(server).__name__}")
     lowlevel = _lowlevel(server)
-    if audience is None and not _named(server):
-        logger.warning(
-            "FastMCP server %r has a generated name; tokens it seals will not verify on "
-            "other instances. Pass FastMCP(name=...) or protect(..., audience=...)",
-            lowlevel.name,
-            extra=_telemetry.fields("unnamed_server", audience=lowlevel.name),
-        )
     middleware = StateCodecMiddleware(
         codec,
-        audience=lowlevel.name if audience is None else audience,
+        audience=service_audience(lowlevel.name, not _named(server), audience),
         principal=principal,
         binding=binding,
         retry_after=retry_after,
@@ -114,5 +106,5 @@ def _lowlevel(server: FastMCP[Any]) -> Server[Any]:
 
 def _named(server: FastMCP[Any]) -> bool:
     # FastMCP names an unnamed server "FastMCP-<random>" (generate_name); a user name
-    # could in theory look alike, so this only decides whether to warn.
+    # could in theory look alike (and is then asked for audience=, which costs nothing).
     return not server.name.startswith(f"{type(server).__name__}-")

@@ -210,41 +210,14 @@ class StateCodecMiddleware:
 
 
 def _with_params(ctx: Context, params: Mapping[str, Any]) -> Context:
-    """A copy of ``ctx`` with other ``params``, as ``dataclasses.replace`` makes it.
+    """A copy of ``ctx`` with other ``params``; the original is never mutated, so the
+    middleware further out (OpenTelemetry, the user's) keeps the wire form.
 
-    ``replace`` runs the generated ``__init__`` again, field by field (about 3 µs a
-    request); for the SDK's own context class, a plain dataclass (instance dictionary,
-    not frozen, no ``__post_init__``), copying the instance dictionary makes the same
-    object for a third of that. Anything else, a subclass included, goes through
-    ``replace``. The original is never mutated: the middleware further out
-    (OpenTelemetry, the user's) keeps the wire form.
+    ``dataclasses.replace``, the public way: copying the instance dictionary instead saved
+    0.5% of an SDK round's instructions, below the 1% a private seam must earn
+    (docs/performance.md).
     """
-    if not _PLAIN_CONTEXT or type(ctx) is not ServerRequestContext:
-        return replace(ctx, params=params)
-    copy: Context = object.__new__(ServerRequestContext)
-    copy.__dict__.update(ctx.__dict__)
-    copy.params = params
-    return copy
-
-
-def _plain_dataclass(cls: type) -> bool:
-    """Whether copying an instance's ``__dict__`` makes what ``replace`` would make.
-
-    True for a dataclass that has an instance dictionary, is not frozen and has no
-    ``__post_init__``. Checked against the SDK actually installed, so a release that
-    changes the class (slots, frozen, a ``__post_init__``) gets ``replace()`` rather than
-    a broken copy; tests/test_seams.py forces that case.
-    """
-    params = getattr(cls, "__dataclass_params__", None)
-    return (
-        params is not None
-        and params.frozen is False
-        and "__slots__" not in vars(cls)
-        and not hasattr(cls, "__post_init__")
-    )
-
-
-_PLAIN_CONTEXT: Final = _plain_dataclass(ServerRequestContext)
+    return replace(ctx, params=params)
 
 
 def _mcp_error(exc: boundary.WireError) -> MCPError:
@@ -314,6 +287,32 @@ def _version(distribution: str) -> str:
         return "version unknown"
 
 
+#: The name ``MCPServer`` gives a server constructed without one (``MCPServer(None)``, ``MCPServer("")``).
+SDK_PLACEHOLDER_NAME: Final = "mcp-server"
+
+
+def service_audience(name: str, unnamed: bool, audience: str | AudienceFn | None) -> str | AudienceFn:
+    """The audience :func:`protect` binds: ``audience`` if given, else the server's name.
+
+    An unnamed server is refused, as the SDK refuses one with shared keys: every unnamed
+    server stamps the same placeholder, so services sharing keys would tell each other's
+    tokens apart only by tool and arguments, and a state minted by one would redeem on
+    another with a tool of the same name.
+    """
+    if isinstance(audience, str) and not audience.strip():
+        raise ValueError('audience= must name the service (audience="my-service"), not be empty')
+    if audience is not None:
+        return audience
+    if unnamed or not name.strip():
+        raise ValueError(
+            f"this server has no name of its own ({name!r}), and its name is the audience its "
+            "tokens are bound to: services sharing keys would then tell their tokens apart only "
+            'by tool and arguments. Pass protect(server, codec, audience="my-service"), or name '
+            'the server (MCPServer("my-service"))'
+        )
+    return name
+
+
 def protect(
     server: Server[Any] | MCPServer[Any],
     codec: StateCodec,
@@ -333,7 +332,9 @@ def protect(
     :param audience: the service the tokens are for; ``None`` (the default) means the
         server's name. Give every instance of one service the same name (or audience),
         and different services different ones, even when they share keys. A callable
-        ``audience(ctx)`` decides per request.
+        ``audience(ctx)`` decides per request. An unnamed server (``MCPServer(None)``,
+        ``MCPServer("")``, whose name is the SDK's placeholder ``"mcp-server"``, or
+        ``Server("")``) without ``audience=`` is refused with ``ValueError``.
     :param principal: ``principal(ctx) -> str | None``; by default the authenticated
         access token's (client id, issuer, subject). ``None`` binds no principal.
     :param binding: ``binding(ctx, default) -> Binding`` to add or change fields, for
@@ -366,9 +367,10 @@ def protect(
             "for FastMCP use statecodec.adapters.fastmcp.protect"
         )
     chain = _sdk_chain(server)
+    unnamed = not server.name or (isinstance(server, MCPServer) and server.name == SDK_PLACEHOLDER_NAME)
     middleware = StateCodecMiddleware(
         codec,
-        audience=server.name if audience is None else audience,
+        audience=service_audience(server.name, unnamed, audience),
         principal=principal,
         binding=binding,
         retry_after=retry_after,

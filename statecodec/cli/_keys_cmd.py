@@ -30,7 +30,16 @@ from ..kms._local import write_key_file
 from ._describe import moment
 from ._exit import CliError, ExitCode
 from ._output import Outcome, Output, command
-from ._params import TIME, F, OrderedGroup, clock_at, duration_option, keys_option, require_keys
+from ._params import (
+    TIME,
+    TIMELINE_HELP,
+    F,
+    OrderedGroup,
+    clock_at,
+    duration_option,
+    keys_option,
+    require_keys,
+)
 
 
 @click.group("keys", cls=OrderedGroup)
@@ -96,13 +105,7 @@ def timeline_options(fn: F) -> F:
     return cast(F, decorated)
 
 
-_TIMELINE = {
-    "refresh_interval": "How often services reload keys.",
-    "max_skew": "Clock difference tolerated between instances (the codecs' max_skew).",
-    "max_ttl": "Longest token lifetime any service mints.",
-    "expiry_grace": "Time the codecs accept a token past its expiry (their expiry_grace).",
-    "staleness_limit": "How long services mint with a ring they cannot refresh.",
-}
+_TIMELINE = TIMELINE_HELP
 
 
 # ------------------------------------------------------------------- list
@@ -240,10 +243,24 @@ def rotate_command(
 @keys_option
 @click.option("--dry-run", is_flag=True, help="Say what would happen; change nothing.")
 @click.option("--yes", is_flag=True, help="Retire without asking for confirmation (for scripts).")
+@click.option(
+    "--now",
+    "at_once",
+    is_flag=True,
+    help="Cut at once, without waiting for a new primary to spread (after a leak): honest rounds "
+    "minted with KID meanwhile fail.",
+)
 @timeline_options
 @command("keys retire")
 def retire_command(
-    out: Output, *, kid: str, keys_spec: str | None, dry_run: bool, yes: bool, timeline: dict[str, float]
+    out: Output,
+    *,
+    kid: str,
+    keys_spec: str | None,
+    dry_run: bool,
+    yes: bool,
+    at_once: bool,
+    timeline: dict[str, float],
 ) -> Outcome:
     """Retire KID now, after a leak: every instance stops accepting it within one refresh interval.
 
@@ -252,11 +269,13 @@ def retire_command(
     the cut, so no other token fails. Transit can only cut from the bottom: KID and every
     older version are retired, and the plan says so before anything changes. File and KV
     sources lose exactly KID. Shows the plan and asks for confirmation unless --yes.
+    With --now the cut does not wait for the new primary: the exposure is one refresh
+    interval instead of the wait plus one, at the price the plan states.
     """
     tl = Timeline(**timeline)
     source = source_from_url(require_keys(keys_spec))
     try:
-        plan = retire(source, kid, timeline=tl, dry_run=True)
+        plan = retire(source, kid, timeline=tl, dry_run=True, at_once=at_once)
         if dry_run:
             return Outcome({**plan.to_dict(), "changed": False}, str(plan).splitlines())
         if not yes:
@@ -265,6 +284,7 @@ def retire_command(
             source,
             kid,
             timeline=tl,
+            at_once=at_once,
             expect=plan.retired,
             progress=lambda line: click.echo(f"statecodec: {line}", err=True),
         )

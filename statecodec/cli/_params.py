@@ -282,7 +282,17 @@ def binding_options(fn: F) -> F:
         return fn(*args, binding=options, **kwargs)
 
     options = [
-        click.option("--principal", help="Authenticated principal the token is bound to."),
+        click.option(
+            "--principal",
+            metavar="TEXT",
+            help=(
+                "Authenticated principal the token is bound to, byte for byte as the server binds it. "
+                "protect() and the proxy's --principal-from jwt-sub bind an access token as the compact "
+                "JSON [client_id, issuer, subject], no spaces: "
+                '\'["app","https://idp.example","alice"]\' (null for a missing field); '
+                "--principal-from header:NAME binds the header's value as is."
+            ),
+        ),
         click.option("--audience", help="Audience (this server's identifier)."),
         click.option("--method", help="MCP method, e.g. tools/call."),
         click.option("--target", help="Tool or prompt name, or resource URI."),
@@ -325,6 +335,17 @@ def duration_option(flag: str, default: float | str | None, text: str, **attrs: 
         shown = duration(default) if isinstance(default, int | float) else default
         attrs.update(default=shown, show_default=True)
     return click.option(flag, type=DURATION, help=text, **attrs)
+
+
+#: The key timeline's options, with their help: `keys rotate`/`retire`/`list` take them all,
+#: the proxy the two that are its own (how often it reloads, how long it mints unrefreshed).
+TIMELINE_HELP: Final = {
+    "refresh_interval": "How often services reload keys.",
+    "max_skew": "Clock difference tolerated between instances (the codecs' max_skew).",
+    "max_ttl": "Longest token lifetime any service mints.",
+    "expiry_grace": "Time the codecs accept a token past its expiry (their expiry_grace).",
+    "staleness_limit": "How long services mint with a ring they cannot refresh.",
+}
 
 
 def max_token_bytes_option(text: str) -> Callable[[F], F]:

@@ -29,6 +29,7 @@ from ..boundary import DEFAULT_MAX_HOLD, DEFAULT_MAX_HOLDS, DEFAULT_MAX_HOLDS_PE
 from ._exit import CliError, ExitCode
 from ._output import classify, echo
 from ._params import (
+    TIMELINE_HELP,
     F,
     duration_option,
     flow_budget_options,
@@ -246,6 +247,12 @@ def _count_option(flag: str, default: int, text: str) -> Callable[[F], F]:
     help="Client connections at once; beyond, the oldest idle or half-open one is closed "
     "(default: the open-file limit less --max-connections, --max-streams and 64).",
 )
+@duration_option(
+    "--refresh-interval",
+    "1m",  # the KeyManager's default (kms stays unimported until the proxy starts)
+    TIMELINE_HELP["refresh_interval"] + " Shorten it after a leak (and give keys rotate/retire the same).",
+)
+@duration_option("--staleness-limit", "15m", TIMELINE_HELP["staleness_limit"])
 @click.option(
     "--max-concurrent-requests",
     type=click.IntRange(1),
@@ -381,6 +388,10 @@ def _run(settings: ProxySettings, host: str, port: int, admin_address: tuple[str
         if getattr(settings, name) <= 0:
             raise click.BadParameter("must be positive", param_hint=f"'--{name.replace('_', '-')}'")
     _client_limits(settings)  # an open-file limit too low to serve is a usage error, before listening
+    try:
+        _runtime.timeline(settings)  # validated where it is defined, before anything starts
+    except ValueError as exc:
+        raise click.UsageError(f"key timeline: {exc}") from None
     if settings.workers > 1 and settings.replay.strip().lower().startswith("memory"):
         raise click.UsageError(
             "--workers N needs a replay store the workers share (sqlite:PATH or redis://...): "
@@ -421,9 +432,10 @@ def _run(settings: ProxySettings, host: str, port: int, admin_address: tuple[str
             )
         if settings.workers == 1:
             clients = _client_limits(settings)
-            _runtime.serve_on(
+            stopped_by = _runtime.serve_on(
                 app, closer, sock, settings, clients=clients, ready=ready, admin=admin, announce=echo
             )
+            _runtime.log_stopped(stopped_by, settings)
             return
         from ..proxy import Supervisor  # noqa: PLC0415
 
@@ -436,6 +448,8 @@ def _run(settings: ProxySettings, host: str, port: int, admin_address: tuple[str
             stop_timeout=settings.graceful_timeout,
         )
         code = supervisor.run(lambda: ready(socket_url(sock)))
+        if not code:
+            _runtime.log_stopped(supervisor.stopped_by, settings)
     if code:
         sys.exit(code)
 
@@ -473,12 +487,14 @@ def _descriptors_upstream(settings: ProxySettings) -> int:
 
 def _serve_worker(settings: ProxySettings, sock: socket.socket, announce: Any) -> None:
     """One ``--workers`` process: the same proxy as a single one, on the inherited socket."""
-    from ..proxy._runtime import configure_logging, serve_on  # noqa: PLC0415
+    from ..proxy._runtime import configure_logging, said_by_the_supervisor, serve_on  # noqa: PLC0415
 
     configure_logging(settings.log_level, settings.log_format)
     try:
         _telemetry.resolve()
-        with _built(settings) as (app, closer, _):
+        with contextlib.ExitStack() as stack:
+            with said_by_the_supervisor():
+                app, closer, _ = stack.enter_context(_built(settings))
             clients = _client_limits(settings)
             serve_on(
                 app, closer, sock, settings, clients=clients, ready=lambda url: announce(), announce=echo

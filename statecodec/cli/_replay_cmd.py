@@ -13,7 +13,8 @@ from typing import Any
 
 import click
 
-from ..replay._url import POSTGRES_SCHEMES, redact
+from ..replay._postgres_url import POSTGRES_SCHEMES
+from ..replay._url import redact
 from ._exit import CliError, ExitCode
 from ._output import Outcome, Output, command
 from ._params import OrderedGroup

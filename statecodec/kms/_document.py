@@ -2,18 +2,19 @@
 
 A :class:`DocumentSource` reads the document, applies a pure function of the document
 and the clock, and writes the result only if nobody else wrote in between (a file lock,
-a KV check-and-set). Because :func:`rotate_ring` depends only on the document and the
-clock, a second run right after the first finds a fresh newest key and changes nothing:
-the rotation job is idempotent.
+a KV check-and-set). Because :func:`rotate_ring` applies the policy's decision
+(:mod:`._policy`), which depends only on the document and the clock, a second run right
+after the first finds a fresh newest key and changes nothing: the rotation job is
+idempotent.
 """
 
 from __future__ import annotations
 
 import abc
-import itertools
 from collections.abc import Callable
 
 from .._keys import Key, KeyRing, new_kid
+from ._policy import RotationPolicy
 from ._source import KeySource, RotationReport
 from ._timeline import Timeline
 
@@ -35,18 +36,11 @@ class DocumentSource(KeySource):
     def rotate(
         self, *, min_age: float, retire_after: float, now: float, dry_run: bool, timeline: Timeline
     ) -> RotationReport:
+        policy = RotationPolicy(min_age, retire_after, timeline)  # refuses an unsafe retire_after
         reports: list[RotationReport] = []
 
         def change(ring: KeyRing) -> KeyRing | None:
-            new, report = rotate_ring(
-                ring,
-                source=self.describe(),
-                min_age=min_age,
-                retire_after=retire_after,
-                now=now,
-                dry_run=dry_run,
-                timeline=timeline,
-            )
+            new, report = rotate_ring(ring, source=self.describe(), policy=policy, now=now, dry_run=dry_run)
             reports.append(report)
             return None if dry_run else new
 
@@ -91,49 +85,33 @@ def with_primary(keys: list[Key], primary: str | None, timeline: Timeline, now: 
 
 
 def rotate_ring(
-    ring: KeyRing,
-    *,
-    source: str,
-    min_age: float,
-    retire_after: float,
-    now: float,
-    dry_run: bool,
-    timeline: Timeline,
+    ring: KeyRing, *, source: str, policy: RotationPolicy, now: float, dry_run: bool
 ) -> tuple[KeyRing | None, RotationReport]:
-    """The document to write (``None`` when nothing changes) and the report."""
-    live = sorted((k for k in ring.keys if k.verifies_at(now)), key=lambda k: k.created_at)
-    newest = live[-1] if live else None
-    age = None if newest is None else now - newest.created_at
+    """The document to write (``None`` when nothing changes) and the report: the
+    policy's decision, applied to a document (a new key, ``retires_at`` marks, tombstones dropped)."""
+    decision = policy.decide(ring, now)
     keys = list(ring.keys)
     new: Key | None = None
-    if newest is None or now - newest.created_at >= min_age:
+    if decision.rotate:
         new = Key.generate(_unused_kid(ring), created_at=int(now))
         keys.append(new)
-        live.append(new)
-
-    primary = with_primary(keys, ring.primary_kid, timeline, now).primary_kid
-
-    retired: list[str] = []
-    for older, successor in itertools.pairwise(live):
-        until = successor.created_at + int(retire_after)
-        if older.retires_at is None and until <= now and older.kid != primary:
-            keys = [Key(k.kid, k.secret, k.created_at, until) if k.kid == older.kid else k for k in keys]
-            retired.append(older.kid)
-    # Retired keys stay one more retire_after as tombstones (``keys list`` shows them),
-    # then their secrets leave the document for good.
-    removed = [k.kid for k in keys if k.retires_at is not None and k.retires_at <= now - retire_after]
-    keys = [k for k in keys if k.kid not in removed]
-
+    primary = with_primary(keys, ring.primary_kid, policy.timeline, now).primary_kid
+    until = dict(decision.retire)
+    keys = [
+        Key(k.kid, k.secret, k.created_at, until[k.kid]) if k.kid in until else k
+        for k in keys
+        if k.kid not in decision.remove
+    ]
     out = KeyRing(keys, primary)
-    after = new or newest
+    after = new or decision.newest
     report = RotationReport(
         source=source,
         rotated=new is not None,
         newest_kid=after.kid if after else None,
-        newest_age=age,
+        newest_age=decision.newest_age,
         new_kid=new.kid if new else None,
-        retired=tuple(retired),
-        removed=tuple(removed),
+        retired=tuple(until),
+        removed=decision.remove,
         dry_run=dry_run,
     )
     return (None if out == ring else out), report

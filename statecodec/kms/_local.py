@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import contextlib
+import errno
 import logging
 import os
 import stat
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Final
 
 from .. import _format, _telemetry
 from .._keys import MIN_SECRET_BYTES, KeyRing
@@ -43,8 +45,10 @@ class FileSource(DocumentSource):
             ) from None
         except PermissionError:
             raise self._error("permission denied reading the key file", "denied") from None
+        except IsADirectoryError:
+            raise self._error("is a directory; give the path of the key file in it", "config") from None
         except OSError as exc:
-            raise self._error(f"cannot read the key file: {exc.strerror}", "unreachable") from None
+            raise self._error(f"cannot read the key file: {exc.strerror}", _read_failure(exc)) from None
         if mode & 0o077 and not self._warned_mode:
             self._warned_mode = True
             logger.warning(
@@ -102,6 +106,22 @@ class FileSource(DocumentSource):
 
     def _error(self, message: str, kind: Kind) -> KeySourceError:
         return KeySourceError(message, kind=kind, source=self.describe())
+
+
+#: errno values of a read that may succeed if retried as it is (a network file system
+#: timing out or losing its server, a device error): the source is down, not misconfigured.
+_TRANSIENT_ERRNOS: Final = frozenset(
+    {errno.EIO, errno.ETIMEDOUT, errno.ESTALE, errno.ENOTCONN, errno.EAGAIN, errno.EBUSY, errno.EINTR}
+)
+
+
+def _read_failure(exc: OSError) -> Kind:
+    """``unreachable`` (retry later, exit 7) only for a failure retrying can cure; else ``config``.
+
+    A path that is a directory, goes through a file, loops or is too long is the
+    deployment's mistake: a scheduler that retried it on exit 7 would retry forever.
+    """
+    return "unreachable" if exc.errno in _TRANSIENT_ERRNOS else "config"
 
 
 def write_key_file(path: Path, text: str, *, replace: bool, mode: int = 0o600) -> None:

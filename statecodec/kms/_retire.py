@@ -16,8 +16,12 @@ an order, because every instance refreshes on its own:
    jitter)``) no healthy instance accepts it any more. Tokens sealed with other keys are
    untouched.
 
-A key that is not the primary is cut at once. Nothing here needs more than the rotation
-job's policy: transit metadata, ``rotate`` and ``config``; the KV document itself.
+A key that is not the primary is cut at once. ``at_once`` (``keys retire KID --now``)
+cuts the primary at once too, for a leak where the wait (promotion delay + skew) is
+exposure: the successor is still made, but the cut does not wait for it, so honest rounds
+minted with the key meanwhile fail, and until the successor is promoted an instance mints
+with an older key or not at all. The plan says so. Nothing here needs more than the
+rotation job's policy: transit metadata, ``rotate`` and ``config``; the KV document itself.
 """
 
 from __future__ import annotations
@@ -55,6 +59,8 @@ class RetirementReport:
     dry_run: bool = False
     cut_at: float | None = None  # when the keys left the source; None on a dry run
     notes: tuple[str, ...] = field(default_factory=tuple)
+    at_once: bool = False  # cut without waiting for the successor (keys retire --now)
+    successor_in: float = 0.0  # at_once: seconds until every instance mints with the successor
 
     @property
     def changed(self) -> bool:
@@ -73,11 +79,21 @@ class RetirementReport:
             "dry_run": self.dry_run,
             "cut_at": self.cut_at,
             "notes": list(self.notes),
+            "at_once": self.at_once,
+            "successor_in": self.successor_in,
         }
 
     def _handover(self) -> str:
         who = f"new key {self.successor}" if self.new_key and self.successor else "a new key"
         wait = duration(self.wait)
+        if self.at_once:
+            wait = duration(self.successor_in)
+            made = f"{who} {'would be' if self.dry_run else 'was'} made" if self.new_key else self.successor
+            return (
+                f"{'mints' if self.dry_run else 'minted'}: cut at once (--now), without waiting for {made} "
+                f"to spread: honest rounds minted with {self.kid} meanwhile fail, and until it is promoted "
+                f"everywhere (within {wait}) an instance mints with an older key or not at all"
+            )
         if self.dry_run:
             made = f"{self.successor} would take over"
             if self.new_key:
@@ -108,6 +124,7 @@ def retire(
     *,
     timeline: Timeline | None = None,
     dry_run: bool = False,
+    at_once: bool = False,
     expect: Sequence[str] | None = None,
     progress: Callable[[str], None] | None = None,
     clock: Callable[[], float] = time.time,
@@ -119,7 +136,9 @@ def retire(
     ``kid`` is the primary, a successor is made (or a pending key chosen) first and this
     call waits, up to ``promotion_delay + max_skew`` seconds, until every instance
     mints with it; then the key is cut at the source. ``dry_run`` changes nothing and
-    reports the plan. ``expect``: the kids a person confirmed from a dry run; if the run
+    reports the plan. ``at_once``: cut without that wait (after a leak, when the wait is
+    exposure); tokens minted with ``kid`` meanwhile fail. ``expect``: the kids a person
+    confirmed from a dry run; if the run
     would retire others (the source changed meanwhile), it refuses. ``progress``
     receives one line before a wait.
     """
@@ -131,6 +150,7 @@ def retire(
             kid,
             tl=tl,
             dry_run=dry_run,
+            at_once=at_once,
             expect=expect,
             progress=progress or _log_progress,
             clock=clock,
@@ -145,12 +165,15 @@ def _retire(
     *,
     tl: Timeline,
     dry_run: bool,
+    at_once: bool,
     expect: Sequence[str] | None,
     progress: Callable[[str], None],
     clock: Callable[[], float],
     sleep: Callable[[float], None],
 ) -> RetirementReport:
     plan, ready_at = _plan(src, kid, tl, expect, clock())
+    if at_once:  # nothing is waited for: the wait becomes the successor's time to spread
+        plan = dataclasses.replace(plan, at_once=True, successor_in=plan.wait, wait=0.0)
     if dry_run:
         return plan
     notes = list(plan.notes)
@@ -160,17 +183,23 @@ def _retire(
         ready_at = src.metadata().require(successor).created_at + tl.promotion_delay + tl.max_skew
         _log(src, f"created {successor} to take over from {kid}", kid=kid, successor=successor)
     started = clock()
-    if ready_at > started:
+    if ready_at > started and not at_once:
         progress(
             f"waiting {duration(ready_at - started)} until every instance mints with {successor} "
             f"before cutting {', '.join(plan.retired)}"
         )
         while (remaining := ready_at - clock()) > 0:
             sleep(remaining)
-    waited = max(0.0, clock() - started) if ready_at > started else 0.0
+    waited = max(0.0, clock() - started) if ready_at > started and not at_once else 0.0
     cut_at = _cut(src, plan, tl=tl, clock=clock, notes=notes)
     return dataclasses.replace(
-        plan, successor=successor, wait=waited, dry_run=False, cut_at=cut_at, notes=tuple(notes)
+        plan,
+        successor=successor,
+        wait=waited,
+        successor_in=max(0.0, ready_at - cut_at) if at_once else 0.0,
+        dry_run=False,
+        cut_at=cut_at,
+        notes=tuple(notes),
     )
 
 
@@ -222,7 +251,7 @@ def _cut(
     ring = src.metadata()
     again, _ = _scope(src, ring, kid)
     primary = tl.plan(ring, now).ring.primary_kid
-    if set(again) != set(retired) or primary in retired:
+    if set(again) != set(retired) or (primary in retired and not plan.at_once):
         raise KeySourceError(
             f"the keys changed while waiting (retiring {kid} now means {', '.join(again)}, and "
             f"{primary} mints); nothing was cut, run the retire again",

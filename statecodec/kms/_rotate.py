@@ -6,7 +6,7 @@ import time
 from collections.abc import Callable
 from typing import TypeVar
 
-from .._humanize import duration
+from ._policy import RotationPolicy
 from ._source import KeySource, RotationReport
 from ._timeline import Timeline
 from ._urls import source_from_url
@@ -35,18 +35,11 @@ def rotate(
     harmless. A key is retired once its successor is ``retire_after`` old; that must be
     at least ``timeline.min_retire_after`` for the services' timeline (default
     :class:`Timeline`), or a replaced key could vanish while tokens minted with it live.
+    The decision and that floor are :class:`~statecodec.kms._policy.RotationPolicy`'s,
+    which every source's own ``rotate`` applies too.
     """
-    if min_age < 0:
-        raise ValueError("min_age must be >= 0 seconds")
     tl = timeline or Timeline()
-    if retire_after < tl.min_retire_after:
-        raise ValueError(
-            f"retire_after={duration(retire_after)} is too short: a replaced key must verify for "
-            f"{duration(tl.min_retire_after)} after its successor is created (promotion delay "
-            f"{tl.promotion_delay}s + staleness limit {tl.staleness_limit:g}s + max ttl {tl.max_ttl:g}s "
-            f"+ expiry grace {tl.expiry_grace:g}s + 1s); raise it, or pass the timeline your services "
-            "really use"
-        )
+    RotationPolicy(min_age, retire_after, tl)  # refused before any source is opened
     return with_source(
         source,
         lambda src: src.rotate(

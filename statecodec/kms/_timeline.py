@@ -6,8 +6,9 @@ as long as any instance may have minted a still-valid token with it. With
 
     D = R * (1 + jitter) + max_skew + 1 s       (1 s: source timestamps are whole seconds)
     M = staleness_limit + max_ttl + expiry_grace + 1 s
-                                                (1 s: a token is accepted through the whole
-                                                 second exp + expiry_grace)
+                                                (1 s of margin: a token is accepted until
+                                                 exp + expiry_grace; releases before issue 29
+                                                 accepted it through that whole second)
 
 a key created at ``c`` is *published* at once (verifies on every instance by ``c + D``),
 *promoted* at ``c + D`` (the newest promoted key is primary and mints), and the key it
@@ -19,7 +20,8 @@ a token's ``exp`` and a key's ``retires_at`` are both read on the verifier's clo
 however the minter's clock was off, the key outlives the token by the same margin.
 
 The rotation job may remove a key from the source once the next key is ``D + M`` old
-(:attr:`Timeline.min_retire_after`); ``rotate()`` refuses a shorter ``retire_after``.
+(:attr:`Timeline.min_retire_after`); the rotation policy (``._policy``) refuses a
+shorter ``retire_after``.
 """
 
 from __future__ import annotations
@@ -30,20 +32,23 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Final, Literal
 
+from .. import _codec
 from .._keys import Key, KeyRing
 
 DEFAULT_REFRESH_INTERVAL: Final = 60.0
 DEFAULT_JITTER: Final = 0.1
-DEFAULT_MAX_SKEW: Final = 60.0  # the codec's default max_skew
-DEFAULT_MAX_TTL: Final = 600.0  # the codec's default ttl
-DEFAULT_EXPIRY_GRACE: Final = 0.0  # the codec's default expiry_grace
+# The codec's own defaults: a timeline agrees with a StateCodec built without options.
+DEFAULT_MAX_SKEW: Final = float(_codec.DEFAULT_MAX_SKEW)
+DEFAULT_MAX_TTL: Final = float(_codec.DEFAULT_TTL)
+DEFAULT_EXPIRY_GRACE: Final = float(_codec.DEFAULT_EXPIRY_GRACE)
 DEFAULT_STALENESS_LIMIT: Final = 900.0
 
 #: Source timestamps (transit metadata, ``created_at``) are truncated to whole seconds,
 #: so a key may be up to this much younger than its timestamp says.
 TIMESTAMP_GRANULARITY: Final = 1.0
-#: A token is accepted through the whole second ``exp + expiry_grace``, so until just
-#: before ``exp + expiry_grace + 1`` (see statecodec/_codec.py).
+#: A token is accepted until ``exp + expiry_grace`` (statecodec/_codec.py); the second on
+#: top is margin for a fleet mid-upgrade from releases that accepted it through that whole
+#: second, and keeps every retirement computed before issue 29 unchanged.
 LAST_SECOND: Final = 1.0
 
 State = Literal["primary", "verify-only", "pending", "retired"]

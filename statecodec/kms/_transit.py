@@ -13,17 +13,20 @@ import binascii
 import logging
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
 from .. import _format, _telemetry
 from .._keys import MIN_SECRET_BYTES, Key, KeyRing
+from ._answers import transit_export, transit_metadata
 from ._errors import KeySourceError
+from ._policy import Decision, RotationPolicy
 from ._settings import VaultSettings
 from ._source import TRANSIT_KEY_TYPES, KeySource, RotationReport, metadata_ring
 from ._timeline import Timeline
 from ._vault import VaultSession
 
 logger = logging.getLogger("statecodec.kms")
+T = TypeVar("T")
 
 EXPORT_TYPES = ("encryption-key", "hmac-key")
 
@@ -72,20 +75,19 @@ class TransitSource(KeySource):
         # timestamp and dated "now", which only delays its promotion.
         meta = self._metadata()
         export = self._export_type(meta)
-        exported: dict[str, str] = self.session.read(
+        answer = self.session.read(
             f"reading {self.mount}/export/{export}/{self.name}",
-            lambda c: c.secrets.transit.export_key(self.name, key_type=export, mount_point=self.mount)[
-                "data"
-            ]["keys"],
+            lambda c: c.secrets.transit.export_key(self.name, key_type=export, mount_point=self.mount),
             missing=self._missing(),
         )
-        versions = sorted(int(v) for v in exported)
+        exported = self._checked(transit_export, _data(answer).get("keys"))
+        versions = sorted(exported)
         if not versions:
             raise KeySourceError(
                 "the transit key exported no versions", kind="invalid", source=self.describe()
             )
         created = self._creation_times(meta, versions)
-        keys = [Key(self.kid(v), self._secret(v, exported[str(v)]), created[v]) for v in versions]
+        keys = [Key(self.kid(v), self._secret(v, exported[v]), created[v]) for v in versions]
         # No primary: Vault has no notion of promotion; the KeyManager's timeline decides.
         return KeyRing(keys)
 
@@ -106,11 +108,12 @@ class TransitSource(KeySource):
         return list(range(first, int(meta["latest_version"]) + 1))
 
     def _metadata(self) -> dict[str, Any]:
-        meta: dict[str, Any] = self.session.read(
+        answer = self.session.read(
             f"reading {self.mount}/keys/{self.name}",
-            lambda c: c.secrets.transit.read_key(self.name, mount_point=self.mount)["data"],
+            lambda c: c.secrets.transit.read_key(self.name, mount_point=self.mount),
             missing=self._missing(),
         )
+        meta = self._checked(transit_metadata, _data(answer))
         if not meta.get("exportable"):
             raise KeySourceError(
                 f"transit key {self.name} is not exportable; statecodec caches exported keys and does the "
@@ -120,6 +123,15 @@ class TransitSource(KeySource):
                 source=self.describe(),
             )
         return meta
+
+    def _checked(self, check: Callable[[object], T], document: object) -> T:
+        """``check(document)``, a malformed 200 answer becoming a key-source error (exit 3)."""
+        try:
+            return check(document)
+        except ValueError as exc:
+            raise KeySourceError(
+                f"Vault answered with a malformed document: {exc}", kind="invalid", source=self.describe()
+            ) from None
 
     def _export_type(self, meta: dict[str, Any]) -> str:
         if self.export:
@@ -167,30 +179,37 @@ class TransitSource(KeySource):
     def rotate(
         self, *, min_age: float, retire_after: float, now: float, dry_run: bool, timeline: Timeline
     ) -> RotationReport:
+        policy = RotationPolicy(min_age, retire_after, timeline)  # refuses an unsafe retire_after
         meta = self._metadata()
         latest = int(meta["latest_version"])
-        times = self._dated(meta)
-        age = now - times[latest]
+        decision = retiring = policy.decide(self._dated_ring(meta), now)
         new_kid: str | None = None
         notes: list[str] = []
-        if age >= min_age:
+        if decision.rotate:
             if dry_run:
                 new_kid = self.kid(latest + 1)
             else:
                 meta, new_kid = self._rotate_once(latest, notes)
-                times = self._dated(meta)
-        retired = self._retire(meta, times, retire_after, now, dry_run=dry_run, notes=notes)
+                # Vault dates the new version by its own clock, which may be behind ``now``
+                # (a job judging ages at another instant): decide again on what is there now.
+                retiring = policy.decide(self._dated_ring(meta), now)
+        retired = self._retire(meta, retiring, dry_run=dry_run, notes=notes)
         newest = int(meta["latest_version"]) if new_kid is None or not dry_run else latest + 1
         return RotationReport(
             source=self.describe(),
             rotated=new_kid is not None,
             newest_kid=self.kid(newest),
-            newest_age=age,
+            newest_age=decision.newest_age,
             new_kid=new_kid,
             retired=tuple(retired),
             dry_run=dry_run,
             notes=tuple(notes),
         )
+
+    def _dated_ring(self, meta: dict[str, Any]) -> KeyRing:
+        """The live versions with their recorded creation times, in version order."""
+        times = self._dated(meta)
+        return metadata_ring((self.kid(v), times[v]) for v in self._live_versions(meta) if v in times)
 
     def _rotate_once(self, seen_latest: int, notes: list[str]) -> tuple[dict[str, Any], str]:
         self._write_until(
@@ -212,25 +231,20 @@ class TransitSource(KeySource):
         return meta, self.kid(latest)
 
     def _retire(
-        self,
-        meta: dict[str, Any],
-        times: dict[int, int],
-        retire_after: float,
-        now: float,
-        *,
-        dry_run: bool,
-        notes: list[str],
+        self, meta: dict[str, Any], decision: Decision, *, dry_run: bool, notes: list[str]
     ) -> list[str]:
-        # Version v may stop verifying once v+1 is retire_after old; raising the minimum
-        # to the newest version that old retires everything below it in one step.
-        current = int(meta["min_decryption_version"])
-        old_enough = [v for v, t in times.items() if v > current and t + retire_after <= now]
-        if not old_enough:
+        # Transit retires by raising min_decryption_version, which cuts every version below
+        # it: cut below the newest version the decision retires, and only ever upwards (a
+        # concurrent job may have cut further meanwhile).
+        version = {self.kid(v): v for v in self._live_versions(meta)}
+        retired = [version[kid] for kid, _ in decision.retire if kid in version]
+        if not retired:
             return []
-        target = max(old_enough)
+        current = int(meta["min_decryption_version"])
+        target = max(retired) + 1
         if not dry_run:
             self._cut_below(target, notes)
-        return [self.kid(v) for v in range(current, target) if v in times]
+        return [self.kid(v) for v in range(current, target) if self.kid(v) in version]
 
     # ---------------------------------------------------------------- retire
     def retire_scope(self, ring: KeyRing, kid: str) -> tuple[tuple[str, ...], str | None]:
@@ -362,3 +376,8 @@ class TransitSource(KeySource):
 
     def close(self) -> None:
         self.session.close()
+
+
+def _data(answer: object) -> Any:
+    """An answer's ``data`` member, or ``None`` for an answer that has none (then refused)."""
+    return answer.get("data") if isinstance(answer, dict) else None

@@ -21,6 +21,7 @@ import hvac.exceptions as hx
 import requests
 
 from .. import _telemetry
+from ._answers import token_lookup
 from ._errors import KeySourceError, Kind
 from ._settings import VaultSettings
 from ._tls import TLSConfigError, certificate_problem, tls_session
@@ -115,6 +116,11 @@ class VaultSession:
                 raise self._error(f"Vault refused {what}: {_message(exc)}", kind) from None
             except hx.VaultError as exc:
                 raise self._error(f"unexpected answer {what}: {_message(exc)}", "internal") from None
+            except (KeyError, TypeError, AttributeError) as exc:
+                # A 200 whose document lacks what the call reads ({} for {"auth": ...}): the
+                # source answered, but not usably (exit 3), not a crash of statecodec (70).
+                why = f"Vault answered {what} with a malformed document ({type(exc).__name__})"
+                raise self._error(why, "invalid") from None
             except requests.exceptions.RequestException as exc:
                 raise self._error(f"{what}: {type(exc).__name__}", "unreachable") from None
 
@@ -228,10 +234,13 @@ class VaultSession:
     def _lookup_self(self, client: Any) -> dict[str, Any]:
         # Only to learn the lease; a token without the default policy still works unrenewed.
         try:
-            data = client.auth.token.lookup_self()["data"]
+            answer = client.auth.token.lookup_self()
         except _DENIED:
             return {}
-        return {"lease_duration": data.get("ttl"), "renewable": data.get("renewable")}
+        try:
+            return token_lookup(answer)
+        except ValueError as exc:  # a malformed 200: a key-source error, not a crash (exit 3)
+            raise self._error(f"Vault answered with a malformed document: {exc}", "invalid") from None
 
     def _renew(self, client: Any) -> None:
         try:

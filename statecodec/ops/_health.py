@@ -7,7 +7,11 @@ Two checks, each answering with a reason an operator can act on:
   its :meth:`~statecodec.kms.KeyManager.status` adds how it is doing (``degraded``: the
   source fails, minting stops in N seconds).
 - ``replay_store``: the store answered :meth:`~statecodec.replay.ReplayStore.check` (for
-  Redis a PING) within the last ``max_silence`` seconds. The store is asked when a
+  Redis a PING) within the last ``max_silence`` seconds, and its last check did not fail.
+  A check that *fails* (connection refused, an error answer) turns the instance not-ready
+  at once, since every redemption now fails too: waiting out ``max_silence`` would keep
+  traffic coming to an instance that refuses it. ``max_silence`` is for a store that says
+  nothing at all (a hang), where one slow answer must not flap readiness. The store is asked when a
   readiness probe comes and the last answer is older than ``interval``, so probes cost
   at most one call per interval whatever their rate, and the answer is never older than
   the probe period. The call runs in a thread of its own: a store that hangs (a
@@ -161,6 +165,9 @@ class Health:
                 False, f"the {kind} replay store has not answered yet" + (f": {error}" if error else "")
             )
         silence = self.clock() - answered_at
+        if error is not None:  # the last check failed, after the answer above
+            last = f"last answer {silence:.1f}s ago"
+            return Check(False, one_line(f"the {kind} replay store failed its last check: {error} ({last})"))
         if silence > self.max_silence:
             return Check(
                 False,

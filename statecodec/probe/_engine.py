@@ -16,8 +16,10 @@ a refusal of the state would prove nothing, and the check is skipped with the re
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, Final
 
@@ -87,8 +89,31 @@ class _Flow:
     started: float  # time.time() when round 1's answer arrived
 
 
+@contextlib.contextmanager
+def _sdk_logs_off_stderr() -> Iterator[None]:
+    """While the probe runs, the ``mcp`` SDK's log records never reach Python's last resort.
+
+    A hostile server makes the SDK's client log an ERROR with a traceback for each answer
+    it cannot parse ("Error parsing JSON response"); with no handler configured, Python
+    prints those on stderr, where they read as the probe crashing. The probe reports what
+    the server did as evidence, and its verdicts do not depend on these records. A
+    handler the embedding application put on ``mcp`` or the root logger still gets them.
+    """
+    sdk, held = logging.getLogger("mcp"), logging.NullHandler()
+    sdk.addHandler(held)
+    try:
+        yield
+    finally:
+        sdk.removeHandler(held)
+
+
 async def probe(settings: Settings) -> Report:
     """Run the selected checks against ``settings.url``; :class:`ProbeError` if it cannot run."""
+    with _sdk_logs_off_stderr():
+        return await _probe(settings)
+
+
+async def _probe(settings: Settings) -> Report:
     started = time.monotonic()
     async with connect(settings.url, settings.headers, settings.timeout) as main:
         tools = await main.tool_names()

@@ -12,6 +12,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final
 
+from .._errors import StateCodecError
+
 #: The checks, in the order they run and are reported.
 CHECKS: Final = (
     "readable",
@@ -214,7 +216,7 @@ class Report:
         }
 
 
-class ProbeError(Exception):
+class ProbeError(StateCodecError):
     """The probe could not run: unreachable, not MCP, not 2026-07-28, no multi-round-trip flow."""
 
     def __init__(self, message: str) -> None:

@@ -37,6 +37,7 @@ import httpx
 import jwt
 
 from .. import _telemetry, boundary
+from .._errors import StateCodecError
 from ..adapters.asgi import PrincipalFn, Scope
 
 logger = logging.getLogger("statecodec.proxy")
@@ -52,7 +53,7 @@ Claims: TypeAlias = Mapping[str, Any]
 TokenVerifier: TypeAlias = Callable[[str], "Claims | Awaitable[Claims | None] | None"]
 
 
-class Unauthenticated(Exception):  # noqa: N818 - names the outcome, like InvalidState
+class Unauthenticated(StateCodecError):  # noqa: N818 - names the outcome, like InvalidState
     """Credentials were presented but cannot be verified. The message never holds the token."""
 
 

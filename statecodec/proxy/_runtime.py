@@ -89,6 +89,29 @@ def configure_logging(level: str, log_format: str) -> None:
     logging.getLogger("statecodec").setLevel(level.upper())
 
 
+@contextlib.contextmanager
+def said_by_the_supervisor() -> Iterator[None]:
+    """While a worker builds its proxy, its log records below ERROR are dropped.
+
+    The supervisor built the same proxy a moment before and logged what it found (a key
+    file readable by others, the key it mints with) once; each worker's copy would say it
+    again (``--workers 2`` printed every start-up warning three times). Errors still pass:
+    a worker that cannot start says why. Once built, a worker logs as usual.
+    """
+    handlers = list(logging.getLogger().handlers)
+    for handler in handlers:
+        handler.addFilter(_errors_only)
+    try:
+        yield
+    finally:
+        for handler in handlers:
+            handler.removeFilter(_errors_only)
+
+
+def _errors_only(record: logging.LogRecord) -> bool:
+    return record.levelno >= logging.ERROR
+
+
 # ---------------------------------------------------------------- metrics
 @contextlib.contextmanager
 def metrics_shared_by_workers() -> Iterator[None]:
@@ -231,6 +254,21 @@ class ProxySettings:
     workers: int
     allowed_hosts: tuple[str, ...]
     allowed_origins: tuple[str, ...]
+    refresh_interval: int
+    staleness_limit: int
+
+
+def timeline(settings: ProxySettings) -> dict[str, float]:
+    """The KeyManager's timeline options (``ValueError`` if they cannot work together)."""
+    from ..kms import Timeline  # noqa: PLC0415
+
+    options = {
+        "refresh_interval": float(settings.refresh_interval),
+        "staleness_limit": float(settings.staleness_limit),
+        "max_ttl": max(float(settings.ttl), 600.0),
+    }
+    Timeline(**options)
+    return options
 
 
 @contextlib.contextmanager
@@ -265,7 +303,13 @@ def built(
         max_holds=settings.max_holds,
         max_holds_per_token=settings.max_holds_per_token,
     )
-    manager = KeyManager(keys, max_ttl=max(float(settings.ttl), 600.0))
+    tl = timeline(settings)
+    manager = KeyManager(
+        keys,
+        refresh_interval=tl["refresh_interval"],
+        staleness_limit=tl["staleness_limit"],
+        max_ttl=tl["max_ttl"],
+    )
     manager.start()  # exit 3 or 7 before listening if no keys can be had
     try:
         store = open_store(settings.replay)  # exit 4 before listening if it cannot serve
@@ -308,8 +352,8 @@ def serve_on(
     ready: Announce,
     admin: Admin | None = None,
     announce: Announce = print,
-) -> None:
-    """Serve the proxy on ``sock`` until SIGINT/SIGTERM (see :func:`run_serving`)."""
+) -> int | None:
+    """Serve the proxy on ``sock`` until SIGINT/SIGTERM; the signal that stopped it (:func:`run_serving`)."""
     from ._server import serve  # noqa: PLC0415
 
     serving = serve(
@@ -320,33 +364,46 @@ def serve_on(
         clients=clients,
         on_ready=ready,
     )
-    run_serving(serving, closer, admin=admin, announce=announce)
+    return run_serving(serving, closer, admin=admin, announce=announce)
 
 
 # ---------------------------------------------------------------- the event loop
 def run_serving(
     serving: Awaitable[None], closer: Any, *, admin: Admin | None = None, announce: Announce = print
-) -> None:
+) -> int | None:
     """Run ``serving`` (the proxy until SIGINT/SIGTERM) on the proxy's event loop, then close ``closer``.
 
     uvicorn handles SIGINT/SIGTERM itself (graceful shutdown), then re-raises the signal
-    to the handler it found: that one is made a no-op for the run, so shutdown ends here,
-    with the store closed and exit code 0, rather than by the default handler. ``admin``,
-    when given, is served on the same loop first (its URL announced before the proxy's).
+    to the handler it found: that one only notes the signal for the run, so shutdown ends
+    here, with the store closed and exit code 0, rather than by the default handler; the
+    signal noted is returned (``None``: the server ended by itself). ``admin``, when given,
+    is served on the same loop first (its URL announced before the proxy's).
     """
     from ._server import event_loop_factory  # noqa: PLC0415
 
-    previous = {sig: signal.signal(sig, _ignore) for sig in (signal.SIGINT, signal.SIGTERM)}
+    received: list[int] = []
+    previous = {
+        sig: signal.signal(sig, lambda signum, frame: received.append(signum))
+        for sig in (signal.SIGINT, signal.SIGTERM)
+    }
     try:
         with asyncio.Runner(loop_factory=event_loop_factory()) as runner:
             runner.run(_serve_then_close(serving, closer, admin, announce))
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+    return received[0] if received else None
 
 
-def _ignore(signum: int, frame: Any) -> None:
-    """Stand-in for the default handlers while uvicorn runs (see :func:`run_serving`)."""
+def log_stopped(signum: int | None, settings: ProxySettings) -> None:
+    """One record when the proxy has stopped: operators see a SIGTERM was obeyed, not a crash."""
+    name = signal.Signals(signum).name if signum is not None else None
+    logger.info(
+        "proxy stopped%s: open requests drained (graceful timeout %ds)",
+        f" on {name}" if name else "",
+        settings.graceful_timeout,
+        extra=_telemetry.fields("proxy_stopped", signal=name, workers=settings.workers),
+    )
 
 
 async def _serve_then_close(
@@ -371,7 +428,10 @@ __all__ = [
     "ProxyConfigError",
     "ProxySettings",
     "built",
+    "log_stopped",
+    "said_by_the_supervisor",
     "serve_on",
+    "timeline",
     "admin_in_thread",
     "configure_logging",
     "listening_socket",

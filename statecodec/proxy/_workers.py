@@ -60,6 +60,7 @@ class Supervisor:
         self._ready = self._context.Queue()
         self._procs: list[SpawnProcess | None] = [None] * workers
         self._stopping = False
+        self.stopped_by: int | None = None  # the signal that stopped the workers, for the log
 
     def _start(self, index: int) -> SpawnProcess:
         proc = self._context.Process(
@@ -91,6 +92,7 @@ class Supervisor:
 
     def _on_signal(self, signum: int, frame: Any) -> None:
         self._stopping = True
+        self.stopped_by = signum
 
     def _await_ready(self) -> int | None:
         """None once every worker is ready; the exit code of one that died first."""

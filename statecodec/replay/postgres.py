@@ -71,7 +71,8 @@ from psycopg import sql
 
 from .. import _telemetry
 from .._errors import ReplayStoreError
-from ._url import PostgresTarget, parse_postgres_url, scrub
+from ._postgres_url import PostgresTarget, parse_postgres_url
+from ._url_text import scrub
 from .base import ReplayStore, invalid_retention
 
 logger = logging.getLogger("statecodec")

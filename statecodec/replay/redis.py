@@ -73,7 +73,8 @@ from redis.exceptions import (
 from redis.retry import Retry
 
 from .._errors import ReplayStoreError
-from ._url import RedisTarget, parse_redis_url, scrub
+from ._redis_url import RedisTarget, parse_redis_url
+from ._url_text import scrub
 from .base import ReplayStore, invalid_retention
 
 SyncClient: TypeAlias = "redis.Redis | redis.cluster.RedisCluster"

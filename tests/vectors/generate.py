@@ -405,13 +405,13 @@ def _positives(g: _Builder) -> None:
             kid="k2024a",
         )
         g.positive(
-            f"{m}-at-exp",
-            "ttl 600, expiry_grace 0: now = exp, 600 s after iat, is the last accepted second",
+            f"{m}-just-before-exp",
+            "ttl 600, expiry_grace 0: now = exp - 0.001 is accepted (valid while now < exp)",
             mode=mode,
             payload=b"edge",
             binding=FULL,
             iat=iat,
-            now=iat + 600,
+            now=iat + 599.999,
         )
         g.positive(
             f"{m}-iat-at-max-skew",
@@ -457,13 +457,13 @@ def _positives(g: _Builder) -> None:
         now=NOW,
     )
     g.positive(
-        "s-at-exp-plus-fraction",
-        "now = exp + 0.75: floor(now) = exp, still the last accepted second",
+        "s-last-whole-second",
+        "now = exp - 1: floor(now) = exp - 1, the last whole second accepted",
         mode="sign",
         payload=b"e",
         binding=FULL,
         iat=iat,
-        now=iat + 600.75,
+        now=iat + 599,
     )
     g.positive(
         "s-within-max-skew-fraction",
@@ -476,12 +476,12 @@ def _positives(g: _Builder) -> None:
     )
     g.positive(
         "s-expiry-grace-last-second",
-        "expiry_grace 30: now = exp + 30 is the last accepted second",
+        "expiry_grace 30: now = exp + 29.5 is accepted (valid while now < exp + 30)",
         mode="sign",
         payload=b"e",
         binding=FULL,
         iat=iat,
-        now=iat + 630,
+        now=iat + 629.5,
         expiry_grace=30,
     )
     g.positive(
@@ -851,6 +851,35 @@ def _negatives(g: _Builder) -> None:
     )
 
     # --- expired / not_yet_valid
+    for mode, token in (("sign", s), ("encrypt", e)):
+        neg(
+            f"expired-at-exp{'' if mode == 'sign' else '-encrypt'}",
+            "ttl 600, expiry_grace 0: now = exp, 600 s after iat, is expired (a TTL is at most its TTL)",
+            "expired",
+            token,
+            mode=mode,
+            binding=FULL,
+            now=iat + 600,
+        )
+    neg(
+        "expired-at-exp-plus-fraction",
+        "ttl 600, expiry_grace 0: now = exp + 0.5, 600.5 s after iat",
+        "expired",
+        s,
+        mode="sign",
+        binding=FULL,
+        now=iat + 600.5,
+    )
+    neg(
+        "expired-at-expiry-grace",
+        "expiry_grace 30: now = exp + 30 is expired",
+        "expired",
+        s,
+        mode="sign",
+        binding=FULL,
+        now=iat + 630,
+        expiry_grace=30,
+    )
     neg(
         "expired-at-exp-plus-1",
         "ttl 600, expiry_grace 0: now = exp + 1, 601 s after iat",
@@ -881,12 +910,12 @@ def _negatives(g: _Builder) -> None:
     )
     neg(
         "expired-max-skew-does-not-extend-expiry",
-        "max_skew 3600, expiry_grace 0: now = exp + 1 is still expired",
+        "max_skew 3600, expiry_grace 0: now = exp is expired",
         "expired",
         s,
         mode="sign",
         binding=FULL,
-        now=iat + 601,
+        now=iat + 600,
         max_skew=3600,
     )
     neg("expired-encrypt", "a day later", "expired", e, mode="encrypt", binding=FULL, now=NOW + 86_400)

@@ -1,0 +1,77 @@
+"""PostgreSQL replay-store URLs: statecodec's own options out, the rest to libpq as written.
+
+Apart from :mod:`._url` (which picks a store) so that the PostgreSQL store uses it without
+importing the module that imports it, as :mod:`._redis_url` is for Redis.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Final
+from urllib.parse import unquote_plus
+
+from ._url_text import _bad, _convert, _Parser, _positive_seconds, redact, url_secrets
+
+
+def _positive_int(value: str) -> int:
+    number = int(value)
+    if number < 1:
+        raise ValueError
+    return number
+
+
+POSTGRES_SCHEMES: Final = ("postgresql", "postgres")
+#: statecodec's own options in a PostgreSQL URL; every other query option is libpq's.
+POSTGRES_STORE_OPTIONS: Final[dict[str, _Parser]] = {
+    "table": str,
+    "timeout": _positive_seconds,
+    "pool_size": _positive_int,
+    "purge_interval": _positive_seconds,
+}
+
+
+@dataclass(frozen=True)
+class PostgresTarget:
+    """What a PostgreSQL URL names: the conninfo for libpq, and statecodec's options.
+
+    ``conninfo`` is the user's URL without statecodec's options, everything else as
+    written (libpq parses it: hosts, ports, ``host=a,b``, ``sslmode``, ``options``...).
+    """
+
+    conninfo: str
+    options: Mapping[str, Any]
+    #: libpq's query parameter names present in the URL (to know which defaults to add).
+    libpq_keys: frozenset[str]
+    #: The URL as given, with every secret replaced (:func:`redact`).
+    where: str
+    #: The secret values in the URL, to scrub from any message (:func:`scrub`).
+    secrets: tuple[str, ...]
+
+
+def parse_postgres_url(url: str) -> PostgresTarget:
+    """Split a PostgreSQL URL into what libpq parses and statecodec's own options."""
+    scheme, sep, rest = url.partition("://")
+    if not sep or scheme.lower() not in POSTGRES_SCHEMES:
+        raise _bad(url, "not a PostgreSQL URL (postgresql://...)")
+    rest, hash_sign, _ = rest.partition("#")
+    if hash_sign:
+        raise _bad(url, "a PostgreSQL URL has no '#fragment'; write a '#' in a password as %23")
+    location, _, query = rest.partition("?")
+    theirs: list[str] = []
+    ours: dict[str, Any] = {}
+    keys: set[str] = set()
+    for piece in query.split("&") if query else []:
+        raw_name, _, raw_value = piece.partition("=")
+        name = unquote_plus(raw_name)
+        if name not in POSTGRES_STORE_OPTIONS:
+            theirs.append(piece)
+            keys.add(name)
+            continue
+        if name in ours:
+            raise _bad(url, f"the option {name!r} is given twice")
+        ours[name] = _convert(url, name, unquote_plus(raw_value), POSTGRES_STORE_OPTIONS[name])
+    suffix = "?" + "&".join(theirs) if theirs else ""
+    return PostgresTarget(
+        f"{scheme.lower()}://{location}{suffix}", ours, frozenset(keys), redact(url), url_secrets(url)
+    )

@@ -1,0 +1,1 @@
+"""The repository's own tools (not shipped in the wheel): the docs generators."""
