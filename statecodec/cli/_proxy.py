@@ -377,17 +377,14 @@ def proxy_command(**params: Any) -> None:
 
 
 def _run(settings: ProxySettings, host: str, port: int, admin_address: tuple[str, int] | None) -> None:
-    from .. import ops  # noqa: PLC0415
-    from .._net import socket_url  # noqa: PLC0415
     from ..proxy import _runtime  # noqa: PLC0415 - loaded only for this command
-    from ..replay._url import redact  # noqa: PLC0415
 
     if settings.ttl <= 0:
         raise click.BadParameter("must be positive", param_hint="'--ttl'")
     for name in ("head_timeout", "body_timeout", "idle_timeout"):
         if getattr(settings, name) <= 0:
             raise click.BadParameter("must be positive", param_hint=f"'--{name.replace('_', '-')}'")
-    _client_limits(settings)  # an open-file limit too low to serve is a usage error, before listening
+    clients = _client_limits(settings)  # an open-file limit too low to serve: a usage error, before listening
     try:
         _runtime.timeline(settings)  # validated where it is defined, before anything starts
     except ValueError as exc:
@@ -397,59 +394,16 @@ def _run(settings: ProxySettings, host: str, port: int, admin_address: tuple[str
             "--workers N needs a replay store the workers share (sqlite:PATH or redis://...): "
             "with memory: each worker would accept every token once"
         )
-    with contextlib.ExitStack() as stack:
-        if settings.workers > 1 and admin_address is not None:
-            stack.enter_context(_runtime.metrics_shared_by_workers())
-        _telemetry.resolve()  # the metrics libraries load now, not on the first request
-        _runtime.without_created_series()
-
-        def ready(url: str) -> None:
-            logger.info(
-                "%s -> %s mode=%s audience=%r principal=%s replay=%s workers=%d",
-                url, redact(settings.upstream), settings.mode, settings.audience,
-                settings.principal.describe(), redact(settings.replay), settings.workers,
-                extra={
-                    **_telemetry.fields(
-                        "proxy_started",
-                        audience=settings.audience,
-                        mode=settings.mode,
-                        workers=settings.workers,
-                    ),
-                    "url": url,
-                },
-            )  # fmt: skip
-            echo(f"listening on {url}")
-
-        # Keys, store and options are checked here, before listening: exit 2/3/4/7. With
-        # workers they stay open in the supervisor for /readyz; each worker builds its own.
-        app, closer, health = stack.enter_context(_built(settings))
-        sock = stack.enter_context(contextlib.closing(_runtime.listening_socket(host, port)))
-        admin = None
-        if admin_address is not None:
-            admin = (
-                ops.app(health),
-                stack.enter_context(contextlib.closing(_runtime.listening_socket(*admin_address))),
-            )
-        if settings.workers == 1:
-            clients = _client_limits(settings)
-            stopped_by = _runtime.serve_on(
-                app, closer, sock, settings, clients=clients, ready=ready, admin=admin, announce=echo
-            )
-            _runtime.log_stopped(stopped_by, settings)
-            return
-        from ..proxy import Supervisor  # noqa: PLC0415
-
-        if admin is not None:
-            stack.enter_context(_runtime.admin_in_thread(admin, echo))
-        supervisor = Supervisor(
-            functools.partial(_serve_worker, settings),
-            sock,
-            settings.workers,
-            stop_timeout=settings.graceful_timeout,
-        )
-        code = supervisor.run(lambda: ready(socket_url(sock)))
-        if not code:
-            _runtime.log_stopped(supervisor.stopped_by, settings)
+    code = _runtime.run(
+        settings,
+        host,
+        port,
+        admin_address,
+        build=_built,
+        clients=clients,
+        worker=functools.partial(_serve_worker, settings),
+        announce=echo,
+    )
     if code:
         sys.exit(code)
 

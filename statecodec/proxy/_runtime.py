@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import os
 import queue
@@ -28,7 +29,7 @@ from typing import TYPE_CHECKING, Any, Protocol, TextIO
 from .. import _telemetry
 from .._codec import StateCodec
 from .._errors import StateCodecError
-from .._net import bind_socket
+from .._net import bind_socket, socket_url
 from ..adapters.asgi import ASGIApp, PrincipalFn
 from ._admin import START_TIMEOUT, admin_listener
 
@@ -367,6 +368,73 @@ def serve_on(
     return run_serving(serving, closer, admin=admin, announce=announce)
 
 
+# ---------------------------------------------------------------- the process
+def run(
+    settings: ProxySettings,
+    host: str,
+    port: int,
+    admin_address: tuple[str, int] | None,
+    *,
+    build: Callable[[ProxySettings], contextlib.AbstractContextManager[tuple[ASGIApp, Any, Health]]],
+    clients: ClientLimits,
+    worker: Callable[[socket.socket, Callable[[], None]], None],
+    announce: Announce,
+) -> int:
+    """Run the proxy process until SIGINT/SIGTERM: one server, or a supervisor of workers; its exit code.
+
+    ``build`` builds the proxy (:func:`built`, as the caller reports its failures): keys,
+    store and options are checked then, before anything listens. With workers they stay
+    open in the supervisor for ``/readyz``; each ``worker(sock, ready)`` builds its own.
+    """
+    from .. import ops  # noqa: PLC0415
+    from ._workers import Supervisor  # noqa: PLC0415
+
+    with contextlib.ExitStack() as stack:
+        if settings.workers > 1 and admin_address is not None:
+            stack.enter_context(metrics_shared_by_workers())
+        _telemetry.resolve()  # the metrics libraries load now, not on the first request
+        without_created_series()
+        ready = functools.partial(_listening, settings, announce)
+        app, closer, health = stack.enter_context(build(settings))
+        sock = stack.enter_context(contextlib.closing(listening_socket(host, port)))
+        admin = None
+        if admin_address is not None:
+            admin = (
+                ops.app(health),
+                stack.enter_context(contextlib.closing(listening_socket(*admin_address))),
+            )
+        if settings.workers == 1:
+            stopped_by = serve_on(
+                app, closer, sock, settings, clients=clients, ready=ready, admin=admin, announce=announce
+            )
+            log_stopped(stopped_by, settings)
+            return 0
+        if admin is not None:
+            stack.enter_context(admin_in_thread(admin, announce))
+        supervisor = Supervisor(worker, sock, settings.workers, stop_timeout=settings.graceful_timeout)
+        code = supervisor.run(lambda: ready(socket_url(sock)))
+        if not code:
+            log_stopped(supervisor.stopped_by, settings)
+    return code
+
+
+def _listening(settings: ProxySettings, announce: Announce, url: str) -> None:
+    from ..replay._url import redact  # noqa: PLC0415
+
+    logger.info(
+        "%s -> %s mode=%s audience=%r principal=%s replay=%s workers=%d",
+        url, redact(settings.upstream), settings.mode, settings.audience,
+        settings.principal.describe(), redact(settings.replay), settings.workers,
+        extra={
+            **_telemetry.fields(
+                "proxy_started", audience=settings.audience, mode=settings.mode, workers=settings.workers
+            ),
+            "url": url,
+        },
+    )  # fmt: skip
+    announce(f"listening on {url}")
+
+
 # ---------------------------------------------------------------- the event loop
 def run_serving(
     serving: Awaitable[None], closer: Any, *, admin: Admin | None = None, announce: Announce = print
@@ -429,6 +497,7 @@ __all__ = [
     "ProxySettings",
     "built",
     "log_stopped",
+    "run",
     "said_by_the_supervisor",
     "serve_on",
     "timeline",
