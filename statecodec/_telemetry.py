@@ -178,25 +178,24 @@ def _otel(meter: Any) -> dict[str, Callable[..., None]]:
     The API's proxy meter follows a MeterProvider installed later, so creating the
     instruments once, at the first call, still reaches an SDK configured afterwards.
     """
-    seals = meter.create_counter(SEALS, unit="{token}", description="requestState tokens sealed").add
-    unseals = meter.create_counter(
-        UNSEALS, unit="{token}", description="requestState tokens unsealed, by outcome reason"
-    ).add
-    size_of = meter.create_histogram(
-        TOKEN_SIZE, unit="By", description="size of requestState tokens on the wire"
-    ).record
-    rounds_of = meter.create_histogram(
-        FLOW_ROUNDS,
-        unit="{round}",
-        description="requestState tokens per MRTR flow, recorded when a flow ends",
-    ).record
+
+    def counter(name: str, unit: str, description: str) -> Callable[..., None]:
+        add: Callable[..., None] = meter.create_counter(name, unit=unit, description=description).add
+        return add
+
+    def histogram(name: str, unit: str, description: str) -> Callable[..., None]:
+        record: Callable[..., None] = meter.create_histogram(name, unit=unit, description=description).record
+        return record
+
+    seals = counter(SEALS, "{token}", "requestState tokens sealed")
+    unseals = counter(UNSEALS, "{token}", "requestState tokens unsealed, by outcome reason")
+    size_of = histogram(TOKEN_SIZE, "By", "size of requestState tokens on the wire")
+    rounds_of = histogram(
+        FLOW_ROUNDS, "{round}", "requestState tokens per MRTR flow, recorded when a flow ends"
+    )
     by_mode = {mode: {"mode": mode} for mode in MODES}
-    store_errors = meter.create_counter(
-        STORE_ERRORS, unit="{error}", description="replay store calls that failed (the token was refused)"
-    ).add
-    refresh_failures = meter.create_counter(
-        REFRESH_FAILURES, unit="{failure}", description="key ring refreshes that failed"
-    ).add
+    store_errors = counter(STORE_ERRORS, "{error}", "replay store calls that failed (the token was refused)")
+    refresh_failures = counter(REFRESH_FAILURES, "{failure}", "key ring refreshes that failed")
     # (outcome attributes, size attributes) per (mode, method, outcome), one cache per
     # direction. Shared dicts: never mutated here, and the OpenTelemetry SDK only reads them.
     cached: dict[tuple[str, str, str, str], tuple[Mapping[str, str], Mapping[str, str]]] = {}
@@ -208,23 +207,21 @@ def _otel(meter: Any) -> dict[str, Callable[..., None]]:
             cached[key] = made
         return made
 
-    def seal(mode: str, method: str, outcome: str, size: int | None) -> None:
-        key = ("seal", mode, method, outcome)
-        counted, sized = cached.get(key) or attributes(key)
-        seals(1, counted)
-        if size is not None:
-            size_of(size, sized)
+    def tokens(direction: str, count: Callable[..., None]) -> Callable[[str, str, str, int | None], None]:
+        """The recorder of one direction: sealed and unsealed tokens differ only in their counter."""
 
-    def unseal(mode: str, method: str, outcome: str, size: int | None) -> None:
-        key = ("unseal", mode, method, outcome)
-        counted, sized = cached.get(key) or attributes(key)
-        unseals(1, counted)
-        if size is not None:
-            size_of(size, sized)
+        def record(mode: str, method: str, outcome: str, size: int | None) -> None:
+            key = (direction, mode, method, outcome)
+            counted, sized = cached.get(key) or attributes(key)
+            count(1, counted)
+            if size is not None:
+                size_of(size, sized)
+
+        return record
 
     return {
-        "record_seal": seal,
-        "record_unseal": unseal,
+        "record_seal": tokens("seal", seals),
+        "record_unseal": tokens("unseal", unseals),
         "record_flow_rounds": lambda mode, rounds: rounds_of(rounds, by_mode.get(mode) or {"mode": mode}),
         "record_store_error": lambda store: store_errors(1, {"store": store}),
         "record_key_refresh_failure": lambda: refresh_failures(1),

@@ -117,9 +117,13 @@ class SDKStateWindow:
         anything else, a state of statecodec's included, goes to ``judge_request``.
         """
         token = None if params is None else params.get(boundary.REQUEST_STATE)
-        if not isinstance(token, str) or not _sdk_shaped(token) or boundary.state_aliases(params or {}):
+        if (
+            params is None
+            or not isinstance(token, str)
+            or not _sdk_shaped(token)
+            or boundary.state_aliases(params)
+        ):
             return await boundary.judge_request(codec, method, params, bind, max_hold=max_hold, holds=holds)
-        assert params is not None
         try:
             state, binding = await self._redeem(
                 ctx, codec, method=method, params=params, token=token, bind=bind

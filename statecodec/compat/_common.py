@@ -59,6 +59,25 @@ def check_token(token: object, max_token_bytes: int) -> str:
     return token
 
 
+def after_prefix(token: str, max_token_bytes: int, prefix: str, what: str) -> str:
+    """:func:`check_token`, then what follows ``prefix``, or ``malformed`` naming the format ``what``."""
+    check_token(token, max_token_bytes)
+    if not token.startswith(prefix):
+        raise InvalidState("malformed", f"not a {what} token (no {prefix!r} prefix)")
+    return token[len(prefix) :]
+
+
+def sealed_blob(token: str, max_token_bytes: int, prefix: str, what: str, min_bytes: int) -> bytes:
+    """``prefix`` and one base64url section of at least ``min_bytes``: the Python and Ruby SDKs' v1.
+
+    Both seal with AES-256-GCM behind ``"v1."``; only the layout of the bytes differs.
+    """
+    raw = b64decode(after_prefix(token, max_token_bytes, prefix, what), "token body")
+    if len(raw) < min_bytes:
+        raise InvalidState("malformed", f"token body is {len(raw)} bytes, at least {min_bytes}")
+    return raw
+
+
 def _no_constants(name: str) -> Any:
     raise ValueError(f"{name} is not JSON")
 

@@ -23,13 +23,13 @@ from typing import Any, Final
 
 from .. import _format
 from .._errors import InvalidState
-from . import mcp_py_v1, php_v1, rs1, rs2, ruby_v1, ts_v1
+from . import _rmcp, mcp_py_v1, php_v1, rs1, rs2, ruby_v1, ts_v1
 from ._common import DEFAULT_MAX_TOKEN_BYTES, displayable_time, logger
 
 SC1: Final = "statecodec sc1"
-TS_V1: Final = "TypeScript SDK v1"
-MCP_PY_V1: Final = "Python SDK v1"
-RUBY_V1: Final = "Ruby SDK v1"
+TS_V1: Final = ts_v1.NAME
+MCP_PY_V1: Final = mcp_py_v1.NAME
+RUBY_V1: Final = ruby_v1.NAME
 PHP_V1: Final = "PHP SDK v1"
 RS1: Final = "rmcp rs1"
 RS2: Final = "rmcp rs2 (proposed, rmcp PR #1128)"
@@ -218,36 +218,26 @@ def _read_rs2(token: str, cap: int) -> FormatInfo:
     p = rs2.parse(token, cap)
     body = p.body()
     p.tag()  # both sections must decode, as rmcp requires
-    expiry = rs2.expiry_ms(body)
-    if expiry is None:
-        raise InvalidState("malformed", f"body is {len(body)} bytes, shorter than its expiry field")
-    return FormatInfo(
-        RS2,
-        "rs2",
-        len(token),
-        mode="sign",
-        kid=p.kid,
-        expires_at=displayable_time(expiry / 1000) if expiry else None,
-        payload=body[rs2.EXPIRY_LEN :],
-        fields={
-            "expiry_ms": expiry,
-            "never_expires": expiry == 0,
-            "status": "proposed (rmcp PR #1128), not released",
-        },
-    )
+    status = {"status": "proposed (rmcp PR #1128), not released"}
+    return _rmcp_info(RS2, "rs2", len(token), body, p.kid, status)
 
 
 def _read_rs1(token: str, cap: int) -> FormatInfo:
-    p = rs1.parse(token, cap)
-    expiry = p.expiry_ms
-    if expiry is None:
-        raise InvalidState("malformed", f"body is {len(p.body)} bytes, shorter than its expiry field")
+    return _rmcp_info(RS1, "rs1", len(token), rs1.parse(token, cap).body, None, {})
+
+
+def _rmcp_info(  # noqa: PLR0917 - private, one caller per rmcp format
+    name: str, fmt: str, size: int, body: bytes, kid: str | None, extra: Mapping[str, str]
+) -> FormatInfo:
+    """An rmcp token's clear facts: both formats carry the body ``expiry_ms || payload``."""
+    expiry, payload = _rmcp.split_body(body)
     return FormatInfo(
-        RS1,
-        "rs1",
-        len(token),
+        name,
+        fmt,
+        size,
         mode="sign",
+        kid=kid,
         expires_at=displayable_time(expiry / 1000) if expiry else None,
-        payload=p.body[rs1.EXPIRY_LEN :],
-        fields={"expiry_ms": expiry, "never_expires": expiry == 0},
+        payload=payload,
+        fields={"expiry_ms": expiry, "never_expires": expiry == 0, **extra},
     )

@@ -53,13 +53,14 @@ from ._common import (
     UNCHECKED,
     ago,
     b64decode,
-    check_token,
     fail_closed,
     is_number,
     loads,
+    sealed_blob,
     secret_bytes,
 )
 
+NAME: Final = "Python SDK v1"
 PREFIX: Final = "v1."
 KDF_INFO: Final = b"mcp/request-state/v1/aes-256-gcm"
 KID_INFO: Final = b"mcp/request-state/v1/kid:"
@@ -124,14 +125,7 @@ class Expected(NamedTuple):
 
 def parse(token: str, max_token_bytes: int = DEFAULT_MAX_TOKEN_BYTES) -> ParsedMcpPyV1:
     """Split ``token`` strictly, without keys, or raise ``InvalidState("malformed"|"too_large")``."""
-    check_token(token, max_token_bytes)
-    if not token.startswith(PREFIX):
-        raise InvalidState("malformed", "not a Python SDK v1 token (no 'v1.' prefix)")
-    raw = b64decode(token[len(PREFIX) :], "token body")
-    if len(raw) < KID_LEN + NONCE_LEN + TAG_LEN:
-        raise InvalidState(
-            "malformed", f"token body is {len(raw)} bytes, at least {KID_LEN + NONCE_LEN + TAG_LEN}"
-        )
+    raw = sealed_blob(token, max_token_bytes, PREFIX, NAME, KID_LEN + NONCE_LEN + TAG_LEN)
     return ParsedMcpPyV1(raw[:KID_LEN], raw[KID_LEN : KID_LEN + NONCE_LEN], raw[KID_LEN + NONCE_LEN :])
 
 
@@ -215,7 +209,7 @@ def _decrypt(token: str, ring: Mapping[bytes, AESGCM], max_token_bytes: int) -> 
         raise InvalidState("tampered", "AES-GCM tag does not verify: modified or forged", kid=kid) from None
 
 
-@fail_closed("Python SDK v1")
+@fail_closed(NAME)
 def _unseal(
     token: str,
     ring: Mapping[bytes, AESGCM],

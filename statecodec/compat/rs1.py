@@ -23,23 +23,20 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-import math
-import struct
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Final, NamedTuple
 
 from .._errors import InvalidState
-from .._humanize import duration
-from ._common import DEFAULT_MAX_TOKEN_BYTES, b64decode, check_token, fail_closed, secret_bytes
+from . import _rmcp
+from ._common import DEFAULT_MAX_TOKEN_BYTES, b64decode, fail_closed, secret_bytes
 
 VERSION: Final = "rs1"
 PREFIX: Final = "rs1."
 DOMAIN: Final = b"rmcp/mrtr/request-state/v1"
-EXPIRY_LEN: Final = 8
-_I64 = struct.Struct(">q")
-_U64 = struct.Struct(">Q")
+EXPIRY_LEN: Final = _rmcp.EXPIRY_LEN  # public as before; the layout lives in _rmcp
+LAYOUT: Final = "rs1.<body>.<tag>"
 
 
 class ParsedRs1(NamedTuple):
@@ -51,7 +48,7 @@ class ParsedRs1(NamedTuple):
     @property
     def expiry_ms(self) -> int | None:
         """The expiry in Unix milliseconds, 0 for "never", ``None`` when the body is too short."""
-        return _I64.unpack_from(self.body)[0] if len(self.body) >= EXPIRY_LEN else None
+        return _rmcp.expiry_ms(self.body)
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,16 +61,13 @@ class OpenedRs1:
 
 def parse(token: str, max_token_bytes: int = DEFAULT_MAX_TOKEN_BYTES) -> ParsedRs1:
     """Split ``token`` strictly, without keys, or raise ``InvalidState("malformed"|"too_large")``."""
-    check_token(token, max_token_bytes)
-    parts = token.split(".")
-    if len(parts) != 3 or parts[0] != VERSION:
-        raise InvalidState("malformed", "not an rmcp rs1 token (expected 'rs1.<body>.<tag>')")
-    return ParsedRs1(b64decode(parts[1], "body"), b64decode(parts[2], "tag"))
+    _, body_text, tag_text = _rmcp.sections(token, max_token_bytes, LAYOUT)
+    return ParsedRs1(b64decode(body_text, "body"), b64decode(tag_text, "tag"))
 
 
 def mac(key: bytes, associated_data: bytes, body: bytes) -> bytes:
     """rmcp's ``mac_for``: the domain label and a length prefix keep AD and body apart."""
-    return hmac.digest(key, DOMAIN + _U64.pack(len(associated_data)) + associated_data + body, hashlib.sha256)
+    return hmac.digest(key, DOMAIN + _rmcp.length_prefixed(associated_data) + body, hashlib.sha256)
 
 
 def unseal(
@@ -88,9 +82,8 @@ def unseal(
 
     Expiry is judged at ``clock()`` (``time.time``). ``TypeError``/``ValueError`` for a bad key.
     """
-    if not isinstance(associated_data, bytes):
-        raise TypeError("associated_data must be bytes")
-    return _unseal(token, secret_bytes(key), associated_data, clock, max_token_bytes)
+    ad = _rmcp.check_associated_data(associated_data)  # first, as before: its TypeError wins
+    return _unseal(token, secret_bytes(key), ad, clock, max_token_bytes)
 
 
 @fail_closed("rmcp rs1")
@@ -105,14 +98,6 @@ def _unseal(
             "HMAC tag does not match: modified, minted with another key, or sealed with other "
             "associated data",
         )
-    expiry = parsed.expiry_ms
-    if expiry is None:
-        raise InvalidState("malformed", f"body is {len(parsed.body)} bytes, shorter than its expiry field")
-    if expiry == 0:
-        raise InvalidState(
-            "expired", "token never expires (sealed without a TTL): refused, it replays for ever"
-        )
-    now_ms = math.floor(clock() * 1000)  # inside fail_closed: a NaN clock is an internal_error
-    if now_ms > expiry:
-        raise InvalidState("expired", f"expired {duration((now_ms - expiry) / 1000)} ago")
-    return OpenedRs1(parsed.body[EXPIRY_LEN:], expiry / 1000)
+    expiry, payload = _rmcp.split_body(parsed.body)
+    _rmcp.check_expiry(expiry, clock)
+    return OpenedRs1(payload, expiry / 1000)

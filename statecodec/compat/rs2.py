@@ -33,25 +33,23 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-import math
-import struct
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Final, NamedTuple
 
 from .._errors import InvalidState
-from .._humanize import duration
-from ._common import DEFAULT_MAX_TOKEN_BYTES, b64decode, check_token, fail_closed, secret_bytes
+from . import _rmcp
+from ._common import DEFAULT_MAX_TOKEN_BYTES, b64decode, fail_closed, secret_bytes
 
 VERSION: Final = "rs2"
 PREFIX: Final = "rs2."
 DOMAIN: Final = b"rmcp/mrtr/request-state/v2"
-EXPIRY_LEN: Final = 8
+EXPIRY_LEN: Final = _rmcp.EXPIRY_LEN  # public as before; the layout lives in _rmcp
+expiry_ms = _rmcp.expiry_ms  # public as before; the rule lives in _rmcp
+LAYOUT: Final = "rs2.<kid>.<body>.<tag>"
 MAX_KID_LEN: Final = 255
 MAX_ENCODED_KID_LEN: Final = 340
-_I64 = struct.Struct(">q")
-_U64 = struct.Struct(">Q")
 
 #: A key ring as rmcp configures one: kid -> raw key.
 Ring = Mapping[str, bytes | str]
@@ -82,11 +80,7 @@ class OpenedRs2:
 
 def parse(token: str, max_token_bytes: int = DEFAULT_MAX_TOKEN_BYTES) -> ParsedRs2:
     """Split ``token`` and read its kid strictly, without keys, or raise ``InvalidState``."""
-    check_token(token, max_token_bytes)
-    parts = token.split(".")
-    if len(parts) != 4 or parts[0] != VERSION:
-        raise InvalidState("malformed", "not an rmcp rs2 token (expected 'rs2.<kid>.<body>.<tag>')")
-    _, kid_text, body_text, tag_text = parts
+    _, kid_text, body_text, tag_text = _rmcp.sections(token, max_token_bytes, LAYOUT)
     if len(kid_text) > MAX_ENCODED_KID_LEN:
         raise InvalidState(
             "malformed", f"key id is {len(kid_text)} characters, at most {MAX_ENCODED_KID_LEN}"
@@ -101,15 +95,9 @@ def parse(token: str, max_token_bytes: int = DEFAULT_MAX_TOKEN_BYTES) -> ParsedR
     return ParsedRs2(kid, body_text, tag_text)
 
 
-def expiry_ms(body: bytes) -> int | None:
-    """The expiry in Unix milliseconds, 0 for "never", ``None`` when the body is too short."""
-    return _I64.unpack_from(body)[0] if len(body) >= EXPIRY_LEN else None
-
-
 def mac(key: bytes, kid: str, associated_data: bytes, body: bytes) -> bytes:
     """rmcp's ``mac_v2``: the domain, then kid and AD each length-prefixed, then the body."""
-    raw_kid = kid.encode("utf-8")
-    signed = DOMAIN + _U64.pack(len(raw_kid)) + raw_kid + _U64.pack(len(associated_data)) + associated_data
+    signed = DOMAIN + _rmcp.length_prefixed(kid.encode("utf-8")) + _rmcp.length_prefixed(associated_data)
     return hmac.digest(key, signed + body, hashlib.sha256)
 
 
@@ -127,9 +115,8 @@ def unseal(
     ring that is not a mapping of kid -> key of at least 32 bytes, or for ``associated_data``
     that is not bytes.
     """
-    if not isinstance(associated_data, bytes):
-        raise TypeError("associated_data must be bytes")
-    return _unseal(token, _keys(ring), associated_data, clock, max_token_bytes)
+    ad = _rmcp.check_associated_data(associated_data)  # first, as before: its TypeError wins
+    return _unseal(token, _keys(ring), ad, clock, max_token_bytes)
 
 
 def _keys(ring: Ring) -> dict[str, bytes]:
@@ -166,14 +153,6 @@ def _unseal(
             "or sealed with other associated data",
             kid=parsed.kid[:64],
         )
-    expiry = expiry_ms(body)
-    if expiry is None:
-        raise InvalidState("malformed", f"body is {len(body)} bytes, shorter than its expiry field")
-    if expiry == 0:
-        raise InvalidState(
-            "expired", "token never expires (sealed without a TTL): refused, it replays for ever"
-        )
-    now_ms = math.floor(clock() * 1000)  # inside fail_closed: a NaN clock is an internal_error
-    if now_ms > expiry:
-        raise InvalidState("expired", f"expired {duration((now_ms - expiry) / 1000)} ago")
-    return OpenedRs2(parsed.kid, body[EXPIRY_LEN:], expiry / 1000)
+    expiry, payload = _rmcp.split_body(body)
+    _rmcp.check_expiry(expiry, clock)
+    return OpenedRs2(parsed.kid, payload, expiry / 1000)

@@ -43,16 +43,9 @@ from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
 from .._errors import InvalidState
-from ._common import (
-    DEFAULT_MAX_TOKEN_BYTES,
-    UNCHECKED,
-    ago,
-    b64decode,
-    check_token,
-    fail_closed,
-    loads,
-)
+from ._common import DEFAULT_MAX_TOKEN_BYTES, UNCHECKED, ago, fail_closed, loads, sealed_blob
 
+NAME: Final = "Ruby SDK v1"
 PREFIX: Final = "v1."
 AAD: Final = b"v1."
 KEY_LEN: Final = 32
@@ -105,12 +98,7 @@ def _same(claim: object, want: str | None) -> bool:
 
 def parse(token: str, max_token_bytes: int = DEFAULT_MAX_TOKEN_BYTES) -> ParsedRubyV1:
     """Split ``token`` strictly, without keys, or raise ``InvalidState("malformed"|"too_large")``."""
-    check_token(token, max_token_bytes)
-    if not token.startswith(PREFIX):
-        raise InvalidState("malformed", "not a Ruby SDK v1 token (no 'v1.' prefix)")
-    raw = b64decode(token[len(PREFIX) :], "token body")
-    if len(raw) < IV_LEN + TAG_LEN:
-        raise InvalidState("malformed", f"token body is {len(raw)} bytes, at least {IV_LEN + TAG_LEN}")
+    raw = sealed_blob(token, max_token_bytes, PREFIX, NAME, IV_LEN + TAG_LEN)
     return ParsedRubyV1(raw[:IV_LEN], raw[IV_LEN:])
 
 
@@ -214,7 +202,7 @@ def unseal(
     return _unseal(token, ruby_key(key), clock, expect, max_token_bytes)
 
 
-@fail_closed("Ruby SDK v1")
+@fail_closed(NAME)
 def _unseal(
     token: str, key: bytes, clock: Callable[[], float], expect: Expected, max_token_bytes: int
 ) -> OpenedRubyV1:

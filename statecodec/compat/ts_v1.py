@@ -43,15 +43,16 @@ from .._format import b64encode
 from ._common import (
     DEFAULT_MAX_TOKEN_BYTES,
     UNCHECKED,
+    after_prefix,
     ago,
     b64decode,
-    check_token,
     fail_closed,
     is_number,
     loads,
     secret_bytes,
 )
 
+NAME: Final = "TypeScript SDK v1"
 PREFIX: Final = "v1."
 BIND_LABEL: Final = b"mcp.requestState.bind:"
 MAC_LEN: Final = 32
@@ -79,11 +80,8 @@ class OpenedTsV1:
 
 def parse(token: str, max_token_bytes: int = DEFAULT_MAX_TOKEN_BYTES) -> ParsedTsV1:
     """Split ``token`` strictly, without keys, or raise ``InvalidState("malformed"|"too_large")``."""
-    check_token(token, max_token_bytes)
-    if not token.startswith(PREFIX):
-        raise InvalidState("malformed", "not a TypeScript SDK v1 token (no 'v1.' prefix)")
     # The SDK splits at the last dot; the body itself can never hold one.
-    body_text, dot, mac_text = token[len(PREFIX) :].rpartition(".")
+    body_text, dot, mac_text = after_prefix(token, max_token_bytes, PREFIX, NAME).rpartition(".")
     if not dot or not body_text:
         raise InvalidState("malformed", "expected 'v1.<body>.<mac>'")
     body = b64decode(body_text, "envelope")
@@ -147,7 +145,7 @@ def unseal(
     return _unseal(token, secret_bytes(key), clock, bind, max_token_bytes)
 
 
-@fail_closed("TypeScript SDK v1")
+@fail_closed(NAME)
 def _unseal(
     token: str, key: bytes, clock: Callable[[], float], bind: str | None, max_token_bytes: int
 ) -> OpenedTsV1:

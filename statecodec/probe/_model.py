@@ -14,6 +14,20 @@ from typing import Any, Final
 
 from .._errors import StateCodecError
 
+#: The public model, re-exported as it stands by :mod:`statecodec.probe` (listed once, here).
+__all__ = [
+    "CHECKS",
+    "CHECK_TITLES",
+    "Attempt",
+    "Baseline",
+    "CheckResult",
+    "Outcome",
+    "ProbeError",
+    "Reply",
+    "Report",
+    "Verdict",
+]
+
 #: The checks, in the order they run and are reported.
 CHECKS: Final = (
     "readable",
