@@ -4,7 +4,7 @@ Following Fernet and the MCP SDK boundary, every way a token can be wrong ends i
 single exception type, :class:`InvalidState`. The *reason* is a short stable string
 that code may switch on and metrics may count; the *detail* is a human sentence for
 logs and the CLI. Neither ever contains key material, and adapters never put either on
-the wire: what clients see is the adapters' business (``statecodec.adapters.jsonrpc``),
+the wire: what clients see is the adapters' business (``statecodec.boundary``),
 and this module knows nothing of MCP.
 
 Every exception a user can catch derives from :class:`StateCodecError`, so one
@@ -16,7 +16,7 @@ Every exception a user can catch derives from :class:`StateCodecError`, so one
     ├── KeyUnavailable          no key can mint right now
     ├── ReplayStoreError        a replay store could not answer; unseal fails closed
     ├── KeySourceError          statecodec.kms: a key source failed (``kind`` in kms.KINDS)
-    ├── WireError               statecodec.adapters.jsonrpc: a request the boundary refuses
+    ├── WireError               statecodec.boundary: a request the boundary refuses
     ├── ProbeError              statecodec.probe: the probe could not run
     └── Unauthenticated         statecodec.proxy: credentials presented but not verifiable
 

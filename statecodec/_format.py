@@ -224,6 +224,17 @@ def _prefix_error(token: str) -> InvalidState:
     return InvalidState("unsupported_version", f"unknown mode {mode!r} in format version {VERSION}")
 
 
+def check_size(token: str, max_token_bytes: int) -> None:
+    """The size cap of an inbound token (``too_large``): the one place it is written.
+
+    Every reader runs it first, before any decoding (and the boundary before the argument
+    digest), so a huge input costs nothing: the sc1 parser here, the SDK window, the
+    readers of the other SDKs' formats.
+    """
+    if len(token) > max_token_bytes:
+        raise InvalidState("too_large", f"token is {len(token)} characters, the limit is {max_token_bytes}")
+
+
 def parse(token: str, max_token_bytes: int) -> ParsedToken:
     """Split ``token`` into fields, strictly, or raise :class:`InvalidState`.
 
@@ -231,8 +242,7 @@ def parse(token: str, max_token_bytes: int) -> ParsedToken:
     """
     if not isinstance(token, str):
         raise InvalidState("malformed", f"token must be str, not {type(token).__name__}")
-    if len(token) > max_token_bytes:
-        raise InvalidState("too_large", f"token is {len(token)} characters, the limit is {max_token_bytes}")
+    check_size(token, max_token_bytes)
     if token.startswith(PREFIX_SIGN):
         prefix, mode, trailer = PREFIX_SIGN, "s", MAC_LEN
     elif token.startswith(PREFIX_ENCRYPT):

@@ -23,3 +23,13 @@ def bind_socket(host: str, port: int) -> socket.socket:
         sock.close()
         raise
     return sock
+
+
+def socket_url(sock: socket.socket) -> str:
+    """``http://HOST:PORT`` of a listening socket, the address in brackets for IPv6.
+
+    The one place a server statecodec runs names its own address: what it announces
+    (``listening on URL``, ``READY URL``) is where it actually listens, port 0 resolved.
+    """
+    host, port = sock.getsockname()[:2]
+    return f"http://{f'[{host}]' if ':' in host else host}:{port}"

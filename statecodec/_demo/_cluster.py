@@ -28,7 +28,8 @@ from typing import Any, Final
 import uvicorn
 
 from .._codec import Mode, StateCodec
-from .._net import bind_socket
+from .._net import bind_socket, socket_url
+from .._serving import EmbeddedServer, wait_started
 from ..kms import KeyManager
 from ..replay import ReplayStore, store_from_url
 from ._scenario import SERVER_NAME
@@ -133,18 +134,10 @@ def _tagged(app: Any, name: str) -> Any:
     return asgi
 
 
-class _EmbeddedServer(uvicorn.Server):
-    """uvicorn without its signal handlers: the demo owns Ctrl-C and stops the servers itself."""
-
-    @contextlib.contextmanager
-    def capture_signals(self) -> Iterator[None]:
-        yield
-
-
 @dataclass
 class _Running:
     instance: Instance
-    server: _EmbeddedServer
+    server: EmbeddedServer
     task: asyncio.Task[None]
 
 
@@ -189,22 +182,19 @@ class Cluster:
         app = build_mcpserver(codec, name, auth=True, name=service, log_level="WARNING").http_app()
         # log_config=None: uvicorn leaves the logging of the demo's process alone.
         config = uvicorn.Config(_tagged(app, name), log_config=None, access_log=False, lifespan="on")
-        server = _EmbeddedServer(config)
+        server = EmbeddedServer(config)  # the demo owns Ctrl-C and stops the servers itself
         sock = bind_socket("127.0.0.1", 0)  # a free loopback port, bound before serving
-        url = f"http://127.0.0.1:{sock.getsockname()[1]}/mcp"
+        url = f"{socket_url(sock)}/mcp"
         task = asyncio.create_task(server.serve(sockets=[sock]), name=f"statecodec-demo-{name}")
         self.running.append(_Running(Instance(name, service, url), server, task))
 
     async def wait_started(self) -> None:
         deadline = time.monotonic() + START_TIMEOUT
         for run in self.running:
-            while not run.server.started:
-                if run.task.done():
-                    run.task.result()  # raises what stopped it
-                    raise Deviation(f"server {run.instance.name} stopped while starting")
-                if time.monotonic() > deadline:
-                    raise Deviation(f"server {run.instance.name} did not start within {START_TIMEOUT:g}s")
-                await asyncio.sleep(0.02)
+            what = f"server {run.instance.name}"
+            await wait_started(
+                run.server, run.task, timeout=START_TIMEOUT, what=what, failure=Deviation, deadline=deadline
+            )
 
     async def close(self) -> None:
         for run in self.running:

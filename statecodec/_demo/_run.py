@@ -24,10 +24,9 @@ from typing import Any, Final
 import mcp_types as types
 from mcp.shared.exceptions import MCPError
 
-from .. import _format
+from .. import _format, boundary
 from .._codec import Mode
 from .._errors import InvalidState
-from ..adapters import jsonrpc
 from ._client import Answer, Router, User, connect
 from ._cluster import (
     PRODUCTION,
@@ -245,7 +244,7 @@ async def attempt(attack: Attack, log: Capture) -> Rejection:
     error: dict[str, Any] | None = None
     if isinstance(answer, MCPError):
         error = {"code": answer.code, "message": answer.message, "data": answer.data}
-        wire = jsonrpc.WireError.invalid_state().error()
+        wire = boundary.WireError.invalid_state().error()
         if error != wire:
             problems.append(f"the client got {error}, not the uniform {wire}")
     else:
@@ -289,10 +288,10 @@ def _server_said(records: list[Logged]) -> str:
 async def expired_token(running: Cluster, settings: Settings) -> str:
     """Alice's token as the service sealed it two hours ago: authentic, bound right, long expired."""
     codec = await running.codec(SERVER_NAME, clock=lambda: time.time() - EXPIRED_AGE)
-    binding = jsonrpc.binding_for(
+    binding = boundary.binding_for(
         "tools/call",
         {"name": TOOL, "arguments": {"version": VERSION}},
-        principal=jsonrpc.principal_string(CLIENT_ID, ISSUER, "alice"),
+        principal=boundary.principal_string(CLIENT_ID, ISSUER, "alice"),
         audience=SERVER_NAME,
     )
     plan = {"version": VERSION, "plan_id": "0ld0ld00", "planned_on": "A", "steps": []}

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import asyncio
 from typing import Any
 
 import uvicorn
 
 from .._net import bind_socket
+from .._serving import serve_announcing
 
 
 async def serve_http(app: Any, host: str, port: int, *, keep_alive: int = 5) -> None:
@@ -19,15 +19,4 @@ async def serve_http(app: Any, host: str, port: int, *, keep_alive: int = 5) -> 
     """
     sock = bind_socket(host, port)
     config = uvicorn.Config(app, log_level="warning", lifespan="on", timeout_keep_alive=keep_alive)
-    server = uvicorn.Server(config)
-
-    async def announce() -> None:
-        while not server.started:
-            await asyncio.sleep(0.02)
-        print(f"READY http://{host}:{sock.getsockname()[1]}/mcp", flush=True)
-
-    announcer = asyncio.create_task(announce())
-    try:
-        await server.serve(sockets=[sock])
-    finally:
-        announcer.cancel()
+    await serve_announcing(uvicorn.Server(config), sock, lambda url: print(f"READY {url}/mcp", flush=True))

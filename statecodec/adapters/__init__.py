@@ -2,7 +2,7 @@
 
 Import the one you need; each imports its framework only when imported itself:
 
-- :mod:`statecodec.adapters.jsonrpc`: framework-free rules on raw JSON-RPC dicts, the one
+- :mod:`statecodec.boundary`: framework-free rules on raw JSON-RPC dicts, the one
   place that judges a request (``judge_request``) and seals a result (``seal_result``),
   and the wire errors (``WIRE_ERROR_CODE``, ``WIRE_ERROR_MESSAGE``, ``WIRE_ERROR_DATA``,
   ``WireError``);

@@ -107,7 +107,7 @@ def may_hold_state(text: str) -> bool:
     """False only when no key of ``text`` can spell ``requestState``: then nothing needs reading.
 
     A key is a state when it is ``requestState`` or normalises to it as
-    :func:`statecodec.adapters.jsonrpc.state_aliases` normalises (case-folded, ``_`` and
+    :func:`statecodec.boundary.state_aliases` normalises (case-folded, ``_`` and
     ``-`` removed). In ASCII text without ``\\u`` escapes such a key is written with
     exactly those letters, in some case, with ``_`` and ``-`` between them, so the text
     normalised the same way contains ``requeststate`` (a false alarm only costs a parse).
@@ -124,7 +124,7 @@ def may_need_sealing(text: str) -> bool:
 
     It must be read when it may hold a state (:func:`may_hold_state`) and when it may be
     an ``input_required`` result, which must carry ``inputRequests`` or a state
-    (:func:`statecodec.adapters.jsonrpc.check_asks_something`). That value is a JSON
+    (:func:`statecodec.boundary.check_asks_something`). That value is a JSON
     string, so written without escapes it appears in quotes exactly; with escapes,
     :func:`may_hold_state` already says yes.
     """

@@ -5,11 +5,11 @@
 
 The middleware sits at the JSON-RPC layer of the HTTP transport. On the way in, every
 ``tools/call``, ``resources/read`` and ``prompts/get`` request is judged by
-:func:`statecodec.adapters.jsonrpc.judge_request` (the rules the SDK adapters use): a
+:func:`statecodec.boundary.judge_request` (the rules the SDK adapters use): a
 request whose token fails gets the uniform -32602 error and never reaches the
 application; one whose token passes is forwarded with the plaintext state the application
 issued. On the way out, **every** answer is watched, whatever request, path or stream it
-belongs to: a state in it is sealed by :func:`~statecodec.adapters.jsonrpc.seal_result`
+belongs to: a state in it is sealed by :func:`~statecodec.boundary.seal_result`
 when it answers the MRTR request of its exchange, and replaced by -32603 otherwise.
 
 It fails closed in both directions:
@@ -43,12 +43,12 @@ from dataclasses import dataclass
 from typing import Any, Final, TypeAlias
 from urllib.parse import quote, unquote_to_bytes
 
-from .. import _telemetry
+from .. import _telemetry, boundary
 from .._binding import Binding
 from .._codec import OpenedState, StateCodec
-from . import _json, _sse, jsonrpc
+from ..boundary import HEADER_MISMATCH_CODE, INVALID_REQUEST_CODE, PARSE_ERROR_CODE, Judged, WireError
+from . import _json, _sse
 from ._json import dumps, loads_strict
-from .jsonrpc import HEADER_MISMATCH_CODE, INVALID_REQUEST_CODE, PARSE_ERROR_CODE, Judged, WireError
 
 __all__ = [
     "DEFAULT_MAX_BODY_BYTES",
@@ -91,7 +91,7 @@ _JSON_HEADERS: Final = [(b"content-type", b"application/json")]
 # parser (Go's encoding/json also folds U+017F to "s" and U+212A to "k") and ignored here.
 _ENVELOPE_KEYS: Final = frozenset({"jsonrpc", "id", "method", "params", "result", "error"})
 _FOLDED_ENVELOPE: Final = {key.casefold(): key for key in _ENVELOPE_KEYS}
-_FOLDED_PARAMS: Final = {key.casefold(): key for key in jsonrpc.PARAMS_KEYS}
+_FOLDED_PARAMS: Final = {key.casefold(): key for key in boundary.PARAMS_KEYS}
 _B64_SENTINEL: Final = re.compile(r"=\?base64\?(.*)\?=", re.DOTALL)
 # A percent-encoded "/" or unreserved character (RFC 3986 2.3): routers may or may not
 # decode it, so such a path has two readings, and the upstream may pick the other one.
@@ -180,7 +180,7 @@ def _check_routing_headers(headers: list[tuple[bytes, bytes]], message: Mapping[
     method = message["method"]
     if method_header is not None and method_header.decode("latin-1") != method:
         raise _refusal(400, HEADER_MISMATCH_CODE, "the Mcp-Method header does not match the body")
-    if name_header is None or not isinstance(method, str) or not jsonrpc.is_mrtr(method):
+    if name_header is None or not isinstance(method, str) or not boundary.is_mrtr(method):
         return
     params = message.get("params")
     field = "uri" if method == "resources/read" else "name"
@@ -279,7 +279,7 @@ class RequestStateMiddleware:
         (see :func:`statecodec.adapters.mcp.protect`). Rounds chain automatically.
     :param max_holds: early retries held at once, :param max_holds_per_token: of one
         token; one more is answered at once with the same state
-        (:class:`~statecodec.adapters.jsonrpc.Holds`). While held, a retry keeps only its
+        (:class:`~statecodec.boundary.Holds`). While held, a retry keeps only its
         raw body (not its parse), and a client that disconnects releases it: the token
         is not consumed and the application is not called.
     """
@@ -295,14 +295,13 @@ class RequestStateMiddleware:
         max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES,
         passthrough_paths: Collection[str] = (),
         retry_after: float | None = None,
-        max_hold: float = jsonrpc.DEFAULT_MAX_HOLD,
-        max_holds: int = jsonrpc.DEFAULT_MAX_HOLDS,
-        max_holds_per_token: int = jsonrpc.DEFAULT_MAX_HOLDS_PER_TOKEN,
+        max_hold: float = boundary.DEFAULT_MAX_HOLD,
+        max_holds: int = boundary.DEFAULT_MAX_HOLDS,
+        max_holds_per_token: int = boundary.DEFAULT_MAX_HOLDS_PER_TOKEN,
     ) -> None:
-        if not isinstance(codec, StateCodec):
-            raise TypeError(f"codec must be a statecodec.StateCodec, not {type(codec).__name__}")
-        jsonrpc.check_pacing(codec, retry_after, max_hold)
-        self.holds = jsonrpc.Holds(max_holds, max_holds_per_token)
+        options = boundary.BoundaryOptions(
+            codec, audience, principal, None, retry_after, max_hold, max_holds, max_holds_per_token
+        )
         if max_body_bytes < 1 or max_response_bytes < 1:
             raise ValueError("max_body_bytes and max_response_bytes must be positive")
         for path in passthrough_paths:
@@ -312,14 +311,17 @@ class RequestStateMiddleware:
                     "starting with '/', ASCII (percent-encoded), without a query"
                 )
         self.app = app
-        self.codec = codec
-        self.audience = audience
-        self.principal = principal
+        # The settings are copied out of the options: one attribute read per request.
+        self.options = options
+        self.holds = options.holds()
+        self.codec: StateCodec = options.codec
+        self.audience: str | None = options.audience
+        self.principal: PrincipalFn | None = options.principal
         self.max_body_bytes = max_body_bytes
         self.max_response_bytes = max_response_bytes
         self.passthrough_paths = frozenset(passthrough_paths)
-        self.retry_after = retry_after
-        self.max_hold = max_hold
+        self.retry_after: float | None = options.retry_after
+        self.max_hold: float = options.max_hold
         self._passthrough_raw = frozenset(path.encode("utf-8") for path in self.passthrough_paths)
 
     def __repr__(self) -> str:
@@ -355,7 +357,7 @@ class RequestStateMiddleware:
                             return  # the client went away during the hold: nothing consumed, nothing run
                         body = forwarded
         except WireError as refusal:
-            if refusal.code != jsonrpc.WIRE_ERROR_CODE:  # a token's refusal is logged where judged
+            if refusal.code != boundary.WIRE_ERROR_CODE:  # a token's refusal is logged where judged
                 logger.warning(
                     "refused a request with HTTP %d: %s",
                     refusal.status,
@@ -457,13 +459,13 @@ class RequestStateMiddleware:
         _check_keys(message, _FOLDED_ENVELOPE, "JSON-RPC")
         _check_routing_headers(headers, message)
         method, params = message.get("method"), message.get("params")
-        if not isinstance(method, str) or not jsonrpc.is_mrtr(method):
+        if not isinstance(method, str) or not boundary.is_mrtr(method):
             return None  # forwarded byte for byte; its answers are watched all the same
         if isinstance(params, dict):
             _check_keys(params, _FOLDED_PARAMS, f"{method} params")
         else:
             params = None
-        stated = params is not None and jsonrpc.carries_state(params)
+        stated = params is not None and boundary.carries_state(params)
         if "id" not in message:
             if stated:  # a notification cannot be answered: its state would go unjudged
                 raise _refusal(400, INVALID_REQUEST_CODE, f"a {method} notification carries a requestState")
@@ -496,10 +498,10 @@ class RequestStateMiddleware:
                     raise _refusal(400, INVALID_REQUEST_CODE, "the request changed during its hold")
             judged, forwarded = await self._judge(scope, headers, request, body, self.max_hold - held)
             hold = judged.hold
-            if hold is None or attempt == jsonrpc.HOLDS_MAX:
+            if hold is None or attempt == boundary.HOLDS_MAX:
                 return judged, forwarded  # early (and not held again): answered at once
             if not self.holds.enter(hold.token_id):
-                jsonrpc.hold_refused(self.holds, hold.early, hold.seconds)
+                boundary.hold_refused(self.holds, hold.early, hold.seconds)
                 return judged, forwarded  # answered at once with the same state
             del judged, forwarded
             request = None
@@ -508,7 +510,7 @@ class RequestStateMiddleware:
             finally:
                 self.holds.leave(hold.token_id)
             if not present:
-                jsonrpc.hold_abandoned(hold.early, hold.seconds)
+                boundary.hold_abandoned(hold.early, hold.seconds)
                 return Judged("-", {}, _no_binding), None
             held += hold.seconds
             attempt += 1
@@ -524,23 +526,23 @@ class RequestStateMiddleware:
         """The verdict on an MRTR request, and the body to forward; an early retry is not held here."""
         bind = await self._binder(scope, headers, request.method, request.params)
         if not request.stated:
-            judged = await jsonrpc.judge_request(self.codec, request.method, request.params, bind, wait=None)
+            judged = await boundary.judge_request(self.codec, request.method, request.params, bind, wait=None)
             return judged, body
         # The body to forward is written before the token is consumed, with an unguessable
         # placeholder for the plaintext: nothing that can fail runs after the consume.
         marker = f"\x00statecodec:{secrets.token_hex(16)}\x00"
-        params = {**(request.params or {}), jsonrpc.REQUEST_STATE: marker}
+        params = {**(request.params or {}), boundary.REQUEST_STATE: marker}
         head, _, tail = dumps({**request.message, "params": params}).partition(dumps(marker))
-        judged = await jsonrpc.judge_request(
+        judged = await boundary.judge_request(
             self.codec, request.method, request.params, bind, max_hold=max_hold, wait=None
         )
         if judged.early is not None:
             return judged, body  # never forwarded: answered at once with the same state
-        return judged, head + dumps(judged.params[jsonrpc.REQUEST_STATE]) + tail
+        return judged, head + dumps(judged.params[boundary.REQUEST_STATE]) + tail
 
     async def _binder(
         self, scope: Scope, headers: list[tuple[bytes, bytes]], method: str, params: Mapping[str, Any] | None
-    ) -> jsonrpc.Binder:
+    ) -> boundary.Binder:
         """``bind()`` for an MRTR request; the principal is resolved now, the digest on use."""
         try:
             principal = await self.resolve_principal(scope, headers)
@@ -552,7 +554,7 @@ class RequestStateMiddleware:
 
             return unbindable
         audience = self.audience
-        return lambda: jsonrpc.binding_for(method, params, principal=principal, audience=audience)
+        return lambda: boundary.binding_for(method, params, principal=principal, audience=audience)
 
     async def resolve_principal(self, scope: Scope, headers: list[tuple[bytes, bytes]]) -> str | None:
         """The request's principal, through the configured callable (sync or async)."""
@@ -593,7 +595,7 @@ def _log_round(method: str, opened: OpenedState) -> None:
         opened.round,
         opened.flow_id[:8],
         method,
-        extra=_telemetry.fields("round_received", method=method, **jsonrpc.flow_fields(opened)),
+        extra=_telemetry.fields("round_received", method=method, **boundary.flow_fields(opened)),
     )
 
 
@@ -831,7 +833,7 @@ class _Outbound:
             # in it is refused like one answering no request of this exchange.
             mine = key == "result" and _id_key(message.get("id")) == self.request_key
             try:
-                new = jsonrpc.seal_result(
+                new = boundary.seal_result(
                     self.codec, self.judged if mine else None, result, retry_after=self.retry_after
                 )
             except WireError as exc:

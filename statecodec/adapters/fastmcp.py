@@ -17,8 +17,8 @@ from fastmcp import FastMCP
 from fastmcp.server.dependencies import get_access_token
 from mcp.server.lowlevel import Server
 
+from .. import boundary
 from .._codec import StateCodec
-from . import jsonrpc
 from .mcp import (
     AudienceFn,
     BindingFn,
@@ -46,7 +46,7 @@ def authenticated_principal(ctx: Context) -> str | None:
     if token is None:
         return None
     issuer = (token.claims or {}).get("iss")
-    return jsonrpc.principal_string(token.client_id, None if issuer is None else str(issuer), token.subject)
+    return boundary.principal_string(token.client_id, None if issuer is None else str(issuer), token.subject)
 
 
 def protect(
@@ -57,7 +57,7 @@ def protect(
     principal: PrincipalFn | None = authenticated_principal,
     binding: BindingFn | None = None,
     retry_after: float | None = None,
-    max_hold: float = jsonrpc.DEFAULT_MAX_HOLD,
+    max_hold: float = boundary.DEFAULT_MAX_HOLD,
     sdk_window: SDKStateWindow | None = None,
 ) -> StateCodecMiddleware:
     """Seal and verify every ``requestState`` of a FastMCP ``server`` with ``codec``.

@@ -40,11 +40,10 @@ from mcp.shared.exceptions import MCPError
 from mcp.types import InputRequiredResult
 from pydantic import BaseModel
 
-from .. import _telemetry
+from .. import _telemetry, boundary
 from .._binding import Binding
 from .._codec import StateCodec
 from .._errors import InvalidState
-from . import jsonrpc
 from .sdk_window import SDKStateWindow
 
 __all__ = [
@@ -74,13 +73,13 @@ def authenticated_principal(ctx: Context) -> str | None:
     """The default principal: the SDK's authenticated access token, or ``None``.
 
     ``(client_id, issuer, subject)`` from ``principal_components`` (the triple the SDK's
-    own boundary and session ownership use) as :func:`~statecodec.adapters.jsonrpc.principal_string`.
+    own boundary and session ownership use) as :func:`~statecodec.boundary.principal_string`.
     ``None`` on unauthenticated transports such as stdio: the token is then bound to no one.
     """
     token = get_access_token()
     if token is None:
         return None
-    return jsonrpc.principal_string(*principal_components(token))
+    return boundary.principal_string(*principal_components(token))
 
 
 class StateCodecMiddleware:
@@ -99,22 +98,38 @@ class StateCodecMiddleware:
         principal: PrincipalFn | None = authenticated_principal,
         binding: BindingFn | None = None,
         retry_after: float | None = None,
-        max_hold: float = jsonrpc.DEFAULT_MAX_HOLD,
+        max_hold: float = boundary.DEFAULT_MAX_HOLD,
         sdk_window: SDKStateWindow | None = None,
-        max_holds: int = jsonrpc.DEFAULT_MAX_HOLDS,
-        max_holds_per_token: int = jsonrpc.DEFAULT_MAX_HOLDS_PER_TOKEN,
+        max_holds: int = boundary.DEFAULT_MAX_HOLDS,
+        max_holds_per_token: int = boundary.DEFAULT_MAX_HOLDS_PER_TOKEN,
     ) -> None:
-        if not isinstance(codec, StateCodec):
-            raise TypeError(f"codec must be a statecodec.StateCodec, not {type(codec).__name__}")
-        jsonrpc.check_pacing(codec, retry_after, max_hold)
-        self.holds = jsonrpc.Holds(max_holds, max_holds_per_token)
-        self.codec = codec
+        self._adopt(
+            boundary.BoundaryOptions(
+                codec, audience, principal, binding, retry_after, max_hold, max_holds, max_holds_per_token
+            ),
+            sdk_window,
+        )
+
+    @classmethod
+    def from_options(
+        cls, options: boundary.BoundaryOptions, *, sdk_window: SDKStateWindow | None = None
+    ) -> StateCodecMiddleware:
+        """The middleware for ``options`` (a :class:`~statecodec.boundary.BoundaryOptions`, valid already)."""
+        middleware = cls.__new__(cls)
+        middleware._adopt(options, sdk_window)
+        return middleware
+
+    def _adopt(self, options: boundary.BoundaryOptions, sdk_window: SDKStateWindow | None) -> None:
+        # The settings are copied out of the options: one attribute read per request.
+        self.options = options
+        self.holds = options.holds()
+        self.codec: StateCodec = options.codec
         self.sdk_window = sdk_window
-        self.audience = audience
-        self.principal = principal
-        self.binding = binding
-        self.retry_after = retry_after
-        self.max_hold = max_hold
+        self.audience: str | AudienceFn | None = options.audience
+        self.principal: PrincipalFn | None = options.principal
+        self.binding: BindingFn | None = options.binding
+        self.retry_after: float | None = options.retry_after
+        self.max_hold: float = options.max_hold
 
     def __repr__(self) -> str:
         return f"StateCodecMiddleware(codec={self.codec!r}, audience={self.audience!r})"
@@ -123,13 +138,13 @@ class StateCodecMiddleware:
         # This runs on every request of the server, so the common cases take the fewest
         # steps (see docs/performance.md); no check is skipped on any path.
         method = ctx.method
-        if method not in jsonrpc.MRTR_METHODS:
+        if method not in boundary.MRTR_METHODS:
             return await call_next(ctx)
         # One binding per request, for the inbound check and the outbound seal alike (the
         # next round's token is bound to exactly what this round was), computed only when
         # a state arrives or leaves, never for plain calls.
         judge = (
-            jsonrpc.judge_request if self.sdk_window is None else partial(self.sdk_window.judge_request, ctx)
+            boundary.judge_request if self.sdk_window is None else partial(self.sdk_window.judge_request, ctx)
         )
         try:
             # A hold ends early when the SDK cancels this request (its client went away, or
@@ -142,7 +157,7 @@ class StateCodecMiddleware:
                 max_hold=self.max_hold,
                 holds=self.holds,
             )
-        except jsonrpc.WireError as exc:
+        except boundary.WireError as exc:
             raise _mcp_error(exc) from None
         if judged.early is not None:  # a paced round retried too early: the same state, no handler
             return dict(judged.early)
@@ -153,10 +168,10 @@ class StateCodecMiddleware:
             if type(result) is dict:  # the runner's wire form
                 return cast(
                     "dict[str, Any]",
-                    jsonrpc.seal_result(self.codec, judged, result, retry_after=self.retry_after),
+                    boundary.seal_result(self.codec, judged, result, retry_after=self.retry_after),
                 )
             sealed = self._seal_other(judged, result)
-        except jsonrpc.WireError as exc:
+        except boundary.WireError as exc:
             raise _mcp_error(exc) from None
         judged.end_flow(self.codec)  # a model without a state: the flow ends (no-op if it goes on)
         return sealed
@@ -164,7 +179,7 @@ class StateCodecMiddleware:
     def _binding(self, ctx: Context) -> Binding:
         """The request's binding: the default one, then the ``binding`` callback's word."""
         audience, principal, custom = self.audience, self.principal, self.binding
-        binding = jsonrpc.binding_for(
+        binding = boundary.binding_for(
             ctx.method,
             ctx.params,
             principal=None if principal is None else principal(ctx),
@@ -172,7 +187,7 @@ class StateCodecMiddleware:
         )
         return binding if custom is None else custom(ctx, binding)
 
-    def _seal_other(self, judged: jsonrpc.Judged, result: HandlerResult) -> HandlerResult:
+    def _seal_other(self, judged: boundary.Judged, result: HandlerResult) -> HandlerResult:
         """A result that is not the runner's wire dict: a model, or another mapping.
 
         A middleware further in (or a caller composing middleware by hand) may hand back
@@ -180,15 +195,15 @@ class StateCodecMiddleware:
         SDK's own boundary returns it.
         """
         if isinstance(result, Mapping):
-            return dict(jsonrpc.seal_result(self.codec, judged, result, retry_after=self.retry_after))
+            return dict(boundary.seal_result(self.codec, judged, result, retry_after=self.retry_after))
         state = getattr(result, "request_state", None)
         if state is None and isinstance(result, InputRequiredResult):
-            wire = {"resultType": jsonrpc.INPUT_REQUIRED, "inputRequests": result.input_requests}
-            jsonrpc.check_asks_something(self.codec, judged.method, wire)
+            wire = {"resultType": boundary.INPUT_REQUIRED, "inputRequests": result.input_requests}
+            boundary.check_asks_something(self.codec, judged.method, wire)
         if state is None or not isinstance(result, BaseModel):
             return result
         state_only = isinstance(result, InputRequiredResult) and not result.input_requests
-        token = jsonrpc.seal_state(
+        token = boundary.seal_state(
             self.codec, judged, state, retry_after=self.retry_after if state_only else None
         )
         return result.model_copy(update={"request_state": token})
@@ -205,8 +220,8 @@ def _with_params(ctx: Context, params: Mapping[str, Any]) -> Context:
     return replace(ctx, params=params)
 
 
-def _mcp_error(exc: jsonrpc.WireError) -> MCPError:
-    """The SDK's exception for a :class:`~statecodec.adapters.jsonrpc.WireError`: same code, message, data."""
+def _mcp_error(exc: boundary.WireError) -> MCPError:
+    """The SDK's exception for a :class:`~statecodec.boundary.WireError`: same code, message, data."""
     return MCPError(code=exc.code, message=exc.message, data=None if exc.data is None else dict(exc.data))
 
 
@@ -306,10 +321,10 @@ def protect(
     principal: PrincipalFn | None = authenticated_principal,
     binding: BindingFn | None = None,
     retry_after: float | None = None,
-    max_hold: float = jsonrpc.DEFAULT_MAX_HOLD,
+    max_hold: float = boundary.DEFAULT_MAX_HOLD,
     sdk_window: SDKStateWindow | None = None,
-    max_holds: int = jsonrpc.DEFAULT_MAX_HOLDS,
-    max_holds_per_token: int = jsonrpc.DEFAULT_MAX_HOLDS_PER_TOKEN,
+    max_holds: int = boundary.DEFAULT_MAX_HOLDS,
+    max_holds_per_token: int = boundary.DEFAULT_MAX_HOLDS_PER_TOKEN,
 ) -> StateCodecMiddleware:
     """Seal and verify every ``requestState`` of ``server`` with ``codec``.
 
@@ -337,7 +352,7 @@ def protect(
         every new state is statecodec's. The codec needs a replay store.
     :param max_holds: early retries held at once; :param max_holds_per_token: of one
         token. One more is answered at once with the same state, unconsumed
-        (:class:`~statecodec.adapters.jsonrpc.Holds`). A held retry whose request the SDK
+        (:class:`~statecodec.boundary.Holds`). A held retry whose request the SDK
         cancels (its client disconnected from an SSE answer, or sent
         ``notifications/cancelled``) is released: nothing consumed, the handler not run.
     :returns: the installed middleware.

@@ -37,11 +37,10 @@ from typing import Any, Final
 
 from mcp.server.request_state import authenticated_principal as sdk_authenticated_principal
 
-from .. import _telemetry
+from .. import _format, _telemetry, boundary
 from .._codec import StateCodec
 from .._errors import InvalidState
 from ..compat import mcp_py_v1
-from . import jsonrpc
 
 __all__ = ["SDKStateWindow"]
 
@@ -107,38 +106,38 @@ class SDKStateWindow:
         codec: StateCodec,
         method: str,
         params: Mapping[str, Any] | None,
-        bind: jsonrpc.Binder,
+        bind: boundary.Binder,
         *,
-        max_hold: float = jsonrpc.DEFAULT_MAX_HOLD,
-        holds: jsonrpc.Holds | None = None,
-    ) -> jsonrpc.Judged:
-        """:func:`statecodec.adapters.jsonrpc.judge_request`, plus the SDK's tokens while open.
+        max_hold: float = boundary.DEFAULT_MAX_HOLD,
+        holds: boundary.Holds | None = None,
+    ) -> boundary.Judged:
+        """:func:`statecodec.boundary.judge_request`, plus the SDK's tokens while open.
 
         A ``requestState`` of the SDK's shape (``v1.`` and one section) is judged here;
         anything else, a state of statecodec's included, goes to ``judge_request``.
         """
-        token = None if params is None else params.get(jsonrpc.REQUEST_STATE)
+        token = None if params is None else params.get(boundary.REQUEST_STATE)
         if (
             params is None
             or not isinstance(token, str)
             or not _sdk_shaped(token)
-            or jsonrpc.state_aliases(params)
+            or boundary.state_aliases(params)
         ):
-            return await jsonrpc.judge_request(codec, method, params, bind, max_hold=max_hold, holds=holds)
+            return await boundary.judge_request(codec, method, params, bind, max_hold=max_hold, holds=holds)
         try:
             state, binding = await self._redeem(
                 ctx, codec, method=method, params=params, token=token, bind=bind
             )
         except InvalidState as exc:
             self._log_rejection(codec, method, params, token, exc)
-            raise jsonrpc.WireError.invalid_state(exc.reason) from None
+            raise boundary.WireError.invalid_state(exc.reason) from None
         _telemetry.record_unseal(FORMAT, method, "ok", len(token))
         logger.debug(
             "redeemed an SDK requestState on %s (migration window)",
             method,
             extra=_telemetry.fields("sdk_token_redeemed", method=method, format=FORMAT),
         )
-        return jsonrpc.Judged(method, {**params, jsonrpc.REQUEST_STATE: state}, bind, None, binding)
+        return boundary.Judged(method, {**params, boundary.REQUEST_STATE: state}, bind, None, binding)
 
     async def _redeem(
         self,
@@ -148,13 +147,10 @@ class SDKStateWindow:
         method: str,
         params: Mapping[str, Any],
         token: str,
-        bind: jsonrpc.Binder,
+        bind: boundary.Binder,
     ) -> tuple[str, Any]:
         """Every check, then the consumption; ``InvalidState`` for the first that fails."""
-        if len(token) > codec.max_token_bytes:
-            raise InvalidState(
-                "too_large", f"token is {len(token)} characters, the limit is {codec.max_token_bytes}"
-            )
+        _format.check_size(token, codec.max_token_bytes)
         try:  # deny on error: a clock that fails (or says NaN) accepts nothing
             now = float(codec.clock())
         except Exception:

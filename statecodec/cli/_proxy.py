@@ -10,27 +10,22 @@ per line), and exits with the usual codes when it cannot start, before it listen
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import functools
 import logging
 import os
-import queue
-import signal
 import socket
 import sys
-import tempfile
-import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from .. import _telemetry
-from .._codec import DEFAULT_TTL, StateCodec
-from ..adapters.asgi import DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_RESPONSE_BYTES, ASGIApp, PrincipalFn
-from ..adapters.jsonrpc import DEFAULT_MAX_HOLD, DEFAULT_MAX_HOLDS, DEFAULT_MAX_HOLDS_PER_TOKEN
+from .._codec import DEFAULT_TTL
+from ..adapters.asgi import DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_RESPONSE_BYTES, PrincipalFn
+from ..boundary import DEFAULT_MAX_HOLD, DEFAULT_MAX_HOLDS, DEFAULT_MAX_HOLDS_PER_TOKEN
 from ._exit import CliError, ExitCode
 from ._output import classify, echo
 from ._params import (
@@ -43,6 +38,9 @@ from ._params import (
     mode_option,
     require_keys,
 )
+
+if TYPE_CHECKING:
+    from ..proxy._runtime import ProxySettings
 
 logger = logging.getLogger("statecodec.proxy")
 
@@ -346,12 +344,16 @@ def proxy_command(**params: Any) -> None:
     admin_address = None if admin is None else _listen(admin)
     log_format = params.pop("log_format")
     log_level = params.pop("log_level")
-    _configure_logging(log_level, log_format)
     try:
+        from ..proxy._runtime import configure_logging  # noqa: PLC0415 - loaded only for this command
+
+        configure_logging(log_level, log_format)
         params["allowed_hosts"], params["allowed_origins"] = _host_lists(
             host, params.pop("allowed_hosts"), params.pop("allowed_origins")
         )
-        settings = _Settings(principal=principal, log_level=log_level, log_format=log_format, **params)
+        from ..proxy._runtime import ProxySettings  # noqa: PLC0415
+
+        settings = ProxySettings(principal=principal, log_level=log_level, log_format=log_format, **params)
         _run(settings, host, port, admin_address)
     except (click.exceptions.Exit, click.exceptions.Abort, click.ClickException, KeyboardInterrupt):
         raise
@@ -374,104 +376,17 @@ def proxy_command(**params: Any) -> None:
         sys.exit(int(error.code))
 
 
-class _ProxyLogHandler(logging.StreamHandler):  # type: ignore[type-arg]
-    """One line per record on the current stderr; installed once even if the command runs twice.
-
-    The stream is looked up at each record, as ``click.echo`` does, so a stream replaced
-    since (a test runner's capture, already closed) is never written to.
-    """
-
-    @property
-    def stream(self) -> TextIO:
-        return sys.stderr
-
-    @stream.setter
-    def stream(self, value: TextIO) -> None:
-        pass
-
-
-class _TextFormatter(logging.Formatter):
-    """``TIME LEVEL LOGGER: message``, with the message on one line (JSON does that by itself)."""
-
-    def __init__(self) -> None:
-        super().__init__("%(asctime)s %(levelname)s %(name)s: %(message)s")
-
-    def formatMessage(self, record: logging.LogRecord) -> str:  # noqa: N802 - logging's name
-        return super().formatMessage(record).replace("\n", " ")
-
-
-def _configure_logging(level: str, log_format: str) -> None:
-    """Every record of the process (statecodec's, uvicorn's, httpx's) through one handler on the root."""
-    if log_format == "json":
-        from ..ops import json_formatter  # noqa: PLC0415 - python-json-logger only when asked for
-
-        formatter: logging.Formatter = json_formatter()
-    else:
-        formatter = _TextFormatter()
-    root = logging.getLogger()
-    handler = next((h for h in root.handlers if isinstance(h, _ProxyLogHandler)), None)
-    if handler is None:
-        handler = _ProxyLogHandler()
-        root.addHandler(handler)
-    handler.setFormatter(formatter)
-    logging.getLogger("statecodec").setLevel(level.upper())
-
-
-@dataclass(frozen=True)
-class _Settings:
-    """Everything a proxy process builds itself from: picklable, for ``--workers``."""
-
-    principal: PrincipalOptions
-    log_level: str
-    log_format: str
-    upstream: str
-    keys_spec: str | None
-    replay: str
-    audience: str
-    mode: str
-    ttl: int
-    namespace: str | None
-    max_token_bytes: int
-    max_body_bytes: int
-    max_response_bytes: int
-    connect_timeout: int
-    read_timeout: int
-    graceful_timeout: int
-    head_timeout: int
-    body_timeout: int
-    idle_timeout: int
-    max_client_connections: int | None
-    max_concurrent_requests: int | None
-    max_connections: int
-    max_streams: int
-    max_streams_per_client: int
-    passthrough_paths: tuple[str, ...]
-    max_rounds: int
-    max_flow_age: int
-    retry_after: float | None
-    max_hold: float
-    max_holds: int
-    max_holds_per_token: int
-    workers: int
-    allowed_hosts: tuple[str, ...]
-    allowed_origins: tuple[str, ...]
-    refresh_interval: int
-    staleness_limit: int
-
-
-def _run(settings: _Settings, host: str, port: int, admin_address: tuple[str, int] | None) -> None:
-    from .. import ops  # noqa: PLC0415
-    from ..proxy import bind_socket  # noqa: PLC0415 - loaded only for this command
-    from ..replay._url import redact  # noqa: PLC0415
+def _run(settings: ProxySettings, host: str, port: int, admin_address: tuple[str, int] | None) -> None:
+    from ..proxy import _runtime  # noqa: PLC0415 - loaded only for this command
 
     if settings.ttl <= 0:
         raise click.BadParameter("must be positive", param_hint="'--ttl'")
     for name in ("head_timeout", "body_timeout", "idle_timeout"):
         if getattr(settings, name) <= 0:
             raise click.BadParameter("must be positive", param_hint=f"'--{name.replace('_', '-')}'")
-    _client_limits(settings)  # an open-file limit too low to serve is a usage error, before listening
+    clients = _client_limits(settings)  # an open-file limit too low to serve: a usage error, before listening
     try:
-        _timeline(settings)  # validated where it is defined, before anything starts
+        _runtime.timeline(settings)  # validated where it is defined, before anything starts
     except ValueError as exc:
         raise click.UsageError(f"key timeline: {exc}") from None
     if settings.workers > 1 and settings.replay.strip().lower().startswith("memory"):
@@ -479,191 +394,35 @@ def _run(settings: _Settings, host: str, port: int, admin_address: tuple[str, in
             "--workers N needs a replay store the workers share (sqlite:PATH or redis://...): "
             "with memory: each worker would accept every token once"
         )
-    with contextlib.ExitStack() as stack:
-        if settings.workers > 1 and admin_address is not None:
-            stack.enter_context(_metrics_shared_by_workers())
-        _telemetry.resolve()  # the metrics libraries load now, not on the first request
-        _without_created_series()
-
-        def ready(url: str) -> None:
-            logger.info(
-                "%s -> %s mode=%s audience=%r principal=%s replay=%s workers=%d",
-                url, redact(settings.upstream), settings.mode, settings.audience,
-                settings.principal.describe(), redact(settings.replay), settings.workers,
-                extra={
-                    **_telemetry.fields(
-                        "proxy_started",
-                        audience=settings.audience,
-                        mode=settings.mode,
-                        workers=settings.workers,
-                    ),
-                    "url": url,
-                },
-            )  # fmt: skip
-            echo(f"listening on {url}")
-
-        # Keys, store and options are checked here, before listening: exit 2/3/4/7. With
-        # workers they stay open in the supervisor for /readyz; each worker builds its own.
-        app, closer, health = stack.enter_context(_built(settings))
-        sock = stack.enter_context(contextlib.closing(_bind(bind_socket, host, port)))
-        admin = None
-        if admin_address is not None:
-            admin = (
-                ops.app(health),
-                stack.enter_context(contextlib.closing(_bind(bind_socket, *admin_address))),
-            )
-        if settings.workers == 1:
-            _log_stopped(_serve_on(app, closer, sock, settings, ready, admin=admin), settings)
-            return
-        from ..proxy import Supervisor  # noqa: PLC0415
-
-        if admin is not None:
-            stack.enter_context(_admin_in_thread(*admin))
-        supervisor = Supervisor(
-            functools.partial(_serve_worker, settings),
-            sock,
-            settings.workers,
-            stop_timeout=settings.graceful_timeout,
-        )
-        code = supervisor.run(lambda: ready(_url_of(sock)))
-        if not code:
-            _log_stopped(supervisor.stopped_by, settings)
+    code = _runtime.run(
+        settings,
+        host,
+        port,
+        admin_address,
+        build=_built,
+        clients=clients,
+        worker=functools.partial(_serve_worker, settings),
+        announce=echo,
+    )
     if code:
         sys.exit(code)
 
 
-def _timeline(settings: _Settings) -> dict[str, float]:
-    """The KeyManager's timeline options (``ValueError`` if they cannot work together)."""
-    from ..kms import Timeline  # noqa: PLC0415
-
-    timeline = {
-        "refresh_interval": float(settings.refresh_interval),
-        "staleness_limit": float(settings.staleness_limit),
-        "max_ttl": max(float(settings.ttl), 600.0),
-    }
-    Timeline(**timeline)
-    return timeline
-
-
 @contextlib.contextmanager
-def _built(settings: _Settings) -> Iterator[tuple[Any, Any, Any]]:
-    """The proxy application, the object to close at shutdown, and the readiness checks."""
-    from .. import ops  # noqa: PLC0415
-    from ..kms import KeyManager  # noqa: PLC0415 - loaded only for this command
-    from ..proxy import ProxyOptions, Timeouts, build_proxy  # noqa: PLC0415
-    from ..proxy._hosts import HostPolicy  # noqa: PLC0415
+def _built(settings: ProxySettings) -> Iterator[tuple[Any, Any, Any]]:
+    """:func:`statecodec.proxy._runtime.built`, its failures in the command's exit codes."""
+    from ..proxy._runtime import ProxyConfigError, built  # noqa: PLC0415
     from ._sources import open_store  # noqa: PLC0415
 
-    principal_fn, closer = settings.principal.build()
-    options = ProxyOptions(
-        upstream=settings.upstream,
-        audience=settings.audience,
-        max_body_bytes=settings.max_body_bytes,
-        max_response_bytes=settings.max_response_bytes,
-        timeouts=Timeouts(connect=settings.connect_timeout, read=settings.read_timeout),
-        max_connections=settings.max_connections,
-        max_streams=settings.max_streams,
-        max_streams_per_client=settings.max_streams_per_client,
-        passthrough_paths=settings.passthrough_paths,
-        retry_after=settings.retry_after,
-        max_hold=settings.max_hold,
-        hosts=HostPolicy.of(settings.allowed_hosts, settings.allowed_origins),
-        max_holds=settings.max_holds,
-        max_holds_per_token=settings.max_holds_per_token,
-    )
-    tl = _timeline(settings)
-    manager = KeyManager(
-        require_keys(settings.keys_spec),
-        refresh_interval=tl["refresh_interval"],
-        staleness_limit=tl["staleness_limit"],
-        max_ttl=tl["max_ttl"],
-    )
-    manager.start()  # exit 3 or 7 before listening if no keys can be had
+    keys = require_keys(settings.keys_spec)
     try:
-        store = open_store(settings.replay, check=True)  # exit 4 before listening if it cannot serve
-        try:
-            # No namespace of its own: a proxy and a protect() server sharing keys, audience and
-            # store must share single use too, so both take the codec's default.
-            named: dict[str, Any] = {} if settings.namespace is None else {"namespace": settings.namespace}
-            codec = StateCodec(
-                manager,
-                mode=settings.mode,
-                ttl=settings.ttl,
-                max_token_bytes=settings.max_token_bytes,
-                max_rounds=settings.max_rounds,
-                max_flow_age=settings.max_flow_age,
-                replay=store,
-                **named,
-            )
-            try:
-                app = build_proxy(codec, options, principal=principal_fn)
-            except ValueError as exc:
-                raise CliError(ExitCode.USAGE, str(exc)) from None
-            health = ops.Health(manager, store)
-            try:
-                yield app, closer, health
-            finally:
-                health.close()
-        finally:
-            store.close()
-    finally:
-        manager.stop()
+        with built(settings, keys, functools.partial(open_store, check=True)) as running:
+            yield running
+    except ProxyConfigError as exc:
+        raise CliError(ExitCode.USAGE, str(exc)) from None
 
 
-def _serve_on(
-    app: Any,
-    closer: Any,
-    sock: socket.socket,
-    settings: _Settings,
-    ready: Any,
-    *,
-    admin: tuple[ASGIApp, socket.socket] | None = None,
-) -> int | None:
-    """Serve until a signal; the signal that stopped it (None: the server ended by itself)."""
-    from ..proxy import event_loop_factory, serve  # noqa: PLC0415
-
-    # uvicorn handles SIGINT/SIGTERM itself (graceful shutdown), then re-raises the
-    # signal to the handler it found: make that one only note the signal, so shutdown
-    # ends here, with the store closed and exit code 0, rather than by the default handler.
-    received: list[int] = []
-    previous = {
-        sig: signal.signal(sig, lambda signum, frame: received.append(signum))
-        for sig in (signal.SIGINT, signal.SIGTERM)
-    }
-    try:
-        with asyncio.Runner(loop_factory=event_loop_factory()) as runner:
-            runner.run(
-                _serve_then_close(
-                    serve(
-                        app,
-                        sock,
-                        graceful_timeout=settings.graceful_timeout,
-                        limit_concurrency=settings.max_concurrent_requests,
-                        clients=_client_limits(settings),
-                        on_ready=ready,
-                    ),
-                    closer,
-                    admin,
-                )
-            )
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
-    return received[0] if received else None
-
-
-def _log_stopped(signum: int | None, settings: _Settings) -> None:
-    """One record when the proxy has stopped: operators see a SIGTERM was obeyed, not a crash."""
-    name = signal.Signals(signum).name if signum is not None else None
-    logger.info(
-        "proxy stopped%s: open requests drained (graceful timeout %ds)",
-        f" on {name}" if name else "",
-        settings.graceful_timeout,
-        extra=_telemetry.fields("proxy_stopped", signal=name, workers=settings.workers),
-    )
-
-
-def _client_limits(settings: _Settings) -> Any:
+def _client_limits(settings: ProxySettings) -> Any:
     from ..proxy import ClientLimits  # noqa: PLC0415
     from ..proxy._guard import default_max_connections, raise_open_file_limit  # noqa: PLC0415
 
@@ -675,20 +434,25 @@ def _client_limits(settings: _Settings) -> Any:
     return ClientLimits(settings.head_timeout, settings.body_timeout, settings.idle_timeout, most)
 
 
-def _descriptors_upstream(settings: _Settings) -> int:
+def _descriptors_upstream(settings: ProxySettings) -> int:
     """The most connections the proxy opens to the upstream at once."""
     return settings.max_connections + settings.max_streams
 
 
-def _serve_worker(settings: _Settings, sock: socket.socket, announce: Any) -> None:
+def _serve_worker(settings: ProxySettings, sock: socket.socket, announce: Any) -> None:
     """One ``--workers`` process: the same proxy as a single one, on the inherited socket."""
-    _configure_logging(settings.log_level, settings.log_format)
+    from ..proxy._runtime import configure_logging, said_by_the_supervisor, serve_on  # noqa: PLC0415
+
+    configure_logging(settings.log_level, settings.log_format)
     try:
         _telemetry.resolve()
         with contextlib.ExitStack() as stack:
-            with _said_by_the_supervisor():
+            with said_by_the_supervisor():
                 app, closer, _ = stack.enter_context(_built(settings))
-            _serve_on(app, closer, sock, settings, lambda url: announce())
+            clients = _client_limits(settings)
+            serve_on(
+                app, closer, sock, settings, clients=clients, ready=lambda url: announce(), announce=echo
+            )
     except Exception as exc:
         error = classify(exc) if not isinstance(exc, click.ClickException) else None
         logger.error(
@@ -697,135 +461,3 @@ def _serve_worker(settings: _Settings, sock: socket.socket, announce: Any) -> No
             extra=_telemetry.fields("worker_failed", reason=error.code.slug if error else "usage"),
         )
         sys.exit(int(error.code) if error else 2)
-
-
-@contextlib.contextmanager
-def _said_by_the_supervisor() -> Iterator[None]:
-    """While a worker builds its proxy, its log records below ERROR are dropped.
-
-    The supervisor built the same proxy a moment before and logged what it found (a key
-    file readable by others, the key it mints with) once; each worker's copy would say it
-    again (``--workers 2`` printed every start-up warning three times). Errors still pass:
-    a worker that cannot start says why. Once built, a worker logs as usual.
-    """
-    handlers = list(logging.getLogger().handlers)
-    for handler in handlers:
-        handler.addFilter(_errors_only)
-    try:
-        yield
-    finally:
-        for handler in handlers:
-            handler.removeFilter(_errors_only)
-
-
-def _errors_only(record: logging.LogRecord) -> bool:
-    return record.levelno >= logging.ERROR
-
-
-@contextlib.contextmanager
-def _metrics_shared_by_workers() -> Iterator[None]:
-    """``PROMETHEUS_MULTIPROC_DIR`` for the workers, so the supervisor's /metrics sums them.
-
-    Set before any worker starts (each is a fresh interpreter that inherits it): an empty
-    directory of this run's own, removed at exit, unless the operator set one.
-    """
-    from ..ops import MULTIPROCESS_ENV  # noqa: PLC0415
-
-    if os.environ.get(MULTIPROCESS_ENV):
-        yield
-        return
-    with tempfile.TemporaryDirectory(prefix="statecodec-proxy-metrics-") as directory:
-        os.environ[MULTIPROCESS_ENV] = directory
-        try:
-            yield
-        finally:
-            del os.environ[MULTIPROCESS_ENV]
-
-
-@contextlib.contextmanager
-def _admin_in_thread(app: ASGIApp, sock: socket.socket) -> Iterator[str]:
-    """The admin listener on a thread and event loop of its own, while the supervisor's
-    main thread watches the workers; its URL is printed before the proxy's."""
-    from ..proxy._admin import START_TIMEOUT, admin_listener  # noqa: PLC0415
-
-    loop = asyncio.new_event_loop()
-    started: queue.Queue[str | BaseException] = queue.Queue()
-    stop: asyncio.Future[None] | None = None
-
-    async def serve_admin() -> None:
-        nonlocal stop
-        stop = loop.create_future()
-        try:
-            async with admin_listener(app, sock) as url:
-                started.put(url)
-                await stop
-        except BaseException as exc:
-            started.put(exc)
-            raise
-
-    thread = threading.Thread(
-        target=loop.run_until_complete, args=(serve_admin(),), name="statecodec-admin", daemon=True
-    )
-    thread.start()
-    try:
-        result = started.get(timeout=START_TIMEOUT + 10)
-        if isinstance(result, BaseException):
-            raise CliError(ExitCode.IO, f"the admin listener did not start: {result}")
-        logger.info(
-            "admin endpoints on %s", result, extra={**_telemetry.fields("admin_started"), "url": result}
-        )
-        echo(f"admin on {result}")
-        yield result
-    finally:
-        loop.call_soon_threadsafe(_release, stop)
-        thread.join(15)
-        if not thread.is_alive():
-            loop.close()
-
-
-def _release(stop: asyncio.Future[None] | None) -> None:
-    if stop is not None and not stop.done():
-        stop.set_result(None)
-
-
-def _url_of(sock: socket.socket) -> str:
-    host, port = sock.getsockname()[:2]
-    return f"http://{f'[{host}]' if ':' in host else host}:{port}"
-
-
-def _without_created_series() -> None:
-    """No ``*_created`` series next to each counter: they double what Prometheus stores.
-
-    A process-wide prometheus-client setting, so only this command (which owns its
-    process) sets it, never the library.
-    """
-    with contextlib.suppress(ImportError):
-        from prometheus_client import disable_created_metrics  # noqa: PLC0415
-
-        disable_created_metrics()  # type: ignore[no-untyped-call]
-
-
-def _bind(bind: Any, host: str, port: int) -> socket.socket:
-    try:
-        sock: socket.socket = bind(host, port)
-    except OSError as exc:
-        raise CliError(ExitCode.IO, f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
-    return sock
-
-
-async def _serve_then_close(serving: Any, closer: Any, admin: tuple[ASGIApp, socket.socket] | None) -> None:
-    """The admin listener first (its URL printed), then the proxy until shutdown."""
-    from ..proxy._admin import admin_listener  # noqa: PLC0415
-
-    try:
-        async with contextlib.AsyncExitStack() as stack:
-            if admin is not None:
-                url = await stack.enter_async_context(admin_listener(*admin))
-                logger.info(
-                    "admin endpoints on %s", url, extra={**_telemetry.fields("admin_started"), "url": url}
-                )
-                echo(f"admin on {url}")
-            await serving
-    finally:
-        if closer is not None:
-            await closer.aclose()

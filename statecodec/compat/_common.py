@@ -52,8 +52,7 @@ def check_token(token: object, max_token_bytes: int) -> str:
     """The type and size checks every reader runs first, before touching the content."""
     if not isinstance(token, str):
         raise InvalidState("malformed", f"token must be str, not {type(token).__name__}")
-    if len(token) > max_token_bytes:
-        raise InvalidState("too_large", f"token is {len(token)} characters, the limit is {max_token_bytes}")
+    _format.check_size(token, max_token_bytes)
     if not token.isascii():
         # Every supported format is ASCII; rejecting early keeps .encode() total below.
         raise InvalidState("malformed", "token has non-ASCII characters")

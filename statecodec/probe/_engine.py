@@ -25,7 +25,7 @@ from typing import Any, Final
 
 import anyio
 
-from ..adapters.jsonrpc import WIRE_ERROR_CODE, WIRE_ERROR_MESSAGE
+from ..boundary import WIRE_ERROR_CODE, WIRE_ERROR_MESSAGE
 from ._model import (
     CHECKS,
     Attempt,

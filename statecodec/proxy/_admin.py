@@ -16,28 +16,16 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import socket
-import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from typing import Final
 
 import uvicorn
 
+from .._net import socket_url
+from .._serving import EmbeddedServer, wait_started
 from ..adapters.asgi import ASGIApp
 
 START_TIMEOUT: Final = 30.0
-
-
-class _AdminServer(uvicorn.Server):
-    """uvicorn without signal handlers: the proxy's own server handles SIGINT/SIGTERM."""
-
-    @contextlib.contextmanager
-    def capture_signals(self) -> Iterator[None]:
-        yield
-
-
-def url_of(sock: socket.socket) -> str:
-    host, port = sock.getsockname()[:2]
-    return f"http://{f'[{host}]' if ':' in host else host}:{port}"
 
 
 @contextlib.asynccontextmanager
@@ -52,18 +40,12 @@ async def admin_listener(app: ASGIApp, sock: socket.socket) -> AsyncIterator[str
         date_header=False,
         proxy_headers=False,
     )
-    server = _AdminServer(config)
+    # No signal handlers: the proxy's own server handles SIGINT/SIGTERM.
+    server = EmbeddedServer(config)
     task = asyncio.create_task(server.serve(sockets=[sock]), name="statecodec-admin")
     try:
-        deadline = time.monotonic() + START_TIMEOUT
-        while not server.started:
-            if task.done():
-                task.result()  # raises what stopped it
-                raise RuntimeError("the admin listener stopped while starting")
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"the admin listener did not start within {START_TIMEOUT:g}s")
-            await asyncio.sleep(0.02)
-        yield url_of(sock)
+        await wait_started(server, task, timeout=START_TIMEOUT, what="the admin listener")
+        yield socket_url(sock)
     finally:
         server.should_exit = True
         with contextlib.suppress(Exception):

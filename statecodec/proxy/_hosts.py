@@ -36,7 +36,7 @@ from urllib.parse import urlsplit
 
 from .. import _telemetry
 from ..adapters.asgi import ASGIApp, Receive, Scope, Send, dumps
-from ..adapters.jsonrpc import INVALID_REQUEST_CODE
+from ..boundary import INVALID_REQUEST_CODE
 
 logger = logging.getLogger("statecodec.proxy")
 

@@ -36,9 +36,8 @@ from typing import Any, Final, TypeAlias
 import httpx
 import jwt
 
-from .. import _telemetry
+from .. import _telemetry, boundary
 from .._errors import StateCodecError
-from ..adapters import jsonrpc
 from ..adapters.asgi import PrincipalFn, Scope
 
 logger = logging.getLogger("statecodec.proxy")
@@ -110,13 +109,13 @@ class BearerPrincipal:
 
 
 def principal_of(claims: Claims) -> str:
-    """``(client_id or azp, iss, sub)`` as :func:`~statecodec.adapters.jsonrpc.principal_string`."""
+    """``(client_id or azp, iss, sub)`` as :func:`~statecodec.boundary.principal_string`."""
     subject = claims.get("sub")
     if not isinstance(subject, str) or not subject:
         raise Unauthenticated("the verified token has no subject")
     client = claims.get("client_id") or claims.get("azp")
     issuer = claims.get("iss")
-    return jsonrpc.principal_string(
+    return boundary.principal_string(
         client if isinstance(client, str) else None, issuer if isinstance(issuer, str) else None, subject
     )
 

@@ -19,6 +19,7 @@ from typing import Final
 import uvicorn
 
 from .._codec import StateCodec
+from .._serving import serve_announcing
 from ..adapters.asgi import (
     DEFAULT_MAX_BODY_BYTES,
     DEFAULT_MAX_RESPONSE_BYTES,
@@ -26,7 +27,7 @@ from ..adapters.asgi import (
     PrincipalFn,
     RequestStateMiddleware,
 )
-from ..adapters.jsonrpc import DEFAULT_MAX_HOLD, DEFAULT_MAX_HOLDS, DEFAULT_MAX_HOLDS_PER_TOKEN
+from ..boundary import DEFAULT_MAX_HOLD, DEFAULT_MAX_HOLDS, DEFAULT_MAX_HOLDS_PER_TOKEN
 from ._forward import Timeouts, UpstreamApp
 from ._guard import ClientLimits, Guard, default_max_connections, guarded_protocol
 from ._hosts import HostGuard, HostPolicy
@@ -138,20 +139,8 @@ async def serve(
         http=guarded_protocol(guard),
         timeout_keep_alive=clients.idle_timeout,  # type: ignore[arg-type]  # a float works
     )
-    server = uvicorn.Server(config)
-
-    async def announce() -> None:
-        while not server.started:
-            await asyncio.sleep(0.02)
-        host, port = sock.getsockname()[:2]
-        url = f"http://{f'[{host}]' if ':' in host else host}:{port}"
-        if on_ready is not None:
-            on_ready(url)
-
-    announcer = asyncio.create_task(announce())
     sweeper = asyncio.create_task(guard.run(min(0.5, clients.head_timeout / 4, clients.body_timeout / 4)))
     try:
-        await server.serve(sockets=[sock])
+        await serve_announcing(uvicorn.Server(config), sock, on_ready)
     finally:
-        announcer.cancel()
         sweeper.cancel()

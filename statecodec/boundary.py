@@ -1,0 +1,875 @@
+"""MRTR on raw JSON-RPC: the one place that judges a request and seals a result.
+
+Framework-free: this module works on the wire shapes of MCP 2026-07-28 (``params`` and
+``result`` objects as decoded JSON) and imports neither ``mcp`` nor ``fastmcp``. The SDK
+middleware (:mod:`statecodec.adapters.mcp`), the FastMCP adapter, the ASGI middleware
+and the proxy all call the same two functions:
+
+- :func:`judge_request` takes an inbound ``tools/call``, ``resources/read`` or
+  ``prompts/get`` and decides what the server may see: the cheap shape checks, the
+  binding, the codec's checks and, last, the replay store. It returns a :class:`Judged`
+  (the params with the plaintext state, the token redeemed, the binding to seal the
+  answer with);
+- :func:`seal_result` takes the server's answer to that request and seals its state,
+  or refuses to let it out.
+
+Flows: :func:`seal_result` seals the state of a round that came in with one as the next
+round of the same flow (the codec's ``parent=``), so every flow keeps one id and the
+codec's round and age budgets hold. Pacing: ``seal_result(..., retry_after=S)`` paces a
+requestState-only round (``input_required`` without ``inputRequests``); a retry of it that
+comes early is held, asynchronously, until its time when that is at most ``max_hold``
+seconds away (then the round runs as usual), and otherwise answered at once with the same
+state (:attr:`Judged.early`): the handler never runs early and the token is never
+consumed early. Holding rather than answering matters to well-behaved clients: the
+official TypeScript client retries 250 ms after such an answer and counts every answer
+against its 10 rounds, so answering each early retry would end its flow within seconds.
+
+Both raise one exception, :class:`WireError`, which carries the JSON-RPC error to answer
+instead. Every token problem is the same -32602 "Invalid or expired requestState" (the
+SDKs' convention: a forger learns nothing); every result that cannot be sealed is -32603
+"Internal error". One exception: a replay store that could not record the token
+(``store_unavailable``) is -32603 with a message saying to retry the same request, since
+the token was not consumed and is still good; only an authentic, unexpired, correctly
+bound token ever reaches the store, so this answer tells nothing to whoever forged,
+tampered or mis-bound one (docs/threat-model.md). The precise reason goes to the
+``statecodec`` logger and the metrics.
+
+The plaintext a handler puts in ``requestState`` is a ``str`` (the SDKs' type); the codec
+seals bytes. The mapping is UTF-8, strictly, both ways.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import math
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from functools import lru_cache
+from types import MappingProxyType
+from typing import Any, Final, NoReturn, TypeAlias
+
+from . import _format, _telemetry
+from ._binding import Binding
+from ._codec import Mode, OpenedState, StateCodec
+from ._errors import FlowBudgetExceeded, InvalidState, StateCodecError
+
+__all__ = [
+    "DEFAULT_MAX_HOLD",
+    "DEFAULT_MAX_HOLDS",
+    "DEFAULT_MAX_HOLDS_PER_TOKEN",
+    "HEADER_MISMATCH_CODE",
+    "HOLDS_MAX",
+    "INPUT_REQUIRED",
+    "INTERNAL_ERROR_CODE",
+    "INTERNAL_ERROR_MESSAGE",
+    "INVALID_REQUEST_CODE",
+    "MRTR_METHODS",
+    "PARAMS_KEYS",
+    "PARSE_ERROR_CODE",
+    "REQUEST_STATE",
+    "STORE_UNAVAILABLE_DATA",
+    "STORE_UNAVAILABLE_MESSAGE",
+    "WIRE_ERROR_CODE",
+    "WIRE_ERROR_DATA",
+    "WIRE_ERROR_MESSAGE",
+    "Binder",
+    "BoundaryOptions",
+    "Hold",
+    "Holds",
+    "Judged",
+    "Waiter",
+    "WireError",
+    "binding_for",
+    "carries_state",
+    "check_asks_something",
+    "check_pacing",
+    "flow_fields",
+    "is_state_only",
+    "digested_arguments",
+    "is_mrtr",
+    "judge_request",
+    "principal_string",
+    "request_target",
+    "seal_result",
+    "seal_state",
+    "state_aliases",
+]
+
+logger = logging.getLogger("statecodec")
+
+#: How long an early retry of a paced round may be held before it runs (seconds); a retry
+#: that would wait longer is answered at once with the same state.
+DEFAULT_MAX_HOLD: Final = 10.0
+#: Early retries held at once by one adapter; one more is answered at once with its state.
+DEFAULT_MAX_HOLDS: Final = 100
+#: Early retries of one token held at once (a client has one retry outstanding; two
+#: allow for a client that gave up waiting and sent the retry again).
+DEFAULT_MAX_HOLDS_PER_TOKEN: Final = 2
+#: An early retry is held at most this many times (the clock may wake a hair early).
+HOLDS_MAX: Final = 3
+
+#: The only methods whose results may be ``input_required`` (spec 2026-07-28).
+MRTR_METHODS: Final = frozenset({"tools/call", "resources/read", "prompts/get"})
+REQUEST_STATE: Final = "requestState"
+INPUT_REQUIRED: Final = "input_required"
+#: The params keys of the MRTR requests (2026-07-28). None of them but ``requestState``
+#: itself spells ``requestState``, so a request holding only these needs no alias check;
+#: the ASGI middleware also refuses any other spelling of them (``"Arguments"``).
+PARAMS_KEYS: Final = frozenset({"name", "uri", "arguments", "inputResponses", REQUEST_STATE, "_meta", "task"})
+# Result keys of the MRTR methods that are not aliases of requestState (the same shortcut).
+_RESULT_KEYS: Final = frozenset(
+    {
+        "resultType",
+        REQUEST_STATE,
+        "inputRequests",
+        "content",
+        "structuredContent",
+        "isError",
+        "contents",
+        "messages",
+        "description",
+        "_meta",
+    }
+)
+
+# ---------------------------------------------------------------- the wire
+#: What every rejected token is answered with (the SDKs' convention).
+WIRE_ERROR_CODE: Final = -32602
+WIRE_ERROR_MESSAGE: Final = "Invalid or expired requestState"
+WIRE_ERROR_DATA: Final[Mapping[str, str]] = MappingProxyType({"reason": "invalid_request_state"})
+#: What a result that cannot be sealed is replaced with. Says nothing more.
+INTERNAL_ERROR_CODE: Final = -32603
+INTERNAL_ERROR_MESSAGE: Final = "Internal error"
+#: What a request is answered (with -32603) when the replay store could not record its
+#: token: nothing was consumed, so the client should send the same request again.
+STORE_UNAVAILABLE_MESSAGE: Final = (
+    "Temporarily unavailable: retry the same request (its requestState was not consumed)"
+)
+STORE_UNAVAILABLE_DATA: Final[Mapping[str, str]] = MappingProxyType({"reason": "temporarily_unavailable"})
+#: JSON-RPC's codes for a body that is not JSON, and for JSON that is not a request.
+PARSE_ERROR_CODE: Final = -32700
+INVALID_REQUEST_CODE: Final = -32600
+#: MCP 2026-07-28 (SEP-2243): the ``Mcp-*`` routing headers and the body disagree (HTTP 400).
+HEADER_MISMATCH_CODE: Final = -32020
+
+
+class WireError(StateCodecError):
+    """Answer this JSON-RPC error instead: a request refused, or a result that cannot go out.
+
+    ``code``, ``message`` and ``data`` are what the client sees (:meth:`error`); ``status``
+    is the HTTP status for byte-level intermediaries (200 for a JSON-RPC answer); ``reason``
+    says why, for logs and metrics only: the :class:`~statecodec.InvalidState` reason
+    for a token, a short text otherwise. It is never on the wire.
+    """
+
+    def __init__(
+        self,
+        code: int,
+        message: str,
+        *,
+        data: Mapping[str, Any] | None = None,
+        status: int = 200,
+        reason: str = "",
+    ) -> None:
+        super().__init__(f"{code} {message}: {reason}" if reason else f"{code} {message}")
+        self.code = code
+        self.message = message
+        self.data = data
+        self.status = status
+        self.reason = reason
+
+    @classmethod
+    def invalid_state(cls, reason: str = "", *, status: int = 200) -> WireError:
+        """The uniform -32602 for a token that failed any check."""
+        return cls(WIRE_ERROR_CODE, WIRE_ERROR_MESSAGE, data=WIRE_ERROR_DATA, status=status, reason=reason)
+
+    @classmethod
+    def refusing(cls, reason: str) -> WireError:
+        """The answer to a token the codec refused for ``reason`` (an InvalidState reason).
+
+        -32602 for every reason but ``store_unavailable``: that one is no verdict on the
+        token (it passed every check and was not consumed), so it is -32603 asking for
+        the same request again, never the answer a forgery gets.
+        """
+        if reason == "store_unavailable":
+            return cls(
+                INTERNAL_ERROR_CODE, STORE_UNAVAILABLE_MESSAGE, data=STORE_UNAVAILABLE_DATA, reason=reason
+            )
+        return cls.invalid_state(reason)
+
+    @classmethod
+    def internal(cls, reason: str = "", *, status: int = 200) -> WireError:
+        """-32603 for a result whose state cannot be sealed (or an answer that cannot be read)."""
+        return cls(INTERNAL_ERROR_CODE, INTERNAL_ERROR_MESSAGE, status=status, reason=reason)
+
+    def error(self) -> dict[str, Any]:
+        """A fresh JSON-RPC ``error`` member."""
+        member: dict[str, Any] = {"code": self.code, "message": self.message}
+        if self.data is not None:
+            member["data"] = dict(self.data)
+        return member
+
+
+# ---------------------------------------------------------------- what is bound
+#: ``bind() -> Binding``: the request's binding, computed only when needed. It may raise
+#: (a principal that cannot be verified, arguments that cannot be digested): the request
+#: is then never bound to anyone, neither to accept a token nor to seal a new one.
+Binder: TypeAlias = Callable[[], Binding]
+
+#: The metrics label of each mode, without the enum property's lookup on every request.
+_MODE_LABEL: Final[Mapping[Mode, str]] = {mode: mode.value for mode in Mode}
+_NO_PARAMS: Final[Mapping[str, Any]] = MappingProxyType({})
+
+
+def is_mrtr(method: str) -> bool:
+    """True for ``tools/call``, ``resources/read`` and ``prompts/get``."""
+    return method in MRTR_METHODS
+
+
+def request_target(method: str, params: Mapping[str, Any] | None) -> str:
+    """The tool or prompt ``name``, or the resource ``uri``, of an MRTR request.
+
+    Raises ``ValueError`` when it is missing or not a string: such a request is malformed,
+    and a binding must never be computed over a coerced value.
+    """
+    field = "uri" if method == "resources/read" else "name"
+    value = (params or {}).get(field)
+    if not isinstance(value, str):
+        raise ValueError(f"{method} params.{field} must be a string")
+    return value
+
+
+def digested_arguments(method: str, params: Mapping[str, Any] | None) -> dict[str, Any] | None:
+    """The arguments a token is bound to: tool or prompt ``arguments``, nothing for resources.
+
+    An allowlist per method, never "params minus some fields": ``inputResponses``,
+    ``requestState`` and ``_meta`` change from round to round (or are the token itself)
+    and must stay out, and a field added to the protocol later must not join silently.
+    Absent and ``null`` arguments mean ``{}``, as they do to the SDK handlers.
+    """
+    if method == "resources/read":
+        return None
+    arguments = (params or {}).get("arguments")
+    if arguments is None:
+        return {}
+    if not isinstance(arguments, dict):
+        raise ValueError(f"{method} params.arguments must be an object")
+    return arguments
+
+
+def principal_string(client_id: str | None, issuer: str | None, subject: str | None) -> str:
+    """The principal of an access token as one string: JSON ``[client_id, issuer, subject]``.
+
+    The same (client, issuer, subject) triple the MCP SDK uses for its own binding, so two
+    users of one OAuth client differ whenever the verifier supplies a subject. JSON keeps
+    the three fields unambiguous whatever characters they contain. Cached (``typed``
+    keeps ``1``, ``1.0`` and ``True`` apart, as JSON does): a server sees the same few
+    principals request after request.
+    """
+    try:
+        return _principal_json(client_id, issuer, subject)
+    except TypeError:  # an unhashable component from a custom verifier: not cached
+        return _principal_json.__wrapped__(client_id, issuer, subject)
+
+
+@lru_cache(maxsize=1024, typed=True)
+def _principal_json(client_id: str | None, issuer: str | None, subject: str | None) -> str:
+    return json.dumps([client_id, issuer, subject], separators=(",", ":"), ensure_ascii=False)
+
+
+def binding_for(
+    method: str, params: Mapping[str, Any] | None, *, principal: str | None, audience: str | None
+) -> Binding:
+    """The default :class:`~statecodec.Binding` of an MRTR request.
+
+    Raises ``ValueError`` or ``TypeError`` when the params cannot be bound (no target,
+    arguments that are not canonical JSON such as integers beyond 2**53).
+    """
+    # Positional (principal, audience, method, target, arguments): this runs on every
+    # request, and keyword arguments cost a little more.
+    target, arguments = request_target(method, params), digested_arguments(method, params)
+    return Binding(principal, audience, method, target, arguments)
+
+
+def state_aliases(params: Mapping[str, Any]) -> list[str]:
+    """Keys of ``params`` that spell ``requestState`` some other way (``request_state``...).
+
+    Only ``requestState`` is checked, but readers are lenient: FastMCP re-validates raw
+    params with pydantic's ``populate_by_name`` (a snake_case ``request_state`` reaches
+    ``ctx.request_state``), the SDK's result models read ``request_state`` too, and Go's
+    ``encoding/json`` matches keys case-insensitively. Any key that normalises to the same
+    name (case-folded, ``_`` and ``-`` removed) is therefore refused outright.
+    """
+    return _aliases(params, PARAMS_KEYS)
+
+
+def _aliases(mapping: Mapping[str, Any], plain: frozenset[str]) -> list[str]:
+    if plain.issuperset(mapping):  # the usual message: no key to normalise
+        return []
+    return [
+        key
+        for key in mapping
+        if key != REQUEST_STATE
+        and isinstance(key, str)
+        and key.casefold().replace("_", "").replace("-", "") == "requeststate"
+    ]
+
+
+def carries_state(params: Mapping[str, Any]) -> bool:
+    """Whether ``params`` hold a state to check: ``requestState`` or any alias of it."""
+    return params.get(REQUEST_STATE) is not None or bool(state_aliases(params))
+
+
+# ---------------------------------------------------------------- holding early retries
+#: ``wait(seconds)``: hold an early retry that long; raise (any exception, or be cancelled)
+#: when its client went away. The hold is then abandoned: nothing consumed, nothing run.
+Waiter: TypeAlias = Callable[[float], Awaitable[None]]
+
+
+@dataclass(frozen=True, slots=True)
+class Hold:
+    """An early retry its adapter holds itself (``judge_request(..., wait=None)``).
+
+    ``seconds`` to hold it before judging the request again; ``early`` is the
+    ``too_early`` verdict, for :class:`Holds` (its token id) and the log records.
+    """
+
+    seconds: float
+    early: InvalidState
+
+    @property
+    def token_id(self) -> str:
+        return self.early.token_id or "-"
+
+
+class Holds:
+    """How many early retries are held at once: at most ``total``, ``per_token`` of one token.
+
+    A held retry costs a coroutine and what its adapter keeps of the request until it
+    runs (the ASGI middleware keeps the raw body, one copy); these bounds keep a client
+    that sends one token's early retry a hundred times, or many tokens' at once, from
+    holding memory without limit. A retry over either bound is answered at once with the
+    same state (unconsumed), as one due beyond ``max_hold`` is: a well-behaved client just
+    retries later, where a refusal would end its flow. One instance per adapter; not
+    thread-safe (one event loop).
+    """
+
+    __slots__ = ("_by_token", "held", "per_token", "total")
+
+    def __init__(self, total: int = DEFAULT_MAX_HOLDS, per_token: int = DEFAULT_MAX_HOLDS_PER_TOKEN) -> None:
+        _check_hold_counts(total, per_token)
+        self.total = total
+        self.per_token = per_token
+        self.held = 0
+        self._by_token: dict[str, int] = {}
+
+    def enter(self, token_id: str) -> bool:
+        """Take a place for an early retry of ``token_id``; False when a bound is reached."""
+        count = self._by_token.get(token_id, 0)
+        if self.held >= self.total or count >= self.per_token:
+            return False
+        self.held += 1
+        self._by_token[token_id] = count + 1
+        return True
+
+    def leave(self, token_id: str) -> None:
+        self.held -= 1
+        count = self._by_token.pop(token_id) - 1
+        if count:
+            self._by_token[token_id] = count
+
+
+def _check_hold_counts(total: object, per_token: object) -> None:
+    if not (isinstance(total, int) and isinstance(per_token, int) and total >= 0 and per_token >= 0):
+        raise ValueError(f"max_holds and max_holds_per_token must be counts, got {total!r}, {per_token!r}")
+
+
+# ---------------------------------------------------------------- judging a request
+class Judged:
+    """The verdict on one MRTR request: what to hand on, what was redeemed, what to seal with.
+
+    ``params`` are what the server may see: the request's own params, with the plaintext
+    state in place of the token when one was redeemed (``opened``). :meth:`binding` is
+    the binding the answer's state is sealed with: the one the token was checked against,
+    or computed on first use (only an answer that carries a state needs it). ``opened`` is
+    also the parent of the answer's state: the next round of its flow.
+
+    ``early``, when set, is the whole answer: the request retried a paced round too early
+    to be held, so the handler must not run and the client gets this result (the same
+    state, unconsumed) instead. ``hold`` is set beside it when the caller asked to hold
+    the retry itself (``wait=None``) and it may be held (:class:`Hold`): its place in
+    :class:`Holds` is not taken yet.
+    """
+
+    __slots__ = ("_bind", "_binding", "_flow_told", "early", "hold", "method", "opened", "params")
+
+    def __init__(
+        self,
+        method: str,
+        params: Mapping[str, Any],
+        bind: Binder,
+        opened: OpenedState | None = None,
+        binding: Binding | None = None,
+        *,
+        early: Mapping[str, Any] | None = None,
+        hold: Hold | None = None,
+    ) -> None:
+        self.method = method
+        self.params = params
+        self.opened = opened
+        self.early = early
+        self.hold = hold
+        self._bind = bind
+        self._binding = binding
+        self._flow_told = False  # whether this round's answer was seen to continue or end its flow
+
+    def __repr__(self) -> str:
+        opened = self.opened.token_id[:8] if self.opened else None
+        return f"Judged(method={self.method!r}, opened={opened!r}, early={self.early is not None})"
+
+    def end_flow(self, codec: StateCodec) -> None:
+        """Count the flow as ended by this round's answer, unless a new state continued it.
+
+        Called for an answer without a state (:func:`seal_result` does), and by adapters that
+        do not show every answer to :func:`seal_result` once the exchange is over. Counted
+        once: a round that came in with a state ends its flow or continues it, not both.
+        """
+        if self.opened is not None and not self._flow_told:
+            self._flow_told = True
+            _telemetry.record_flow_rounds(_MODE_LABEL.get(codec.mode) or codec.mode.value, self.opened.round)
+
+    def binding(self) -> Binding:
+        """The request's binding; raises ``Exception`` from the binder when it cannot be made."""
+        if self._binding is None:
+            self._binding = _checked(self._bind())
+        return self._binding
+
+
+async def judge_request(
+    codec: StateCodec,
+    method: str,
+    params: Mapping[str, Any] | None,
+    bind: Binder,
+    *,
+    max_hold: float = DEFAULT_MAX_HOLD,
+    holds: Holds | None = None,
+    wait: Waiter | None = asyncio.sleep,
+) -> Judged:
+    """Judge an inbound MRTR request; raise :class:`WireError` (-32602) to refuse it.
+
+    Without a state (``requestState`` absent or ``null``, and no alias of it) nothing is
+    checked or consumed, and ``bind`` is not called: the params come back as they are.
+    With one, every check that can fail runs before the one that consumes the token, so
+    a request refused for any reason never burns it:
+
+    1. the shape: no alias of ``requestState``, a string, within ``codec.max_token_bytes``
+       (cheap, before the argument digest);
+    2. the binding, ``bind()`` (principal, audience, target, argument digest);
+    3. ``codec.aunseal``: format, key, MAC or AEAD, times, flow budgets, binding, pacing
+       and, last, the replay store (single use, awaited).
+
+    A token that is ``too_early`` (a paced round retried before its time) is no refusal:
+    the request is held until then when that is at most ``max_hold`` seconds away and
+    ``holds`` has room (asynchronously, holding no thread: ``await wait(seconds)``) and
+    judged again; otherwise the verdict carries :attr:`Judged.early`, the same state to
+    answer at once, and nothing was consumed. A hold whose ``wait`` raises (or is
+    cancelled: its client went away) is abandoned: logged, counted, the exception
+    re-raised, the token neither consumed nor the handler run. ``wait=None``: the caller
+    holds the retry itself (to keep less of the request while it waits): the verdict is
+    early with :attr:`Judged.hold` set.
+
+    Then the payload is read as UTF-8 text; only a holder of the keys can mint one that
+    is not, and such a token could never be redeemed here anyway. Each refusal logs one
+    WARNING line and counts one metric.
+    """
+    params = _NO_PARAMS if params is None else params
+    if params.get(REQUEST_STATE) is None and not state_aliases(params):
+        return Judged(method, params, bind)
+    binding: Binding | None = None
+    try:
+        token = _token_of(codec, params)
+        try:
+            binding = _checked(bind())
+        except Exception as exc:  # deny on error: an unbindable request is never bound to no one
+            raise InvalidState(
+                "malformed", f"the request cannot be bound: {type(exc).__name__}: {str(exc)[:200]}"
+            ) from None
+        opened = await _paced_unseal(codec, token, binding, max_hold, holds=holds, wait=wait)
+        if not isinstance(opened, OpenedState):  # too early to hold here: the same state, at once
+            _telemetry.record_unseal(
+                _MODE_LABEL.get(codec.mode) or codec.mode.value, method, "too_early", len(token)
+            )
+            early = {"resultType": INPUT_REQUIRED, REQUEST_STATE: token}
+            return Judged(method, params, bind, None, binding, early=early, hold=opened)
+        try:
+            plaintext = opened.payload.decode("utf-8")
+        except UnicodeDecodeError:
+            raise InvalidState(
+                "malformed", "the sealed state is not UTF-8 text", kid=opened.kid, token_id=opened.token_id
+            ) from None
+    except InvalidState as exc:
+        _log_rejection(codec, method, params, exc, binding)
+        raise WireError.refusing(exc.reason) from None
+    _telemetry.record_unseal(_MODE_LABEL.get(codec.mode) or codec.mode.value, method, "ok", len(token))
+    if logger.isEnabledFor(logging.DEBUG):
+        logger.debug(
+            "redeemed requestState on %s: flow=%s round=%d",
+            method,
+            opened.flow_id[:8],
+            opened.round,
+            extra=_telemetry.fields("token_redeemed", method=method, **flow_fields(opened)),
+        )
+    return Judged(method, {**params, REQUEST_STATE: plaintext}, bind, opened, binding)
+
+
+async def _paced_unseal(
+    codec: StateCodec,
+    token: str,
+    binding: Binding,
+    max_hold: float,
+    *,
+    holds: Holds | None,
+    wait: Waiter | None,
+) -> OpenedState | Hold | None:
+    """``codec.aunseal``, holding a ``too_early`` token until its time if that is within ``max_hold``.
+
+    ``None``: the token is too early to hold (it was not consumed); a :class:`Hold`: the
+    caller holds it itself (``wait=None``). A held request is judged again from the
+    start after the wait, so a token redeemed meanwhile by another request is
+    ``replayed`` as usual.
+    """
+    held = 0.0
+    for _ in range(HOLDS_MAX + 1):
+        try:
+            return await codec.aunseal(token, binding)
+        except InvalidState as exc:
+            if exc.reason != "too_early" or exc.retry_at is None:
+                raise
+            seconds = _wait_until(codec, exc)
+            if held + seconds > max_hold:
+                logger.info(
+                    "early retry of flow %s round %s answered with the same state (%.3fs early)",
+                    (exc.flow_id or "-")[:8],
+                    exc.round,
+                    seconds,
+                    extra=_early_fields("early_retry_answered", exc, seconds),
+                )
+                return None
+            if wait is None:
+                return Hold(seconds, exc)
+            if holds is None:
+                await _hold(wait, exc, seconds)
+            elif not holds.enter(exc.token_id or "-"):
+                hold_refused(holds, exc, seconds)
+                return None
+            else:
+                try:
+                    await _hold(wait, exc, seconds)
+                finally:
+                    holds.leave(exc.token_id or "-")
+            held += seconds
+    return None
+
+
+async def _hold(wait: Waiter, early: InvalidState, seconds: float) -> None:
+    logger.debug(
+        "holding an early retry of flow %s round %s for %.3fs",
+        (early.flow_id or "-")[:8],
+        early.round,
+        seconds,
+        extra=_early_fields("early_retry_held", early, seconds),
+    )
+    try:
+        await wait(seconds)
+    except BaseException:
+        hold_abandoned(early, seconds)
+        raise
+
+
+def hold_refused(holds: Holds, early: InvalidState, seconds: float) -> None:
+    """Log and count an early retry answered at once because ``holds`` is full."""
+    _telemetry.record_shed("hold_limit")
+    logger.warning(
+        "early retry of flow %s round %s answered with the same state: %d retries held, "
+        "at most %d (%d of one token)",
+        (early.flow_id or "-")[:8],
+        early.round,
+        holds.held,
+        holds.total,
+        holds.per_token,
+        extra={**_early_fields("early_retry_answered", early, seconds), "reason": "hold_limit"},
+    )
+
+
+def hold_abandoned(early: InvalidState, seconds: float) -> None:
+    """Log and count a hold given up because its client went away: nothing consumed, nothing run."""
+    _telemetry.record_shed("hold_abandoned")
+    logger.info(
+        "early retry of flow %s round %s abandoned by its client during the hold; token not consumed",
+        (early.flow_id or "-")[:8],
+        early.round,
+        extra={**_early_fields("early_retry_abandoned", early, seconds), "reason": "hold_abandoned"},
+    )
+
+
+def _early_fields(event: str, early: InvalidState, wait: float) -> dict[str, object]:
+    return _telemetry.fields(
+        event, reason="too_early", kid=early.kid, token_id=early.token_id, flow_id=early.flow_id,
+        round=early.round, wait=round(wait, 3),
+    )  # fmt: skip
+
+
+def _wait_until(codec: StateCodec, early: InvalidState) -> float:
+    """Seconds from now (the codec's clock) until ``early``'s token is redeemable; at least 1 ms."""
+    try:
+        wait = float(early.retry_at) - codec.clock()  # type: ignore[arg-type]
+    except Exception:  # deny on error: a clock that fails now holds nothing
+        wait = math.nan
+    if not math.isfinite(wait):
+        raise InvalidState(
+            "internal_error", "the clock failed while pacing", kid=early.kid, token_id=early.token_id
+        )
+    return max(wait, 0.001)
+
+
+def _token_of(codec: StateCodec, params: Mapping[str, Any]) -> str:
+    """The cheap checks, before anything costly such as the argument digest."""
+    aliases = state_aliases(params)
+    if aliases:
+        raise InvalidState("malformed", f"params carry {aliases[0][:40]!r}, an alias of requestState")
+    token = params.get(REQUEST_STATE)
+    if not isinstance(token, str):
+        raise InvalidState("malformed", f"requestState is a JSON {type(token).__name__}, not a string")
+    _format.check_size(token, codec.max_token_bytes)
+    return token
+
+
+def _checked(binding: object) -> Binding:
+    if not isinstance(binding, Binding):
+        raise TypeError(f"the binding callback returned {type(binding).__name__}, not a Binding")
+    return binding
+
+
+def _log_rejection(
+    codec: StateCodec, method: str, params: Mapping[str, Any], exc: InvalidState, binding: Binding | None
+) -> None:
+    """One WARNING record and one metric for a rejected token.
+
+    The facts are record fields (:func:`statecodec._telemetry.fields`): the reason, the
+    detail, the kid, the first 8 hex digits of the token id (enough to correlate, useless
+    to replay), the audience, the method and the target. Never the token.
+    """
+    token = params.get(REQUEST_STATE)
+    size = len(token) if isinstance(token, str) else None
+    _telemetry.record_unseal(codec.mode.value, method, exc.reason, size)
+    target = _target_of(method, params)
+    logger.warning(
+        "rejected requestState on %s %s: reason=%s detail=%r kid=%s token=%s flow=%s round=%s size=%s",
+        method,
+        "<no target>" if target is None else repr(_telemetry.clip(target)),
+        exc.reason,
+        exc.detail,
+        exc.kid or "-",
+        exc.token_id[:8] if exc.token_id else "-",
+        exc.flow_id[:8] if exc.flow_id else "-",
+        exc.round if exc.round is not None else "-",
+        size if size is not None else "-",
+        extra=_telemetry.rejection(
+            exc,
+            audience=binding.audience if binding is not None else None,
+            method=method,
+            target=target,
+            mode=codec.mode.value,
+            size=size,
+        ),
+    )
+
+
+# ---------------------------------------------------------------- sealing a result
+@dataclass(frozen=True, slots=True)
+class BoundaryOptions:
+    """What an adapter asks of the boundary: the one options object every adapter and the proxy take.
+
+    ``codec`` seals and opens; ``audience``, ``principal`` and ``binding`` say what a
+    token is bound to, in the shape of the adapter that uses them (a string or
+    ``audience(ctx)``; ``principal(ctx)`` or ``principal(scope, headers)``;
+    ``binding(ctx, default)``); ``retry_after`` paces a requestState-only round;
+    ``max_hold`` bounds how long an early retry is held, ``max_holds`` and
+    ``max_holds_per_token`` how many are held at once (:class:`Holds`).
+
+    Validated once, here, when a server is assembled: a setting that cannot work is a
+    ``ValueError`` (``TypeError`` for a codec that is not one) before any request, never
+    a surprise on the first paced round. What the codec validated of its own arguments
+    (its ``ttl``, ``max_token_bytes``) is not checked again.
+    """
+
+    codec: StateCodec
+    audience: Any = None
+    principal: Any = None
+    binding: Any = None
+    retry_after: float | None = None
+    max_hold: float = DEFAULT_MAX_HOLD
+    max_holds: int = DEFAULT_MAX_HOLDS
+    max_holds_per_token: int = DEFAULT_MAX_HOLDS_PER_TOKEN
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.codec, StateCodec):
+            raise TypeError(f"codec must be a statecodec.StateCodec, not {type(self.codec).__name__}")
+        retry_after, max_hold = self.retry_after, self.max_hold
+        if retry_after is not None and not (
+            isinstance(retry_after, int | float) and 0 < retry_after < self.codec.ttl
+        ):
+            raise ValueError(
+                f"retry_after must be a number of seconds between 0 and the codec's ttl, got {retry_after!r}"
+            )
+        if not (isinstance(max_hold, int | float) and 0 <= max_hold <= 300):
+            raise ValueError(f"max_hold must be between 0 and 300 seconds, got {max_hold!r}")
+        _check_hold_counts(self.max_holds, self.max_holds_per_token)
+
+    def holds(self) -> Holds:
+        """A fresh :class:`Holds` with these bounds (one per adapter instance)."""
+        return Holds(self.max_holds, self.max_holds_per_token)
+
+
+def check_pacing(codec: StateCodec, retry_after: float | None, max_hold: float) -> None:
+    """Refuse pacing settings that cannot work (``ValueError``): :class:`BoundaryOptions`' check."""
+    BoundaryOptions(codec, retry_after=retry_after, max_hold=max_hold)
+
+
+def is_state_only(result: Mapping[str, Any]) -> bool:
+    """An ``input_required`` result without ``inputRequests``: "not ready yet, come back"."""
+    return result.get("resultType") == INPUT_REQUIRED and not result.get("inputRequests")
+
+
+def flow_fields(opened: OpenedState | None) -> dict[str, Any]:
+    """The ``extra=`` fields naming a round's flow in log records (empty without a state)."""
+    if opened is None:
+        return {}
+    return {"flow_id": opened.flow_id, "round": opened.round}
+
+
+def seal_result(
+    codec: StateCodec,
+    judged: Judged | None,
+    result: Mapping[str, Any],
+    *,
+    retry_after: float | None = None,
+) -> Mapping[str, Any]:
+    """``result`` with its plaintext ``requestState`` sealed to ``judged``'s binding.
+
+    A result without a state comes back as it is (the same object). A state is sealed
+    whatever ``resultType`` says: no plaintext state issued by a server ever reaches a
+    client. When the request came in with a state, the new one is its next round (the
+    same flow). ``retry_after`` paces a requestState-only result (:func:`is_state_only`):
+    its token is not redeemable before that many seconds. Raises :class:`WireError`
+    (-32603), after logging why, when it cannot be:
+
+    - the result spells ``requestState`` another way (``request_state``, ``RequestState``):
+      lenient clients read those, and nothing here can tell which one they would pick;
+    - there is no request to bind it to (``judged`` is ``None``: an answer to another
+      method, to an unknown id, on a stream that belongs to no request);
+    - the request cannot be bound, or the state is not text, is too large, or no key mints;
+    - the flow is out of budget (``max_rounds``, ``max_flow_age``);
+    - it is ``input_required`` with neither ``inputRequests`` nor a state
+      (:func:`check_asks_something`).
+    """
+    aliases = _aliases(result, _RESULT_KEYS)
+    state = result.get(REQUEST_STATE)
+    method = judged.method if judged is not None else "-"
+    if state is None and not aliases:
+        check_asks_something(codec, method, result)
+        if judged is not None:  # the flow (if any) ends here
+            judged.end_flow(codec)
+        return result
+    if aliases:
+        _refuse_seal(
+            codec, method, "alias", f"the result carries {aliases[0][:40]!r}, a spelling of requestState"
+        )
+    if judged is None:
+        _refuse_seal(
+            codec, method, "no_request", "the result carries a requestState but answers no MRTR request"
+        )
+    paced = retry_after if retry_after is not None and is_state_only(result) else None
+    return {**result, REQUEST_STATE: seal_state(codec, judged, state, retry_after=paced)}
+
+
+def check_asks_something(codec: StateCodec, method: str, result: Mapping[str, Any]) -> None:
+    """Refuse (-32603) an ``input_required`` result with neither ``inputRequests`` nor ``requestState``.
+
+    MCP 2026-07-28: every InputRequiredResult MUST include at least one of the two. One
+    with neither asks the client nothing and gives it nothing to come back with; clients
+    retry it until their round budget ends. The TypeScript SDK's own guard answers such a
+    result with -32603, and so does every statecodec boundary, whoever wrote the handler.
+    An empty ``inputRequests`` object counts as none, as it does there.
+    """
+    asks = result.get("inputRequests") or result.get(REQUEST_STATE) is not None
+    if result.get("resultType") == INPUT_REQUIRED and not asks:
+        why = "an input_required result with neither inputRequests nor requestState (it must carry one)"
+        _refuse_seal(codec, method, "empty_input_required", why)
+
+
+def seal_state(codec: StateCodec, judged: Judged, state: object, *, retry_after: float | None = None) -> str:
+    """The token for a plaintext ``requestState`` answering ``judged``; see :func:`seal_result`.
+
+    The core of :func:`seal_result`, for callers holding the state already (a result
+    model). Anything but a ``str`` that encodes as UTF-8 raises :class:`WireError` (-32603).
+    ``retry_after`` is applied as given: the caller decides that the result is state-only.
+    """
+    method = judged.method
+    try:
+        binding = judged.binding()
+    except Exception as exc:  # deny on error: a raising binder never yields an unbound token
+        why = f"the request cannot be bound: {type(exc).__name__}: {str(exc)[:200]}"
+        _refuse_seal(codec, method, "unbindable", why)
+    try:
+        if not isinstance(state, str):
+            raise TypeError(f"requestState must be a str, not {type(state).__name__}")
+        token = codec.seal(state.encode("utf-8"), binding, parent=judged.opened, retry_after=retry_after)
+    except Exception as exc:
+        reason = exc.reason if isinstance(exc, FlowBudgetExceeded) else "seal_failed"
+        why = f"{type(exc).__name__}: {exc}"
+        _refuse_seal(codec, method, reason, why, binding=binding, parent=judged.opened)
+    _telemetry.record_seal(_MODE_LABEL.get(codec.mode) or codec.mode.value, method, "ok", len(token))
+    judged._flow_told = True  # the flow goes on
+    return token
+
+
+def _refuse_seal(
+    codec: StateCodec,
+    method: str,
+    reason: str,
+    why: str,
+    *,
+    binding: Binding | None = None,
+    parent: OpenedState | None = None,
+) -> NoReturn:
+    # Fail closed: a result whose state cannot be sealed is never sent as it is.
+    mode = _MODE_LABEL.get(codec.mode) or codec.mode.value
+    _telemetry.record_seal(mode, method, "error", None)
+    target = None if binding is None else binding.target
+    where = method if target is None else f"{method} {_telemetry.clip(target)!r}"
+    logger.error(
+        "could not seal requestState on %s: %s",
+        where,
+        why,
+        extra=_telemetry.fields(
+            "seal_refused",
+            reason=reason,
+            detail=why,
+            audience=None if binding is None else binding.audience,
+            method=method,
+            target=target,
+            mode=mode,
+            **flow_fields(parent),
+        ),
+    )
+    raise WireError.internal(why)
+
+
+def _target_of(method: str, params: Mapping[str, Any] | None) -> str | None:
+    try:
+        return request_target(method, params)
+    except ValueError:
+        return None

@@ -1,0 +1,510 @@
+"""The proxy process's runtime: its logging, its event loop, the workers' metrics, the admin thread.
+
+``statecodec proxy`` (:mod:`statecodec.cli._proxy`) parses options and prints results;
+everything a running proxy process does between the two lives here, so that the command
+line holds no runtime and the runtime no option parsing. Nothing here prints: what the
+operator reads on stdout (``admin on URL``, ``listening on URL``) is handed to the
+``announce`` callables of the caller. Failures a command reports with an exit code are
+ordinary exceptions (``OSError`` for a socket or a listener that cannot start), which the
+command line classifies as it classifies any other.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import logging
+import os
+import queue
+import signal
+import socket
+import sys
+import tempfile
+import threading
+from collections.abc import Awaitable, Callable, Iterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol, TextIO
+
+from .. import _telemetry
+from .._codec import StateCodec
+from .._errors import StateCodecError
+from .._net import bind_socket, socket_url
+from ..adapters.asgi import ASGIApp, PrincipalFn
+from ._admin import START_TIMEOUT, admin_listener
+
+if TYPE_CHECKING:
+    from ..ops import Health
+    from ..replay import ReplayStore
+    from ._guard import ClientLimits
+
+logger = logging.getLogger("statecodec.proxy")
+
+#: ``announce(url)``: what the operator is told once a listener accepts connections.
+Announce = Callable[[str], None]
+#: The admin endpoints and their socket, served beside the proxy.
+Admin = tuple[ASGIApp, socket.socket]
+
+
+# ---------------------------------------------------------------- logging
+class _ProxyLogHandler(logging.StreamHandler):  # type: ignore[type-arg]
+    """One line per record on the current stderr; installed once even if the command runs twice.
+
+    The stream is looked up at each record, as ``click.echo`` does, so a stream replaced
+    since (a test runner's capture, already closed) is never written to.
+    """
+
+    @property
+    def stream(self) -> TextIO:
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, value: TextIO) -> None:
+        pass
+
+
+class _TextFormatter(logging.Formatter):
+    """``TIME LEVEL LOGGER: message``, with the message on one line (JSON does that by itself)."""
+
+    def __init__(self) -> None:
+        super().__init__("%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+    def formatMessage(self, record: logging.LogRecord) -> str:  # noqa: N802 - logging's name
+        return super().formatMessage(record).replace("\n", " ")
+
+
+def configure_logging(level: str, log_format: str) -> None:
+    """Every record of the process (statecodec's, uvicorn's, httpx's) through one handler on the root."""
+    if log_format == "json":
+        from ..ops import json_formatter  # noqa: PLC0415 - python-json-logger only when asked for
+
+        formatter: logging.Formatter = json_formatter()
+    else:
+        formatter = _TextFormatter()
+    root = logging.getLogger()
+    handler = next((h for h in root.handlers if isinstance(h, _ProxyLogHandler)), None)
+    if handler is None:
+        handler = _ProxyLogHandler()
+        root.addHandler(handler)
+    handler.setFormatter(formatter)
+    logging.getLogger("statecodec").setLevel(level.upper())
+
+
+@contextlib.contextmanager
+def said_by_the_supervisor() -> Iterator[None]:
+    """While a worker builds its proxy, its log records below ERROR are dropped.
+
+    The supervisor built the same proxy a moment before and logged what it found (a key
+    file readable by others, the key it mints with) once; each worker's copy would say it
+    again (``--workers 2`` printed every start-up warning three times). Errors still pass:
+    a worker that cannot start says why. Once built, a worker logs as usual.
+    """
+    handlers = list(logging.getLogger().handlers)
+    for handler in handlers:
+        handler.addFilter(_errors_only)
+    try:
+        yield
+    finally:
+        for handler in handlers:
+            handler.removeFilter(_errors_only)
+
+
+def _errors_only(record: logging.LogRecord) -> bool:
+    return record.levelno >= logging.ERROR
+
+
+# ---------------------------------------------------------------- metrics
+@contextlib.contextmanager
+def metrics_shared_by_workers() -> Iterator[None]:
+    """``PROMETHEUS_MULTIPROC_DIR`` for the workers, so the supervisor's /metrics sums them.
+
+    Set before any worker starts (each is a fresh interpreter that inherits it): an empty
+    directory of this run's own, removed at exit, unless the operator set one.
+    """
+    from ..ops import MULTIPROCESS_ENV  # noqa: PLC0415
+
+    if os.environ.get(MULTIPROCESS_ENV):
+        yield
+        return
+    with tempfile.TemporaryDirectory(prefix="statecodec-proxy-metrics-") as directory:
+        os.environ[MULTIPROCESS_ENV] = directory
+        try:
+            yield
+        finally:
+            del os.environ[MULTIPROCESS_ENV]
+
+
+def without_created_series() -> None:
+    """No ``*_created`` series next to each counter: they double what Prometheus stores.
+
+    A process-wide prometheus-client setting, so only the proxy command (which owns its
+    process) sets it, never the library.
+    """
+    with contextlib.suppress(ImportError):
+        from prometheus_client import disable_created_metrics  # noqa: PLC0415
+
+        disable_created_metrics()  # type: ignore[no-untyped-call]
+
+
+# ---------------------------------------------------------------- sockets
+def listening_socket(host: str, port: int) -> socket.socket:
+    """:func:`~statecodec._net.bind_socket`, or an ``OSError`` naming the address (exit 6)."""
+    try:
+        return bind_socket(host, port)
+    except OSError as exc:
+        raise OSError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
+
+
+# ---------------------------------------------------------------- the admin listener
+def _admin_started(url: str, announce: Announce) -> None:
+    logger.info("admin endpoints on %s", url, extra={**_telemetry.fields("admin_started"), "url": url})
+    announce(f"admin on {url}")
+
+
+@contextlib.contextmanager
+def admin_in_thread(admin: Admin, announce: Announce) -> Iterator[str]:
+    """The admin listener on a thread and event loop of its own, while the supervisor's
+    main thread watches the workers; its URL is announced before the proxy's."""
+    loop = asyncio.new_event_loop()
+    started: queue.Queue[str | BaseException] = queue.Queue()
+    stop: asyncio.Future[None] | None = None
+
+    async def serve_admin() -> None:
+        nonlocal stop
+        stop = loop.create_future()
+        try:
+            async with admin_listener(*admin) as url:
+                started.put(url)
+                await stop
+        except BaseException as exc:
+            started.put(exc)
+            raise
+
+    thread = threading.Thread(
+        target=loop.run_until_complete, args=(serve_admin(),), name="statecodec-admin", daemon=True
+    )
+    thread.start()
+    try:
+        result = started.get(timeout=START_TIMEOUT + 10)
+        if isinstance(result, BaseException):
+            raise OSError(f"the admin listener did not start: {result}")
+        _admin_started(result, announce)
+        yield result
+    finally:
+        loop.call_soon_threadsafe(_release, stop)
+        thread.join(15)
+        if not thread.is_alive():
+            loop.close()
+
+
+def _release(stop: asyncio.Future[None] | None) -> None:
+    if stop is not None and not stop.done():
+        stop.set_result(None)
+
+
+# ---------------------------------------------------------------- building the proxy
+class PrincipalSource(Protocol):
+    """How the proxy learns who is asking, as the command line parsed it (picklable, for workers)."""
+
+    def build(self) -> tuple[PrincipalFn | None, Any]:
+        """The principal callable, and the object to close at shutdown (or None)."""
+
+    def describe(self) -> str:
+        """One phrase for the start-up log line."""
+
+
+class ProxyConfigError(StateCodecError, ValueError):
+    """Options the proxy cannot run with, found while it is built (a usage error: exit 2)."""
+
+
+@dataclass(frozen=True)
+class ProxySettings:
+    """Everything a proxy process builds itself from: picklable, for ``--workers``."""
+
+    principal: PrincipalSource
+    log_level: str
+    log_format: str
+    upstream: str
+    keys_spec: str | None
+    replay: str
+    audience: str
+    mode: str
+    ttl: int
+    namespace: str | None
+    max_token_bytes: int
+    max_body_bytes: int
+    max_response_bytes: int
+    connect_timeout: int
+    read_timeout: int
+    graceful_timeout: int
+    head_timeout: int
+    body_timeout: int
+    idle_timeout: int
+    max_client_connections: int | None
+    max_concurrent_requests: int | None
+    max_connections: int
+    max_streams: int
+    max_streams_per_client: int
+    passthrough_paths: tuple[str, ...]
+    max_rounds: int
+    max_flow_age: int
+    retry_after: float | None
+    max_hold: float
+    max_holds: int
+    max_holds_per_token: int
+    workers: int
+    allowed_hosts: tuple[str, ...]
+    allowed_origins: tuple[str, ...]
+    refresh_interval: int
+    staleness_limit: int
+
+
+def timeline(settings: ProxySettings) -> dict[str, float]:
+    """The KeyManager's timeline options (``ValueError`` if they cannot work together)."""
+    from ..kms import Timeline  # noqa: PLC0415
+
+    options = {
+        "refresh_interval": float(settings.refresh_interval),
+        "staleness_limit": float(settings.staleness_limit),
+        "max_ttl": max(float(settings.ttl), 600.0),
+    }
+    Timeline(**options)
+    return options
+
+
+@contextlib.contextmanager
+def built(
+    settings: ProxySettings, keys: str, open_store: Callable[[str], ReplayStore]
+) -> Iterator[tuple[ASGIApp, Any, Health]]:
+    """The proxy application, the object to close at shutdown, and the readiness checks.
+
+    ``keys`` is the key source's spec; ``open_store(url)`` opens the replay store and checks
+    that it answers. Keys, store and options are checked here, before anything listens.
+    """
+    from .. import ops  # noqa: PLC0415
+    from ..kms import KeyManager  # noqa: PLC0415 - loaded only for this command
+    from ._forward import Timeouts  # noqa: PLC0415
+    from ._hosts import HostPolicy  # noqa: PLC0415
+    from ._server import ProxyOptions, build_proxy  # noqa: PLC0415
+
+    principal_fn, closer = settings.principal.build()
+    options = ProxyOptions(
+        upstream=settings.upstream,
+        audience=settings.audience,
+        max_body_bytes=settings.max_body_bytes,
+        max_response_bytes=settings.max_response_bytes,
+        timeouts=Timeouts(connect=settings.connect_timeout, read=settings.read_timeout),
+        max_connections=settings.max_connections,
+        max_streams=settings.max_streams,
+        max_streams_per_client=settings.max_streams_per_client,
+        passthrough_paths=settings.passthrough_paths,
+        retry_after=settings.retry_after,
+        max_hold=settings.max_hold,
+        hosts=HostPolicy.of(settings.allowed_hosts, settings.allowed_origins),
+        max_holds=settings.max_holds,
+        max_holds_per_token=settings.max_holds_per_token,
+    )
+    tl = timeline(settings)
+    manager = KeyManager(
+        keys,
+        refresh_interval=tl["refresh_interval"],
+        staleness_limit=tl["staleness_limit"],
+        max_ttl=tl["max_ttl"],
+    )
+    manager.start()  # exit 3 or 7 before listening if no keys can be had
+    try:
+        store = open_store(settings.replay)  # exit 4 before listening if it cannot serve
+        try:
+            # No namespace of its own: a proxy and a protect() server sharing keys, audience and
+            # store must share single use too, so both take the codec's default.
+            named: dict[str, Any] = {} if settings.namespace is None else {"namespace": settings.namespace}
+            codec = StateCodec(
+                manager,
+                mode=settings.mode,
+                ttl=settings.ttl,
+                max_token_bytes=settings.max_token_bytes,
+                max_rounds=settings.max_rounds,
+                max_flow_age=settings.max_flow_age,
+                replay=store,
+                **named,
+            )
+            try:
+                app = build_proxy(codec, options, principal=principal_fn)
+            except ValueError as exc:
+                raise ProxyConfigError(str(exc)) from None
+            health = ops.Health(manager, store)
+            try:
+                yield app, closer, health
+            finally:
+                health.close()
+        finally:
+            store.close()
+    finally:
+        manager.stop()
+
+
+def serve_on(
+    app: ASGIApp,
+    closer: Any,
+    sock: socket.socket,
+    settings: ProxySettings,
+    *,
+    clients: ClientLimits,
+    ready: Announce,
+    admin: Admin | None = None,
+    announce: Announce = print,
+) -> int | None:
+    """Serve the proxy on ``sock`` until SIGINT/SIGTERM; the signal that stopped it (:func:`run_serving`)."""
+    from ._server import serve  # noqa: PLC0415
+
+    serving = serve(
+        app,
+        sock,
+        graceful_timeout=settings.graceful_timeout,
+        limit_concurrency=settings.max_concurrent_requests,
+        clients=clients,
+        on_ready=ready,
+    )
+    return run_serving(serving, closer, admin=admin, announce=announce)
+
+
+# ---------------------------------------------------------------- the process
+def run(
+    settings: ProxySettings,
+    host: str,
+    port: int,
+    admin_address: tuple[str, int] | None,
+    *,
+    build: Callable[[ProxySettings], contextlib.AbstractContextManager[tuple[ASGIApp, Any, Health]]],
+    clients: ClientLimits,
+    worker: Callable[[socket.socket, Callable[[], None]], None],
+    announce: Announce,
+) -> int:
+    """Run the proxy process until SIGINT/SIGTERM: one server, or a supervisor of workers; its exit code.
+
+    ``build`` builds the proxy (:func:`built`, as the caller reports its failures): keys,
+    store and options are checked then, before anything listens. With workers they stay
+    open in the supervisor for ``/readyz``; each ``worker(sock, ready)`` builds its own.
+    """
+    from .. import ops  # noqa: PLC0415
+    from ._workers import Supervisor  # noqa: PLC0415
+
+    with contextlib.ExitStack() as stack:
+        if settings.workers > 1 and admin_address is not None:
+            stack.enter_context(metrics_shared_by_workers())
+        _telemetry.resolve()  # the metrics libraries load now, not on the first request
+        without_created_series()
+        ready = functools.partial(_listening, settings, announce)
+        app, closer, health = stack.enter_context(build(settings))
+        sock = stack.enter_context(contextlib.closing(listening_socket(host, port)))
+        admin = None
+        if admin_address is not None:
+            admin = (
+                ops.app(health),
+                stack.enter_context(contextlib.closing(listening_socket(*admin_address))),
+            )
+        if settings.workers == 1:
+            stopped_by = serve_on(
+                app, closer, sock, settings, clients=clients, ready=ready, admin=admin, announce=announce
+            )
+            log_stopped(stopped_by, settings)
+            return 0
+        if admin is not None:
+            stack.enter_context(admin_in_thread(admin, announce))
+        supervisor = Supervisor(worker, sock, settings.workers, stop_timeout=settings.graceful_timeout)
+        code = supervisor.run(lambda: ready(socket_url(sock)))
+        if not code:
+            log_stopped(supervisor.stopped_by, settings)
+    return code
+
+
+def _listening(settings: ProxySettings, announce: Announce, url: str) -> None:
+    from ..replay._url import redact  # noqa: PLC0415
+
+    logger.info(
+        "%s -> %s mode=%s audience=%r principal=%s replay=%s workers=%d",
+        url, redact(settings.upstream), settings.mode, settings.audience,
+        settings.principal.describe(), redact(settings.replay), settings.workers,
+        extra={
+            **_telemetry.fields(
+                "proxy_started", audience=settings.audience, mode=settings.mode, workers=settings.workers
+            ),
+            "url": url,
+        },
+    )  # fmt: skip
+    announce(f"listening on {url}")
+
+
+# ---------------------------------------------------------------- the event loop
+def run_serving(
+    serving: Awaitable[None], closer: Any, *, admin: Admin | None = None, announce: Announce = print
+) -> int | None:
+    """Run ``serving`` (the proxy until SIGINT/SIGTERM) on the proxy's event loop, then close ``closer``.
+
+    uvicorn handles SIGINT/SIGTERM itself (graceful shutdown), then re-raises the signal
+    to the handler it found: that one only notes the signal for the run, so shutdown ends
+    here, with the store closed and exit code 0, rather than by the default handler; the
+    signal noted is returned (``None``: the server ended by itself). ``admin``, when given,
+    is served on the same loop first (its URL announced before the proxy's).
+    """
+    from ._server import event_loop_factory  # noqa: PLC0415
+
+    received: list[int] = []
+    previous = {
+        sig: signal.signal(sig, lambda signum, frame: received.append(signum))
+        for sig in (signal.SIGINT, signal.SIGTERM)
+    }
+    try:
+        with asyncio.Runner(loop_factory=event_loop_factory()) as runner:
+            runner.run(_serve_then_close(serving, closer, admin, announce))
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    return received[0] if received else None
+
+
+def log_stopped(signum: int | None, settings: ProxySettings) -> None:
+    """One record when the proxy has stopped: operators see a SIGTERM was obeyed, not a crash."""
+    name = signal.Signals(signum).name if signum is not None else None
+    logger.info(
+        "proxy stopped%s: open requests drained (graceful timeout %ds)",
+        f" on {name}" if name else "",
+        settings.graceful_timeout,
+        extra=_telemetry.fields("proxy_stopped", signal=name, workers=settings.workers),
+    )
+
+
+async def _serve_then_close(
+    serving: Awaitable[None], closer: Any, admin: Admin | None, announce: Announce
+) -> None:
+    """The admin listener first (its URL announced), then the proxy until shutdown."""
+    try:
+        async with contextlib.AsyncExitStack() as stack:
+            if admin is not None:
+                url = await stack.enter_async_context(admin_listener(*admin))
+                _admin_started(url, announce)
+            await serving
+    finally:
+        if closer is not None:
+            await closer.aclose()
+
+
+__all__ = [
+    "Admin",
+    "Announce",
+    "PrincipalSource",
+    "ProxyConfigError",
+    "ProxySettings",
+    "built",
+    "log_stopped",
+    "run",
+    "said_by_the_supervisor",
+    "serve_on",
+    "timeline",
+    "admin_in_thread",
+    "configure_logging",
+    "listening_socket",
+    "metrics_shared_by_workers",
+    "run_serving",
+    "without_created_series",
+]
