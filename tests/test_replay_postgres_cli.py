@@ -260,7 +260,8 @@ def test_proxy_with_a_postgres_store_readyz_metrics_and_an_outage(
             _until(lambda: readyz().status_code == 503, "/readyz reports the stopped database")
             document = readyz().json()
             assert document["failing"] == ["replay_store"]
-            assert "postgres replay store failed its last check" in document["checks"]["replay_store"]["detail"]
+            detail = document["checks"]["replay_store"]["detail"]
+            assert "postgres replay store failed its last check" in detail
             fresh = _call(mcp, {})["result"]["requestState"]
             refused = _call(mcp, {"inputResponses": ANSWERS, "requestState": fresh}, 4)
             # an outage is not a forgery: retry the same request (issue 29)
