@@ -449,7 +449,7 @@ class StateCodec:
             )
         elif not_before is not None and now < not_before:
             # Pacing, last before consuming: an early retry burns nothing.
-            why = "too_early", f"redeemable in {now - not_before:.3f}s: the server paces this round"
+            why = "too_early", f"redeemable in {not_before - now:.3f}s: the server paces this round"
         if why is not None:
             raise _refusal(why, kid, tid, flow_id, round_, not_before=not_before)
         flow_hex = tid if flow_id is token_id else flow_id.hex()

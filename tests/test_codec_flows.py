@@ -186,6 +186,7 @@ def test_an_early_retry_is_too_early_and_burns_nothing(mode: sc.Mode) -> None:
         assert exc.reason == "too_early"
         assert exc.retry_at == pytest.approx(T0 + 1.25)
         assert exc.flow_id == exc.token_id and exc.round == 1
+        assert f"redeemable in {T0 + 1.25 - now:.3f}s" in str(exc)  # what is left, never a negative
     # A wrong binding is told as such, never as "too early" (the order of checks).
     assert _reason(codec, token, sc.Binding("mallory")).reason == "binding_mismatch"
     clock.now = T0 + 1.25

@@ -322,7 +322,7 @@ class VaultSession:
     def _denied(what: str, exc: BaseException) -> str:
         return (
             f"permission denied {what} ({_message(exc)}): the token's policies do not allow it, or the "
-            "token expired or was revoked (see docs/policies/ for what statecodec needs)"
+            "token expired or was revoked (the policies statecodec needs ship in statecodec/data/policies/)"
         )
 
 
