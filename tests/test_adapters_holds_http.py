@@ -22,8 +22,13 @@ from typing import Any
 
 import httpx
 import pytest
+from fastmcp import FastMCP
 from fixtures_proxy import messages, modern_request
+from mcp.server.mcpserver import MCPServer
 from processes import ROOT, await_line, spawn, stop
+
+from statecodec import KeyRing, StateCodec
+from statecodec.adapters import fastmcp, mcp
 
 SERVER = ROOT / "tests" / "holds_server.py"
 TOOL = "slow_report"
@@ -101,3 +106,17 @@ def test_a_client_leaving_its_early_retry_releases_the_hold(server: Server) -> N
     assert [run["step"] for run in server.runs()] == [0, 1]
     log = server.log_path.read_text(encoding="utf-8", errors="replace")
     assert "rejected requestState" not in log and "Traceback" not in log
+
+
+def test_every_protect_takes_the_hold_bounds() -> None:
+    """The keywords are declared once (``adapters.mcp.Settings``): FastMCP's protect() takes them too."""
+    codec = StateCodec(KeyRing.generate())
+    for middleware in (
+        mcp.protect(MCPServer("holds"), codec, max_holds=3, max_holds_per_token=1),
+        fastmcp.protect(FastMCP("holds"), codec, max_holds=3, max_holds_per_token=1),
+    ):
+        assert (middleware.holds.total, middleware.holds.per_token) == (3, 1)
+    assert fastmcp.protect(FastMCP("holds"), codec).principal is fastmcp.authenticated_principal
+    assert mcp.protect(MCPServer("holds"), codec).principal is mcp.authenticated_principal
+    with pytest.raises(TypeError, match="max_hold_s"):
+        mcp.protect(MCPServer("holds"), codec, max_hold_s=3)  # type: ignore[call-arg]

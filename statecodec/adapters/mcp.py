@@ -28,7 +28,7 @@ import logging
 from collections.abc import Callable, Mapping, MutableSequence
 from dataclasses import fields, is_dataclass, replace
 from functools import partial
-from typing import Any, Final, TypeAlias, cast
+from typing import Any, Final, TypeAlias, TypedDict, Unpack, cast
 
 import anyio
 from mcp.server.auth.middleware.auth_context import get_access_token
@@ -53,6 +53,7 @@ __all__ = [
     "BindingFn",
     "PrincipalFn",
     "SDKRequestStateCodec",
+    "Settings",
     "StateCodecMiddleware",
     "authenticated_principal",
     "install",
@@ -69,6 +70,22 @@ PrincipalFn: TypeAlias = Callable[[Context], "str | None"]
 AudienceFn: TypeAlias = Callable[[Context], "str | None"]
 #: ``binding(ctx, default) -> Binding``: the last word on what a token is bound to.
 BindingFn: TypeAlias = Callable[[Context, Binding], Binding]
+
+
+class Settings(TypedDict, total=False):
+    """The keywords :func:`protect`, the FastMCP ``protect`` and :class:`StateCodecMiddleware` share.
+
+    Declared once, here; each is documented at :func:`protect`. Left out, each takes
+    :class:`~statecodec.boundary.BoundaryOptions`' default, but ``principal``: the SDK's
+    (or FastMCP's) authenticated access token.
+    """
+
+    principal: PrincipalFn | None
+    binding: BindingFn | None
+    retry_after: float | None
+    max_hold: float
+    max_holds: int
+    max_holds_per_token: int
 
 
 def authenticated_principal(ctx: Context) -> str | None:
@@ -89,7 +106,8 @@ class StateCodecMiddleware:
 
     Build it with :func:`protect`; the constructor is public for servers assembled by
     hand (``MCPServer(middleware=[...])`` would put it *inside* the SDK boundary, which
-    is wrong: use :func:`install` or :func:`protect`).
+    is wrong: use :func:`install` or :func:`protect`). It takes :func:`protect`'s keywords
+    (:class:`Settings`, ``sdk_window``), but ``audience`` is required.
     """
 
     def __init__(
@@ -97,20 +115,11 @@ class StateCodecMiddleware:
         codec: StateCodec,
         *,
         audience: str | AudienceFn | None,
-        principal: PrincipalFn | None = authenticated_principal,
-        binding: BindingFn | None = None,
-        retry_after: float | None = None,
-        max_hold: float = boundary.DEFAULT_MAX_HOLD,
         sdk_window: SDKStateWindow | None = None,
-        max_holds: int = boundary.DEFAULT_MAX_HOLDS,
-        max_holds_per_token: int = boundary.DEFAULT_MAX_HOLDS_PER_TOKEN,
+        **settings: Unpack[Settings],
     ) -> None:
-        self._adopt(
-            boundary.BoundaryOptions(
-                codec, audience, principal, binding, retry_after, max_hold, max_holds, max_holds_per_token
-            ),
-            sdk_window,
-        )
+        settings.setdefault("principal", authenticated_principal)
+        self._adopt(boundary.BoundaryOptions(codec, audience, **settings), sdk_window)
 
     @classmethod
     def from_options(
@@ -351,13 +360,8 @@ def protect(
     codec: StateCodec,
     *,
     audience: str | AudienceFn | None = None,
-    principal: PrincipalFn | None = authenticated_principal,
-    binding: BindingFn | None = None,
-    retry_after: float | None = None,
-    max_hold: float = boundary.DEFAULT_MAX_HOLD,
     sdk_window: SDKStateWindow | None = None,
-    max_holds: int = boundary.DEFAULT_MAX_HOLDS,
-    max_holds_per_token: int = boundary.DEFAULT_MAX_HOLDS_PER_TOKEN,
+    **settings: Unpack[Settings],
 ) -> StateCodecMiddleware:
     """Seal and verify every ``requestState`` of ``server`` with ``codec``.
 
@@ -404,13 +408,8 @@ def protect(
     middleware = StateCodecMiddleware(
         codec,
         audience=service_audience(server.name, unnamed, audience),
-        principal=principal,
-        binding=binding,
-        retry_after=retry_after,
-        max_hold=max_hold,
         sdk_window=None if sdk_window is None else sdk_window.for_server(server.name, codec),
-        max_holds=max_holds,
-        max_holds_per_token=max_holds_per_token,
+        **settings,
     )
     install(chain, middleware)
     return middleware
