@@ -11,7 +11,7 @@ boundary's place, exactly as for ``mcp`` servers.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Unpack
 
 from fastmcp import FastMCP
 from fastmcp.server.dependencies import get_access_token
@@ -21,9 +21,8 @@ from .. import boundary
 from .._codec import StateCodec
 from .mcp import (
     AudienceFn,
-    BindingFn,
     Context,
-    PrincipalFn,
+    Settings,
     StateCodecMiddleware,
     _sdk_chain,
     _version,
@@ -54,18 +53,17 @@ def protect(
     codec: StateCodec,
     *,
     audience: str | AudienceFn | None = None,
-    principal: PrincipalFn | None = authenticated_principal,
-    binding: BindingFn | None = None,
-    retry_after: float | None = None,
-    max_hold: float = boundary.DEFAULT_MAX_HOLD,
     sdk_window: SDKStateWindow | None = None,
+    **settings: Unpack[Settings],
 ) -> StateCodecMiddleware:
     """Seal and verify every ``requestState`` of a FastMCP ``server`` with ``codec``.
 
     Same behaviour and parameters as :func:`statecodec.adapters.mcp.protect` (flows chain
     automatically; ``retry_after`` paces requestState-only rounds, ``max_hold`` bounds the
-    wait of an early retry; ``sdk_window`` accepts the tokens of FastMCP's own
-    ``request_state_security`` for a bounded migration window). Name the
+    wait of an early retry, ``max_holds`` and ``max_holds_per_token`` how many are held;
+    ``sdk_window`` accepts the tokens of FastMCP's own ``request_state_security`` for a
+    bounded migration window); the default ``principal`` is FastMCP's
+    :func:`authenticated_principal`. Name the
     server (``FastMCP("deploy")``) or pass ``audience``: an unnamed FastMCP gets a random
     name per process, so its tokens would never verify on another instance; it is
     refused with ``ValueError``, as an unnamed ``MCPServer`` is.
@@ -73,14 +71,12 @@ def protect(
     if not isinstance(server, FastMCP):
         raise TypeError(f"protect() takes a FastMCP server, not {type(server).__name__}")
     lowlevel = _lowlevel(server)
+    settings.setdefault("principal", authenticated_principal)
     middleware = StateCodecMiddleware(
         codec,
         audience=service_audience(lowlevel.name, not _named(server), audience),
-        principal=principal,
-        binding=binding,
-        retry_after=retry_after,
-        max_hold=max_hold,
         sdk_window=None if sdk_window is None else sdk_window.for_server(lowlevel.name, codec),
+        **settings,
     )
     install(_sdk_chain(lowlevel), middleware)
     return middleware

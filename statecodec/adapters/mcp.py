@@ -28,14 +28,16 @@ import logging
 from collections.abc import Callable, Mapping, MutableSequence
 from dataclasses import fields, is_dataclass, replace
 from functools import partial
-from typing import Any, Final, TypeAlias, cast
+from typing import Any, Final, TypeAlias, TypedDict, Unpack, cast
 
+import anyio
 from mcp.server.auth.middleware.auth_context import get_access_token
 from mcp.server.auth.provider import principal_components
 from mcp.server.context import CallNext, HandlerResult, ServerRequestContext
 from mcp.server.lowlevel import Server
 from mcp.server.mcpserver import MCPServer
 from mcp.server.request_state import InvalidRequestState, RequestStateBoundary
+from mcp.server.streamable_http import REQUEST_CANCELLED
 from mcp.shared.exceptions import MCPError
 from mcp.types import InputRequiredResult
 from pydantic import BaseModel
@@ -51,6 +53,7 @@ __all__ = [
     "BindingFn",
     "PrincipalFn",
     "SDKRequestStateCodec",
+    "Settings",
     "StateCodecMiddleware",
     "authenticated_principal",
     "install",
@@ -67,6 +70,22 @@ PrincipalFn: TypeAlias = Callable[[Context], "str | None"]
 AudienceFn: TypeAlias = Callable[[Context], "str | None"]
 #: ``binding(ctx, default) -> Binding``: the last word on what a token is bound to.
 BindingFn: TypeAlias = Callable[[Context, Binding], Binding]
+
+
+class Settings(TypedDict, total=False):
+    """The keywords :func:`protect`, the FastMCP ``protect`` and :class:`StateCodecMiddleware` share.
+
+    Declared once, here; each is documented at :func:`protect`. Left out, each takes
+    :class:`~statecodec.boundary.BoundaryOptions`' default, but ``principal``: the SDK's
+    (or FastMCP's) authenticated access token.
+    """
+
+    principal: PrincipalFn | None
+    binding: BindingFn | None
+    retry_after: float | None
+    max_hold: float
+    max_holds: int
+    max_holds_per_token: int
 
 
 def authenticated_principal(ctx: Context) -> str | None:
@@ -87,7 +106,8 @@ class StateCodecMiddleware:
 
     Build it with :func:`protect`; the constructor is public for servers assembled by
     hand (``MCPServer(middleware=[...])`` would put it *inside* the SDK boundary, which
-    is wrong: use :func:`install` or :func:`protect`).
+    is wrong: use :func:`install` or :func:`protect`). It takes :func:`protect`'s keywords
+    (:class:`Settings`, ``sdk_window``), but ``audience`` is required.
     """
 
     def __init__(
@@ -95,20 +115,11 @@ class StateCodecMiddleware:
         codec: StateCodec,
         *,
         audience: str | AudienceFn | None,
-        principal: PrincipalFn | None = authenticated_principal,
-        binding: BindingFn | None = None,
-        retry_after: float | None = None,
-        max_hold: float = boundary.DEFAULT_MAX_HOLD,
         sdk_window: SDKStateWindow | None = None,
-        max_holds: int = boundary.DEFAULT_MAX_HOLDS,
-        max_holds_per_token: int = boundary.DEFAULT_MAX_HOLDS_PER_TOKEN,
+        **settings: Unpack[Settings],
     ) -> None:
-        self._adopt(
-            boundary.BoundaryOptions(
-                codec, audience, principal, binding, retry_after, max_hold, max_holds, max_holds_per_token
-            ),
-            sdk_window,
-        )
+        settings.setdefault("principal", authenticated_principal)
+        self._adopt(boundary.BoundaryOptions(codec, audience, **settings), sdk_window)
 
     @classmethod
     def from_options(
@@ -147,8 +158,8 @@ class StateCodecMiddleware:
             boundary.judge_request if self.sdk_window is None else partial(self.sdk_window.judge_request, ctx)
         )
         try:
-            # A hold ends early when the SDK cancels this request (its client went away, or
-            # sent notifications/cancelled): nothing is consumed and the handler never runs.
+            # A hold ends early when its client goes away (_hold_wait) or the SDK cancels
+            # the request: nothing is consumed and the handler never runs.
             judged = await judge(
                 self.codec,
                 method,
@@ -156,9 +167,12 @@ class StateCodecMiddleware:
                 partial(self._binding, ctx),
                 max_hold=self.max_hold,
                 holds=self.holds,
+                wait=partial(_hold_wait, ctx),
             )
         except boundary.WireError as exc:
             raise _mcp_error(exc) from None
+        except _ClientGoneError:  # written to a closed connection: nobody reads it
+            raise MCPError(code=REQUEST_CANCELLED, message="Request cancelled") from None
         if judged.early is not None:  # a paced round retried too early: the same state, no handler
             return dict(judged.early)
         if judged.opened is not None or (ctx.params is not None and judged.params is not ctx.params):
@@ -207,6 +221,34 @@ class StateCodecMiddleware:
             self.codec, judged, state, retry_after=self.retry_after if state_only else None
         )
         return result.model_copy(update={"request_state": token})
+
+
+class _ClientGoneError(Exception):
+    """The HTTP client of a held early retry closed its connection (see :func:`_hold_wait`)."""
+
+
+async def _hold_wait(ctx: Context, seconds: float) -> None:
+    """Hold ``ctx``'s early retry ``seconds``; :class:`_ClientGoneError` if its HTTP client leaves first.
+
+    The SDK ends a request whose client leaves only on some transports: it cancels one
+    answered by SSE, but one answered with JSON (``json_response=True``) runs on in the
+    HTTP task with nobody watching, so at the pacing time the hold would consume the
+    token and run the handler for no one, and the client's on-time retry would be refused
+    as replayed. So the hold watches the request itself: its body is read, and the next
+    ASGI message is ``http.disconnect`` when the client leaves. Not watched: a request
+    without HTTP (stdio; the SDK's cancellation still ends the hold), and a resumable SSE
+    stream (``ctx.close_sse_stream`` is set: the 2025-era wire with an event store),
+    whose client may reconnect for the answer, so its leaving is no cancellation.
+    """
+    receive = getattr(ctx.request, "receive", None)
+    if not callable(receive) or ctx.close_sse_stream is not None:
+        await anyio.sleep(seconds)
+        return
+    with anyio.move_on_after(seconds):
+        if (await receive()).get("type") == "http.disconnect":
+            raise _ClientGoneError
+        # Anything else is unexpected once the body is read: wait out the hold, unwatched.
+        await anyio.sleep_forever()
 
 
 def _with_params(ctx: Context, params: Mapping[str, Any]) -> Context:
@@ -318,13 +360,8 @@ def protect(
     codec: StateCodec,
     *,
     audience: str | AudienceFn | None = None,
-    principal: PrincipalFn | None = authenticated_principal,
-    binding: BindingFn | None = None,
-    retry_after: float | None = None,
-    max_hold: float = boundary.DEFAULT_MAX_HOLD,
     sdk_window: SDKStateWindow | None = None,
-    max_holds: int = boundary.DEFAULT_MAX_HOLDS,
-    max_holds_per_token: int = boundary.DEFAULT_MAX_HOLDS_PER_TOKEN,
+    **settings: Unpack[Settings],
 ) -> StateCodecMiddleware:
     """Seal and verify every ``requestState`` of ``server`` with ``codec``.
 
@@ -352,9 +389,9 @@ def protect(
         every new state is statecodec's. The codec needs a replay store.
     :param max_holds: early retries held at once; :param max_holds_per_token: of one
         token. One more is answered at once with the same state, unconsumed
-        (:class:`~statecodec.boundary.Holds`). A held retry whose request the SDK
-        cancels (its client disconnected from an SSE answer, or sent
-        ``notifications/cancelled``) is released: nothing consumed, the handler not run.
+        (:class:`~statecodec.boundary.Holds`). A held retry whose client closes its
+        HTTP connection (JSON or SSE answers alike), or whose request the SDK cancels
+        (``notifications/cancelled``), is released: nothing consumed, the handler not run.
     :returns: the installed middleware.
 
     Rounds chain automatically: a round that came in with a state and answers
@@ -371,13 +408,8 @@ def protect(
     middleware = StateCodecMiddleware(
         codec,
         audience=service_audience(server.name, unnamed, audience),
-        principal=principal,
-        binding=binding,
-        retry_after=retry_after,
-        max_hold=max_hold,
         sdk_window=None if sdk_window is None else sdk_window.for_server(server.name, codec),
-        max_holds=max_holds,
-        max_holds_per_token=max_holds_per_token,
+        **settings,
     )
     install(chain, middleware)
     return middleware

@@ -28,6 +28,7 @@ uniform -32602 on the wire; the log record says ``format=mcp-py-v1`` and the rea
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import logging
 import math
@@ -110,6 +111,7 @@ class SDKStateWindow:
         *,
         max_hold: float = boundary.DEFAULT_MAX_HOLD,
         holds: boundary.Holds | None = None,
+        wait: boundary.Waiter | None = asyncio.sleep,
     ) -> boundary.Judged:
         """:func:`statecodec.boundary.judge_request`, plus the SDK's tokens while open.
 
@@ -123,7 +125,9 @@ class SDKStateWindow:
             or not _sdk_shaped(token)
             or boundary.state_aliases(params)
         ):
-            return await boundary.judge_request(codec, method, params, bind, max_hold=max_hold, holds=holds)
+            return await boundary.judge_request(
+                codec, method, params, bind, max_hold=max_hold, holds=holds, wait=wait
+            )
         try:
             state, binding = await self._redeem(
                 ctx, codec, method=method, params=params, token=token, bind=bind

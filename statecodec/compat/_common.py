@@ -15,6 +15,9 @@ import math
 from collections.abc import Callable
 from typing import Any, Final, ParamSpec, TypeVar
 
+from cryptography.exceptions import InvalidTag
+from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+
 from .. import _format
 from .._errors import InvalidState
 from .._humanize import duration
@@ -26,6 +29,9 @@ logger = logging.getLogger("statecodec.compat")
 DEFAULT_MAX_TOKEN_BYTES: Final = 65536
 #: Secrets shorter than this are refused: all three SDKs ask for at least 32 bytes.
 MIN_SECRET_BYTES: Final = 32
+#: The prefix of the TypeScript, Python and Ruby SDKs' v1 formats alike: a token's prefix
+#: alone cannot tell them apart (``._detect`` looks at the rest).
+V1_PREFIX: Final = "v1."
 
 
 class _Unchecked:
@@ -67,15 +73,37 @@ def after_prefix(token: str, max_token_bytes: int, prefix: str, what: str) -> st
     return token[len(prefix) :]
 
 
-def sealed_blob(token: str, max_token_bytes: int, prefix: str, what: str, min_bytes: int) -> bytes:
-    """``prefix`` and one base64url section of at least ``min_bytes``: the Python and Ruby SDKs' v1.
+# ---------------------------------------------------------------- AES-256-GCM behind "v1."
+#: AES-GCM's 96-bit nonce and 128-bit tag, as the Python and Ruby SDKs' v1 both use them.
+GCM_NONCE_LEN: Final = 12
+GCM_TAG_LEN: Final = 16
 
-    Both seal with AES-256-GCM behind ``"v1."``; only the layout of the bytes differs.
+
+def gcm_sections(
+    token: str, max_token_bytes: int, prefix: str, what: str, head_len: int
+) -> tuple[bytes, bytes, bytes]:
+    """``(head, nonce, ciphertext || tag)`` of ``prefix + b64url(head || nonce[12] || ciphertext || tag)``.
+
+    The Python and Ruby SDKs' v1 layout: one base64url section sealed with AES-256-GCM,
+    after a ``head`` of ``head_len`` bytes (the Python SDK's key fingerprint; none in
+    Ruby's). Nothing here has been verified.
     """
     raw = b64decode(after_prefix(token, max_token_bytes, prefix, what), "token body")
-    if len(raw) < min_bytes:
-        raise InvalidState("malformed", f"token body is {len(raw)} bytes, at least {min_bytes}")
-    return raw
+    least = head_len + GCM_NONCE_LEN + GCM_TAG_LEN
+    if len(raw) < least:
+        raise InvalidState("malformed", f"token body is {len(raw)} bytes, at least {least}")
+    nonce_end = head_len + GCM_NONCE_LEN
+    return raw[:head_len], raw[head_len:nonce_end], raw[nonce_end:]
+
+
+def gcm_open(
+    aead: AESGCM, nonce: bytes, sealed: bytes, aad: bytes, detail: str, *, kid: str | None = None
+) -> bytes:
+    """The plaintext, or ``InvalidState("tampered", detail)`` when the GCM tag does not verify."""
+    try:
+        return aead.decrypt(nonce, sealed, aad)
+    except InvalidTag:
+        raise InvalidState("tampered", detail, kid=kid) from None
 
 
 def _no_constants(name: str) -> Any:

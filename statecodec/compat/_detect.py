@@ -24,7 +24,7 @@ from typing import Any, Final
 from .. import _format
 from .._errors import InvalidState
 from . import _rmcp, mcp_py_v1, php_v1, rs1, rs2, ruby_v1, ts_v1
-from ._common import DEFAULT_MAX_TOKEN_BYTES, displayable_time, logger
+from ._common import DEFAULT_MAX_TOKEN_BYTES, GCM_TAG_LEN, displayable_time, logger
 
 SC1: Final = "statecodec sc1"
 TS_V1: Final = ts_v1.NAME
@@ -179,16 +179,16 @@ def ts_v1_facts(payload: Any, exp: float, bound: bool) -> tuple[bytes, float | N
 def _read_v1_blob(token: str, cap: int) -> FormatInfo:
     """``v1.<blob>``: both candidates when the blob fits both, else the one it fits."""
     ruby = ruby_v1.parse(token, cap)  # the shorter minimum: fails only if it fits neither
-    ruby_fields = {"ruby-v1 ciphertext_bytes": len(ruby.sealed) - ruby_v1.TAG_LEN}
+    ruby_fields = {"ruby-v1 ciphertext_bytes": len(ruby.sealed) - GCM_TAG_LEN}
     try:
         py = mcp_py_v1.parse(token, cap)
     except InvalidState as exc:  # 28 to 31 bytes: room for an IV and a tag, not for a kid too
-        fields = {"ciphertext_bytes": len(ruby.sealed) - ruby_v1.TAG_LEN, "not mcp-py-v1": exc.detail}
+        fields = {"ciphertext_bytes": len(ruby.sealed) - GCM_TAG_LEN, "not mcp-py-v1": exc.detail}
         return FormatInfo(RUBY_V1, "ruby-v1", len(token), mode="encrypt", fields=fields)
     fields = {
         "candidates": "mcp-py-v1, ruby-v1",
         "mcp-py-v1 kid": py.kid.hex(),
-        "mcp-py-v1 ciphertext_bytes": len(py.sealed) - mcp_py_v1.TAG_LEN,
+        "mcp-py-v1 ciphertext_bytes": len(py.sealed) - GCM_TAG_LEN,
         **ruby_fields,
     }
     return FormatInfo(

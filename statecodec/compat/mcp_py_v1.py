@@ -41,33 +41,35 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final, NamedTuple
 
-from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from cryptography.hazmat.primitives.hashes import SHA256
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
 from .._errors import InvalidState
 from .._format import b64encode
+from . import _common
 from ._common import (
     DEFAULT_MAX_TOKEN_BYTES,
     UNCHECKED,
     ago,
     b64decode,
     fail_closed,
+    gcm_open,
+    gcm_sections,
     is_number,
     loads,
-    sealed_blob,
     secret_bytes,
 )
 
 NAME: Final = "Python SDK v1"
-PREFIX: Final = "v1."
+# What the Python and Ruby SDKs' v1 share has its home in ._common; these are the names callers know.
+PREFIX: Final = _common.V1_PREFIX
+NONCE_LEN: Final = _common.GCM_NONCE_LEN
+TAG_LEN: Final = _common.GCM_TAG_LEN
 KDF_INFO: Final = b"mcp/request-state/v1/aes-256-gcm"
 KID_INFO: Final = b"mcp/request-state/v1/kid:"
 PRINCIPAL_LABEL: Final = b"mcp/request-state/principal:"
 KID_LEN: Final = 4
-NONCE_LEN: Final = 12
-TAG_LEN: Final = 16
 ENVELOPE_VERSION: Final = 1
 FUTURE_SKEW: Final = 60.0
 
@@ -125,8 +127,7 @@ class Expected(NamedTuple):
 
 def parse(token: str, max_token_bytes: int = DEFAULT_MAX_TOKEN_BYTES) -> ParsedMcpPyV1:
     """Split ``token`` strictly, without keys, or raise ``InvalidState("malformed"|"too_large")``."""
-    raw = sealed_blob(token, max_token_bytes, PREFIX, NAME, KID_LEN + NONCE_LEN + TAG_LEN)
-    return ParsedMcpPyV1(raw[:KID_LEN], raw[KID_LEN : KID_LEN + NONCE_LEN], raw[KID_LEN + NONCE_LEN :])
+    return ParsedMcpPyV1(*gcm_sections(token, max_token_bytes, PREFIX, NAME, KID_LEN))
 
 
 def derive_key(secret: bytes | str) -> bytes:
@@ -203,10 +204,8 @@ def _decrypt(token: str, ring: Mapping[bytes, AESGCM], max_token_bytes: int) -> 
     if aead is None:
         known = ", ".join(k.hex() for k in ring)
         raise InvalidState("unknown_key", f"unknown key fingerprint {kid} - the ring has {known}", kid=kid)
-    try:
-        return kid, aead.decrypt(parsed.nonce, parsed.sealed, PREFIX.encode("ascii") + parsed.kid)
-    except InvalidTag:
-        raise InvalidState("tampered", "AES-GCM tag does not verify: modified or forged", kid=kid) from None
+    aad, detail = PREFIX.encode("ascii") + parsed.kid, "AES-GCM tag does not verify: modified or forged"
+    return kid, gcm_open(aead, parsed.nonce, parsed.sealed, aad, detail, kid=kid)
 
 
 @fail_closed(NAME)

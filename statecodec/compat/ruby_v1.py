@@ -39,18 +39,20 @@ from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any, Final, NamedTuple
 
-from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
 from .._errors import InvalidState
-from ._common import DEFAULT_MAX_TOKEN_BYTES, UNCHECKED, ago, fail_closed, loads, sealed_blob
+from . import _common
+from ._common import DEFAULT_MAX_TOKEN_BYTES, UNCHECKED, ago, fail_closed, gcm_open, gcm_sections, loads
 
 NAME: Final = "Ruby SDK v1"
-PREFIX: Final = "v1."
-AAD: Final = b"v1."
+# What the Python and Ruby SDKs' v1 share has its home in ._common; these are the names callers know.
+PREFIX: Final = _common.V1_PREFIX
+IV_LEN: Final = _common.GCM_NONCE_LEN
+TAG_LEN: Final = _common.GCM_TAG_LEN
+#: The SDK binds its version prefix as GCM associated data (``cipher.auth_data = VERSION_PREFIX``).
+AAD: Final = PREFIX.encode("ascii")
 KEY_LEN: Final = 32
-IV_LEN: Final = 12
-TAG_LEN: Final = 16
 ENVELOPE_VERSION: Final = 1
 DEFAULT_TTL: Final = 300
 
@@ -98,8 +100,8 @@ def _same(claim: object, want: str | None) -> bool:
 
 def parse(token: str, max_token_bytes: int = DEFAULT_MAX_TOKEN_BYTES) -> ParsedRubyV1:
     """Split ``token`` strictly, without keys, or raise ``InvalidState("malformed"|"too_large")``."""
-    raw = sealed_blob(token, max_token_bytes, PREFIX, NAME, IV_LEN + TAG_LEN)
-    return ParsedRubyV1(raw[:IV_LEN], raw[IV_LEN:])
+    _, iv, sealed = gcm_sections(token, max_token_bytes, PREFIX, NAME, 0)
+    return ParsedRubyV1(iv, sealed)
 
 
 def ruby_key(secret: bytes | bytearray | str) -> bytes:
@@ -178,12 +180,8 @@ def decrypt(token: str, key: bytes | str, max_token_bytes: int = DEFAULT_MAX_TOK
 
 def _decrypt(token: str, key: bytes, max_token_bytes: int) -> bytes:
     parsed = parse(token, max_token_bytes)
-    try:
-        return AESGCM(key).decrypt(parsed.iv, parsed.sealed, AAD)
-    except InvalidTag:
-        raise InvalidState(
-            "tampered", "AES-GCM authentication failed: modified, forged or sealed with another key"
-        ) from None
+    detail = "AES-GCM authentication failed: modified, forged or sealed with another key"
+    return gcm_open(AESGCM(key), parsed.iv, parsed.sealed, AAD, detail)
 
 
 def unseal(

@@ -40,6 +40,7 @@ from typing import Any, Final, NamedTuple
 
 from .._errors import InvalidState
 from .._format import b64encode
+from . import _common
 from ._common import (
     DEFAULT_MAX_TOKEN_BYTES,
     UNCHECKED,
@@ -53,7 +54,7 @@ from ._common import (
 )
 
 NAME: Final = "TypeScript SDK v1"
-PREFIX: Final = "v1."
+PREFIX: Final = _common.V1_PREFIX  # the Python and Ruby SDKs' too (._common)
 BIND_LABEL: Final = b"mcp.requestState.bind:"
 MAC_LEN: Final = 32
 BIND_TAG_LEN: Final = 16

@@ -19,7 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from types import TracebackType
-from typing import Any
+from typing import Any, Unpack
 
 from .. import _telemetry
 from .._errors import KeyUnavailable
@@ -27,15 +27,7 @@ from .._humanize import duration, relative
 from .._keys import Key, KeyRing
 from ._errors import KeySourceError
 from ._source import KeySource
-from ._timeline import (
-    DEFAULT_EXPIRY_GRACE,
-    DEFAULT_JITTER,
-    DEFAULT_MAX_SKEW,
-    DEFAULT_MAX_TTL,
-    DEFAULT_REFRESH_INTERVAL,
-    DEFAULT_STALENESS_LIMIT,
-    Timeline,
-)
+from ._timeline import Timeline, TimelineSettings
 from ._urls import source_from_url
 
 logger = logging.getLogger("statecodec.kms")
@@ -65,7 +57,8 @@ class KeyManager:
     older than ``staleness_limit``, minting stops (:class:`KeyUnavailable`) and
     verification goes on. Each outage is logged once, with its cause, and so is the
     recovery. ``max_ttl`` must be at least the ``ttl`` of every codec using the keys, and
-    ``max_skew`` and ``expiry_grace`` the codecs' own.
+    ``max_skew`` and ``expiry_grace`` the codecs' own. Those timing keywords are
+    :class:`Timeline`'s fields (:class:`~statecodec.kms._timeline.TimelineSettings`), with its defaults.
 
     Threaded servers: ``start()`` at boot, ``stop()`` at shutdown (or ``with``). Async
     servers: ``async with manager:`` (the first load runs in a worker thread). In
@@ -76,16 +69,11 @@ class KeyManager:
         self,
         source: KeySource | str,
         *,
-        refresh_interval: float = DEFAULT_REFRESH_INTERVAL,
-        jitter: float = DEFAULT_JITTER,
-        max_skew: float = DEFAULT_MAX_SKEW,
-        max_ttl: float = DEFAULT_MAX_TTL,
-        expiry_grace: float = DEFAULT_EXPIRY_GRACE,
-        staleness_limit: float = DEFAULT_STALENESS_LIMIT,
         clock: Callable[[], float] = time.time,
+        **timing: Unpack[TimelineSettings],
     ) -> None:
         self.source = source_from_url(source) if isinstance(source, str) else source
-        self.timeline = Timeline(refresh_interval, jitter, max_skew, max_ttl, expiry_grace, staleness_limit)
+        self.timeline = Timeline(**timing)
         self.clock = clock
         self._view: _View | None = None
         self._load_lock = threading.Lock()  # one refresh at a time

@@ -30,7 +30,7 @@ import itertools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Final, Literal
+from typing import Any, Final, Literal, TypedDict
 
 from .. import _codec
 from .._keys import Key, KeyRing
@@ -81,6 +81,21 @@ class Plan:
     ring: KeyRing  # primary chosen by time; older keys carry their retires_at
     states: tuple[KeyState, ...]
     next_promotion: int | None  # when the primary changes next without a refresh
+
+
+class TimelineSettings(TypedDict, total=False):
+    """:class:`Timeline`'s fields as keywords (``KeyManager(source, refresh_interval=30)``).
+
+    Declared once, here, for the keywords that build a :class:`Timeline`; one left out
+    takes the :class:`Timeline` default.
+    """
+
+    refresh_interval: float
+    jitter: float
+    max_skew: float
+    max_ttl: float
+    expiry_grace: float
+    staleness_limit: float
 
 
 @dataclass(frozen=True, slots=True)
