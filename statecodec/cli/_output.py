@@ -288,13 +288,16 @@ def command(name: str, *, log_format: bool = False) -> Callable[[F], F]:
             click.get_current_context().exit(int(outcome.exit_code))
 
         if log_format:
-            wrapper = click.option(
-                "--log-format",
-                type=click.Choice(["text", "json"]),
-                default="text",
-                show_default=True,
-                help="json: the outcome and the library's log records as one JSON object per line.",
+            wrapper = log_format_option(
+                "json: the outcome and the library's log records as one JSON object per line."
             )(wrapper)
         return wrapper  # type: ignore[return-value]
 
     return decorate
+
+
+def log_format_option(text: str) -> Callable[[F], F]:
+    """``--log-format text|json``: how a command run by a scheduler or a supervisor logs."""
+    return click.option(
+        "--log-format", type=click.Choice(["text", "json"]), default="text", show_default=True, help=text
+    )

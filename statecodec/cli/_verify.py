@@ -64,16 +64,21 @@ _AD_FORMATS = frozenset({"rs1", "rs2"})
 
 @dataclass(frozen=True)
 class _Sc1Options:
+    """The sc1-only options; ``codec``: the server's codec settings, as the codec's own arguments."""
+
     mode: str | None
     unbound: bool
     replay_url: str | None
     consume: bool
-    namespace: str
-    max_skew: int
-    expiry_grace: int
-    max_token_bytes: int
-    max_rounds: int
-    max_flow_age: int
+    codec: dict[str, Any]
+
+    @classmethod
+    def of(cls, options: dict[str, Any]) -> _Sc1Options:
+        """Out of the parsed options: all but these four are the codec's (--max-skew, --namespace...)."""
+        mode, unbound, replay_url, consume = (
+            options.pop(n) for n in ("mode", "unbound", "replay_url", "consume")
+        )
+        return cls(mode, unbound, replay_url, consume, codec=options)
 
 
 def _check_sc1_flags(binding: BindingOptions, opts: _Sc1Options, at: float | None) -> None:
@@ -196,7 +201,7 @@ def verify_command(
     Tokens of the other SDKs (--format, detected by default) are checked with every key of
     the ring; they have no token id, so --replay/--consume apply to sc1 tokens only.
     """
-    opts = _Sc1Options(**sc1)
+    opts = _Sc1Options.of(sc1)
     text = read_token(token)
     fmt = _resolve_format(fmt, text)
     if fmt == "sc1":
@@ -241,18 +246,7 @@ def _verify_sc1(
     }
     store = _sources.open_store(opts.replay_url, check=opts.consume) if opts.replay_url else None
     try:
-        codec = StateCodec(
-            keys,
-            mode=mode,
-            max_skew=opts.max_skew,
-            expiry_grace=opts.expiry_grace,
-            max_token_bytes=opts.max_token_bytes,
-            max_rounds=opts.max_rounds,
-            max_flow_age=opts.max_flow_age,
-            replay=store,
-            namespace=opts.namespace,
-            clock=clock,
-        )
+        codec = StateCodec(keys, mode=mode, replay=store, clock=clock, **opts.codec)
         if check_binding:
             opened = codec.unseal(token, bound, consume=opts.consume)
         else:
@@ -395,15 +389,7 @@ def _foreign_claims(verified: Verified, now: float) -> dict[str, Any]:
 # ------------------------------------------------------------------- verdicts
 def _invalid(out: Output, base: dict[str, Any], exc: InvalidState) -> Outcome:
     error = invalid_state_error(exc)
-    fields = {
-        **base,
-        "valid": False,
-        "replay": "not_checked",
-        "kid": exc.kid,
-        "token_id": exc.token_id,
-        "flow_id": exc.flow_id,
-        "round": exc.round,
-    }
+    fields = {**base, "valid": False, "replay": "not_checked", **exc.ids}
     verdict = out.style("INVALID", fg="red", bold=True)
     return Outcome(fields, [f"{verdict}  {exc.reason}: {exc.detail or exc.reason}"], error.code, error)
 
