@@ -201,6 +201,21 @@ def classify(exc: Exception) -> CliError:
     )
 
 
+def reported(exc: Exception, classify: Callable[[Exception], CliError] = classify) -> CliError:
+    """The failure a command reports for ``exc`` (one line and an exit code), by ``classify``.
+
+    Raised again instead when click reports it itself (a usage error: click prints it and
+    exits 2; ``--help``; an abort), and when ``STATECODEC_DEBUG=1`` asks for the traceback.
+    """
+    if isinstance(exc, _CLICK_EXITS) or os.environ.get("STATECODEC_DEBUG"):
+        raise exc
+    return classify(exc)
+
+
+#: What click reports itself: never a command's failure to classify.
+_CLICK_EXITS: Final = (click.exceptions.Exit, click.exceptions.Abort, click.ClickException)
+
+
 def invalid_state_error(exc: InvalidState) -> CliError:
     code = {
         "replayed": ExitCode.REPLAYED,
@@ -277,12 +292,8 @@ def command(name: str, *, log_format: bool = False) -> Callable[[F], F]:
             try:
                 with _library_logs(out.log_format):
                     outcome = fn(out, **params)
-            except (click.exceptions.Exit, click.exceptions.Abort, click.ClickException):
-                raise  # usage errors: click prints them and exits 2
             except Exception as exc:
-                if os.environ.get("STATECODEC_DEBUG"):
-                    raise
-                error = classify(exc)
+                error = reported(exc)
                 outcome = Outcome({}, exit_code=error.code, error=error)
             out.emit(name, outcome)
             click.get_current_context().exit(int(outcome.exit_code))

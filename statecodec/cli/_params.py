@@ -303,14 +303,16 @@ class BindingOptions:
             raise click.BadParameter(str(exc), param_hint="'--arguments'") from None
 
 
-def grouped(name: str, make: Callable[..., Any], *options: Callable[[F], F]) -> Callable[[F], F]:
+def grouped(
+    name: str, make: Callable[..., Any], *options: Callable[[F], F], names: tuple[str, ...] = ()
+) -> Callable[[F], F]:
     """``options`` handed on to the command as one argument ``name``: ``make(**their values)``.
 
-    ``make``'s parameters are the options' names (one declaration of them); it runs before
-    the command's body, so a bad value or combination is a usage error naming the option.
-    The options stand in the help where the decorator stands.
+    The options' names are ``names``, by default ``make``'s parameters (one declaration of
+    them); ``make`` runs before the command's body, so a bad value or combination is a
+    usage error naming the option. The options stand in the help where the decorator stands.
     """
-    names = tuple(inspect.signature(make).parameters)
+    names = names or tuple(inspect.signature(make).parameters)
 
     def decorate(fn: F) -> F:
         @functools.wraps(fn)
@@ -408,6 +410,21 @@ TIMELINE_HELP: Final = {
     "expiry_grace": "Time the codecs accept a token past its expiry (their expiry_grace).",
     "staleness_limit": "How long services mint with a ring they cannot refresh.",
 }
+
+
+def timeline_option(name: str, more: str = "") -> Callable[[F], F]:
+    """``--refresh-interval`` and the other timeline options: the library's default, one help text."""
+    from ..kms import Timeline  # noqa: PLC0415 - the defaults are the library's, never copied
+
+    text = f"{TIMELINE_HELP[name]} {more}".strip()
+    return duration_option(f"--{name.replace('_', '-')}", getattr(Timeline(), name), text)
+
+
+def count_option(flag: str, default: int | None, text: str) -> Callable[[F], F]:
+    """``--flag N``, a count of one or more; its default shown (``None``: not given, no count)."""
+    return click.option(
+        flag, type=click.IntRange(1), default=default, show_default=default is not None, help=text
+    )
 
 
 def max_token_bytes_option(text: str) -> Callable[[F], F]:

@@ -13,9 +13,8 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
-import os
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 import click
@@ -25,11 +24,10 @@ from .._codec import DEFAULT_TTL
 from ..adapters.asgi import DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_RESPONSE_BYTES
 from ..boundary import DEFAULT_MAX_HOLD, DEFAULT_MAX_HOLDS, DEFAULT_MAX_HOLDS_PER_TOKEN
 from ._exit import CliError, ExitCode
-from ._output import classify, echo, log_format_option
+from ._output import classify, echo, log_format_option, reported
 from ._params import (
     HOST_PORT,
-    TIMELINE_HELP,
-    F,
+    count_option,
     duration_option,
     flow_budget_options,
     keys_option,
@@ -37,6 +35,7 @@ from ._params import (
     mode_option,
     replay_option,
     require_keys,
+    timeline_option,
 )
 from ._principal import principal_options
 
@@ -44,10 +43,6 @@ if TYPE_CHECKING:
     from ..proxy._settings import PrincipalSettings, ProxySettings
 
 logger = logging.getLogger("statecodec.proxy")
-
-
-def _count_option(flag: str, default: int, text: str) -> Callable[[F], F]:
-    return click.option(flag, type=click.IntRange(1), default=default, show_default=True, help=text)
 
 
 @click.command("proxy")
@@ -96,8 +91,8 @@ def _count_option(flag: str, default: int, text: str) -> Callable[[F], F]:
 )
 @max_token_bytes_option("Largest sealed state; a larger one is answered -32603.")
 @principal_options
-@_count_option("--max-body-bytes", DEFAULT_MAX_BODY_BYTES, "Larger request bodies get 413.")
-@_count_option(
+@count_option("--max-body-bytes", DEFAULT_MAX_BODY_BYTES, "Larger request bodies get 413.")
+@count_option(
     "--max-response-bytes", DEFAULT_MAX_RESPONSE_BYTES, "Largest inspected JSON response or SSE event."
 )
 @duration_option("--connect-timeout", "10s", "Connecting to the upstream.")
@@ -115,30 +110,24 @@ def _count_option(flag: str, default: int, text: str) -> Callable[[F], F]:
 @duration_option(
     "--idle-timeout", "5s", "An idle keep-alive client connection is closed after this.", positive=True
 )
-@click.option(
+@count_option(
     "--max-client-connections",
-    type=click.IntRange(1),
-    help="Client connections at once; beyond, the oldest idle or half-open one is closed "
+    None,
+    "Client connections at once; beyond, the oldest idle or half-open one is closed "
     "(default: the open-file limit less --max-connections, --max-streams and 64).",
 )
-@duration_option(
-    "--refresh-interval",
-    "1m",  # the KeyManager's default (kms stays unimported until the proxy starts)
-    TIMELINE_HELP["refresh_interval"] + " Shorten it after a leak (and give keys rotate/retire the same).",
+@timeline_option("refresh_interval", "Shorten it after a leak (and give keys rotate/retire the same).")
+@timeline_option("staleness_limit")
+@count_option(
+    "--max-concurrent-requests", None, "Answer 503 beyond this many open requests (default: no limit)."
 )
-@duration_option("--staleness-limit", "15m", TIMELINE_HELP["staleness_limit"])
-@click.option(
-    "--max-concurrent-requests",
-    type=click.IntRange(1),
-    help="Answer 503 beyond this many open requests (default: no limit).",
-)
-@_count_option("--max-connections", 100, "Upstream connection pool size.")
-@_count_option(
+@count_option("--max-connections", 100, "Upstream connection pool size.")
+@count_option(
     "--max-streams",
     100,
     "Long-lived streams (GET, subscriptions/listen) at once, on connections of their own.",
 )
-@_count_option("--max-streams-per-client", 10, "Streams one client address may hold at once.")
+@count_option("--max-streams-per-client", 10, "Streams one client address may hold at once.")
 @flow_budget_options(
     "Most states one flow may have; a later round is refused (the clients' own default is 10).",
     "A flow's states are refused once it started longer ago than this.",
@@ -157,12 +146,12 @@ def _count_option(flag: str, default: int, text: str) -> Callable[[F], F]:
     metavar="SECONDS",
     help="Hold an early retry until its time if at most this far away; else answer at once with its state.",
 )
-@_count_option(
+@count_option(
     "--max-holds",
     DEFAULT_MAX_HOLDS,
     "Early retries held at once; one more is answered at once with its state.",
 )
-@_count_option(
+@count_option(
     "--max-holds-per-token", DEFAULT_MAX_HOLDS_PER_TOKEN, "Early retries of one token held at once."
 )
 @click.option(
@@ -224,12 +213,8 @@ def proxy_command(principal: PrincipalSettings, **params: Any) -> None:
             clients=clients,
             announce=echo,
         )
-    except (click.exceptions.Exit, click.exceptions.Abort, click.ClickException, KeyboardInterrupt):
-        raise
     except Exception as exc:
-        if os.environ.get("STATECODEC_DEBUG"):
-            raise
-        error = _error(exc)
+        error = reported(exc, _error)
         if log_format == "json":  # the one line is a JSON object too
             logger.critical(
                 "%s",
