@@ -27,7 +27,7 @@ from ..compat import Verified, VerifyOptions, detect, verify_detected
 from ..compat import verify as compat_verify
 from ..replay._url import redact
 from . import _sources
-from ._describe import expiry_phrase, flow_fields, moment, payload_fields, table, token_rows
+from ._describe import expiry_phrase, flow_fields, lifetime_fields, moment, payload_fields, table, token_rows
 from ._output import Outcome, Output, command, invalid_state_error
 from ._params import (
     ABSENT,
@@ -274,9 +274,7 @@ def _verify_sc1(
 def _sc1_claims(opened: OpenedState, now: float) -> dict[str, Any]:
     return {
         "kid": opened.kid,
-        "issued_at": moment(opened.issued_at, now),
-        "expires_at": moment(opened.expires_at, now),
-        "lifetime_seconds": opened.expires_at - opened.issued_at,
+        **lifetime_fields(opened.issued_at, opened.expires_at, now),
         "token_id": opened.token_id,
         "flow": flow_fields(
             {
@@ -372,13 +370,10 @@ def _option_value(options: VerifyOptions, name: str) -> Any:
 
 
 def _foreign_claims(verified: Verified, now: float) -> dict[str, Any]:
-    issued, expires = verified.issued_at, verified.expires_at
     no_token_id: str | None = None  # none of the other SDKs' formats carries one
     return {
         "kid": verified.kid,
-        "issued_at": None if issued is None else moment(issued, now),
-        "expires_at": None if expires is None else moment(expires, now),
-        "lifetime_seconds": None if issued is None or expires is None else int(expires - issued),
+        **lifetime_fields(verified.issued_at, verified.expires_at, now),
         "token_id": no_token_id,
         "flow": None,
         "payload": None if verified.payload is None else payload_fields(verified.payload),
