@@ -84,10 +84,17 @@ class InvalidState(StateCodecError):  # noqa: N818 - the name is the public cont
         self.retry_at = retry_at
         super().__init__(f"{reason}: {detail}" if detail else reason)
 
+    @property
+    def ids(self) -> dict[str, Any]:
+        """What names the token and its flow: ``kid``, ``token_id``, ``flow_id``, ``round`` (None if unread).
+
+        The one list of them: log records, the CLI's ``--json`` and pickling all take it.
+        """
+        return {"kid": self.kid, "token_id": self.token_id, "flow_id": self.flow_id, "round": self.round}
+
     def __reduce__(self) -> tuple[object, ...]:
         # Keyword-only arguments need help to survive pickling (process pools, logging queues).
-        ids = {"kid": self.kid, "token_id": self.token_id, "flow_id": self.flow_id, "round": self.round}
-        return (_rebuild, (self.reason, self.detail, {**ids, "retry_at": self.retry_at}))
+        return (_rebuild, (self.reason, self.detail, {**self.ids, "retry_at": self.retry_at}))
 
 
 def _rebuild(reason: Reason, detail: str, fields: dict[str, Any]) -> InvalidState:

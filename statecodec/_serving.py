@@ -20,10 +20,32 @@ import contextlib
 import socket
 import time
 from collections.abc import Callable, Iterator
+from typing import Any
 
 import uvicorn
 
 from ._net import socket_url
+
+
+def quiet_config(app: Any, **options: Any) -> uvicorn.Config:
+    """uvicorn's configuration for a statecodec server: ``options`` on top of what all of them share.
+
+    No logging configuration of uvicorn's own (``log_config=None``): its records reach the
+    process's handlers, which ``statecodec proxy`` sets (text or JSON), instead of a stderr
+    handler of uvicorn's in another format. No access log: it would log every request
+    path, and the servers' own records carry what an operator needs without any token.
+    No ``Server`` and ``Date`` headers (the proxy lets the upstream's through unchanged),
+    and no ``X-Forwarded-*`` reading: nothing here sits behind a proxy it could trust.
+    """
+    shared: dict[str, Any] = {
+        "log_config": None,
+        "log_level": "warning",
+        "access_log": False,
+        "server_header": False,
+        "date_header": False,
+        "proxy_headers": False,
+    }
+    return uvicorn.Config(app, **{**shared, **options})
 
 
 class EmbeddedServer(uvicorn.Server):

@@ -95,16 +95,7 @@ def fields(event: str, **facts: object) -> dict[str, object]:
 
 def rejection(exc: InvalidState, **facts: object) -> dict[str, object]:
     """The ``extra=`` of a ``token_rejected`` record: the facts of ``exc``, and ``facts``."""
-    return fields(
-        "token_rejected",
-        reason=exc.reason,
-        detail=exc.detail,
-        kid=exc.kid,
-        token_id=exc.token_id,
-        flow_id=exc.flow_id,
-        round=exc.round,
-        **facts,
-    )
+    return fields("token_rejected", reason=exc.reason, detail=exc.detail, **exc.ids, **facts)
 
 
 def clip(text: str) -> str:

@@ -302,6 +302,32 @@ class RequestStateMiddleware:
         options = boundary.BoundaryOptions(
             codec, audience, principal, None, retry_after, max_hold, max_holds, max_holds_per_token
         )
+        self._adopt(app, options, max_body_bytes, max_response_bytes, passthrough_paths)
+
+    @classmethod
+    def from_options(
+        cls,
+        app: ASGIApp,
+        options: boundary.BoundaryOptions,
+        *,
+        max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+        max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES,
+        passthrough_paths: Collection[str] = (),
+    ) -> RequestStateMiddleware:
+        """The middleware for ``options`` (a :class:`~statecodec.boundary.BoundaryOptions`, valid
+        already), as the proxy builds it: the options object is kept as it is, not rebuilt."""
+        middleware = cls.__new__(cls)
+        middleware._adopt(app, options, max_body_bytes, max_response_bytes, passthrough_paths)
+        return middleware
+
+    def _adopt(
+        self,
+        app: ASGIApp,
+        options: boundary.BoundaryOptions,
+        max_body_bytes: int,
+        max_response_bytes: int,
+        passthrough_paths: Collection[str],
+    ) -> None:
         if max_body_bytes < 1 or max_response_bytes < 1:
             raise ValueError("max_body_bytes and max_response_bytes must be positive")
         for path in passthrough_paths:

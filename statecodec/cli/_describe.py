@@ -53,6 +53,15 @@ def moment(ts: float, now: float) -> dict[str, Any]:
     return {"unix": int(ts), "iso": iso(ts), "relative": relative(ts - now)}
 
 
+def lifetime_fields(issued: float | None, expires: float | None, now: float) -> dict[str, Any]:
+    """A token's times for JSON (``issued_at``, ``expires_at``, ``lifetime_seconds``); None where unknown."""
+    return {
+        "issued_at": None if issued is None else moment(issued, now),
+        "expires_at": None if expires is None else moment(expires, now),
+        "lifetime_seconds": None if issued is None or expires is None else int(expires - issued),
+    }
+
+
 def flow_fields(flow: Mapping[str, Any] | None, now: float) -> dict[str, Any] | None:
     """The JSON form of a token's flow: id, round, start and (a paced round) not-before."""
     if flow is None:

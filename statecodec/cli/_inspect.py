@@ -8,7 +8,7 @@ import click
 
 from .._errors import REASONS
 from ..compat import FORMATS, FormatInfo, detect
-from ._describe import DEFAULT_LIMIT, flow_fields, moment, payload_fields, table, token_rows
+from ._describe import DEFAULT_LIMIT, flow_fields, lifetime_fields, payload_fields, table, token_rows
 from ._exit import CliError, ExitCode
 from ._output import Outcome, Output, command
 from ._params import MAX_INPUT_BYTES, TIME, clock_at, read_token
@@ -21,7 +21,6 @@ WARNING: Final = (
 
 def describe(info: FormatInfo, now: float) -> dict[str, Any]:
     """The JSON form of what :func:`statecodec.compat.detect` read (never verified)."""
-    issued, expires = info.issued_at, info.expires_at
     if info.mode == "encrypt":
         payload: dict[str, Any] | None = {"encoding": "encrypted"}
     else:
@@ -36,9 +35,7 @@ def describe(info: FormatInfo, now: float) -> dict[str, Any]:
         "version": fields.pop("version", None),
         "mode": info.mode,
         "kid": info.kid,
-        "issued_at": None if issued is None else moment(issued, now),
-        "expires_at": None if expires is None else moment(expires, now),
-        "lifetime_seconds": None if issued is None or expires is None else int(expires - issued),
+        **lifetime_fields(info.issued_at, info.expires_at, now),
         "token_id": info.token_id,
         "flow": flow_fields(info.flow, now),
         "size": {"chars": info.size, **({"limit": DEFAULT_LIMIT} if info.format == "sc1" else {})},

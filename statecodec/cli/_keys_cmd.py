@@ -9,10 +9,9 @@ half-written ring for a server to load.
 
 from __future__ import annotations
 
-import functools
 import time
 from pathlib import Path
-from typing import Any, cast
+from typing import Any, Final
 
 import click
 
@@ -33,12 +32,13 @@ from ._output import Outcome, Output, command
 from ._params import (
     TIME,
     TIMELINE_HELP,
-    F,
     OrderedGroup,
     clock_at,
     duration_option,
+    grouped,
     keys_option,
     require_keys,
+    timeline_option,
 )
 
 
@@ -82,30 +82,19 @@ def _write_secret(path: Path, text: str, *, force: bool) -> None:
 
 
 # --------------------------------------------------------------- timeline
-def timeline_options(fn: F) -> F:
-    """The services' rotation timing, handed on as ``timeline`` (KeyManager keyword arguments).
-
-    Every instance and the rotation job must agree on it; the defaults are the library's.
-    """
-    defaults = Timeline()
-
-    @functools.wraps(fn)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        timeline = {name: kwargs.pop(name) for name in _TIMELINE}
-        try:
-            Timeline(**timeline)
-        except ValueError as exc:
-            raise click.UsageError(f"timeline: {exc}") from None
-        return fn(*args, timeline=timeline, **kwargs)
-
-    decorated: Any = wrapper
-    for name, text in reversed(_TIMELINE.items()):
-        option = duration_option(f"--{name.replace('_', '-')}", getattr(defaults, name), text)
-        decorated = option(decorated)
-    return cast(F, decorated)
+def _timeline(**timeline: float) -> dict[str, float]:
+    try:
+        Timeline(**timeline)
+    except ValueError as exc:
+        raise click.UsageError(f"timeline: {exc}") from None
+    return timeline
 
 
-_TIMELINE = TIMELINE_HELP
+#: The services' rotation timing, handed on as ``timeline`` (KeyManager keyword arguments).
+#: Every instance and the rotation job must agree on it; the defaults are the library's.
+timeline_options: Final = grouped(
+    "timeline", _timeline, *(timeline_option(name) for name in TIMELINE_HELP), names=tuple(TIMELINE_HELP)
+)
 
 
 # ------------------------------------------------------------------- list

@@ -28,7 +28,7 @@ from ._params import (
 @click.argument("payload", metavar="PAYLOAD|-")
 @keys_option
 @mode_option("sign", "SIGN: readable payload; ENCRYPT: confidential payload.")
-@duration_option("--ttl", DEFAULT_TTL, "Lifetime, e.g. 90s, 10m, 1h.")
+@duration_option("--ttl", DEFAULT_TTL, "Lifetime, e.g. 90s, 10m, 1h.", positive=True)
 @binding_options
 @click.option(
     "--at", type=TIME, metavar="TIME", help="Issue as of TIME (ISO 8601, Unix, -1h) to test expiry."
@@ -52,8 +52,6 @@ def mint_command(
 
     Prints only the token, so `$(statecodec mint ...)` works in scripts.
     """
-    if ttl <= 0:
-        raise click.BadParameter("must be positive", param_hint="'--ttl'")
     clock = clock_at(at)
     now = clock()
     if now + ttl > _format.MAX_TIME:

@@ -201,6 +201,21 @@ def classify(exc: Exception) -> CliError:
     )
 
 
+def reported(exc: Exception, classify: Callable[[Exception], CliError] = classify) -> CliError:
+    """The failure a command reports for ``exc`` (one line and an exit code), by ``classify``.
+
+    Raised again instead when click reports it itself (a usage error: click prints it and
+    exits 2; ``--help``; an abort), and when ``STATECODEC_DEBUG=1`` asks for the traceback.
+    """
+    if isinstance(exc, _CLICK_EXITS) or os.environ.get("STATECODEC_DEBUG"):
+        raise exc
+    return classify(exc)
+
+
+#: What click reports itself: never a command's failure to classify.
+_CLICK_EXITS: Final = (click.exceptions.Exit, click.exceptions.Abort, click.ClickException)
+
+
 def invalid_state_error(exc: InvalidState) -> CliError:
     code = {
         "replayed": ExitCode.REPLAYED,
@@ -277,24 +292,23 @@ def command(name: str, *, log_format: bool = False) -> Callable[[F], F]:
             try:
                 with _library_logs(out.log_format):
                     outcome = fn(out, **params)
-            except (click.exceptions.Exit, click.exceptions.Abort, click.ClickException):
-                raise  # usage errors: click prints them and exits 2
             except Exception as exc:
-                if os.environ.get("STATECODEC_DEBUG"):
-                    raise
-                error = classify(exc)
+                error = reported(exc)
                 outcome = Outcome({}, exit_code=error.code, error=error)
             out.emit(name, outcome)
             click.get_current_context().exit(int(outcome.exit_code))
 
         if log_format:
-            wrapper = click.option(
-                "--log-format",
-                type=click.Choice(["text", "json"]),
-                default="text",
-                show_default=True,
-                help="json: the outcome and the library's log records as one JSON object per line.",
+            wrapper = log_format_option(
+                "json: the outcome and the library's log records as one JSON object per line."
             )(wrapper)
         return wrapper  # type: ignore[return-value]
 
     return decorate
+
+
+def log_format_option(text: str) -> Callable[[F], F]:
+    """``--log-format text|json``: how a command run by a scheduler or a supervisor logs."""
+    return click.option(
+        "--log-format", type=click.Choice(["text", "json"]), default="text", show_default=True, help=text
+    )

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import datetime as dt
 import functools
+import inspect
 import json
 import re
 import sys
@@ -116,15 +117,24 @@ def clock_at(at: float | None) -> Callable[[], float]:
 
 
 class Duration(click.ParamType[int]):
+    """A duration in seconds; ``positive``: zero is refused (a lifetime, a deadline)."""
+
     name = "duration"
+
+    def __init__(self, *, positive: bool = False) -> None:
+        self.positive = positive
 
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> int:
         if isinstance(value, int):
-            return value
-        try:
-            return parse_duration(str(value))
-        except ValueError as exc:
-            self.fail(str(exc), param, ctx)
+            seconds = value
+        else:
+            try:
+                seconds = parse_duration(str(value))
+            except ValueError as exc:
+                self.fail(str(exc), param, ctx)
+        if self.positive and seconds <= 0:
+            self.fail("must be positive", param, ctx)
+        return seconds
 
 
 class Moment(click.ParamType[float]):
@@ -139,7 +149,25 @@ class Moment(click.ParamType[float]):
             self.fail(str(exc), param, ctx)
 
 
+class HostPort(click.ParamType[tuple[str, int]]):
+    """``HOST:PORT`` (``[::1]:8000`` for IPv6) -> ``(host, port)``; port 0: any free port."""
+
+    name = "HOST:PORT"
+
+    def convert(
+        self, value: Any, param: click.Parameter | None, ctx: click.Context | None
+    ) -> tuple[str, int]:
+        if isinstance(value, tuple):
+            return value
+        host, sep, port = str(value).rpartition(":")
+        if not sep or not host or not port.isdigit() or int(port) > 65535:
+            self.fail(f"{value!r} is not HOST:PORT (e.g. 127.0.0.1:8000, [::1]:8000)", param, ctx)
+        return host.strip("[]"), int(port)
+
+
 DURATION: Final = Duration()
+HOST_PORT: Final = HostPort()
+POSITIVE_DURATION: Final = Duration(positive=True)
 TIME: Final = Moment()
 
 
@@ -210,6 +238,23 @@ def keys_option(fn: F) -> F:
     )(fn)
 
 
+def replay_option(name: str, text: str) -> Callable[[F], F]:
+    """``--replay URL``, required, also read from ``$STATECODEC_REPLAY`` (the services' own store).
+
+    Only for commands that work on the store the services share; ``verify --consume`` and
+    the demo never pick it up unless it is named.
+    """
+    return click.option(
+        "--replay",
+        name,
+        required=True,
+        metavar="URL",
+        envvar="STATECODEC_REPLAY",
+        show_envvar=True,
+        help=text,
+    )
+
+
 def require_keys(spec: str | None) -> str:
     if not spec:
         raise CliError(
@@ -258,56 +303,70 @@ class BindingOptions:
             raise click.BadParameter(str(exc), param_hint="'--arguments'") from None
 
 
-def binding_options(fn: F) -> F:
-    """--principal/--audience/--method/--target/--arguments/--extra, handed on as ``binding``.
+def grouped(
+    name: str, make: Callable[..., Any], *options: Callable[[F], F], names: tuple[str, ...] = ()
+) -> Callable[[F], F]:
+    """``options`` handed on to the command as one argument ``name``: ``make(**their values)``.
 
-    The wrapped command receives ``binding: BindingOptions``, built while arguments are
-    parsed, so malformed --arguments JSON or --extra is a usage error.
+    The options' names are ``names``, by default ``make``'s parameters (one declaration of
+    them); ``make`` runs before the command's body, so a bad value or combination is a
+    usage error naming the option. The options stand in the help where the decorator stands.
     """
+    names = names or tuple(inspect.signature(make).parameters)
 
-    @functools.wraps(fn)
-    def wrapper(
-        *args: Any,
-        principal: str | None,
-        audience: str | None,
-        method: str | None,
-        target: str | None,
-        arguments_json: str | None,
-        extra: tuple[str, ...],
-        **kwargs: Any,
-    ) -> Any:
-        options = BindingOptions(
-            principal, audience, method, target, _arguments(arguments_json), _extra(extra)
-        )
-        return fn(*args, binding=options, **kwargs)
+    def decorate(fn: F) -> F:
+        @functools.wraps(fn)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            kwargs[name] = make(**{option: kwargs.pop(option) for option in names})
+            return fn(*args, **kwargs)
 
-    options = [
-        click.option(
-            "--principal",
-            metavar="TEXT",
-            help=(
-                "Authenticated principal the token is bound to, byte for byte as the server binds it. "
-                "protect() and the proxy's --principal-from jwt-sub bind an access token as the compact "
-                "JSON [client_id, issuer, subject], no spaces: "
-                '\'["app","https://idp.example","alice"]\' (null for a missing field); '
-                "--principal-from header:NAME binds the header's value as is."
-            ),
+        decorated: Any = wrapper
+        for option in reversed(options):
+            decorated = option(decorated)
+        return cast(F, decorated)
+
+    return decorate
+
+
+def _binding_options(
+    *,
+    principal: str | None,
+    audience: str | None,
+    method: str | None,
+    target: str | None,
+    arguments_json: str | None,
+    extra: tuple[str, ...],
+) -> BindingOptions:
+    return BindingOptions(principal, audience, method, target, _arguments(arguments_json), _extra(extra))
+
+
+#: --principal/--audience/--method/--target/--arguments/--extra, handed on as ``binding``
+#: (a :class:`BindingOptions`): malformed --arguments JSON or --extra is a usage error.
+binding_options: Final = grouped(
+    "binding",
+    _binding_options,
+    click.option(
+        "--principal",
+        metavar="TEXT",
+        help=(
+            "Authenticated principal the token is bound to, byte for byte as the server binds it. "
+            "protect() and the proxy's --principal-from jwt-sub bind an access token as the compact "
+            "JSON [client_id, issuer, subject], no spaces: "
+            '\'["app","https://idp.example","alice"]\' (null for a missing field); '
+            "--principal-from header:NAME binds the header's value as is."
         ),
-        click.option("--audience", help="Audience (this server's identifier)."),
-        click.option("--method", help="MCP method, e.g. tools/call."),
-        click.option("--target", help="Tool or prompt name, or resource URI."),
-        click.option(
-            "--arguments",
-            "arguments_json",
-            metavar="JSON",
-            help="Request arguments as JSON; their canonical digest is bound (null = no digest).",
-        ),
-        click.option("--extra", multiple=True, metavar="K=V", help="Extra binding entry (repeatable)."),
-    ]
-    decorated: Any = wrapper
-    for option in reversed(options):
-        decorated = option(decorated)
-    return cast(F, decorated)
+    ),
+    click.option("--audience", help="Audience (this server's identifier)."),
+    click.option("--method", help="MCP method, e.g. tools/call."),
+    click.option("--target", help="Tool or prompt name, or resource URI."),
+    click.option(
+        "--arguments",
+        "arguments_json",
+        metavar="JSON",
+        help="Request arguments as JSON; their canonical digest is bound (null = no digest).",
+    ),
+    click.option("--extra", multiple=True, metavar="K=V", help="Extra binding entry (repeatable)."),
+)
 
 
 def _arguments(text: str | None) -> Any:
@@ -329,12 +388,17 @@ def _extra(items: tuple[str, ...]) -> dict[str, str]:
     return pairs
 
 
-def duration_option(flag: str, default: float | str | None, text: str, **attrs: Any) -> Callable[[F], F]:
-    """``--flag DURATION`` (90s, 10m, 1h30m), its default (seconds or text) shown as one."""
+def duration_option(
+    flag: str, default: float | str | None, text: str, *, positive: bool = False, **attrs: Any
+) -> Callable[[F], F]:
+    """``--flag DURATION`` (90s, 10m, 1h30m), its default (seconds or text) shown as one.
+
+    ``positive``: 0 is a usage error naming the option (a lifetime or a deadline of none).
+    """
     if default is not None:  # an explicit default=None would satisfy required=True in click 8.3
         shown = duration(default) if isinstance(default, int | float) else default
         attrs.update(default=shown, show_default=True)
-    return click.option(flag, type=DURATION, help=text, **attrs)
+    return click.option(flag, type=POSITIVE_DURATION if positive else DURATION, help=text, **attrs)
 
 
 #: The key timeline's options, with their help: `keys rotate`/`retire`/`list` take them all,
@@ -346,6 +410,21 @@ TIMELINE_HELP: Final = {
     "expiry_grace": "Time the codecs accept a token past its expiry (their expiry_grace).",
     "staleness_limit": "How long services mint with a ring they cannot refresh.",
 }
+
+
+def timeline_option(name: str, more: str = "") -> Callable[[F], F]:
+    """``--refresh-interval`` and the other timeline options: the library's default, one help text."""
+    from ..kms import Timeline  # noqa: PLC0415 - the defaults are the library's, never copied
+
+    text = f"{TIMELINE_HELP[name]} {more}".strip()
+    return duration_option(f"--{name.replace('_', '-')}", getattr(Timeline(), name), text)
+
+
+def count_option(flag: str, default: int | None, text: str) -> Callable[[F], F]:
+    """``--flag N``, a count of one or more; its default shown (``None``: not given, no count)."""
+    return click.option(
+        flag, type=click.IntRange(1), default=default, show_default=default is not None, help=text
+    )
 
 
 def max_token_bytes_option(text: str) -> Callable[[F], F]:

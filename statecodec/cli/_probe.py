@@ -140,7 +140,9 @@ def _json_option(flag: str, callback: Callable[..., Any], text: str) -> Callable
     "Expiry check: present a state this long after it was issued (longer than its lifetime).",
     metavar="DURATION",
 )
-@duration_option("--timeout", "30s", "Longest wait for any one answer of the server.", metavar="DURATION")
+@duration_option(
+    "--timeout", "30s", "Longest wait for any one answer of the server.", positive=True, metavar="DURATION"
+)
 @click.option(
     "--i-understand-side-effects",
     "side_effects",
@@ -179,8 +181,6 @@ def probe_command(
     """
     if checks != ("readable",) and not side_effects:
         raise click.UsageError(SIDE_EFFECTS)
-    if timeout <= 0:
-        raise click.BadParameter("must be positive", param_hint="'--timeout'")
     try:
         from ..probe import ProbeError, Settings, probe  # noqa: PLC0415 - the mcp extra, only for this command
     except ModuleNotFoundError as exc:

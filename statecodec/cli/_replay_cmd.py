@@ -17,7 +17,7 @@ from ..replay._postgres_url import POSTGRES_SCHEMES
 from ..replay._url import redact
 from ._exit import CliError, ExitCode
 from ._output import Outcome, Output, command
-from ._params import OrderedGroup
+from ._params import OrderedGroup, replay_option
 
 
 @click.group("replay", cls=OrderedGroup)
@@ -26,14 +26,8 @@ def replay_group() -> None:
 
 
 @replay_group.command("init")
-@click.option(
-    "--replay",
-    "replay_url",
-    required=True,
-    metavar="URL",
-    envvar="STATECODEC_REPLAY",
-    show_envvar=True,
-    help="The store: postgresql://USER:PASSWORD@HOST[:PORT]/DB[?table=NAME] (postgres:// too).",
+@replay_option(
+    "replay_url", "The store: postgresql://USER:PASSWORD@HOST[:PORT]/DB[?table=NAME] (postgres:// too)."
 )
 @click.option(
     "--print", "print_only", is_flag=True, help="Print the SQL and exit, without connecting to the database."

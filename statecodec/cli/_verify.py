@@ -27,7 +27,7 @@ from ..compat import Verified, VerifyOptions, detect, verify_detected
 from ..compat import verify as compat_verify
 from ..replay._url import redact
 from . import _sources
-from ._describe import expiry_phrase, flow_fields, moment, payload_fields, table, token_rows
+from ._describe import expiry_phrase, flow_fields, lifetime_fields, moment, payload_fields, table, token_rows
 from ._output import Outcome, Output, command, invalid_state_error
 from ._params import (
     ABSENT,
@@ -64,16 +64,21 @@ _AD_FORMATS = frozenset({"rs1", "rs2"})
 
 @dataclass(frozen=True)
 class _Sc1Options:
+    """The sc1-only options; ``codec``: the server's codec settings, as the codec's own arguments."""
+
     mode: str | None
     unbound: bool
     replay_url: str | None
     consume: bool
-    namespace: str
-    max_skew: int
-    expiry_grace: int
-    max_token_bytes: int
-    max_rounds: int
-    max_flow_age: int
+    codec: dict[str, Any]
+
+    @classmethod
+    def of(cls, options: dict[str, Any]) -> _Sc1Options:
+        """Out of the parsed options: all but these four are the codec's (--max-skew, --namespace...)."""
+        mode, unbound, replay_url, consume = (
+            options.pop(n) for n in ("mode", "unbound", "replay_url", "consume")
+        )
+        return cls(mode, unbound, replay_url, consume, codec=options)
 
 
 def _check_sc1_flags(binding: BindingOptions, opts: _Sc1Options, at: float | None) -> None:
@@ -196,7 +201,7 @@ def verify_command(
     Tokens of the other SDKs (--format, detected by default) are checked with every key of
     the ring; they have no token id, so --replay/--consume apply to sc1 tokens only.
     """
-    opts = _Sc1Options(**sc1)
+    opts = _Sc1Options.of(sc1)
     text = read_token(token)
     fmt = _resolve_format(fmt, text)
     if fmt == "sc1":
@@ -241,18 +246,7 @@ def _verify_sc1(
     }
     store = _sources.open_store(opts.replay_url, check=opts.consume) if opts.replay_url else None
     try:
-        codec = StateCodec(
-            keys,
-            mode=mode,
-            max_skew=opts.max_skew,
-            expiry_grace=opts.expiry_grace,
-            max_token_bytes=opts.max_token_bytes,
-            max_rounds=opts.max_rounds,
-            max_flow_age=opts.max_flow_age,
-            replay=store,
-            namespace=opts.namespace,
-            clock=clock,
-        )
+        codec = StateCodec(keys, mode=mode, replay=store, clock=clock, **opts.codec)
         if check_binding:
             opened = codec.unseal(token, bound, consume=opts.consume)
         else:
@@ -280,9 +274,7 @@ def _verify_sc1(
 def _sc1_claims(opened: OpenedState, now: float) -> dict[str, Any]:
     return {
         "kid": opened.kid,
-        "issued_at": moment(opened.issued_at, now),
-        "expires_at": moment(opened.expires_at, now),
-        "lifetime_seconds": opened.expires_at - opened.issued_at,
+        **lifetime_fields(opened.issued_at, opened.expires_at, now),
         "token_id": opened.token_id,
         "flow": flow_fields(
             {
@@ -378,13 +370,10 @@ def _option_value(options: VerifyOptions, name: str) -> Any:
 
 
 def _foreign_claims(verified: Verified, now: float) -> dict[str, Any]:
-    issued, expires = verified.issued_at, verified.expires_at
     no_token_id: str | None = None  # none of the other SDKs' formats carries one
     return {
         "kid": verified.kid,
-        "issued_at": None if issued is None else moment(issued, now),
-        "expires_at": None if expires is None else moment(expires, now),
-        "lifetime_seconds": None if issued is None or expires is None else int(expires - issued),
+        **lifetime_fields(verified.issued_at, verified.expires_at, now),
         "token_id": no_token_id,
         "flow": None,
         "payload": None if verified.payload is None else payload_fields(verified.payload),
@@ -395,15 +384,7 @@ def _foreign_claims(verified: Verified, now: float) -> dict[str, Any]:
 # ------------------------------------------------------------------- verdicts
 def _invalid(out: Output, base: dict[str, Any], exc: InvalidState) -> Outcome:
     error = invalid_state_error(exc)
-    fields = {
-        **base,
-        "valid": False,
-        "replay": "not_checked",
-        "kid": exc.kid,
-        "token_id": exc.token_id,
-        "flow_id": exc.flow_id,
-        "round": exc.round,
-    }
+    fields = {**base, "valid": False, "replay": "not_checked", **exc.ids}
     verdict = out.style("INVALID", fg="red", bold=True)
     return Outcome(fields, [f"{verdict}  {exc.reason}: {exc.detail or exc.reason}"], error.code, error)
 

@@ -19,10 +19,8 @@ import socket
 from collections.abc import AsyncIterator
 from typing import Final
 
-import uvicorn
-
 from .._net import socket_url
-from .._serving import EmbeddedServer, wait_started
+from .._serving import EmbeddedServer, quiet_config, wait_started
 from ..adapters.asgi import ASGIApp
 
 START_TIMEOUT: Final = 30.0
@@ -31,17 +29,8 @@ START_TIMEOUT: Final = 30.0
 @contextlib.asynccontextmanager
 async def admin_listener(app: ASGIApp, sock: socket.socket) -> AsyncIterator[str]:
     """Serve ``app`` on ``sock`` while the block runs; yields its URL once it accepts connections."""
-    config = uvicorn.Config(
-        app,
-        log_level="warning",
-        access_log=False,
-        lifespan="off",
-        server_header=False,
-        date_header=False,
-        proxy_headers=False,
-    )
     # No signal handlers: the proxy's own server handles SIGINT/SIGTERM.
-    server = EmbeddedServer(config)
+    server = EmbeddedServer(quiet_config(app, lifespan="off"))
     task = asyncio.create_task(server.serve(sockets=[sock]), name="statecodec-admin")
     try:
         await wait_started(server, task, timeout=START_TIMEOUT, what="the admin listener")

@@ -23,15 +23,14 @@ import sys
 import tempfile
 import threading
 from collections.abc import Awaitable, Callable, Iterator
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
 from .. import _telemetry
 from .._codec import StateCodec
-from .._errors import StateCodecError
 from .._net import bind_socket, socket_url
-from ..adapters.asgi import ASGIApp, PrincipalFn
+from ..adapters.asgi import ASGIApp
 from ._admin import START_TIMEOUT, admin_listener
+from ._settings import ProxyConfigError, ProxySettings, client_limits, timeline
 
 if TYPE_CHECKING:
     from ..ops import Health
@@ -44,6 +43,10 @@ logger = logging.getLogger("statecodec.proxy")
 Announce = Callable[[str], None]
 #: The admin endpoints and their socket, served beside the proxy.
 Admin = tuple[ASGIApp, socket.socket]
+#: ``build(settings)``: :func:`built`, its failures in the caller's terms (a context manager).
+Build = Callable[[ProxySettings], contextlib.AbstractContextManager[tuple[ASGIApp, Any, "Health"]]]
+#: ``failure(exc) -> (exit code, reason, one-line message)``: how the caller reports ``exc``.
+Failure = Callable[[Exception], tuple[int, str, str]]
 
 
 # ---------------------------------------------------------------- logging
@@ -203,75 +206,6 @@ def _release(stop: asyncio.Future[None] | None) -> None:
 
 
 # ---------------------------------------------------------------- building the proxy
-class PrincipalSource(Protocol):
-    """How the proxy learns who is asking, as the command line parsed it (picklable, for workers)."""
-
-    def build(self) -> tuple[PrincipalFn | None, Any]:
-        """The principal callable, and the object to close at shutdown (or None)."""
-
-    def describe(self) -> str:
-        """One phrase for the start-up log line."""
-
-
-class ProxyConfigError(StateCodecError, ValueError):
-    """Options the proxy cannot run with, found while it is built (a usage error: exit 2)."""
-
-
-@dataclass(frozen=True)
-class ProxySettings:
-    """Everything a proxy process builds itself from: picklable, for ``--workers``."""
-
-    principal: PrincipalSource
-    log_level: str
-    log_format: str
-    upstream: str
-    keys_spec: str | None
-    replay: str
-    audience: str
-    mode: str
-    ttl: int
-    namespace: str | None
-    max_token_bytes: int
-    max_body_bytes: int
-    max_response_bytes: int
-    connect_timeout: int
-    read_timeout: int
-    graceful_timeout: int
-    head_timeout: int
-    body_timeout: int
-    idle_timeout: int
-    max_client_connections: int | None
-    max_concurrent_requests: int | None
-    max_connections: int
-    max_streams: int
-    max_streams_per_client: int
-    passthrough_paths: tuple[str, ...]
-    max_rounds: int
-    max_flow_age: int
-    retry_after: float | None
-    max_hold: float
-    max_holds: int
-    max_holds_per_token: int
-    workers: int
-    allowed_hosts: tuple[str, ...]
-    allowed_origins: tuple[str, ...]
-    refresh_interval: int
-    staleness_limit: int
-
-
-def timeline(settings: ProxySettings) -> dict[str, float]:
-    """The KeyManager's timeline options (``ValueError`` if they cannot work together)."""
-    from ..kms import Timeline  # noqa: PLC0415
-
-    options = {
-        "refresh_interval": float(settings.refresh_interval),
-        "staleness_limit": float(settings.staleness_limit),
-        "max_ttl": max(float(settings.ttl), 600.0),
-    }
-    Timeline(**options)
-    return options
-
-
 @contextlib.contextmanager
 def built(
     settings: ProxySettings, keys: str, open_store: Callable[[str], ReplayStore]
@@ -282,28 +216,13 @@ def built(
     that it answers. Keys, store and options are checked here, before anything listens.
     """
     from .. import ops  # noqa: PLC0415
+    from ..boundary import BoundaryOptions  # noqa: PLC0415
     from ..kms import KeyManager  # noqa: PLC0415 - loaded only for this command
     from ._forward import Timeouts  # noqa: PLC0415
     from ._hosts import HostPolicy  # noqa: PLC0415
     from ._server import ProxyOptions, build_proxy  # noqa: PLC0415
 
-    principal_fn, closer = settings.principal.build()
-    options = ProxyOptions(
-        upstream=settings.upstream,
-        audience=settings.audience,
-        max_body_bytes=settings.max_body_bytes,
-        max_response_bytes=settings.max_response_bytes,
-        timeouts=Timeouts(connect=settings.connect_timeout, read=settings.read_timeout),
-        max_connections=settings.max_connections,
-        max_streams=settings.max_streams,
-        max_streams_per_client=settings.max_streams_per_client,
-        passthrough_paths=settings.passthrough_paths,
-        retry_after=settings.retry_after,
-        max_hold=settings.max_hold,
-        hosts=HostPolicy.of(settings.allowed_hosts, settings.allowed_origins),
-        max_holds=settings.max_holds,
-        max_holds_per_token=settings.max_holds_per_token,
-    )
+    principal, closer = settings.principal.build()
     tl = timeline(settings)
     manager = KeyManager(
         keys,
@@ -317,19 +236,15 @@ def built(
         try:
             # No namespace of its own: a proxy and a protect() server sharing keys, audience and
             # store must share single use too, so both take the codec's default.
-            named: dict[str, Any] = {} if settings.namespace is None else {"namespace": settings.namespace}
-            codec = StateCodec(
-                manager,
-                mode=settings.mode,
-                ttl=settings.ttl,
-                max_token_bytes=settings.max_token_bytes,
-                max_rounds=settings.max_rounds,
-                max_flow_age=settings.max_flow_age,
-                replay=store,
-                **named,
-            )
+            codec = StateCodec(manager, replay=store, **settings.codec)
             try:
-                app = build_proxy(codec, options, principal=principal_fn)
+                options = ProxyOptions(
+                    boundary=BoundaryOptions(codec, principal=principal, **settings.boundary),
+                    timeouts=Timeouts(connect=settings.connect_timeout, read=settings.read_timeout),
+                    hosts=HostPolicy.of(settings.allowed_hosts, settings.allowed_origins),
+                    **settings.forwarding,
+                )
+                app = build_proxy(options)
             except ValueError as exc:
                 raise ProxyConfigError(str(exc)) from None
             health = ops.Health(manager, store)
@@ -375,16 +290,16 @@ def run(
     port: int,
     admin_address: tuple[str, int] | None,
     *,
-    build: Callable[[ProxySettings], contextlib.AbstractContextManager[tuple[ASGIApp, Any, Health]]],
+    build: Build,
+    failure: Failure,
     clients: ClientLimits,
-    worker: Callable[[socket.socket, Callable[[], None]], None],
     announce: Announce,
 ) -> int:
     """Run the proxy process until SIGINT/SIGTERM: one server, or a supervisor of workers; its exit code.
 
     ``build`` builds the proxy (:func:`built`, as the caller reports its failures): keys,
     store and options are checked then, before anything listens. With workers they stay
-    open in the supervisor for ``/readyz``; each ``worker(sock, ready)`` builds its own.
+    open in the supervisor for ``/readyz``; each worker builds its own (:func:`serve_worker`).
     """
     from .. import ops  # noqa: PLC0415
     from ._workers import Supervisor  # noqa: PLC0415
@@ -411,6 +326,7 @@ def run(
             return 0
         if admin is not None:
             stack.enter_context(admin_in_thread(admin, announce))
+        worker = functools.partial(serve_worker, settings, build, failure)
         supervisor = Supervisor(worker, sock, settings.workers, stop_timeout=settings.graceful_timeout)
         code = supervisor.run(lambda: ready(socket_url(sock)))
         if not code:
@@ -418,17 +334,41 @@ def run(
     return code
 
 
+def serve_worker(
+    settings: ProxySettings, build: Build, failure: Failure, sock: socket.socket, ready: Callable[[], None]
+) -> None:
+    """One ``--workers`` process: the same proxy as a single one, on the inherited socket.
+
+    It runs in a fresh interpreter, so ``build`` and ``failure`` are module-level functions
+    (found again by name). A worker that cannot serve logs why and exits with the code
+    ``failure`` gives, which the supervisor makes the group's.
+    """
+    configure_logging(settings.log_level, settings.log_format)
+    try:
+        _telemetry.resolve()
+        with contextlib.ExitStack() as stack:
+            with said_by_the_supervisor():
+                app, closer, _ = stack.enter_context(build(settings))
+            clients = client_limits(settings)
+            serve_on(app, closer, sock, settings, clients=clients, ready=lambda url: ready())
+    except Exception as exc:
+        code, reason, message = failure(exc)
+        logger.error(
+            "worker cannot serve: %s", message, extra=_telemetry.fields("worker_failed", reason=reason)
+        )
+        sys.exit(code)
+
+
 def _listening(settings: ProxySettings, announce: Announce, url: str) -> None:
     from ..replay._url import redact  # noqa: PLC0415
 
+    audience, mode = settings.boundary["audience"], settings.codec["mode"]
     logger.info(
         "%s -> %s mode=%s audience=%r principal=%s replay=%s workers=%d",
-        url, redact(settings.upstream), settings.mode, settings.audience,
+        url, redact(settings.forwarding["upstream"]), mode, audience,
         settings.principal.describe(), redact(settings.replay), settings.workers,
         extra={
-            **_telemetry.fields(
-                "proxy_started", audience=settings.audience, mode=settings.mode, workers=settings.workers
-            ),
+            **_telemetry.fields("proxy_started", audience=audience, mode=mode, workers=settings.workers),
             "url": url,
         },
     )  # fmt: skip
@@ -492,19 +432,18 @@ async def _serve_then_close(
 __all__ = [
     "Admin",
     "Announce",
-    "PrincipalSource",
-    "ProxyConfigError",
-    "ProxySettings",
-    "built",
-    "log_stopped",
-    "run",
-    "said_by_the_supervisor",
-    "serve_on",
-    "timeline",
+    "Build",
+    "Failure",
     "admin_in_thread",
+    "built",
     "configure_logging",
     "listening_socket",
+    "log_stopped",
     "metrics_shared_by_workers",
+    "run",
     "run_serving",
+    "said_by_the_supervisor",
+    "serve_on",
+    "serve_worker",
     "without_created_series",
 ]

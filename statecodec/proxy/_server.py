@@ -18,16 +18,14 @@ from typing import Final
 
 import uvicorn
 
-from .._codec import StateCodec
-from .._serving import serve_announcing
+from .._serving import quiet_config, serve_announcing
 from ..adapters.asgi import (
     DEFAULT_MAX_BODY_BYTES,
     DEFAULT_MAX_RESPONSE_BYTES,
     ASGIApp,
-    PrincipalFn,
     RequestStateMiddleware,
 )
-from ..boundary import DEFAULT_MAX_HOLD, DEFAULT_MAX_HOLDS, DEFAULT_MAX_HOLDS_PER_TOKEN
+from ..boundary import BoundaryOptions
 from ._forward import Timeouts, UpstreamApp
 from ._guard import ClientLimits, Guard, default_max_connections, guarded_protocol
 from ._hosts import HostGuard, HostPolicy
@@ -39,10 +37,17 @@ _DEFAULT_CLIENTS: Final = ClientLimits()
 
 @dataclass(frozen=True)
 class ProxyOptions:
-    """Everything about the proxy but its keys, replay store and principal."""
+    """Everything about the proxy: the boundary's options, and the forwarding's.
+
+    ``boundary`` is the one :class:`~statecodec.boundary.BoundaryOptions` every adapter
+    takes (codec, audience, ``principal(scope, headers)``, pacing, holds), validated once
+    when it was built and handed to the middleware as it is; the proxy adds only what
+    forwarding needs. A proxy needs an audience (the protected service's name): a
+    ``ValueError`` here without one, before anything serves.
+    """
 
     upstream: str
-    audience: str
+    boundary: BoundaryOptions
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES
     timeouts: Timeouts = field(default_factory=Timeouts)
@@ -50,12 +55,12 @@ class ProxyOptions:
     max_streams: int = 100
     max_streams_per_client: int = 10
     passthrough_paths: Collection[str] = ()
-    retry_after: float | None = None  # pacing of requestState-only rounds
-    max_hold: float = DEFAULT_MAX_HOLD
     #: The Host and Origin values answered (DNS-rebinding protection); by default loopback's.
     hosts: HostPolicy = field(default_factory=HostPolicy.loopback)
-    max_holds: int = DEFAULT_MAX_HOLDS
-    max_holds_per_token: int = DEFAULT_MAX_HOLDS_PER_TOKEN
+
+    def __post_init__(self) -> None:
+        if not self.boundary.audience:
+            raise ValueError("the proxy needs an audience (the protected service's name)")
 
 
 def event_loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
@@ -67,7 +72,7 @@ def event_loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
     return uvloop.new_event_loop
 
 
-def build_proxy(codec: StateCodec, options: ProxyOptions, *, principal: PrincipalFn | None = None) -> ASGIApp:
+def build_proxy(options: ProxyOptions) -> ASGIApp:
     """The proxy as one ASGI application: ``RequestStateMiddleware(UpstreamApp(upstream))``.
 
     Serve it with any ASGI server; its lifespan opens and closes the upstream connection
@@ -75,8 +80,6 @@ def build_proxy(codec: StateCodec, options: ProxyOptions, *, principal: Principa
     ``Host`` and ``Origin`` check (:class:`~statecodec.proxy._hosts.HostGuard`) runs first,
     so a refused request is never judged and never consumes a token.
     """
-    if not options.audience:
-        raise ValueError("the proxy needs an audience (the protected service's name)")
     upstream = UpstreamApp(
         options.upstream,
         timeouts=options.timeouts,
@@ -84,18 +87,12 @@ def build_proxy(codec: StateCodec, options: ProxyOptions, *, principal: Principa
         max_streams=options.max_streams,
         max_streams_per_client=options.max_streams_per_client,
     )
-    middleware = RequestStateMiddleware(
+    middleware = RequestStateMiddleware.from_options(
         upstream,
-        codec,
-        audience=options.audience,
-        principal=principal,
+        options.boundary,
         max_body_bytes=options.max_body_bytes,
         max_response_bytes=options.max_response_bytes,
         passthrough_paths=options.passthrough_paths,
-        retry_after=options.retry_after,
-        max_hold=options.max_hold,
-        max_holds=options.max_holds,
-        max_holds_per_token=options.max_holds_per_token,
     )
     return MeteredApp(HostGuard(middleware, options.hosts))
 
@@ -112,11 +109,8 @@ async def serve(
 ) -> None:
     """Run ``app`` on ``sock`` until SIGINT/SIGTERM, then drain for ``graceful_timeout`` seconds.
 
-    uvicorn's access log stays off: it would log every request path, and the proxy's own
-    log lines carry what an operator needs without any token. uvicorn configures no
-    logging of its own (its records reach the process's handlers, which ``statecodec
-    proxy`` sets, text or JSON). Its ``Server`` and ``Date`` headers are off too, so the
-    upstream's pass through unchanged.
+    uvicorn runs as every statecodec server does (:func:`~statecodec._serving.quiet_config`):
+    no access log, no logging of its own, no ``Server`` or ``Date`` header of its own.
 
     Client connections are kept within ``clients`` (:mod:`._guard`): head and body
     deadlines, idle keep-alive connections closed after ``clients.idle_timeout`` (uvicorn's
@@ -125,19 +119,13 @@ async def serve(
     ``ValueError`` when that limit is too low to serve.
     """
     guard = Guard(clients, clients.max_connections or default_max_connections(upstream_connections))
-    config = uvicorn.Config(
+    config = quiet_config(
         app,
-        log_config=None,
-        log_level="warning",
-        access_log=False,
         lifespan="on",
-        server_header=False,
-        date_header=False,
-        proxy_headers=False,
         timeout_graceful_shutdown=graceful_timeout,
         limit_concurrency=limit_concurrency,
         http=guarded_protocol(guard),
-        timeout_keep_alive=clients.idle_timeout,  # type: ignore[arg-type]  # a float works
+        timeout_keep_alive=clients.idle_timeout,  # a float works
     )
     sweeper = asyncio.create_task(guard.run(min(0.5, clients.head_timeout / 4, clients.body_timeout / 4)))
     try:
