@@ -1,38 +1,30 @@
 """Every private seam of a dependency, with its public fallback forced.
 
-statecodec reaches below one dependency's public API for speed (redis-py's
-connection-level calls, which keep ``wait=N`` exact per connection) and leans on two
-private handles of the MCP SDKs (fastmcp's ``server._mcp_server``; the SDK's default
-middleware, which lives in the private ``mcp.server._otel``) and on one provisional
-hook (``Server.middleware``). Each test here takes the seam away the way a future
-release would, by monkeypatching the dependency's private attribute or module out of
-reach (the honest simulation of a release that does not exist yet), and shows that the
-public path gives the same verdicts, or that ``protect()`` refuses at once with an
-actionable error. (PyNaCl's ``_sodium``, OpenSSL's ``hmac.HMAC._hmac`` and the SDK
-context's ``__dict__`` are no longer used: each saved under 1% of a request's
-instructions, docs/performance.md.)
+statecodec leans on two private handles of the MCP SDKs (fastmcp's
+``server._mcp_server``; the SDK's default middleware, which lives in the private
+``mcp.server._otel``) and on one provisional hook (``Server.middleware``). Each test
+here takes the seam away the way a future release would, by monkeypatching the
+dependency's private attribute or module out of reach (the honest simulation of a
+release that does not exist yet), and shows that the public path gives the same
+verdicts, or that ``protect()`` refuses at once with an actionable error. (PyNaCl's
+``_sodium``, OpenSSL's ``hmac.HMAC._hmac``, the SDK context's ``__dict__`` and the
+Redis batcher's connection-level calls below redis-py's pipeline are no longer used:
+docs/performance.md, "Private seams of dependencies".)
 """
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import sys
-import uuid
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
-import redis
-import redis.asyncio.connection
 import test_adapters_mcp as adapters
 from fastmcp import FastMCP
-from fixtures_valkey import ValkeyServer
 from mcp.server.lowlevel import Server
 
 from statecodec.adapters import fastmcp as fastmcp_adapter
 from statecodec.adapters import mcp as mcp_adapter
-from statecodec.replay import redis as redis_store
 
 
 # ------------------------------------------------------------------ the mcp SDK
@@ -74,46 +66,3 @@ def test_fastmcp_without_its_private_lowlevel_server_fails_at_protect() -> None:
     server._mcp_server = object()  # type: ignore[assignment]  # as if FastMCP kept it elsewhere
     with pytest.raises(RuntimeError, match=r"server\._mcp_server.*http_app"):
         fastmcp_adapter.protect(server, adapters.make_codec())
-
-
-# ------------------------------------------------------------------ redis-py
-@pytest.fixture
-def without_connection_calls(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    # A redis-py release without the connection-level call _Sender sends batches with.
-    monkeypatch.delattr(redis.asyncio.connection.AbstractConnection, "send_packed_command")
-    assert not redis_store._batching_possible()
-    yield
-
-
-def test_batching_needs_every_connection_level_call() -> None:
-    # On every supported redis-py (CI: .ci/lowest.txt and the newest) the fast path is there;
-    # a release that drops a call fails here, which says the batching must be redone.
-    assert redis_store._batching_possible()
-
-
-async def test_aconsume_without_batching_is_still_exactly_once(
-    without_connection_calls: None, valkey_server: ValkeyServer
-) -> None:
-    prefix = f"t-{uuid.uuid4().hex[:8]}:"
-    store = redis_store.RedisReplayStore(valkey_server.url, prefix=prefix)
-    try:
-        results = await asyncio.gather(*(store.aconsume("k", 60) for _ in range(20)))
-        assert sorted(results) == [False] * 19 + [True]
-        assert await store.aconsume("other", 60) is True
-        assert store._senders == {}  # no batch sender was built: the public sync path served
-    finally:
-        await store.aclose()
-
-
-async def test_an_async_client_passed_in_is_not_used_without_batching(
-    without_connection_calls: None, valkey_server: ValkeyServer
-) -> None:
-    prefix = f"t-{uuid.uuid4().hex[:8]}:"
-    aclient = redis.asyncio.Redis.from_url(valkey_server.url)
-    store = redis_store.RedisReplayStore(valkey_server.url, prefix=prefix, async_client=aclient)
-    try:
-        assert await store.aconsume("k", 60) is True
-        assert await store.aconsume("k", 60) is False
-    finally:
-        await store.aclose()
-        await aclient.aclose()

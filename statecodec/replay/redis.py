@@ -49,7 +49,7 @@ import os
 import secrets
 import threading
 import time
-from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from typing import Any, Final, NamedTuple, TypeAlias
 
 import redis
@@ -61,7 +61,7 @@ import redis.cluster
 import redis.connection
 import redis.sentinel
 from redis.asyncio.retry import Retry as AsyncRetry
-from redis.backoff import ExponentialBackoff
+from redis.backoff import ExponentialBackoff, NoBackoff
 from redis.exceptions import (
     AskError,
     ClusterDownError,
@@ -349,8 +349,6 @@ class RedisReplayStore(ReplayStore):
         sender = self._senders.get(loop)
         if sender is not None:
             return sender
-        if not _batching_possible():
-            return None  # the sync client in a worker thread: redis-py's public API only
         client = self._async_given
         closers: list[Callable[[], Awaitable[object]]] = []
         if client is None:
@@ -579,23 +577,12 @@ def _text(value: object) -> str:
 
 
 # ---------------------------------------------------------------------------- commands
-_Command: TypeAlias = tuple[Any, ...]
-
-
 def _sync_hello(client: SyncClient) -> object:
     execute: Any = client.execute_command  # untyped in redis-py
     try:
         return execute("HELLO")
     except redis.ResponseError as exc:
         return exc
-
-
-def _set_command(name: str, nonce: str, px: int) -> _Command:
-    return ("SET", name, nonce, "NX", "GET", "PX", px)
-
-
-def _release_command(name: str, nonce: str) -> _Command:
-    return ("EVAL", RELEASE_SCRIPT, 1, name, nonce)
 
 
 def _on_owner(
@@ -772,13 +759,21 @@ class _Sender:
 
     On loopback most of a command's cost is the system calls and wake-ups of one round
     trip, so while one batch is on the wire the calls that arrive queue up and leave as
-    the next batch, in one non-transactional pipeline per server (for a cluster: per
-    primary, on one connection each, which also keeps the number of connections small).
-    This changes nothing about atomicity: every ``SET NX`` is still a separate atomic
-    command on the server, and no command depends on another's result. With ``wait=N``
-    one ``WAIT`` closes each pipeline: it covers every write before it on that
-    connection. Entries to take back (:class:`_Unsettled`) lead each pipeline, so they go
-    before any new SET of the same token. A failed batch fails each of its calls closed.
+    the next batch, in one non-transactional redis-py pipeline per server (for a cluster:
+    per primary). This changes nothing about atomicity: every ``SET NX`` is still a
+    separate atomic command on the server, and no command depends on another's result.
+
+    With ``wait=N`` one ``WAIT`` closes each pipeline. ``WAIT`` counts the replicas that
+    acknowledged the writes of *its own connection*, and a redis-py pipeline sends all its
+    commands on one connection (a retry after a broken connection resends all of them on
+    the reconnected one, where an already-written SET answers with its own nonce and is
+    not accepted, see :func:`_accepted_without_release`), so the ``WAIT`` covers exactly
+    the SETs before it. For a cluster, each primary gets a plain client of its own
+    (:class:`_Primaries`) rather than redis-py's cluster pipeline, which may re-send a
+    redirected command on another node's connection than its ``WAIT``'s.
+
+    Entries to take back (:class:`_Unsettled`) lead each pipeline, so they go before any
+    new SET of the same token. A failed batch fails each of its calls closed.
     """
 
     _MAX_BATCH: Final = 256
@@ -797,7 +792,7 @@ class _Sender:
         self._unsettled = store._unsettled
         self._closers = closers
         self._cluster = client if isinstance(client, redis.asyncio.cluster.RedisCluster) else None
-        self._pool = client.connection_pool if isinstance(client, redis.asyncio.Redis) else None
+        self._primaries = _Primaries()
         self._prepared = not verify and self._cluster is None
         self._queue: list[_Call] = []
         self._flusher: asyncio.Task[None] | None = None
@@ -812,6 +807,7 @@ class _Sender:
         return await call.future
 
     async def aclose(self) -> None:
+        await self._primaries.aclose()
         await self.client.aclose()
         for close in self._closers:
             await close()
@@ -846,15 +842,33 @@ class _Sender:
         if self._cluster is not None:
             await self._cluster.initialize()
         else:
-            _judge_hello((await self._server_roundtrip([("HELLO",)]))[0])
+            server: Any = self.client  # untyped in redis-py
+            try:
+                hello = await server.execute_command("HELLO")
+            except redis.ResponseError as exc:
+                hello = exc
+            _judge_hello(hello)
         self._prepared = True
 
-    def _commands(self, calls: list[_Call], entries: list[_Entry]) -> list[_Command]:
-        commands = [_release_command(e.name, e.nonce) for e in entries]
-        commands += [_set_command(c.name, c.nonce, c.px) for c in calls]
+    async def _pipeline(
+        self, server: redis.asyncio.Redis, calls: list[_Call], entries: list[_Entry]
+    ) -> list[object]:
+        """The take-backs, the SETs and (with wait=N) one WAIT, in one pipeline: one connection."""
+        pipe = server.pipeline(transaction=False)
+        for entry in entries:
+            pipe.eval(RELEASE_SCRIPT, 1, entry.name, entry.nonce)
+        for call in calls:
+            pipe.set(call.name, call.nonce, nx=True, get=True, px=call.px)
         if self._wait and calls:
-            commands.append(("WAIT", self._wait, self._wait_ms))
-        return commands
+            pipe.wait(self._wait, self._wait_ms)
+        try:
+            replies: list[object] = await pipe.execute(raise_on_error=False)
+        except AttributeError as exc:
+            # redis-py 8.1: a connection closed by another task while this one used it
+            # (``'NoneType' object has no attribute 'writelines'``) is a broken transport,
+            # retried like any other (safe: the nonce), not a bug to surface.
+            raise redis.ConnectionError(f"connection lost while in use ({exc})") from exc
+        return replies
 
     def _split(
         self, calls: list[_Call], entries: list[_Entry], replies: list[object]
@@ -863,35 +877,23 @@ class _Sender:
         replies = replies[len(entries) :]
         return replies[: len(calls)], (replies[-1] if self._wait and calls else None)
 
+    def _releaser(self, server: redis.asyncio.Redis) -> Callable[[list[_Call]], Awaitable[list[object]]]:
+        async def release(calls: list[_Call]) -> list[object]:
+            entries = [_Entry(c.name, c.nonce, 0.0) for c in calls]
+            return await self._pipeline(server, [], entries)
+
+        return release
+
     # -- one server (or the primary Sentinel names)
     async def _send_server(self, batch: list[_Call], entries: list[_Entry]) -> list[_Entry]:
         """Send the batch after the take-backs; return the entries taken back."""
-        replies = await self._server_roundtrip(self._commands(batch, entries))
+        server: Any = self.client  # a redis.asyncio.Redis: the cluster went the other way
+        replies = await self._pipeline(server, batch, entries)
         answers, acks = self._split(batch, entries, replies)
-        await self._settle(batch, answers, acks, self._server_release)
+        await self._settle(batch, answers, acks, self._releaser(server))
         return entries
 
-    async def _server_release(self, calls: list[_Call]) -> list[object]:
-        return await self._server_roundtrip([_release_command(c.name, c.nonce) for c in calls])
-
-    async def _server_roundtrip(self, commands: list[_Command]) -> list[object]:
-        # What redis-py's Pipeline.execute does for a non-transactional pipeline, minus
-        # its per-command bookkeeping (response callbacks, metrics), which cost more
-        # than the round trip here. The connection, its pool, authentication, TLS,
-        # Sentinel discovery, packing, parsing and the retry policy are redis-py's own.
-        pool = self._pool
-        if pool is None:
-            raise RuntimeError("batching needs a redis.asyncio.Redis client")
-        conn = await pool.get_connection()  # type: ignore[no-untyped-call]
-        try:
-            replies: list[object] = await conn.retry.call_with_retry(
-                lambda: _roundtrip(conn, commands), lambda _error: conn.disconnect()
-            )
-        finally:
-            await pool.release(conn)
-        return replies
-
-    # -- a cluster: one pipeline per primary, each on one connection of that node
+    # -- a cluster: one pipeline per primary, on that primary's own client
     async def _send_cluster(
         self, cluster: redis.asyncio.cluster.RedisCluster, batch: list[_Call], entries: list[_Entry]
     ) -> list[_Entry]:
@@ -899,14 +901,13 @@ class _Sender:
         calls, backlog = batch, entries
         taken_back: list[_Entry] = []
         for attempt in itertools.count():
-            groups = _by_node(cluster, calls, backlog)
+            groups = [(self._primaries.of(node), c, e) for node, c, e in _by_node(cluster, calls, backlog)]
             results = await asyncio.gather(
-                *(self._node_roundtrip(node, self._commands(c, e)) for node, c, e in groups),
-                return_exceptions=True,
+                *(self._pipeline(server, c, e) for server, c, e in groups), return_exceptions=True
             )
             calls, backlog = [], []
             failure: BaseException | None = None
-            for (node, group_calls, group_entries), result in zip(groups, results, strict=True):
+            for (server, group_calls, group_entries), result in zip(groups, results, strict=True):
                 if isinstance(result, BaseException):
                     if not isinstance(result, _TRANSPORT_ERRORS):
                         raise result
@@ -923,16 +924,10 @@ class _Sender:
                 calls += moved
                 failure = next((r for r in replies if isinstance(r, _ROUTING_ERRORS)), failure)
                 kept = [(c, r) for c, r in zip(group_calls, replies, strict=True) if c not in moved]
-
-                async def release(unreplicated: list[_Call], node: Any = node) -> list[object]:
-                    return await self._node_roundtrip(
-                        node, [_release_command(c.name, c.nonce) for c in unreplicated]
-                    )
-
-                await self._settle([c for c, _ in kept], [r for _, r in kept], acks, release)
+                await self._settle([c for c, _ in kept], [r for _, r in kept], acks, self._releaser(server))
             if not calls and not backlog:
                 return taken_back
-            # Refresh even when no retry is left: nothing else would (these commands bypass
+            # Refresh even when no retry is left: nothing else would (these pipelines bypass
             # redis-py's own redirection handling), and the next batch must find the new owner.
             try:
                 await cluster.nodes_manager.initialize()
@@ -943,17 +938,6 @@ class _Sender:
                 _fail(calls, failure or redis.ConnectionError("the cluster did not route the keys"))
                 return taken_back  # the backlog stays listed for the next batch
         raise AssertionError("unreachable")
-
-    async def _node_roundtrip(self, node: Any, commands: list[_Command]) -> list[object]:
-        conn = node.acquire_connection()
-        try:
-            replies = await _roundtrip(conn, commands)
-        except BaseException:
-            await conn.disconnect()  # the stream may be out of step with the commands
-            raise
-        finally:
-            node.release(conn)
-        return replies
 
     # -- the verdicts
     async def _settle(
@@ -989,28 +973,33 @@ class _Sender:
                 call.future.set_exception(_NotReplicated(acks, self._wait, self._timeout, ok, retried=again))
 
 
-def _batching_possible() -> bool:
-    """Whether this redis-py has the connection-level calls :class:`_Sender` relies on.
+class _Primaries:
+    """A plain ``redis.asyncio.Redis`` per cluster primary, for pipelines pinned to that node.
 
-    They lie below redis-py's public pipeline API (a pool's ``get_connection``, a
-    connection's ``pack_commands``/``send_packed_command``/``read_response``, a cluster
-    node's ``acquire_connection``). With a release that lacks one of them, ``aconsume``
-    runs the sync client in a worker thread instead: the same commands through the
-    public API, slower. tests/test_seams.py forces that.
+    Built from what redis-py's cluster client knows of the node (its address, connection
+    class and connection options: TLS, credentials, timeouts, protocol), so it connects
+    exactly as the cluster client would. No retry of its own: after a broken connection
+    the batcher refreshes the slot map first, and the key may have moved.
     """
-    needed = {
-        redis.asyncio.ConnectionPool: ("get_connection", "release"),
-        redis.asyncio.connection.AbstractConnection: (
-            "pack_commands",
-            "send_packed_command",
-            "read_response",
-            "disconnect",
-        ),
-        AsyncRetry: ("call_with_retry",),
-        redis.asyncio.cluster.ClusterNode: ("acquire_connection", "release"),
-        redis.asyncio.cluster.RedisCluster: ("get_node_from_key", "initialize"),
-    }
-    return all(callable(getattr(cls, name, None)) for cls, names in needed.items() for name in names)
+
+    def __init__(self) -> None:
+        self._clients: dict[str, redis.asyncio.Redis] = {}
+
+    def of(self, node: redis.asyncio.cluster.ClusterNode) -> redis.asyncio.Redis:
+        client = self._clients.get(node.name)
+        if client is None:
+            pool = redis.asyncio.ConnectionPool(
+                connection_class=node.connection_class,
+                max_connections=node.max_connections,
+                **{**node.connection_kwargs, "retry": AsyncRetry(NoBackoff(), 0)},
+            )
+            client = self._clients[node.name] = redis.asyncio.Redis.from_pool(pool)
+        return client
+
+    async def aclose(self) -> None:
+        clients, self._clients = list(self._clients.values()), {}
+        for client in clients:
+            await client.aclose()
 
 
 def _by_node(
@@ -1034,25 +1023,6 @@ def _fail(calls: Iterable[_Call], exc: BaseException) -> None:
     for call in calls:
         if not call.future.done():
             call.future.set_exception(_copy(exc))
-
-
-async def _roundtrip(conn: Any, commands: Sequence[_Command]) -> list[object]:
-    # Retrying a whole batch is safe: each SET carries its caller's nonce, so one that
-    # ran before the connection broke now answers with that nonce and counts as first.
-    try:
-        await conn.send_packed_command(conn.pack_commands(commands))
-        replies: list[object] = []
-        for _ in commands:
-            try:
-                replies.append(await conn.read_response())
-            except redis.ResponseError as exc:  # an error reply; the stream stays in step
-                replies.append(exc)
-    except AttributeError as exc:
-        # redis-py 8.1: a connection closed by another task while this one used it
-        # (``'NoneType' object has no attribute 'writelines'``) is a broken transport,
-        # retried like any other (safe: the nonce), not a bug to surface.
-        raise redis.ConnectionError(f"connection lost while in use ({exc})") from exc
-    return replies
 
 
 def _copy(exc: BaseException) -> BaseException:
