@@ -71,21 +71,16 @@ from psycopg import sql
 
 from .. import _telemetry
 from .._errors import ReplayStoreError
-from ._postgres_url import PostgresTarget, parse_postgres_url
-from ._url_text import scrub
-from .base import ReplayStore, invalid_retention
+from ._postgres_url import POSTGRES_STORE_OPTIONS, PostgresTarget, parse_postgres_url
+from ._url_text import option_defaults, scrub
+from .base import ReplayStore, invalid_retention, store_settings
 
 logger = logging.getLogger("statecodec")
 
 T = TypeVar("T")
 
-DEFAULT_TABLE: Final = "statecodec_replay"
-_DEFAULTS: Final[dict[str, Any]] = {
-    "table": DEFAULT_TABLE,
-    "timeout": 2.0,
-    "pool_size": 8,
-    "purge_interval": 10.0,
-}
+_DEFAULTS: Final = option_defaults(POSTGRES_STORE_OPTIONS)
+DEFAULT_TABLE: Final[str] = _DEFAULTS["table"]
 #: A plain, unquoted SQL identifier: nothing user-supplied is ever spliced into SQL text
 #: except through psycopg.sql.Identifier, and this keeps the table's name predictable.
 _TABLE_NAME: Final = re.compile(r"[a-z_][a-z0-9_]{0,62}")
@@ -206,8 +201,7 @@ class PostgresReplayStore(ReplayStore):
         except psycopg.ProgrammingError as exc:
             raise ValueError(f"libpq refuses it: {str(exc).strip()}") from None
         given = {"table": table, "timeout": timeout, "pool_size": pool_size, "purge_interval": purge_interval}
-        settings = {**_DEFAULTS, **target.options}
-        settings.update((name, value) for name, value in given.items() if value is not None)
+        settings = store_settings(_DEFAULTS, target.options, given)
         _check_table(settings["table"])
         if not 0 < settings["timeout"] < math.inf:
             raise ValueError(f"timeout must be a positive number of seconds, got {settings['timeout']!r}")
