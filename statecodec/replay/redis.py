@@ -42,6 +42,7 @@ shortening it.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import inspect
 import itertools
 import math
@@ -49,7 +50,7 @@ import os
 import secrets
 import threading
 import time
-from collections.abc import Awaitable, Callable, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any, Final, NamedTuple, TypeAlias
 
 import redis
@@ -73,22 +74,15 @@ from redis.exceptions import (
 from redis.retry import Retry
 
 from .._errors import ReplayStoreError
-from ._redis_url import RedisTarget, parse_redis_url
-from ._url_text import scrub
-from .base import ReplayStore, invalid_retention
+from ._redis_url import REDIS_STORE_OPTIONS, RedisTarget, parse_redis_url
+from ._url_text import option_defaults, scrub
+from .base import ReplayStore, invalid_retention, store_settings
 
 SyncClient: TypeAlias = "redis.Redis | redis.cluster.RedisCluster"
 AsyncClient: TypeAlias = "redis.asyncio.Redis | redis.asyncio.cluster.RedisCluster"
 
-DEFAULT_PREFIX: Final = "statecodec:replay:"
-_DEFAULTS: Final[Mapping[str, Any]] = {
-    "prefix": DEFAULT_PREFIX,
-    "socket_timeout": 2.0,
-    "connect_timeout": 2.0,
-    "retries": 1,
-    "wait": 0,
-    "wait_timeout": 1.0,
-}
+_DEFAULTS: Final = option_defaults(REDIS_STORE_OPTIONS)
+DEFAULT_PREFIX: Final[str] = _DEFAULTS["prefix"]
 #: Deletes the key only if it still holds this call's nonce: taking back an entry whose
 #: replication WAIT could not confirm never deletes anyone else's.
 RELEASE_SCRIPT: Final = (
@@ -154,8 +148,7 @@ class RedisReplayStore(ReplayStore):
             "wait": wait,
             "wait_timeout": wait_timeout,
         }
-        settings = {**_DEFAULTS, **(target.options if target else {})}
-        settings.update((name, value) for name, value in given.items() if value is not None)
+        settings = store_settings(_DEFAULTS, target.options if target else {}, given)
         self.prefix: str = settings["prefix"]
         self.wait: int = settings["wait"]
         self.wait_timeout: float = settings["wait_timeout"]
@@ -577,12 +570,25 @@ def _text(value: object) -> str:
 
 
 # ---------------------------------------------------------------------------- commands
+#: A command's arguments, and the options redis-py's pipeline parses its reply with.
+_Command: TypeAlias = tuple[tuple[Any, ...], dict[str, Any]]
+
+
 def _sync_hello(client: SyncClient) -> object:
     execute: Any = client.execute_command  # untyped in redis-py
     try:
         return execute("HELLO")
     except redis.ResponseError as exc:
         return exc
+
+
+def _set_command(name: str, nonce: str, px: int) -> _Command:
+    # get=True: redis-py's reply callback then returns the previous value, not a bool.
+    return ("SET", name, nonce, "NX", "GET", "PX", px), {"get": True}
+
+
+def _release_command(name: str, nonce: str) -> _Command:
+    return ("EVAL", RELEASE_SCRIPT, 1, name, nonce), {}
 
 
 def _on_owner(
@@ -759,18 +765,26 @@ class _Sender:
 
     On loopback most of a command's cost is the system calls and wake-ups of one round
     trip, so while one batch is on the wire the calls that arrive queue up and leave as
-    the next batch, in one non-transactional redis-py pipeline per server (for a cluster:
-    per primary). This changes nothing about atomicity: every ``SET NX`` is still a
-    separate atomic command on the server, and no command depends on another's result.
+    the next batch, in one non-transactional pipeline per server (for a cluster: per
+    primary). This changes nothing about atomicity: every ``SET NX`` is still a separate
+    atomic command on the server, and no command depends on another's result.
 
     With ``wait=N`` one ``WAIT`` closes each pipeline. ``WAIT`` counts the replicas that
-    acknowledged the writes of *its own connection*, and a redis-py pipeline sends all its
-    commands on one connection (a retry after a broken connection resends all of them on
-    the reconnected one, where an already-written SET answers with its own nonce and is
-    not accepted, see :func:`_accepted_without_release`), so the ``WAIT`` covers exactly
-    the SETs before it. For a cluster, each primary gets a plain client of its own
-    (:class:`_Primaries`) rather than redis-py's cluster pipeline, which may re-send a
-    redirected command on another node's connection than its ``WAIT``'s.
+    acknowledged the writes of *its own connection*, and a pipeline goes out on one
+    connection (a retry after a broken connection resends all of it on the reconnected
+    one, where an already-written SET answers with its own nonce and is not accepted,
+    see :func:`_accepted_without_release`), so the ``WAIT`` covers exactly the SETs
+    before it. For a cluster, the pipeline of each primary goes to that node alone and
+    nothing in it is redirected elsewhere: redis-py's cluster pipeline may re-send a
+    redirected command on another connection than its ``WAIT``'s, so a redirection
+    refreshes the slot map and the batcher sends those calls again itself.
+
+    How a pipeline is sent: through redis-py's connection-level calls where this redis-py
+    has them (:func:`_direct_calls_available`; a private seam, kept because a request
+    through the proxy costs measurably less CPU with it, docs/performance.md), else
+    through redis-py's public ``pipeline()`` (for a cluster: of a plain client per
+    primary, :class:`_Primaries`). Both send the same commands on one connection with the
+    same retry policy; tests/test_seams.py runs the public one.
 
     Entries to take back (:class:`_Unsettled`) lead each pipeline, so they go before any
     new SET of the same token. A failed batch fails each of its calls closed.
@@ -792,6 +806,7 @@ class _Sender:
         self._unsettled = store._unsettled
         self._closers = closers
         self._cluster = client if isinstance(client, redis.asyncio.cluster.RedisCluster) else None
+        self._direct = _direct_calls_available()
         self._primaries = _Primaries()
         self._prepared = not verify and self._cluster is None
         self._queue: list[_Call] = []
@@ -842,33 +857,15 @@ class _Sender:
         if self._cluster is not None:
             await self._cluster.initialize()
         else:
-            server: Any = self.client  # untyped in redis-py
-            try:
-                hello = await server.execute_command("HELLO")
-            except redis.ResponseError as exc:
-                hello = exc
-            _judge_hello(hello)
+            _judge_hello((await self._to_server([(("HELLO",), {})]))[0])
         self._prepared = True
 
-    async def _pipeline(
-        self, server: redis.asyncio.Redis, calls: list[_Call], entries: list[_Entry]
-    ) -> list[object]:
-        """The take-backs, the SETs and (with wait=N) one WAIT, in one pipeline: one connection."""
-        pipe = server.pipeline(transaction=False)
-        for entry in entries:
-            pipe.eval(RELEASE_SCRIPT, 1, entry.name, entry.nonce)
-        for call in calls:
-            pipe.set(call.name, call.nonce, nx=True, get=True, px=call.px)
+    def _commands(self, calls: list[_Call], entries: list[_Entry]) -> list[_Command]:
+        commands = [_release_command(e.name, e.nonce) for e in entries]
+        commands += [_set_command(c.name, c.nonce, c.px) for c in calls]
         if self._wait and calls:
-            pipe.wait(self._wait, self._wait_ms)
-        try:
-            replies: list[object] = await pipe.execute(raise_on_error=False)
-        except AttributeError as exc:
-            # redis-py 8.1: a connection closed by another task while this one used it
-            # (``'NoneType' object has no attribute 'writelines'``) is a broken transport,
-            # retried like any other (safe: the nonce), not a bug to surface.
-            raise redis.ConnectionError(f"connection lost while in use ({exc})") from exc
-        return replies
+            commands.append((("WAIT", self._wait, self._wait_ms), {}))
+        return commands
 
     def _split(
         self, calls: list[_Call], entries: list[_Entry], replies: list[object]
@@ -877,23 +874,24 @@ class _Sender:
         replies = replies[len(entries) :]
         return replies[: len(calls)], (replies[-1] if self._wait and calls else None)
 
-    def _releaser(self, server: redis.asyncio.Redis) -> Callable[[list[_Call]], Awaitable[list[object]]]:
-        async def release(calls: list[_Call]) -> list[object]:
-            entries = [_Entry(c.name, c.nonce, 0.0) for c in calls]
-            return await self._pipeline(server, [], entries)
-
-        return release
-
     # -- one server (or the primary Sentinel names)
     async def _send_server(self, batch: list[_Call], entries: list[_Entry]) -> list[_Entry]:
         """Send the batch after the take-backs; return the entries taken back."""
-        server: Any = self.client  # a redis.asyncio.Redis: the cluster went the other way
-        replies = await self._pipeline(server, batch, entries)
+        replies = await self._to_server(self._commands(batch, entries))
         answers, acks = self._split(batch, entries, replies)
-        await self._settle(batch, answers, acks, self._releaser(server))
+        await self._settle(batch, answers, acks, self._server_release)
         return entries
 
-    # -- a cluster: one pipeline per primary, on that primary's own client
+    async def _server_release(self, calls: list[_Call]) -> list[object]:
+        return await self._to_server([_release_command(c.name, c.nonce) for c in calls])
+
+    async def _to_server(self, commands: list[_Command]) -> list[object]:
+        server: Any = self.client  # a redis.asyncio.Redis: a cluster goes to _to_node
+        if self._direct:
+            return await _pooled_roundtrip(server.connection_pool, commands)
+        return await _pipeline(server, commands)
+
+    # -- a cluster: one pipeline per primary, each on one connection of that node
     async def _send_cluster(
         self, cluster: redis.asyncio.cluster.RedisCluster, batch: list[_Call], entries: list[_Entry]
     ) -> list[_Entry]:
@@ -901,13 +899,14 @@ class _Sender:
         calls, backlog = batch, entries
         taken_back: list[_Entry] = []
         for attempt in itertools.count():
-            groups = [(self._primaries.of(node), c, e) for node, c, e in _by_node(cluster, calls, backlog)]
+            groups = _by_node(cluster, calls, backlog)
             results = await asyncio.gather(
-                *(self._pipeline(server, c, e) for server, c, e in groups), return_exceptions=True
+                *(self._to_node(node, self._commands(c, e)) for node, c, e in groups),
+                return_exceptions=True,
             )
             calls, backlog = [], []
             failure: BaseException | None = None
-            for (server, group_calls, group_entries), result in zip(groups, results, strict=True):
+            for (node, group_calls, group_entries), result in zip(groups, results, strict=True):
                 if isinstance(result, BaseException):
                     if not isinstance(result, _TRANSPORT_ERRORS):
                         raise result
@@ -924,7 +923,13 @@ class _Sender:
                 calls += moved
                 failure = next((r for r in replies if isinstance(r, _ROUTING_ERRORS)), failure)
                 kept = [(c, r) for c, r in zip(group_calls, replies, strict=True) if c not in moved]
-                await self._settle([c for c, _ in kept], [r for _, r in kept], acks, self._releaser(server))
+
+                async def release(unreplicated: list[_Call], node: Any = node) -> list[object]:
+                    return await self._to_node(
+                        node, [_release_command(c.name, c.nonce) for c in unreplicated]
+                    )
+
+                await self._settle([c for c, _ in kept], [r for _, r in kept], acks, release)
             if not calls and not backlog:
                 return taken_back
             # Refresh even when no retry is left: nothing else would (these pipelines bypass
@@ -938,6 +943,11 @@ class _Sender:
                 _fail(calls, failure or redis.ConnectionError("the cluster did not route the keys"))
                 return taken_back  # the backlog stays listed for the next batch
         raise AssertionError("unreachable")
+
+    async def _to_node(self, node: Any, commands: list[_Command]) -> list[object]:
+        if self._direct:
+            return await _node_roundtrip(node, commands)
+        return await _pipeline(self._primaries.of(node), commands)
 
     # -- the verdicts
     async def _settle(
@@ -1000,6 +1010,94 @@ class _Primaries:
         clients, self._clients = list(self._clients.values()), {}
         for client in clients:
             await client.aclose()
+
+
+def _direct_calls_available() -> bool:
+    """Whether this redis-py has the connection-level calls the direct path relies on.
+
+    They lie below redis-py's public pipeline API (a pool's ``get_connection``, a
+    connection's ``pack_commands``/``send_packed_command``/``read_response``, a cluster
+    node's ``acquire_connection``). With a release that lacks one of them the batcher
+    sends redis-py's public pipelines instead: the same commands on one connection each,
+    at some more CPU per batch. tests/test_seams.py forces that.
+    """
+    needed = {
+        redis.asyncio.ConnectionPool: ("get_connection", "release"),
+        redis.asyncio.connection.AbstractConnection: (
+            "pack_commands",
+            "send_packed_command",
+            "read_response",
+            "disconnect",
+        ),
+        AsyncRetry: ("call_with_retry",),
+        redis.asyncio.cluster.ClusterNode: ("acquire_connection", "release"),
+    }
+    return all(callable(getattr(cls, name, None)) for cls, names in needed.items() for name in names)
+
+
+async def _pipeline(server: redis.asyncio.Redis, commands: Sequence[_Command]) -> list[object]:
+    """The public path: one non-transactional redis-py pipeline, which runs on one connection."""
+    pipe: Any = server.pipeline(transaction=False)
+    for args, options in commands:
+        pipe.execute_command(*args, **options)
+    with _lost_connection():
+        replies: list[object] = await pipe.execute(raise_on_error=False)
+    return replies
+
+
+async def _pooled_roundtrip(pool: Any, commands: Sequence[_Command]) -> list[object]:
+    # The direct path: what redis-py's Pipeline.execute does for a non-transactional
+    # pipeline, minus its per-command bookkeeping (response callbacks, metrics) and the
+    # task that shields the connection's release, which cost more than the round trip
+    # here. The connection, its pool, authentication, TLS, Sentinel discovery, packing,
+    # parsing and the retry policy are redis-py's own.
+    conn = await pool.get_connection()
+    try:
+        replies: list[object] = await conn.retry.call_with_retry(
+            lambda: _roundtrip(conn, commands), lambda _error: conn.disconnect()
+        )
+    finally:
+        await pool.release(conn)
+    return replies
+
+
+async def _node_roundtrip(node: Any, commands: Sequence[_Command]) -> list[object]:
+    conn = node.acquire_connection()
+    try:
+        replies = await _roundtrip(conn, commands)
+    except BaseException:
+        await conn.disconnect()  # the stream may be out of step with the commands
+        raise
+    finally:
+        node.release(conn)
+    return replies
+
+
+async def _roundtrip(conn: Any, commands: Sequence[_Command]) -> list[object]:
+    # Retrying a whole batch is safe: each SET carries its caller's nonce, so one that
+    # ran before the connection broke now answers with that nonce and counts as first.
+    # The replies are redis-py's parser's, raw: what the pipeline's callbacks return for
+    # these commands with their options (SET with get=True: the previous value).
+    with _lost_connection():
+        await conn.send_packed_command(conn.pack_commands([args for args, _ in commands]))
+        replies: list[object] = []
+        for _ in commands:
+            try:
+                replies.append(await conn.read_response())
+            except redis.ResponseError as exc:  # an error reply; the stream stays in step
+                replies.append(exc)
+    return replies
+
+
+@contextlib.contextmanager
+def _lost_connection() -> Iterator[None]:
+    # redis-py 8.1: a connection closed by another task while this one used it
+    # (``'NoneType' object has no attribute 'writelines'``) is a broken transport,
+    # retried like any other (safe: the nonce), not a bug to surface.
+    try:
+        yield
+    except AttributeError as exc:
+        raise redis.ConnectionError(f"connection lost while in use ({exc})") from exc
 
 
 def _by_node(
