@@ -652,6 +652,7 @@ class _Runner:
                 lane = store._lanes.pop(self.loop, None)
             if lane is not None:
                 await lane.aclose()
+            await _finish_tasks()
 
         with contextlib.suppress(Exception):
             asyncio.run_coroutine_threadsafe(close(), self.loop).result(timeout=20)
@@ -659,6 +660,22 @@ class _Runner:
         self._thread.join(timeout=20)
         if not self._thread.is_alive():
             self.loop.close()
+
+
+async def _finish_tasks() -> None:
+    """Cancel and await every other task of this loop, as ``asyncio.run`` does at its end.
+
+    The sync API's loop is the store's own, and it is closed next. The pool's close
+    waits only a second for its workers, and during an outage where the server does not
+    answer (a frozen or unreachable host, not a refused port) a worker may be inside a
+    connection attempt for up to libpq's ``connect_timeout``: left pending in a closed
+    loop, it is torn down at exit with asyncio's "Task was destroyed but it is pending!".
+    Cancelled here, it ends now and its connection attempt with it.
+    """
+    others = [task for task in asyncio.all_tasks() if task is not asyncio.current_task()]
+    for task in others:
+        task.cancel()
+    await asyncio.gather(*others, return_exceptions=True)
 
 
 @dataclass(frozen=True)
