@@ -4,7 +4,8 @@ The batcher sends through redis-py's connection-level calls where they exist (a 
 seam, kept for the CPU it saves per request, docs/performance.md "Private seams") and
 through redis-py's public ``pipeline()`` otherwise. Every test of the batcher elsewhere
 runs the direct path; this module runs the strongest of them again with the direct
-path switched off, as on a redis-py release without those calls: exactly once across a
+path switched off, as on a redis-py release without those calls (tests/test_seams.py
+holds the check of those calls and the simplest exactly-once test): exactly once across a
 cluster failover with ``wait=1``, ``WAIT`` on the SETs' own connection, take-backs of
 entries a failed call may have written, and failing closed without replicas.
 """
@@ -16,9 +17,7 @@ import uuid
 from collections.abc import Iterator
 
 import pytest
-import redis
-import redis.asyncio.connection
-from fixtures_valkey import ValkeyCluster, ValkeyServer
+from fixtures_valkey import ValkeyCluster
 from test_replay_failover import (
     cluster,  # noqa: F401 - the fixture of the test below
     test_cluster_primary_killed_with_wait_accepts_no_token_twice,  # noqa: F401
@@ -42,27 +41,6 @@ def public_pipelines(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     yield
 
 
-def test_the_direct_path_needs_every_connection_level_call(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.undo()  # this test looks at the real check
-    # On every supported redis-py (CI: .ci/lowest.txt and the newest) the direct path is
-    # there; a release that drops a call falls back to the public pipelines tested here.
-    assert redis_store._direct_calls_available()
-    monkeypatch.delattr(redis.asyncio.connection.AbstractConnection, "send_packed_command")
-    assert not redis_store._direct_calls_available()
-
-
-async def test_public_pipelines_consume_each_key_once(valkey_server: ValkeyServer) -> None:
-    store = RedisReplayStore(valkey_server.url, prefix=f"t-{uuid.uuid4().hex[:8]}:")
-    try:
-        results = await asyncio.gather(*(store.aconsume("k", 60) for _ in range(20)))
-        assert sorted(results) == [False] * 19 + [True]
-        assert await store.aconsume("other", 60) is True
-        (sender,) = store._senders.values()
-        assert sender._direct is False  # the public path served
-    finally:
-        await store.aclose()
-
-
 async def test_a_cluster_gets_one_plain_client_per_primary_and_closes_them(
     valkey_cluster: ValkeyCluster,
 ) -> None:
@@ -74,9 +52,6 @@ async def test_a_cluster_gets_one_plain_client_per_primary_and_closes_them(
         (sender,) = store._senders.values()
         primaries = {f"{node.host}:{node.port}" for node in sender.client.get_primaries()}
         assert set(sender._primaries._clients) == primaries  # keys reached every primary, each on its own
-        clients = list(sender._primaries._clients.values())
     finally:
         await store.aclose()
-    assert not sender._primaries._clients
-    for client in clients:
-        assert all(not c.is_connected for c in client.connection_pool._available_connections)
+    assert not sender._primaries._clients  # closed with the store, and forgotten
