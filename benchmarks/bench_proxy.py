@@ -5,8 +5,9 @@
 
 Starts the unprotected deploy server (examples/unprotected_server.py, or the TypeScript
 SDK server with ``--upstream typescript``) and one ``statecodec proxy`` process in front
-of it (SQLite replay store, ENCRYPT by default), then drives the two-round deploy flow
-with raw JSON-RPC over HTTP/1.1 keep-alive (no MCP client in the measurement):
+of it (SQLite replay store, or with ``--replay redis`` a Valkey server started for the
+run; ENCRYPT by default), then drives the two-round deploy flow with raw JSON-RPC over
+HTTP/1.1 keep-alive (no MCP client in the measurement):
 
 * latency: one flow at a time, direct and proxied flows interleaved in random order so
   a noisy phase of a shared machine hits both alike; per round (round 1 = the call that
@@ -49,6 +50,7 @@ from typing import Any
 import _harness
 import httpx
 from _harness import ROOT, interleaved
+from fixtures_valkey import ValkeyServer
 from processes import await_line, spawn, stop
 
 from statecodec import KeyRing
@@ -204,6 +206,12 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--upstream", choices=["python", "typescript"], default="python")
     parser.add_argument("--mode", choices=["sign", "encrypt"], default="encrypt")
     parser.add_argument(
+        "--replay",
+        choices=["sqlite", "redis"],
+        default="sqlite",
+        help="the proxies' shared replay store: a SQLite file, or a Valkey server started for the run",
+    )
+    parser.add_argument(
         "--workers",
         default="1,2",
         help="proxy worker counts whose throughput is measured, comma-separated (latency uses the first)",
@@ -340,6 +348,7 @@ def main() -> None:
         command, cwd = upstream_command(args.upstream)
         upstream, upstream_url = start(command, "READY ", tmp / "upstream.log", cwd)
         procs: list[subprocess.Popen[str]] = []
+        valkey = ValkeyServer().start() if args.replay == "redis" else None
         try:
             proxies: dict[int | str, tuple[str, int]] = {}
             # One proxy per worker count, sharing keys and store; the baseline's from its tree.
@@ -347,7 +356,7 @@ def main() -> None:
             if args.baseline is not None:
                 runs.append(("baseline", 1, args.baseline.resolve()))
             for label, count, tree in runs:
-                replay = f"sqlite:{tmp / 'replay.db'}"
+                replay = valkey.url if valkey is not None else f"sqlite:{tmp / 'replay.db'}"
                 proc, base = start(
                     [sys.executable, "-m", "statecodec.cli", "proxy", "--upstream", upstream_url,
                      "--listen", "127.0.0.1:0", "--keys", f"file:{keys}", "--replay", replay,
@@ -362,6 +371,8 @@ def main() -> None:
             for proc in procs:
                 stop(proc)
             stop(upstream)
+            if valkey is not None:
+                valkey.stop()
     report["settings"] = {
         "upstream": args.upstream,
         "mode": args.mode,
@@ -370,7 +381,7 @@ def main() -> None:
         "concurrency": args.concurrency,
         "workers": args.workers,
         "baseline": None if args.baseline is None else _tree(args.baseline),
-        "replay": "sqlite",
+        "replay": args.replay,
         "python": platform.python_version(),
         "machine": f"{platform.machine()}, {os.cpu_count()} CPUs",
         "load_average": [round(x, 2) for x in load_before],

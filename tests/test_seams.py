@@ -1,16 +1,17 @@
 """Every private seam of a dependency, with its public fallback forced.
 
 statecodec reaches below one dependency's public API for speed (redis-py's
-connection-level calls, which keep ``wait=N`` exact per connection) and leans on two
-private handles of the MCP SDKs (fastmcp's ``server._mcp_server``; the SDK's default
-middleware, which lives in the private ``mcp.server._otel``) and on one provisional
-hook (``Server.middleware``). Each test here takes the seam away the way a future
-release would, by monkeypatching the dependency's private attribute or module out of
-reach (the honest simulation of a release that does not exist yet), and shows that the
+connection-level calls, which the Redis store's batcher sends its pipelines with) and
+leans on two private handles of the MCP SDKs (fastmcp's ``server._mcp_server``; the
+SDK's default middleware, which lives in the private ``mcp.server._otel``) and on one
+provisional hook (``Server.middleware``). Each test here takes the seam away the way a
+future release would, by monkeypatching the dependency's private attribute or module out
+of reach (the honest simulation of a release that does not exist yet), and shows that the
 public path gives the same verdicts, or that ``protect()`` refuses at once with an
-actionable error. (PyNaCl's ``_sodium``, OpenSSL's ``hmac.HMAC._hmac`` and the SDK
-context's ``__dict__`` are no longer used: each saved under 1% of a request's
-instructions, docs/performance.md.)
+actionable error; tests/test_replay_redis_public.py runs the Redis store's failover and
+``WAIT`` tests on its public path too. (PyNaCl's ``_sodium``, OpenSSL's
+``hmac.HMAC._hmac`` and the SDK context's ``__dict__`` are no longer used: each saved
+under 1% of a request's instructions, docs/performance.md.)
 """
 
 from __future__ import annotations
@@ -19,11 +20,9 @@ import asyncio
 import dataclasses
 import sys
 import uuid
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
-import redis
 import redis.asyncio.connection
 import test_adapters_mcp as adapters
 from fastmcp import FastMCP
@@ -32,6 +31,7 @@ from mcp.server.lowlevel import Server
 
 from statecodec.adapters import fastmcp as fastmcp_adapter
 from statecodec.adapters import mcp as mcp_adapter
+from statecodec.replay import RedisReplayStore
 from statecodec.replay import redis as redis_store
 
 
@@ -77,43 +77,26 @@ def test_fastmcp_without_its_private_lowlevel_server_fails_at_protect() -> None:
 
 
 # ------------------------------------------------------------------ redis-py
-@pytest.fixture
-def without_connection_calls(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    # A redis-py release without the connection-level call _Sender sends batches with.
+def test_the_batcher_needs_every_connection_level_call(monkeypatch: pytest.MonkeyPatch) -> None:
+    # On every supported redis-py (CI: .ci/lowest.txt and the newest) the direct path is
+    # there; a release that drops one of its calls gets the public pipelines instead.
+    assert redis_store._direct_calls_available()
     monkeypatch.delattr(redis.asyncio.connection.AbstractConnection, "send_packed_command")
-    assert not redis_store._batching_possible()
-    yield
+    assert not redis_store._direct_calls_available()
 
 
-def test_batching_needs_every_connection_level_call() -> None:
-    # On every supported redis-py (CI: .ci/lowest.txt and the newest) the fast path is there;
-    # a release that drops a call fails here, which says the batching must be redone.
-    assert redis_store._batching_possible()
-
-
-async def test_aconsume_without_batching_is_still_exactly_once(
-    without_connection_calls: None, valkey_server: ValkeyServer
+async def test_the_public_pipelines_consume_each_key_once(
+    monkeypatch: pytest.MonkeyPatch, valkey_server: ValkeyServer
 ) -> None:
-    prefix = f"t-{uuid.uuid4().hex[:8]}:"
-    store = redis_store.RedisReplayStore(valkey_server.url, prefix=prefix)
+    # The calls themselves must stay (redis-py's own pipeline sends with them): the check
+    # says "absent", as it would on such a release.
+    monkeypatch.setattr(redis_store, "_direct_calls_available", lambda: False)
+    store = RedisReplayStore(valkey_server.url, prefix=f"t-{uuid.uuid4().hex[:8]}:")
     try:
         results = await asyncio.gather(*(store.aconsume("k", 60) for _ in range(20)))
         assert sorted(results) == [False] * 19 + [True]
         assert await store.aconsume("other", 60) is True
-        assert store._senders == {}  # no batch sender was built: the public sync path served
+        (sender,) = store._senders.values()
+        assert sender._direct is False  # the public path served
     finally:
         await store.aclose()
-
-
-async def test_an_async_client_passed_in_is_not_used_without_batching(
-    without_connection_calls: None, valkey_server: ValkeyServer
-) -> None:
-    prefix = f"t-{uuid.uuid4().hex[:8]}:"
-    aclient = redis.asyncio.Redis.from_url(valkey_server.url)
-    store = redis_store.RedisReplayStore(valkey_server.url, prefix=prefix, async_client=aclient)
-    try:
-        assert await store.aconsume("k", 60) is True
-        assert await store.aconsume("k", 60) is False
-    finally:
-        await store.aclose()
-        await aclient.aclose()

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Any, Final
 from urllib.parse import unquote_plus
 
-from ._url_text import _bad, _convert, _Parser, _positive_seconds, redact, url_secrets
+from ._url_text import StoreOption, _bad, _convert, _positive_seconds, redact, url_secrets
 
 
 def _positive_int(value: str) -> int:
@@ -22,12 +22,13 @@ def _positive_int(value: str) -> int:
 
 
 POSTGRES_SCHEMES: Final = ("postgresql", "postgres")
-#: statecodec's own options in a PostgreSQL URL; every other query option is libpq's.
-POSTGRES_STORE_OPTIONS: Final[dict[str, _Parser]] = {
-    "table": str,
-    "timeout": _positive_seconds,
-    "pool_size": _positive_int,
-    "purge_interval": _positive_seconds,
+#: statecodec's own options in a PostgreSQL URL and their defaults, which are the store's
+#: too; every other query option is libpq's, passed on as written.
+POSTGRES_STORE_OPTIONS: Final[dict[str, StoreOption]] = {
+    "table": StoreOption(str, "statecodec_replay"),
+    "timeout": StoreOption(_positive_seconds, 2.0),
+    "pool_size": StoreOption(_positive_int, 8),
+    "purge_interval": StoreOption(_positive_seconds, 10.0),
 }
 
 
@@ -70,7 +71,7 @@ def parse_postgres_url(url: str) -> PostgresTarget:
             continue
         if name in ours:
             raise _bad(url, f"the option {name!r} is given twice")
-        ours[name] = _convert(url, name, unquote_plus(raw_value), POSTGRES_STORE_OPTIONS[name])
+        ours[name] = _convert(url, name, unquote_plus(raw_value), POSTGRES_STORE_OPTIONS[name].parse)
     suffix = "?" + "&".join(theirs) if theirs else ""
     return PostgresTarget(
         f"{scheme.lower()}://{location}{suffix}", ours, frozenset(keys), redact(url), url_secrets(url)

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any, Final, Literal
 from urllib.parse import unquote, unquote_plus, urlsplit
 
-from ._url_text import _bad, _convert, _Parser, _positive_seconds, redact, url_secrets
+from ._url_text import StoreOption, _bad, _convert, _positive_seconds, redact, url_secrets
 
 Topology = Literal["server", "cluster", "sentinel"]
 
@@ -26,17 +26,18 @@ def _count(value: str) -> int:
     return number
 
 
-#: statecodec's own options in a Redis URL; every other query option is redis-py's.
-REDIS_STORE_OPTIONS: Final[dict[str, _Parser]] = {
-    "prefix": str,
-    "wait": _count,
-    "wait_timeout": _positive_seconds,
-    "socket_timeout": _positive_seconds,
-    "connect_timeout": _positive_seconds,
-    "socket_connect_timeout": _positive_seconds,
-    "retries": _count,
-    "sentinel_username": str,
-    "sentinel_password": str,
+#: statecodec's own options in a Redis URL, with their defaults (also those of the
+#: store's keyword arguments); every other query option is redis-py's.
+REDIS_STORE_OPTIONS: Final[dict[str, StoreOption]] = {
+    "prefix": StoreOption(str, "statecodec:replay:"),
+    "wait": StoreOption(_count, 0),
+    "wait_timeout": StoreOption(_positive_seconds, 1.0),
+    "socket_timeout": StoreOption(_positive_seconds, 2.0),
+    "connect_timeout": StoreOption(_positive_seconds, 2.0),
+    "socket_connect_timeout": StoreOption(_positive_seconds),  # spells connect_timeout
+    "retries": StoreOption(_count, 1),
+    "sentinel_username": StoreOption(str),
+    "sentinel_password": StoreOption(str),
 }
 _ALIASES: Final = {"socket_connect_timeout": "connect_timeout"}
 
@@ -122,7 +123,7 @@ def _split_query(url: str, query: str) -> tuple[list[str], dict[str, Any]]:
         key = _ALIASES.get(name, name)
         if key in ours:
             raise _bad(url, f"the option {name!r} is given twice")
-        ours[key] = _convert(url, name, unquote_plus(raw_value), REDIS_STORE_OPTIONS[name])
+        ours[key] = _convert(url, name, unquote_plus(raw_value), REDIS_STORE_OPTIONS[name].parse)
     return theirs, ours
 
 

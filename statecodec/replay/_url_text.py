@@ -8,8 +8,8 @@ imports them.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable
-from typing import Any, Final
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any, Final, NamedTuple
 from urllib.parse import unquote, unquote_plus
 
 FORMS: Final = (
@@ -25,6 +25,23 @@ FORMS: Final = (
 )
 
 _Parser = Callable[[str], Any]
+
+
+class StoreOption(NamedTuple):
+    """One of statecodec's own options of a shared store: how a URL's text is read, and the default.
+
+    The name, the parser and the default live in one table per store (``REDIS_STORE_OPTIONS``,
+    ``POSTGRES_STORE_OPTIONS``), so a new option cannot get a parser without a default
+    or the reverse. ``default`` None: the option has none (a spelling, or an optional secret).
+    """
+
+    parse: _Parser
+    default: Any = None
+
+
+def option_defaults(options: Mapping[str, StoreOption]) -> dict[str, Any]:
+    """The defaults of a store's options table, for :func:`.base.store_settings`."""
+    return {name: option.default for name, option in options.items() if option.default is not None}
 
 
 def _seconds(value: str) -> float:

@@ -26,7 +26,8 @@ from __future__ import annotations
 
 import abc
 import asyncio
-from typing import Self
+from collections.abc import Mapping
+from typing import Any, Self
 
 from .._errors import ReplayStoreError
 
@@ -95,3 +96,17 @@ def invalid_retention(retention: object) -> ReplayStoreError:
         f"asked to remember a token id for {retention!r} seconds; the retention must be a positive, "
         "finite number of seconds (a codec bug or a custom caller's mistake: nothing was recorded)"
     )
+
+
+def store_settings(
+    defaults: Mapping[str, Any], url_options: Mapping[str, Any], given: Mapping[str, object]
+) -> dict[str, Any]:
+    """A shared store's settings: a keyword given wins over the URL's option, then the default.
+
+    One rule for every store, so that ``?timeout=5`` in a URL and ``timeout=5`` in code
+    mean the same everywhere, and a keyword left at ``None`` means "not given" (the URL's
+    or the default value stands), never "unset". Each store validates the result once.
+    """
+    settings = {**defaults, **url_options}
+    settings.update((name, value) for name, value in given.items() if value is not None)
+    return settings

@@ -71,21 +71,16 @@ from psycopg import sql
 
 from .. import _telemetry
 from .._errors import ReplayStoreError
-from ._postgres_url import PostgresTarget, parse_postgres_url
-from ._url_text import scrub
-from .base import ReplayStore, invalid_retention
+from ._postgres_url import POSTGRES_STORE_OPTIONS, PostgresTarget, parse_postgres_url
+from ._url_text import option_defaults, scrub
+from .base import ReplayStore, invalid_retention, store_settings
 
 logger = logging.getLogger("statecodec")
 
 T = TypeVar("T")
 
-DEFAULT_TABLE: Final = "statecodec_replay"
-_DEFAULTS: Final[dict[str, Any]] = {
-    "table": DEFAULT_TABLE,
-    "timeout": 2.0,
-    "pool_size": 8,
-    "purge_interval": 10.0,
-}
+_DEFAULTS: Final = option_defaults(POSTGRES_STORE_OPTIONS)
+DEFAULT_TABLE: Final[str] = _DEFAULTS["table"]
 #: A plain, unquoted SQL identifier: nothing user-supplied is ever spliced into SQL text
 #: except through psycopg.sql.Identifier, and this keeps the table's name predictable.
 _TABLE_NAME: Final = re.compile(r"[a-z_][a-z0-9_]{0,62}")
@@ -206,8 +201,7 @@ class PostgresReplayStore(ReplayStore):
         except psycopg.ProgrammingError as exc:
             raise ValueError(f"libpq refuses it: {str(exc).strip()}") from None
         given = {"table": table, "timeout": timeout, "pool_size": pool_size, "purge_interval": purge_interval}
-        settings = {**_DEFAULTS, **target.options}
-        settings.update((name, value) for name, value in given.items() if value is not None)
+        settings = store_settings(_DEFAULTS, target.options, given)
         _check_table(settings["table"])
         if not 0 < settings["timeout"] < math.inf:
             raise ValueError(f"timeout must be a positive number of seconds, got {settings['timeout']!r}")
@@ -658,6 +652,7 @@ class _Runner:
                 lane = store._lanes.pop(self.loop, None)
             if lane is not None:
                 await lane.aclose()
+            await _finish_tasks()
 
         with contextlib.suppress(Exception):
             asyncio.run_coroutine_threadsafe(close(), self.loop).result(timeout=20)
@@ -665,6 +660,22 @@ class _Runner:
         self._thread.join(timeout=20)
         if not self._thread.is_alive():
             self.loop.close()
+
+
+async def _finish_tasks() -> None:
+    """Cancel and await every other task of this loop, as ``asyncio.run`` does at its end.
+
+    The sync API's loop is the store's own, and it is closed next. The pool's close
+    waits only a second for its workers, and during an outage where the server does not
+    answer (a frozen or unreachable host, not a refused port) a worker may be inside a
+    connection attempt for up to libpq's ``connect_timeout``: left pending in a closed
+    loop, it is torn down at exit with asyncio's "Task was destroyed but it is pending!".
+    Cancelled here, it ends now and its connection attempt with it.
+    """
+    others = [task for task in asyncio.all_tasks() if task is not asyncio.current_task()]
+    for task in others:
+        task.cancel()
+    await asyncio.gather(*others, return_exceptions=True)
 
 
 @dataclass(frozen=True)

@@ -42,6 +42,7 @@ shortening it.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import inspect
 import itertools
 import math
@@ -49,7 +50,7 @@ import os
 import secrets
 import threading
 import time
-from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any, Final, NamedTuple, TypeAlias
 
 import redis
@@ -61,7 +62,7 @@ import redis.cluster
 import redis.connection
 import redis.sentinel
 from redis.asyncio.retry import Retry as AsyncRetry
-from redis.backoff import ExponentialBackoff
+from redis.backoff import ExponentialBackoff, NoBackoff
 from redis.exceptions import (
     AskError,
     ClusterDownError,
@@ -73,22 +74,15 @@ from redis.exceptions import (
 from redis.retry import Retry
 
 from .._errors import ReplayStoreError
-from ._redis_url import RedisTarget, parse_redis_url
-from ._url_text import scrub
-from .base import ReplayStore, invalid_retention
+from ._redis_url import REDIS_STORE_OPTIONS, RedisTarget, parse_redis_url
+from ._url_text import option_defaults, scrub
+from .base import ReplayStore, invalid_retention, store_settings
 
 SyncClient: TypeAlias = "redis.Redis | redis.cluster.RedisCluster"
 AsyncClient: TypeAlias = "redis.asyncio.Redis | redis.asyncio.cluster.RedisCluster"
 
-DEFAULT_PREFIX: Final = "statecodec:replay:"
-_DEFAULTS: Final[Mapping[str, Any]] = {
-    "prefix": DEFAULT_PREFIX,
-    "socket_timeout": 2.0,
-    "connect_timeout": 2.0,
-    "retries": 1,
-    "wait": 0,
-    "wait_timeout": 1.0,
-}
+_DEFAULTS: Final = option_defaults(REDIS_STORE_OPTIONS)
+DEFAULT_PREFIX: Final[str] = _DEFAULTS["prefix"]
 #: Deletes the key only if it still holds this call's nonce: taking back an entry whose
 #: replication WAIT could not confirm never deletes anyone else's.
 RELEASE_SCRIPT: Final = (
@@ -154,8 +148,7 @@ class RedisReplayStore(ReplayStore):
             "wait": wait,
             "wait_timeout": wait_timeout,
         }
-        settings = {**_DEFAULTS, **(target.options if target else {})}
-        settings.update((name, value) for name, value in given.items() if value is not None)
+        settings = store_settings(_DEFAULTS, target.options if target else {}, given)
         self.prefix: str = settings["prefix"]
         self.wait: int = settings["wait"]
         self.wait_timeout: float = settings["wait_timeout"]
@@ -349,8 +342,6 @@ class RedisReplayStore(ReplayStore):
         sender = self._senders.get(loop)
         if sender is not None:
             return sender
-        if not _batching_possible():
-            return None  # the sync client in a worker thread: redis-py's public API only
         client = self._async_given
         closers: list[Callable[[], Awaitable[object]]] = []
         if client is None:
@@ -579,7 +570,8 @@ def _text(value: object) -> str:
 
 
 # ---------------------------------------------------------------------------- commands
-_Command: TypeAlias = tuple[Any, ...]
+#: A command's arguments, and the options redis-py's pipeline parses its reply with.
+_Command: TypeAlias = tuple[tuple[Any, ...], dict[str, Any]]
 
 
 def _sync_hello(client: SyncClient) -> object:
@@ -591,11 +583,12 @@ def _sync_hello(client: SyncClient) -> object:
 
 
 def _set_command(name: str, nonce: str, px: int) -> _Command:
-    return ("SET", name, nonce, "NX", "GET", "PX", px)
+    # get=True: redis-py's reply callback then returns the previous value, not a bool.
+    return ("SET", name, nonce, "NX", "GET", "PX", px), {"get": True}
 
 
 def _release_command(name: str, nonce: str) -> _Command:
-    return ("EVAL", RELEASE_SCRIPT, 1, name, nonce)
+    return ("EVAL", RELEASE_SCRIPT, 1, name, nonce), {}
 
 
 def _on_owner(
@@ -773,12 +766,28 @@ class _Sender:
     On loopback most of a command's cost is the system calls and wake-ups of one round
     trip, so while one batch is on the wire the calls that arrive queue up and leave as
     the next batch, in one non-transactional pipeline per server (for a cluster: per
-    primary, on one connection each, which also keeps the number of connections small).
-    This changes nothing about atomicity: every ``SET NX`` is still a separate atomic
-    command on the server, and no command depends on another's result. With ``wait=N``
-    one ``WAIT`` closes each pipeline: it covers every write before it on that
-    connection. Entries to take back (:class:`_Unsettled`) lead each pipeline, so they go
-    before any new SET of the same token. A failed batch fails each of its calls closed.
+    primary). This changes nothing about atomicity: every ``SET NX`` is still a separate
+    atomic command on the server, and no command depends on another's result.
+
+    With ``wait=N`` one ``WAIT`` closes each pipeline. ``WAIT`` counts the replicas that
+    acknowledged the writes of *its own connection*, and a pipeline goes out on one
+    connection (a retry after a broken connection resends all of it on the reconnected
+    one, where an already-written SET answers with its own nonce and is not accepted,
+    see :func:`_accepted_without_release`), so the ``WAIT`` covers exactly the SETs
+    before it. For a cluster, the pipeline of each primary goes to that node alone and
+    nothing in it is redirected elsewhere: redis-py's cluster pipeline may re-send a
+    redirected command on another connection than its ``WAIT``'s, so a redirection
+    refreshes the slot map and the batcher sends those calls again itself.
+
+    How a pipeline is sent: through redis-py's connection-level calls where this redis-py
+    has them (:func:`_direct_calls_available`; a private seam, kept because a request
+    through the proxy costs measurably less CPU with it, docs/performance.md), else
+    through redis-py's public ``pipeline()`` (for a cluster: of a plain client per
+    primary, :class:`_Primaries`). Both send the same commands on one connection with the
+    same retry policy; tests/test_seams.py runs the public one.
+
+    Entries to take back (:class:`_Unsettled`) lead each pipeline, so they go before any
+    new SET of the same token. A failed batch fails each of its calls closed.
     """
 
     _MAX_BATCH: Final = 256
@@ -797,7 +806,8 @@ class _Sender:
         self._unsettled = store._unsettled
         self._closers = closers
         self._cluster = client if isinstance(client, redis.asyncio.cluster.RedisCluster) else None
-        self._pool = client.connection_pool if isinstance(client, redis.asyncio.Redis) else None
+        self._direct = _direct_calls_available()
+        self._primaries = _Primaries()
         self._prepared = not verify and self._cluster is None
         self._queue: list[_Call] = []
         self._flusher: asyncio.Task[None] | None = None
@@ -812,6 +822,7 @@ class _Sender:
         return await call.future
 
     async def aclose(self) -> None:
+        await self._primaries.aclose()
         await self.client.aclose()
         for close in self._closers:
             await close()
@@ -846,14 +857,14 @@ class _Sender:
         if self._cluster is not None:
             await self._cluster.initialize()
         else:
-            _judge_hello((await self._server_roundtrip([("HELLO",)]))[0])
+            _judge_hello((await self._to_server([(("HELLO",), {})]))[0])
         self._prepared = True
 
     def _commands(self, calls: list[_Call], entries: list[_Entry]) -> list[_Command]:
         commands = [_release_command(e.name, e.nonce) for e in entries]
         commands += [_set_command(c.name, c.nonce, c.px) for c in calls]
         if self._wait and calls:
-            commands.append(("WAIT", self._wait, self._wait_ms))
+            commands.append((("WAIT", self._wait, self._wait_ms), {}))
         return commands
 
     def _split(
@@ -866,30 +877,19 @@ class _Sender:
     # -- one server (or the primary Sentinel names)
     async def _send_server(self, batch: list[_Call], entries: list[_Entry]) -> list[_Entry]:
         """Send the batch after the take-backs; return the entries taken back."""
-        replies = await self._server_roundtrip(self._commands(batch, entries))
+        replies = await self._to_server(self._commands(batch, entries))
         answers, acks = self._split(batch, entries, replies)
         await self._settle(batch, answers, acks, self._server_release)
         return entries
 
     async def _server_release(self, calls: list[_Call]) -> list[object]:
-        return await self._server_roundtrip([_release_command(c.name, c.nonce) for c in calls])
+        return await self._to_server([_release_command(c.name, c.nonce) for c in calls])
 
-    async def _server_roundtrip(self, commands: list[_Command]) -> list[object]:
-        # What redis-py's Pipeline.execute does for a non-transactional pipeline, minus
-        # its per-command bookkeeping (response callbacks, metrics), which cost more
-        # than the round trip here. The connection, its pool, authentication, TLS,
-        # Sentinel discovery, packing, parsing and the retry policy are redis-py's own.
-        pool = self._pool
-        if pool is None:
-            raise RuntimeError("batching needs a redis.asyncio.Redis client")
-        conn = await pool.get_connection()  # type: ignore[no-untyped-call]
-        try:
-            replies: list[object] = await conn.retry.call_with_retry(
-                lambda: _roundtrip(conn, commands), lambda _error: conn.disconnect()
-            )
-        finally:
-            await pool.release(conn)
-        return replies
+    async def _to_server(self, commands: list[_Command]) -> list[object]:
+        server: Any = self.client  # a redis.asyncio.Redis: a cluster goes to _to_node
+        if self._direct:
+            return await _pooled_roundtrip(server.connection_pool, commands)
+        return await _pipeline(server, commands)
 
     # -- a cluster: one pipeline per primary, each on one connection of that node
     async def _send_cluster(
@@ -901,7 +901,7 @@ class _Sender:
         for attempt in itertools.count():
             groups = _by_node(cluster, calls, backlog)
             results = await asyncio.gather(
-                *(self._node_roundtrip(node, self._commands(c, e)) for node, c, e in groups),
+                *(self._to_node(node, self._commands(c, e)) for node, c, e in groups),
                 return_exceptions=True,
             )
             calls, backlog = [], []
@@ -925,14 +925,14 @@ class _Sender:
                 kept = [(c, r) for c, r in zip(group_calls, replies, strict=True) if c not in moved]
 
                 async def release(unreplicated: list[_Call], node: Any = node) -> list[object]:
-                    return await self._node_roundtrip(
+                    return await self._to_node(
                         node, [_release_command(c.name, c.nonce) for c in unreplicated]
                     )
 
                 await self._settle([c for c, _ in kept], [r for _, r in kept], acks, release)
             if not calls and not backlog:
                 return taken_back
-            # Refresh even when no retry is left: nothing else would (these commands bypass
+            # Refresh even when no retry is left: nothing else would (these pipelines bypass
             # redis-py's own redirection handling), and the next batch must find the new owner.
             try:
                 await cluster.nodes_manager.initialize()
@@ -944,16 +944,10 @@ class _Sender:
                 return taken_back  # the backlog stays listed for the next batch
         raise AssertionError("unreachable")
 
-    async def _node_roundtrip(self, node: Any, commands: list[_Command]) -> list[object]:
-        conn = node.acquire_connection()
-        try:
-            replies = await _roundtrip(conn, commands)
-        except BaseException:
-            await conn.disconnect()  # the stream may be out of step with the commands
-            raise
-        finally:
-            node.release(conn)
-        return replies
+    async def _to_node(self, node: Any, commands: list[_Command]) -> list[object]:
+        if self._direct:
+            return await _node_roundtrip(node, commands)
+        return await _pipeline(self._primaries.of(node), commands)
 
     # -- the verdicts
     async def _settle(
@@ -989,14 +983,43 @@ class _Sender:
                 call.future.set_exception(_NotReplicated(acks, self._wait, self._timeout, ok, retried=again))
 
 
-def _batching_possible() -> bool:
-    """Whether this redis-py has the connection-level calls :class:`_Sender` relies on.
+class _Primaries:
+    """A plain ``redis.asyncio.Redis`` per cluster primary, for pipelines pinned to that node.
+
+    Built from what redis-py's cluster client knows of the node (its address, connection
+    class and connection options: TLS, credentials, timeouts, protocol), so it connects
+    exactly as the cluster client would. No retry of its own: after a broken connection
+    the batcher refreshes the slot map first, and the key may have moved.
+    """
+
+    def __init__(self) -> None:
+        self._clients: dict[str, redis.asyncio.Redis] = {}
+
+    def of(self, node: redis.asyncio.cluster.ClusterNode) -> redis.asyncio.Redis:
+        client = self._clients.get(node.name)
+        if client is None:
+            pool = redis.asyncio.ConnectionPool(
+                connection_class=node.connection_class,
+                max_connections=node.max_connections,
+                **{**node.connection_kwargs, "retry": AsyncRetry(NoBackoff(), 0)},
+            )
+            client = self._clients[node.name] = redis.asyncio.Redis.from_pool(pool)
+        return client
+
+    async def aclose(self) -> None:
+        clients, self._clients = list(self._clients.values()), {}
+        for client in clients:
+            await client.aclose()
+
+
+def _direct_calls_available() -> bool:
+    """Whether this redis-py has the connection-level calls the direct path relies on.
 
     They lie below redis-py's public pipeline API (a pool's ``get_connection``, a
     connection's ``pack_commands``/``send_packed_command``/``read_response``, a cluster
-    node's ``acquire_connection``). With a release that lacks one of them, ``aconsume``
-    runs the sync client in a worker thread instead: the same commands through the
-    public API, slower. tests/test_seams.py forces that.
+    node's ``acquire_connection``). With a release that lacks one of them the batcher
+    sends redis-py's public pipelines instead: the same commands on one connection each,
+    at some more CPU per batch. tests/test_seams.py forces that.
     """
     needed = {
         redis.asyncio.ConnectionPool: ("get_connection", "release"),
@@ -1008,9 +1031,73 @@ def _batching_possible() -> bool:
         ),
         AsyncRetry: ("call_with_retry",),
         redis.asyncio.cluster.ClusterNode: ("acquire_connection", "release"),
-        redis.asyncio.cluster.RedisCluster: ("get_node_from_key", "initialize"),
     }
     return all(callable(getattr(cls, name, None)) for cls, names in needed.items() for name in names)
+
+
+async def _pipeline(server: redis.asyncio.Redis, commands: Sequence[_Command]) -> list[object]:
+    """The public path: one non-transactional redis-py pipeline, which runs on one connection."""
+    pipe: Any = server.pipeline(transaction=False)
+    for args, options in commands:
+        pipe.execute_command(*args, **options)
+    with _lost_connection():
+        replies: list[object] = await pipe.execute(raise_on_error=False)
+    return replies
+
+
+async def _pooled_roundtrip(pool: Any, commands: Sequence[_Command]) -> list[object]:
+    # The direct path: what redis-py's Pipeline.execute does for a non-transactional
+    # pipeline, minus its per-command bookkeeping (response callbacks, metrics) and the
+    # task that shields the connection's release, which cost more than the round trip
+    # here. The connection, its pool, authentication, TLS, Sentinel discovery, packing,
+    # parsing and the retry policy are redis-py's own.
+    conn = await pool.get_connection()
+    try:
+        replies: list[object] = await conn.retry.call_with_retry(
+            lambda: _roundtrip(conn, commands), lambda _error: conn.disconnect()
+        )
+    finally:
+        await pool.release(conn)
+    return replies
+
+
+async def _node_roundtrip(node: Any, commands: Sequence[_Command]) -> list[object]:
+    conn = node.acquire_connection()
+    try:
+        replies = await _roundtrip(conn, commands)
+    except BaseException:
+        await conn.disconnect()  # the stream may be out of step with the commands
+        raise
+    finally:
+        node.release(conn)
+    return replies
+
+
+async def _roundtrip(conn: Any, commands: Sequence[_Command]) -> list[object]:
+    # Retrying a whole batch is safe: each SET carries its caller's nonce, so one that
+    # ran before the connection broke now answers with that nonce and counts as first.
+    # The replies are redis-py's parser's, raw: what the pipeline's callbacks return for
+    # these commands with their options (SET with get=True: the previous value).
+    with _lost_connection():
+        await conn.send_packed_command(conn.pack_commands([args for args, _ in commands]))
+        replies: list[object] = []
+        for _ in commands:
+            try:
+                replies.append(await conn.read_response())
+            except redis.ResponseError as exc:  # an error reply; the stream stays in step
+                replies.append(exc)
+    return replies
+
+
+@contextlib.contextmanager
+def _lost_connection() -> Iterator[None]:
+    # redis-py 8.1: a connection closed by another task while this one used it
+    # (``'NoneType' object has no attribute 'writelines'``) is a broken transport,
+    # retried like any other (safe: the nonce), not a bug to surface.
+    try:
+        yield
+    except AttributeError as exc:
+        raise redis.ConnectionError(f"connection lost while in use ({exc})") from exc
 
 
 def _by_node(
@@ -1034,25 +1121,6 @@ def _fail(calls: Iterable[_Call], exc: BaseException) -> None:
     for call in calls:
         if not call.future.done():
             call.future.set_exception(_copy(exc))
-
-
-async def _roundtrip(conn: Any, commands: Sequence[_Command]) -> list[object]:
-    # Retrying a whole batch is safe: each SET carries its caller's nonce, so one that
-    # ran before the connection broke now answers with that nonce and counts as first.
-    try:
-        await conn.send_packed_command(conn.pack_commands(commands))
-        replies: list[object] = []
-        for _ in commands:
-            try:
-                replies.append(await conn.read_response())
-            except redis.ResponseError as exc:  # an error reply; the stream stays in step
-                replies.append(exc)
-    except AttributeError as exc:
-        # redis-py 8.1: a connection closed by another task while this one used it
-        # (``'NoneType' object has no attribute 'writelines'``) is a broken transport,
-        # retried like any other (safe: the nonce), not a bug to surface.
-        raise redis.ConnectionError(f"connection lost while in use ({exc})") from exc
-    return replies
 
 
 def _copy(exc: BaseException) -> BaseException:
