@@ -45,7 +45,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import re
 import ssl
 from collections import deque
 from collections.abc import AsyncIterator
@@ -62,10 +61,10 @@ logger = logging.getLogger("statecodec.proxy")
 # Beyond this many unread bytes of an answer, the upstream is not read until the client
 # has taken them: a fast upstream cannot fill the proxy's memory behind a slow client.
 _HIGH_WATER: Final = 256 * 1024
-# A byte that would end a header line or the request line early.
-_SPLITTING: Final = re.compile(rb"[\r\n\x00]")
-# RFC 9110 token characters: what a field name may be made of.
-_NOT_TOKEN: Final = re.compile(rb"[^!#$%&'*+\-.^_`|~0-9A-Za-z]")
+# RFC 9110 token characters: what a field name (and a method) may be made of. Checked
+# with ``bytes.translate`` (what is left once they are deleted must be nothing): a regular
+# expression's character class cost the forwarder 4% of its instructions per round.
+_TOKEN: Final = b"!#$%&'*+-.^_`|~0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
 # The most bytes read without a byte of body: a head (with its interim answers) or the
 # trailers. httptools gathers a field before handing it over, so this is what bounds the
 # memory one answer's head can take.
@@ -556,10 +555,14 @@ class Pool:
 
 def check_fields(method: bytes, target: bytes, headers: list[tuple[bytes, bytes]]) -> None:
     """Refuse what would split the request: CR, LF or NUL anywhere, a name that is not a token."""
-    names = b"".join(name for name, _ in headers)
+    names = b"".join([name for name, _ in headers]) + method
+    # A byte that would end a header line or the request line early.
+    text = b"".join([value for _, value in headers]) + target + method
     if (
-        _SPLITTING.search(method + target + b"".join(value for _, value in headers))
-        or _NOT_TOKEN.search(names + method)
+        names.translate(None, _TOKEN)
+        or b"\r" in text
+        or b"\n" in text
+        or b"\x00" in text
         or b" " in target
         or not target
         or not method
