@@ -6,7 +6,7 @@ from collections.abc import MutableMapping
 from typing import Any
 
 from statecodec.proxy import HostPolicy
-from statecodec.proxy._hosts import _ALLOWED_CACHED, HostGuard
+from statecodec.proxy._hosts import _ALLOWED_CACHED, _CACHED_BYTES, HostGuard
 
 
 class _App:
@@ -67,3 +67,11 @@ async def test_the_memory_is_bounded_and_the_rest_judged_each_time() -> None:
     refused = await _statuses(guard, [[(b"host", b"127.0.0.2:%d" % port)] for port in ports])
     assert refused == [421] * len(ports)
     assert len(guard._allowed) == _ALLOWED_CACHED
+
+
+async def test_a_long_pair_is_judged_each_time_and_never_kept() -> None:
+    guard = HostGuard(_App(), HostPolicy.of(["*"], ["*"]))  # any value passes: the memory must stay small
+    long_host = [(b"host", b"a" * (_CACHED_BYTES + 1))]
+    long_origin = [(b"host", b"h"), (b"origin", b"http://" + b"o" * _CACHED_BYTES)]
+    assert await _statuses(guard, [long_host, long_origin, [(b"host", b"h")]]) == [200, 200, 200]
+    assert guard._allowed == {(b"h", None)}
