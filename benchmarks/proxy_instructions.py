@@ -1,7 +1,7 @@
 """Instructions the proxy executes per round, counted by valgrind (callgrind): repeatable on a busy machine.
 
     .venv/bin/python benchmarks/proxy_instructions.py [--flows 100] [--part proxy,forwarder,server]
-        [--tree TREE] [--client httptools|h11]
+        [--tree TREE] [--client httptools|h11] [--before CODE]
 
 CPU time on a shared VM moves by a third from one minute to the next; an instruction
 count does not. Each part runs under ``valgrind --tool=callgrind`` with instrumentation
@@ -16,6 +16,9 @@ one flow at a time, in front of the TypeScript upstream, driven as bench_proxy d
 ``--tree TREE`` runs the parts from another source tree (a copy of ``main``) with this
 interpreter and its packages; ``--client h11`` runs them with the h11 candidate in the
 place of the httptools connection toward the upstream (benchmarks/_h11_client.py).
+``--before CODE`` runs a line of Python in the measured process first: a part taken away
+(``import statecodec.proxy._server as s; s.MeteredApp = lambda app: app``) shows what it
+costs, an upper bound of what making it cheaper can save (docs/performance.md).
 
 User-space instructions only: the system calls' kernel work is not in these counts.
 Needs ``valgrind`` (Debian package) and node with ``npm ci`` in tests/node.
@@ -70,8 +73,8 @@ _H11 = (
 )
 
 
-def command(part: str, upstream: str, tmp: Path, client: str = "httptools") -> list[str]:
-    preamble = _H11 if client == "h11" else ""
+def command(part: str, upstream: str, tmp: Path, client: str = "httptools", before: str = "") -> list[str]:
+    preamble = (_H11 if client == "h11" else "") + (before + "\n" if before else "")
     if part == "proxy":
         keys = tmp / "keys.json"
         keys.write_text(KeyRing.generate().to_json())
@@ -93,12 +96,12 @@ async def drive(url: str, pid: int, flows: int) -> None:
         subprocess.run(["callgrind_control", "-i", "off", str(pid)], check=True, capture_output=True)
 
 
-def count(part: str, upstream: str, flows: int, tmp: Path, tree: Path, client: str) -> int:
+def count(part: str, upstream: str, flows: int, tmp: Path, tree: Path, client: str, before: str = "") -> int:
     """Instructions per round of one part, run from ``tree`` with ``client`` toward the upstream."""
     out = tmp / f"callgrind.{part}"
     valgrind = ["valgrind", "--tool=callgrind", "--instr-atstart=no", f"--callgrind-out-file={out}"]
     proc, url = start(
-        valgrind + command(part, upstream, tmp, client), "listening on ", tmp / f"{part}.log", tree
+        valgrind + command(part, upstream, tmp, client, before), "listening on ", tmp / f"{part}.log", tree
     )
     try:
         asyncio.run(drive(url + "/mcp", proc.pid, flows))
@@ -123,6 +126,7 @@ def main() -> None:
         default="httptools",
         help="the connection toward the upstream",
     )
+    parser.add_argument("--before", default="", help="Python run in the measured process before the part")
     args = parser.parse_args()
     if shutil.which("valgrind") is None or shutil.which("callgrind_control") is None:
         raise SystemExit("needs valgrind (apt-get install valgrind)")
@@ -133,7 +137,7 @@ def main() -> None:
         try:
             tree = args.tree.resolve()
             for part in args.part.split(","):
-                per_round = count(part, upstream_url, args.flows, tmp, tree, args.client)
+                per_round = count(part, upstream_url, args.flows, tmp, tree, args.client, args.before)
                 print(f"{part:10s} {per_round:>12,} instructions per round", flush=True)
         finally:
             stop(upstream)

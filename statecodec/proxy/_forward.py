@@ -38,7 +38,7 @@ from __future__ import annotations
 
 import logging
 import ssl
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass
 from typing import Final
 from urllib.parse import urlsplit
@@ -145,15 +145,6 @@ class _Streams:
             self.by_client[client] = held
 
 
-def _is_stream(scope: Scope, headers: list[tuple[bytes, bytes]]) -> bool:
-    if scope["method"] == "GET":
-        return True
-    if scope["method"] != "POST":
-        return False
-    # ASGI header names are lower-case: one comparison per header, for POSTs only.
-    return any(name == b"mcp-method" and value.strip() == _LISTEN for name, value in headers)
-
-
 # What reading an answer's body raises when the upstream breaks off: the connection's
 # errors and a silent read timeout.
 _BROKEN: Final = (UpstreamError, OSError, TimeoutError)
@@ -163,39 +154,64 @@ class _RequestHeaders:
     """The client's headers as sent upstream, with what this proxy sets itself taken out.
 
     One pass: hop-by-hop headers (and those ``Connection`` names) and the ones this proxy
-    replaces are dropped, the rest kept in order, as bytes.
+    replaces are dropped, the rest kept in order, as bytes; ``listen`` says whether an
+    ``Mcp-Method`` header names ``subscriptions/listen`` (a long-lived stream).
     """
 
-    __slots__ = ("chain", "host", "kept", "length")
+    __slots__ = ("chain", "host", "kept", "length", "listen")
 
-    def __init__(self, headers: list[tuple[bytes, bytes]]) -> None:
-        dropped = _DROPPED_REQUEST
-        for name, value in headers:
-            if name.lower() == b"connection":  # rare: it names more hop-by-hop headers
-                dropped = dropped | {token.strip().lower() for token in value.split(b",")}
+    def __init__(self, headers: Iterable[tuple[bytes, bytes]]) -> None:
         self.kept: list[tuple[bytes, bytes]] = []
         self.host: bytes | None = None
         self.length: bytes | None = None
+        self.listen = False
         chain: list[bytes] = []
+        named: set[bytes] | None = None
         for name, value in headers:
             lower = name.lower()
-            if lower not in dropped:
+            if lower not in _DROPPED_REQUEST:
                 self.kept.append((name, value))
+                if lower == b"mcp-method" and value.strip() == _LISTEN:
+                    self.listen = True
             elif lower == b"host":
                 self.host = self.host or value
             elif lower == b"x-forwarded-for":
                 chain.append(value)
             elif lower == b"content-length":
                 self.length = value
+            elif lower == b"connection":
+                named = _named(value, named)
+        if named:
+            self.kept = [(name, value) for name, value in self.kept if name.lower() not in named]
         self.chain = b", ".join(chain)
 
 
+def _named(value: bytes, named: set[bytes] | None) -> set[bytes] | None:
+    """``named`` with the header names a ``Connection`` value adds to the hop-by-hop ones.
+
+    ``keep-alive`` (the usual value) and ``close`` name nothing that is not dropped already,
+    so the headers are filtered a second time only for a value naming something else.
+    """
+    if value.lower() == b"keep-alive":
+        return named
+    tokens = {token.strip().lower() for token in value.split(b",")} - HOP_BY_HOP
+    if not tokens:
+        return named
+    return tokens if named is None else named | tokens
+
+
 def _response_headers(headers: list[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
-    named = [value for name, value in headers if name.lower() == b"connection"]
-    dropped = HOP_BY_HOP
+    kept: list[tuple[bytes, bytes]] = []
+    named: set[bytes] | None = None
+    for name, value in headers:
+        lower = name.lower()
+        if lower not in HOP_BY_HOP:
+            kept.append((name, value))
+        elif lower == b"connection":
+            named = _named(value, named)
     if named:
-        dropped = dropped | {token.strip().lower() for value in named for token in value.split(b",")}
-    return [(name, value) for name, value in headers if name.lower() not in dropped]
+        return [(name, value) for name, value in kept if name.lower() not in named]
+    return kept
 
 
 async def _error(send: Send, status: int, message: str) -> None:
@@ -285,8 +301,9 @@ class UpstreamApp:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http":
-            headers = list(scope.get("headers", ()))
-            if _is_stream(scope, headers):
+            headers = _RequestHeaders(scope.get("headers", ()))
+            method = scope["method"]
+            if method == "GET" or (method == "POST" and headers.listen):
                 await self._stream(scope, headers, receive, send)
             else:
                 await self._forward(scope, headers, receive, send, self.pool)
@@ -336,9 +353,7 @@ class UpstreamApp:
         lines.append(b"\r\n")
         return b"".join(lines)
 
-    async def _stream(
-        self, scope: Scope, headers: list[tuple[bytes, bytes]], receive: Receive, send: Send
-    ) -> None:
+    async def _stream(self, scope: Scope, headers: _RequestHeaders, receive: Receive, send: Send) -> None:
         """A long-lived stream: forwarded on :attr:`stream_pool` if it gets a slot, else refused."""
         client = scope.get("client")
         address = str(client[0]) if client else "-"
@@ -366,9 +381,8 @@ class UpstreamApp:
             self.streams.give(address)
 
     async def _forward(
-        self, scope: Scope, raw_headers: list[tuple[bytes, bytes]], receive: Receive, send: Send, pool: Pool
+        self, scope: Scope, headers: _RequestHeaders, receive: Receive, send: Send, pool: Pool
     ) -> None:
-        headers = _RequestHeaders(raw_headers)
         body = await _Body.read(receive)
         if body is None:
             return  # the client went away while sending

@@ -159,14 +159,31 @@ _MESSAGES: Final = {
 }
 
 
-class HostGuard:
-    """``app``, answering only requests whose ``Host`` and ``Origin`` ``policy`` allows."""
+# The most (Host, Origin) pairs whose acceptance is remembered; beyond it each is judged
+# again. Only accepted pairs are kept: they come from the policy's short lists (a client
+# sends the same pair on every request), and a flood of refused names never fills it.
+_ALLOWED_CACHED: Final = 256
+# ... and only pairs this short: with ``*`` any value is accepted, and the memory stays
+# within 256 x 512 bytes whatever the clients send.
+_CACHED_BYTES: Final = 512
 
-    __slots__ = ("app", "policy")
+
+class HostGuard:
+    """``app``, answering only requests whose ``Host`` and ``Origin`` ``policy`` allows.
+
+    The verdict is a function of the two header values alone, so a pair once accepted is
+    remembered (as the bytes sent, at most :data:`_ALLOWED_CACHED` pairs of at most
+    :data:`_CACHED_BYTES`) instead of being
+    parsed again on every request: parsing the authority and the origin was about 10,000
+    instructions a request (docs/performance.md, "The forwarder (issue 30)").
+    """
+
+    __slots__ = ("_allowed", "app", "policy")
 
     def __init__(self, app: ASGIApp, policy: HostPolicy) -> None:
         self.app = app
         self.policy = policy
+        self._allowed: set[tuple[bytes, bytes | None]] = set()
 
     def __repr__(self) -> str:
         return f"HostGuard({self.app!r})"
@@ -184,8 +201,18 @@ class HostGuard:
                 host, hosts = value, hosts + 1
             elif lower == b"origin":
                 origins.append(value)
+        key = None
+        if hosts == 1 and host is not None and len(origins) < 2:
+            key = (host, origins[0] if origins else None)
+            if len(host) + len(key[1] or b"") > _CACHED_BYTES:
+                key = None
+            if key in self._allowed:
+                await self.app(scope, receive, send)
+                return
         refused = self.policy.refusal(host if hosts == 1 else None, origins)
         if refused is None:
+            if key is not None and len(self._allowed) < _ALLOWED_CACHED:
+                self._allowed.add(key)
             await self.app(scope, receive, send)
             return
         status, reason = refused
