@@ -52,10 +52,14 @@ def test_dumps_writes_what_json_dumps_writes(document: Any) -> None:
 @pytest.mark.parametrize("number", [1.192092896e-07, 1e-05, 1.5e-05, 1e16, 1.2345678901234568e17, 0.1, -0.0])
 def test_dumps_writes_floats_as_json_dumps_does(number: float) -> None:
     """orjson writes 1e-05 as 0.00001 and 1e+16 as 1e16: floats take json's path."""
-    assert (
-        _json.dumps([number, {"n": number}])
-        == json.dumps([number, {"n": number}], separators=(",", ":")).encode()
-    )
+    for document in ([number, {"n": number}], [0, number], {"a": "1.2.3", "b": [True, number]}, number):
+        assert _json.dumps(document) == json.dumps(document, separators=(",", ":")).encode()
+
+
+@pytest.mark.parametrize("document", [[None, math.nan], {"v": "1.2.3", "n": math.inf}, [-math.inf], math.nan])
+def test_dumps_writes_nan_beside_strings_that_look_like_numbers_as_json_does(document: Any) -> None:
+    """NaN and Infinity are null to orjson: wherever they are, json's path writes them."""
+    assert _json.dumps(document, allow_nan=True) == json.dumps(document, separators=(",", ":")).encode()
 
 
 def test_dumps_refuses_what_json_refuses() -> None:
