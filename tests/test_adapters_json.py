@@ -27,6 +27,12 @@ documents = st.recursive(
 )
 
 
+# The strict parse as it was before its orjson path (issue 30), to compare with.
+_STRICT_REFERENCE = json.JSONDecoder(
+    object_pairs_hook=_json._unique, parse_constant=_json._no_constant, parse_float=_json._finite
+)
+
+
 def nested(depth: int) -> str:
     return '{"a":' * depth + '[1.5, NaN, "\\ud800"]' + "}" * depth
 
@@ -52,10 +58,14 @@ def test_dumps_writes_what_json_dumps_writes(document: Any) -> None:
 @pytest.mark.parametrize("number", [1.192092896e-07, 1e-05, 1.5e-05, 1e16, 1.2345678901234568e17, 0.1, -0.0])
 def test_dumps_writes_floats_as_json_dumps_does(number: float) -> None:
     """orjson writes 1e-05 as 0.00001 and 1e+16 as 1e16: floats take json's path."""
-    assert (
-        _json.dumps([number, {"n": number}])
-        == json.dumps([number, {"n": number}], separators=(",", ":")).encode()
-    )
+    for document in ([number, {"n": number}], [0, number], {"a": "1.2.3", "b": [True, number]}, number):
+        assert _json.dumps(document) == json.dumps(document, separators=(",", ":")).encode()
+
+
+@pytest.mark.parametrize("document", [[None, math.nan], {"v": "1.2.3", "n": math.inf}, [-math.inf], math.nan])
+def test_dumps_writes_nan_beside_strings_that_look_like_numbers_as_json_does(document: Any) -> None:
+    """NaN and Infinity are null to orjson: wherever they are, json's path writes them."""
+    assert _json.dumps(document, allow_nan=True) == json.dumps(document, separators=(",", ":")).encode()
 
 
 def test_dumps_refuses_what_json_refuses() -> None:
@@ -99,6 +109,45 @@ def test_strict_requests() -> None:
     ):
         with pytest.raises(ValueError):
             _json.loads_strict(bad)
+
+
+@given(documents)
+def test_strict_requests_read_compact_json_as_json_does(document: Any) -> None:
+    """Compact bytes (what orjson may read alone) give json's values, or json's refusal."""
+    data = json.dumps(document, ensure_ascii=False, separators=(",", ":")).encode("utf-8", "surrogatepass")
+    try:
+        expected = _STRICT_REFERENCE.decode(data.decode("utf-8"))
+    except ValueError:
+        with pytest.raises(ValueError):
+            _json.loads_strict(data)
+        return
+    assert _json.loads_strict(data) == expected
+    assert type(_json.loads_strict(data)) is type(expected)
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        b'{"a":{"b":1,"b":2}}',
+        b'[{"x":[]},{"k":1,"j":2,"k":1}]',
+        b'{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{},"params":{"requestState":"t"}}',
+        b'{"a":1,"a":1}',
+        b'{"a":"\\u0000","a":"\\u0000"}',
+    ],
+)
+def test_strict_requests_refuse_a_compact_duplicate(bad: bytes) -> None:
+    with pytest.raises(ValueError, match="duplicate key"):
+        _json.loads_strict(bad)
+
+
+def test_strict_requests_keep_what_orjson_would_change() -> None:
+    """Integers beyond 64 bits stay exact, floats stay floats: such bytes take json's path."""
+    assert _json.loads_strict(b'{"a":18446744073709551616}') == {"a": 18446744073709551616}
+    assert _json.loads_strict(b'{"a":-9223372036854775809}') == {"a": -9223372036854775809}
+    assert _json.loads_strict(b"[1E5,1e2,1.0]") == [1e5, 100.0, 1.0]
+    assert _json.loads_strict(b'["\\ud83d\\ude00","\\u00e9"]') == ["\U0001f600", "\u00e9"]
+    deep = b'{"a":' * 300 + b"1" + b"}" * 300  # beyond what orjson writes back: json reads it
+    assert str(_json.loads_strict(deep)).count("{") == 300
 
 
 def test_answers_are_decoded_as_the_most_lenient_client_does() -> None:

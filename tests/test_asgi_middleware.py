@@ -514,6 +514,7 @@ REFUSED = {
     "fold_variant": CALL_PREFIX + '"reque\u017ftState":"forged"}}'.encode(),  # LATIN SMALL LETTER LONG S
     "arguments_variant": CALL_PREFIX + b'"Arguments":{}}}',
     "envelope_variant": b'{"jsonrpc":"2.0","id":1,"method":"tools/list","Method":"tools/call","params":{}}',
+    "id_variant": b'{"jsonrpc":"2.0","Id":1,"method":"tools/call","params":{"name":"deploy"}}',
     "invalid_utf8": b'{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"d\xff",'
     b'"requestState":"f"}}',
     "bom": b'\xef\xbb\xbf{"jsonrpc":"2.0","id":1,"method":"tools/list"}',

@@ -42,9 +42,24 @@ _LEADING: Final = " \t\r\n\ufeff"  # whitespace and byte-order marks before a do
 # The first line of an event stream: a field (data, event, id, retry) or a comment.
 _SSE_START: Final = re.compile(r"(?:data|event|id|retry)(?::|\r|\n|$)|:")
 _SNIFF_BYTES: Final = 64
-# orjson writes every float with a '.' or an exponent after a digit; a string may match too
-# (a false alarm only costs the slow path).
-_MAY_BE_FLOAT: Final = re.compile(rb"[0-9][.eE]")
+# Where orjson's bytes may differ from json.dumps': a float (orjson writes every one with a '.'
+# or an exponent after its digits: 1e-05 as 0.00001) or a null (NaN and Infinity come out as
+# null). In compact JSON such a token opens the document or follows ':', ',' or '['. With the
+# digits and '-' deleted, ',' and '[' read as ':' and the exponent as '.', every float token
+# reads ":." (or opens the document with "."), every null ":null" (or opens it). A string may
+# read the same (a false alarm only costs the slow path); a version "1.2.3" or the word
+# "nullable" does not. bytes.translate and `in` run at C speed: a regular expression over the
+# whole document costs about as much as json.dumps itself (issue 30).
+_TOKENS: Final = bytes.maketrans(b",[eE", b"::..")
+_DELETED: Final = b"0123456789-"
+
+
+def _may_differ(fast: bytes) -> bool:
+    """Whether orjson's ``fast`` bytes may hold a float or a null: then json writes the value."""
+    shape = fast.translate(_TOKENS, _DELETED)
+    return b":." in shape or b":null" in shape or shape.startswith((b".", b"null"))
+
+
 # What json.dumps cannot write, orjson must not write either: those go the slow way and fail.
 _PLAIN_JSON_ONLY: Final = (
     orjson.OPT_PASSTHROUGH_DATACLASS | orjson.OPT_PASSTHROUGH_DATETIME | orjson.OPT_PASSTHROUGH_SUBCLASS
@@ -83,7 +98,24 @@ def loads_strict(data: bytes) -> Any:
     UTF-8 only (no BOM, no repaired bytes), no duplicate keys, no NaN or Infinity, no
     number that overflows a float. Input nested too deeply for the C parser raises
     ``ValueError`` too (a request has no business being that deep), never ``RecursionError``.
+
+    The usual request (compact JSON as the SDKs' clients, httpx and ``JSON.stringify``
+    write it) is read by orjson and kept only when orjson writes the very same bytes back:
+    those bytes are then the serialisation of one tree of plain values, in which no object
+    can hold a key twice (a dropped duplicate would be missing from what is written back)
+    and which json reads as the same values (a float written back identically is the same
+    double; NaN, Infinity, 1e400, integers orjson reads as floats, lone surrogates, a BOM,
+    control characters and depths beyond orjson's 254 levels of writing all fail the
+    comparison or orjson itself). Anything else, and every refusal, takes json's path with
+    its duplicate-key hook, which decides alone (about half the cost of that path is the
+    hook's Python call per object; issue 30).
     """
+    try:
+        value = orjson.loads(data)
+        if orjson.dumps(value) == data:
+            return value
+    except (orjson.JSONDecodeError, orjson.JSONEncodeError):
+        pass  # json's path decides, with its own message
     try:
         return _STRICT.decode(data.decode("utf-8"))
     except RecursionError:
@@ -264,7 +296,7 @@ def dumps(value: Any, *, allow_nan: bool = False) -> bytes:
         # times faster, except NaN and Infinity (as null) and floats (1e-05 as 0.00001,
         # 1e+16 as 1e16): a null or anything that may be a float sends the value the slow way.
         fast = orjson.dumps(value, option=_PLAIN_JSON_ONLY)
-        if b"null" not in fast and not _MAY_BE_FLOAT.search(fast):
+        if not _may_differ(fast):
             return fast
     except (TypeError, orjson.JSONEncodeError):  # integers beyond 64 bits, lone surrogates, depth
         pass

@@ -92,6 +92,7 @@ _JSON_HEADERS: Final = [(b"content-type", b"application/json")]
 _ENVELOPE_KEYS: Final = frozenset({"jsonrpc", "id", "method", "params", "result", "error"})
 _FOLDED_ENVELOPE: Final = {key.casefold(): key for key in _ENVELOPE_KEYS}
 _FOLDED_PARAMS: Final = {key.casefold(): key for key in boundary.PARAMS_KEYS}
+_SPELLED: Final = _ENVELOPE_KEYS | boundary.PARAMS_KEYS
 _B64_SENTINEL: Final = re.compile(r"=\?base64\?(.*)\?=", re.DOTALL)
 # A percent-encoded "/" or unreserved character (RFC 3986 2.3): routers may or may not
 # decode it, so such a path has two readings, and the upstream may pick the other one.
@@ -108,6 +109,8 @@ def request_path(scope: Scope) -> bytes:
 
 
 def _check_keys(obj: Mapping[str, Any], folded: Mapping[str, str], where: str) -> None:
+    if _SPELLED.issuperset(obj):  # every key spelled exactly as the protocol spells one: nothing to fold
+        return
     for key in obj:
         canonical = folded.get(key.casefold())
         if canonical is not None and key != canonical:
