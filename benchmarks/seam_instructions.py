@@ -30,7 +30,7 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
-import _harness  # noqa: F401 - puts tests/ and the tree on sys.path
+import _harness  # first: puts tests/ and the tree on sys.path
 import processes
 import proxy_instructions
 from bench_proxy import start, upstream_command
@@ -128,8 +128,10 @@ def main() -> None:
             return
         deployed = proxy_instructions.command
 
-        def in_mode(part: str, upstream: str, folder: Path) -> list[str]:
-            argv = deployed(part, upstream, folder)
+        def in_mode(
+            part: str, upstream: str, folder: Path, client: str = "httptools", code: str = ""
+        ) -> list[str]:
+            argv = deployed(part, upstream, folder, client, code)
             before = ["", *argv]
             return [args.mode if prev == "--mode" else arg for prev, arg in zip(before, argv, strict=False)]
 
@@ -142,7 +144,7 @@ def main() -> None:
             def proxy(name: str) -> int:
                 run = tmp / f"run-{next(runs)}"  # count() writes its files by part name: one folder each
                 run.mkdir()
-                return count("proxy", upstream_url, args.flows, run)
+                return count("proxy", upstream_url, args.flows, run, _harness.ROOT, "httptools")
 
             compare(proxy, args.without, tmp)
         finally:
