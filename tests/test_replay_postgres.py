@@ -20,6 +20,7 @@ from typing import Any
 
 import pytest
 from fixtures_postgres import APP_PASSWORD, DATABASE, PostgresServer
+from replay_outcomes import aoutcome, outcome, ticking
 
 import statecodec as sc
 from statecodec import ReplayStoreError
@@ -45,19 +46,11 @@ def store(postgres_server: PostgresServer) -> Iterator[PostgresReplayStore]:
 
 
 def _reason(codec: sc.StateCodec, token: str) -> str:
-    try:
-        codec.unseal(token, ALICE)
-    except sc.InvalidState as exc:
-        return exc.reason
-    return "ok"
+    return outcome(codec, token, ALICE)
 
 
 async def _areason(codec: sc.StateCodec, token: str) -> str:
-    try:
-        await codec.aunseal(token, ALICE)
-    except sc.InvalidState as exc:
-        return exc.reason
-    return "ok"
+    return await aoutcome(codec, token, ALICE)
 
 
 def _rows(server: PostgresServer, table: str) -> list[tuple[Any, ...]]:
@@ -342,23 +335,14 @@ async def test_a_stuck_server_async_does_not_block_the_loop(postgres_outage: Pos
     codec = sc.StateCodec(RING, replay=store)
     assert await _areason(codec, codec.seal(b"x", ALICE)) == "ok"
     await asyncio.to_thread(server.freeze)
-    ticks = 0
-
-    async def ticker() -> None:
-        nonlocal ticks
-        while True:
-            await asyncio.sleep(0.01)
-            ticks += 1
-
-    tick = asyncio.create_task(ticker())
     try:
-        token = codec.seal(b"x", ALICE)
-        started = time.monotonic()
-        assert await _areason(codec, token) == "store_unavailable"
-        assert time.monotonic() - started < 3
-        assert ticks >= 20  # the loop ran on while the consume waited
+        async with ticking() as ticks:
+            token = codec.seal(b"x", ALICE)
+            started = time.monotonic()
+            assert await _areason(codec, token) == "store_unavailable"
+            assert time.monotonic() - started < 3
+            assert ticks.count >= 20  # the loop ran on while the consume waited
     finally:
-        tick.cancel()
         await asyncio.to_thread(server.thaw)
     deadline = time.monotonic() + 60
     while await _areason(codec, codec.seal(b"p", ALICE)) == "store_unavailable":
