@@ -30,7 +30,7 @@ from pathlib import Path
 from urllib.parse import quote
 
 import pytest
-from processes import running, wait_until
+from processes import running, stop, wait_until
 
 SUPERUSER = "postgres"
 SUPERUSER_PASSWORD = "Sup3r-Secret"
@@ -224,12 +224,7 @@ class PostgresServer:
         for pid in self._children_of(process.pid):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGCONT)
-        os.kill(process.pid, signal.SIGINT)
-        try:
-            process.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.kill(process.pid, signal.SIGKILL)
-            process.wait(timeout=10)
+        stop(process, signal.SIGINT, timeout=30)  # SIGINT: PostgreSQL's fast shutdown
 
     @staticmethod
     def _children_of(pid: int) -> list[int]:

@@ -27,7 +27,7 @@ from pathlib import Path
 import pytest
 import redis
 import redis.crc
-from processes import running, started
+from processes import running, started, stop
 from processes import wait_until as poll
 
 
@@ -139,14 +139,8 @@ class ValkeyServer:
     def stop(self) -> None:
         """Stop the server by its PID (SIGTERM, then SIGKILL) and wait for it."""
         process, self.process = self.process, None
-        if process is None or process.poll() is not None:
-            return
-        os.kill(process.pid, signal.SIGTERM)
-        try:
-            process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            os.kill(process.pid, signal.SIGKILL)
-            process.wait(timeout=10)
+        if process is not None:
+            stop(process, timeout=10)
 
     def kill(self) -> None:
         """SIGKILL by PID: the server dies without a word to its replicas or clients."""

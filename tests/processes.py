@@ -11,11 +11,12 @@ import contextlib
 import os
 import selectors
 import shutil
+import signal
 import subprocess
 import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import Protocol, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import pytest
 
@@ -59,12 +60,12 @@ def await_line(proc: subprocess.Popen[str], prefix: str, log_path: Path) -> str:
     raise RuntimeError(f"{proc.args!r} did not start (exit {proc.returncode}):\n{log[-3000:]}")
 
 
-def stop(proc: subprocess.Popen[str]) -> int | None:
-    """Stop one process we started, by its PID: SIGTERM, then SIGKILL. Returns the exit code."""
+def stop(proc: subprocess.Popen[Any], sig: int = signal.SIGTERM, timeout: float = 15) -> int | None:
+    """Stop one process we started, by its PID: ``sig``, then SIGKILL after ``timeout`` s. Its exit code."""
     if proc.poll() is None:
-        proc.terminate()
+        proc.send_signal(sig)
         try:
-            proc.wait(timeout=15)
+            proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait(timeout=10)
