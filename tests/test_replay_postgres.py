@@ -53,6 +53,24 @@ async def _areason(codec: sc.StateCodec, token: str) -> str:
     return await aoutcome(codec, token, ALICE)
 
 
+def _until_it_answers(codec: sc.StateCodec) -> str:
+    """Fresh tokens redeemed until one is not refused as ``store_unavailable`` (60 s at most): that one."""
+    deadline = time.monotonic() + 60
+    while _reason(codec, (probe := codec.seal(b"p", ALICE))) == "store_unavailable":
+        assert time.monotonic() < deadline, "the store did not recover"
+        time.sleep(0.1)
+    return probe
+
+
+async def _auntil_it_answers(codec: sc.StateCodec) -> str:
+    """:func:`_until_it_answers` through ``aunseal``, the event loop running on meanwhile."""
+    deadline = time.monotonic() + 60
+    while await _areason(codec, (probe := codec.seal(b"p", ALICE))) == "store_unavailable":
+        assert time.monotonic() < deadline, "the store did not recover"
+        await asyncio.sleep(0.1)
+    return probe
+
+
 def _rows(server: PostgresServer, table: str) -> list[tuple[Any, ...]]:
     """(key, seconds the row still has on the server's clock) of every row."""
     return server.sql(f"SELECT key, extract(epoch FROM expires_at - now())::float FROM {table}", DATABASE)
@@ -267,10 +285,7 @@ def test_server_stopped_fails_closed_burns_nothing_and_recovers(postgres_outage:
         store.check()
     server.start()
     # The pool reconnects; every refused token redeems now, exactly once.
-    deadline = time.monotonic() + 60
-    while _reason(codec, (probe := codec.seal(b"p", ALICE))) == "store_unavailable":
-        assert time.monotonic() < deadline, "the store did not recover"
-        time.sleep(0.1)
+    probe = _until_it_answers(codec)
     assert _reason(codec, probe) == "replayed"
     assert [_reason(codec, t) for t in refused] == ["ok"] * 5
     assert [_reason(codec, t) for t in refused] == ["replayed"] * 5
@@ -288,10 +303,7 @@ async def test_server_stopped_async(postgres_outage: PostgresServer) -> None:
     assert await asyncio.gather(*(_areason(codec, t) for t in refused)) == ["store_unavailable"] * 20
     assert time.monotonic() - started < 5
     await asyncio.to_thread(server.start)
-    deadline = time.monotonic() + 60
-    while await _areason(codec, codec.seal(b"p", ALICE)) == "store_unavailable":
-        assert time.monotonic() < deadline
-        await asyncio.sleep(0.1)
+    await _auntil_it_answers(codec)
     assert await asyncio.gather(*(_areason(codec, t) for t in refused)) == ["ok"] * 20
     assert await asyncio.gather(*(_areason(codec, t) for t in refused)) == ["replayed"] * 20
     await store.aclose()
@@ -320,10 +332,7 @@ def test_a_stuck_server_fails_closed_in_bounded_time_and_burns_nothing(
     finally:
         server.thaw()
     assert len(store._unsettled) >= 1  # at least the insert sent on the idle connection
-    deadline = time.monotonic() + 60
-    while _reason(codec, codec.seal(b"p", ALICE)) == "store_unavailable":
-        assert time.monotonic() < deadline
-        time.sleep(0.1)
+    _until_it_answers(codec)
     assert [_reason(codec, t) for t in refused] == ["ok"] * 3
     assert [_reason(codec, t) for t in refused] == ["replayed"] * 3
     store.close()
@@ -344,10 +353,7 @@ async def test_a_stuck_server_async_does_not_block_the_loop(postgres_outage: Pos
             assert ticks.count >= 20  # the loop ran on while the consume waited
     finally:
         await asyncio.to_thread(server.thaw)
-    deadline = time.monotonic() + 60
-    while await _areason(codec, codec.seal(b"p", ALICE)) == "store_unavailable":
-        assert time.monotonic() < deadline
-        await asyncio.sleep(0.1)
+    await _auntil_it_answers(codec)
     assert await _areason(codec, token) == "ok"
     assert await _areason(codec, token) == "replayed"
     await store.aclose()

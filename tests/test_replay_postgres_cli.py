@@ -25,7 +25,7 @@ from fixtures_postgres import APP_PASSWORD, DATABASE, SUPERUSER_PASSWORD, Postgr
 from fixtures_proxy import ANSWERS, TOOL, Upstream, messages, modern_request, proxy_command, upstream_command
 from processes import await_line, spawn, stop
 from prometheus_client.parser import text_string_to_metric_families
-from replay_outcomes import shown_when_unavailable
+from replay_outcomes import assert_hidden, shown_when_unavailable
 
 import statecodec as sc
 from statecodec.cli import main
@@ -40,10 +40,7 @@ BINDING = sc.Binding(principal="alice", audience="svc", method="tools/call", tar
 
 
 def assert_no_secret(*texts: str) -> None:
-    for text in texts:
-        for secret in SECRETS:
-            for form in {secret, quote(secret, safe=""), quote(secret)}:
-                assert form not in text, f"{secret!r} shown as {form!r} in: {text}"
+    assert_hidden(SECRETS, *texts)
 
 
 def _table() -> str:

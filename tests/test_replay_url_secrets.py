@@ -20,7 +20,7 @@ import pytest
 from click.testing import CliRunner
 from fixtures_valkey import ValkeyServer, free_port
 from processes import await_line, spawn, stop
-from replay_outcomes import shown_when_unavailable
+from replay_outcomes import assert_hidden, shown_when_unavailable
 
 import statecodec as sc
 from statecodec.cli import main
@@ -38,10 +38,7 @@ BINDING = sc.Binding(principal="alice", audience="svc", method="tools/call", tar
 
 
 def assert_no_secret(*texts: str) -> None:
-    for text in texts:
-        for secret in SECRETS:
-            for form in {secret, quote(secret, safe=""), quote(secret)}:
-                assert form not in text, f"{secret!r} shown as {form!r} in: {text}"
+    assert_hidden(SECRETS, *texts)
 
 
 def urls(port: int) -> list[str]:
