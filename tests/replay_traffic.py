@@ -111,7 +111,8 @@ class Traffic:
             if token is None:
                 self._stop.wait(self.pace.idle)
                 continue
-            self._stop.wait(self._record(token, outcome(self.codec, token, self.binding)))
+            if pause := self._record(token, outcome(self.codec, token, self.binding)):
+                self._stop.wait(pause)
 
     async def _async_clients(self, tasks: int) -> None:
         async def client() -> None:
@@ -120,7 +121,8 @@ class Traffic:
                 if token is None:
                     await asyncio.sleep(self.pace.idle)
                     continue
-                await asyncio.sleep(self._record(token, await aoutcome(self.codec, token, self.binding)))
+                if pause := self._record(token, await aoutcome(self.codec, token, self.binding)):
+                    await asyncio.sleep(pause)  # none at all when not paced: the next round at once
 
         await asyncio.gather(*(client() for _ in range(tasks)))
         assert self.codec.replay is not None
