@@ -6,8 +6,11 @@ Real servers (Valkey, OpenBao, MCP server instances) are started by fixtures in 
 
 from __future__ import annotations
 
+import logging
 import os
+from collections.abc import Iterator
 
+import pytest
 from hypothesis import HealthCheck, settings
 
 settings.register_profile("ci", max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -22,3 +25,24 @@ pytest_plugins: list[str] = [
     "fixtures_proxy",
     "fixtures_valkey",
 ]
+
+
+@pytest.fixture(autouse=True)
+def _logging_as_it_was() -> Iterator[None]:
+    """Each test leaves the logging configuration as it found it.
+
+    ``statecodec proxy`` run in-process (CliRunner) configures logging for the whole
+    process, as a server's entry point does: a handler on the root logger and the
+    ``statecodec`` logger's level, kept after the command returns. Without this, a later
+    test's command output would carry those log lines (test_cli.py after
+    test_proxy_workers.py). pytest's own capture handlers, which come and go per phase,
+    are left alone.
+    """
+    root, library = logging.getLogger(), logging.getLogger("statecodec")
+    handlers, level, library_level = list(root.handlers), root.level, library.level
+    yield
+    for handler in root.handlers[:]:
+        if handler not in handlers and not type(handler).__module__.startswith("_pytest"):
+            root.removeHandler(handler)
+    root.setLevel(level)
+    library.setLevel(library_level)

@@ -19,7 +19,6 @@ import contextlib
 import json
 import subprocess
 import sys
-import time
 from collections import defaultdict
 from collections.abc import AsyncIterator, Iterator, Sequence
 from contextlib import asynccontextmanager
@@ -33,9 +32,10 @@ import pytest
 from mcp.client import Client
 from mcp.client.session import ClientRequestContext
 from mcp.client.streamable_http import streamable_http_client
-from processes import ROOT, await_line, spawn, stop
+from processes import ROOT, start_all, stop, wait_for_log
+from replicas import Replicas
 
-from statecodec import KeyRing, StateCodec
+from statecodec import KeyRing
 
 EXAMPLE = ROOT / "examples" / "deploy_server.py"
 FLAVORS = ("lowlevel", "mcpserver", "fastmcp")
@@ -67,39 +67,21 @@ class Instance:
 
 
 @dataclass
-class Cluster:
-    """Two instances sharing keys and a replay store."""
+class Cluster(Replicas[Instance]):
+    """Two instances of one flavour sharing keys and a replay store."""
 
     flavor: str
-    mode: str
-    keys_path: Path
-    replay_url: str
     instances: list[Instance] = field(default_factory=list)
 
-    @property
-    def a(self) -> Instance:
-        return self.instances[0]
-
-    @property
-    def b(self) -> Instance:
-        return self.instances[1]
+    def members(self) -> list[Instance]:
+        return self.instances
 
     def by_url(self, url: str) -> Instance:
         return next(i for i in self.instances if url.startswith(i.base))
 
-    def codec(self, **kwargs: object) -> StateCodec:
-        """A codec with the cluster's keys (no replay store): for minting test tokens."""
-        ring = KeyRing.from_json(self.keys_path.read_text(encoding="utf-8"))
-        return StateCodec(ring, mode=self.mode, **kwargs)  # type: ignore[arg-type]
-
     def wait_for_log(self, instance: Instance, needle: str, timeout: float = 10.0) -> str:
         """The instance's log once it contains ``needle`` (logs are flushed a bit later)."""
-        deadline = time.monotonic() + timeout
-        while True:
-            text = instance.log()
-            if needle in text or time.monotonic() > deadline:
-                return text
-            time.sleep(0.05)
+        return wait_for_log(instance.log_path, needle, timeout)
 
 
 def server_command(
@@ -122,19 +104,13 @@ def start_cluster(tmp: Path, flavor: str, mode: str, names: Sequence[str] = ("A"
     tmp.mkdir(parents=True, exist_ok=True)
     keys = tmp / "keys.json"
     keys.write_text(KeyRing.generate().to_json(), encoding="utf-8")
-    cluster = Cluster(flavor, mode, keys, f"sqlite:{tmp / 'replay.sqlite3'}")
-    procs = []
-    for name in names:  # start all, then wait: the imports of both run in parallel
-        log_path = tmp / f"{name}.log"
-        command = server_command(flavor=flavor, mode=mode, keys=keys, replay=cluster.replay_url, name=name)
-        procs.append((name, spawn(command, log_path), log_path))
-    try:
-        for name, proc, log_path in procs:
-            cluster.instances.append(Instance(name, await_line(proc, "READY ", log_path), proc, log_path))
-    except BaseException:
-        for _, proc, _ in procs:
-            stop(proc)
-        raise
+    cluster = Cluster(mode=mode, keys_path=keys, replay_url=f"sqlite:{tmp / 'replay.sqlite3'}", flavor=flavor)
+    commands = [
+        (name, server_command(flavor=flavor, mode=mode, keys=keys, replay=cluster.replay_url, name=name),
+         tmp / f"{name}.log")
+        for name in names
+    ]  # fmt: skip
+    cluster.instances = [Instance(*started) for started in start_all(commands, "READY ")]
     return cluster
 
 

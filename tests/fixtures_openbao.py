@@ -31,6 +31,7 @@ from typing import Any
 
 import hvac
 import pytest
+from processes import stop
 
 from statecodec.kms._settings import ENV_VARS
 
@@ -128,14 +129,8 @@ class OpenBao:
     def stop(self) -> None:
         """Stop the process by its PID (SIGTERM, then SIGKILL after 15 s)."""
         proc, self.proc = self.proc, None
-        if proc is None or proc.poll() is not None:
-            return
-        proc.terminate()
-        try:
-            proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=15)
+        if proc is not None:
+            stop(proc)
 
     def _wait(self, ready: Any, what: str) -> None:
         deadline = time.monotonic() + STARTUP_TIMEOUT

@@ -25,12 +25,12 @@ import shutil
 import signal
 import subprocess
 import tempfile
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from urllib.parse import quote
 
 import pytest
+from processes import running, stop, wait_until
 
 SUPERUSER = "postgres"
 SUPERUSER_PASSWORD = "Sup3r-Secret"
@@ -77,20 +77,6 @@ def free_port() -> int:
     from fixtures_valkey import free_port as pick  # noqa: PLC0415 - one port picker for the suite
 
     return pick()
-
-
-def wait_until(condition: Callable[[], object], what: str, timeout: float = 60.0) -> None:
-    """Poll ``condition`` until it is true; a bounded wait, never a fixed sleep."""
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            if condition():
-                return
-        except Exception:  # a server still starting, a role still missing
-            pass
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"timed out after {timeout:.0f}s waiting until {what}")
-        time.sleep(0.05)
 
 
 class PostgresServer:
@@ -238,12 +224,7 @@ class PostgresServer:
         for pid in self._children_of(process.pid):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGCONT)
-        os.kill(process.pid, signal.SIGINT)
-        try:
-            process.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.kill(process.pid, signal.SIGKILL)
-            process.wait(timeout=10)
+        stop(process, signal.SIGINT, timeout=30)  # SIGINT: PostgreSQL's fast shutdown
 
     @staticmethod
     def _children_of(pid: int) -> list[int]:
@@ -307,24 +288,6 @@ def _template(server: PostgresServer) -> Path:
         _TEMPLATE.append(template)
         atexit.register(lambda: shutil.rmtree(template.root, ignore_errors=True))
     return _TEMPLATE[0].data
-
-
-@contextlib.contextmanager
-def running(make: Callable[[], PostgresServer]) -> Iterator[PostgresServer]:
-    """A server made by ``make``, started (on a fresh port if one was taken), cleaned up after."""
-    for attempt in range(3):
-        server = make()
-        try:
-            server.start()
-            break
-        except RuntimeError:
-            server.cleanup()
-            if attempt == 2:
-                raise
-    try:
-        yield server
-    finally:
-        server.cleanup()
 
 
 @pytest.fixture(scope="session")

@@ -17,14 +17,11 @@ stopped by their own PIDs.
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -32,18 +29,18 @@ import httpx
 import jwt
 import pytest
 from cryptography.hazmat.primitives.asymmetric import rsa
-from processes import ROOT, await_line, spawn, stop
+from loopback import Loopback, Quiet
+from processes import NODE_DIR, ROOT, await_line, node_or_skip, spawn, start_all, stop, wait_for_log
+from replicas import Replicas
 
-from statecodec import Binding, KeyRing, StateCodec
+from statecodec import Binding, KeyRing
 from statecodec.adapters import jsonrpc
 
-NODE_DIR = ROOT / "tests" / "node"
 ISSUER = "https://idp.test"
 JWT_AUDIENCE = "https://deploy.test/mcp"
 CLIENT_ID = "deploy-cli"
 AUDIENCE = "deploy"
 TOOL = "deploy_production"
-PREFIX = {"sign": "sc1s.", "encrypt": "sc1e."}
 #: Which upstream runs in which mode (both modes covered without doubling the processes).
 SERVICES = {"python": "encrypt", "typescript": "sign"}
 MODERN = "2026-07-28"
@@ -101,22 +98,13 @@ class JWKSServer:
         self.hits = 0  # how often the JWKS was fetched
         outer = self
 
-        class Handler(BaseHTTPRequestHandler):
+        class Handler(Quiet):
             def do_GET(self) -> None:
                 outer.hits += 1
-                self.send_response(200)
-                self.send_header("content-type", "application/json")
-                self.send_header("content-length", str(len(document)))
-                self.end_headers()
-                self.wfile.write(document)
+                self.reply(200, document)
 
-            def log_message(self, *args: Any) -> None:
-                pass
-
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self._server.server_address[1]}/jwks.json"
-        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
-        self._thread.start()
+        self._server = Loopback(Handler)
+        self.url = f"{self._server.base}/jwks.json"
 
     def mint(self, subject: str, *, lifetime: int = 600, key: Any = None, **claims: Any) -> str:
         now = int(time.time())
@@ -132,8 +120,7 @@ class JWKSServer:
         return jwt.encode(payload, key or self.key, algorithm="RS256", headers={"kid": self.kid})
 
     def close(self) -> None:
-        self._server.shutdown()
-        self._server.server_close()
+        self._server.close()
 
 
 def principal(subject: str) -> str:
@@ -148,15 +135,6 @@ def jwks_server() -> Iterator[JWKSServer]:
         yield server
     finally:
         server.close()
-
-
-def node_or_skip() -> str:
-    node = shutil.which("node")
-    if node is None or shutil.which("npm") is None:
-        pytest.skip("node/npm are not installed: the TypeScript SDK tests need Node 20+")
-    if not (NODE_DIR / "node_modules" / "@modelcontextprotocol" / "server").is_dir():
-        pytest.skip("tests/node/node_modules is missing: run `npm ci` in tests/node (scripts/test does)")
-    return node
 
 
 @dataclass
@@ -200,42 +178,24 @@ class Proxy:
         return [json.loads(line) for line in self.log().splitlines() if line.strip()]
 
     def wait_for_log(self, needle: str, timeout: float = 10.0) -> str:
-        deadline = time.monotonic() + timeout
-        while True:
-            text = self.log()
-            if needle in text or time.monotonic() > deadline:
-                return text
-            time.sleep(0.05)
+        return wait_for_log(self.log_path, needle, timeout)
 
 
 @dataclass
-class Service:
+class Service(Replicas[Proxy]):
     """One unprotected upstream behind two proxy instances sharing keys and a replay store."""
 
     kind: str
-    mode: str
-    keys_path: Path
-    replay_url: str
     upstream: Upstream
     proxies: list[Proxy] = field(default_factory=list)
     #: Plaintext states a test sealed itself as a legitimate server would (see :meth:`seal`).
     vouched: set[str] = field(default_factory=set)
 
-    @property
-    def a(self) -> Proxy:
-        return self.proxies[0]
-
-    @property
-    def b(self) -> Proxy:
-        return self.proxies[1]
+    def members(self) -> list[Proxy]:
+        return self.proxies
 
     def bases(self) -> dict[str, str]:
         return {p.name: p.base for p in self.proxies}
-
-    def codec(self) -> StateCodec:
-        """A codec with the service's keys and no replay store: for minting test tokens."""
-        ring = KeyRing.from_json(self.keys_path.read_text(encoding="utf-8"))
-        return StateCodec(ring, mode=self.mode)
 
     def binding(self, subject: str | None, version: str = "1.2.3") -> Binding:
         """What the proxies bind a deploy_production call of ``subject`` to."""
@@ -299,20 +259,12 @@ def start_proxies(
     names: Sequence[str] = ("A", "B"),
     extra: Sequence[str] = (),
 ) -> list[Proxy]:
-    started = []
-    for name in names:  # start all, then wait: their imports run in parallel
-        log_path = tmp / f"proxy-{name}.log"
-        command = proxy_command(upstream, keys=keys, replay=replay, mode=mode, jwks=jwks, extra=extra)
-        started.append((name, spawn(command, log_path), log_path))
-    proxies = []
-    try:
-        for name, proc, log_path in started:
-            proxies.append(Proxy(name, await_line(proc, "listening on ", log_path), proc, log_path))
-    except BaseException:
-        for _, proc, _ in started:
-            stop(proc)
-        raise
-    return proxies
+    commands = [
+        (name, proxy_command(upstream, keys=keys, replay=replay, mode=mode, jwks=jwks, extra=extra),
+         tmp / f"proxy-{name}.log")
+        for name in names
+    ]  # fmt: skip
+    return [Proxy(*started) for started in start_all(commands, "listening on ")]
 
 
 @pytest.fixture(scope="module", params=sorted(SERVICES), ids=lambda kind: f"{kind}-upstream")
@@ -332,7 +284,13 @@ def proxied(
     proc = spawn(command, log_path, cwd)
     try:
         upstream = Upstream(kind, await_line(proc, "READY ", log_path), proc, record, log_path)
-        service = Service(kind, mode, keys, f"sqlite:{tmp / 'replay.sqlite3'}", upstream)
+        service = Service(
+            mode=mode,
+            keys_path=keys,
+            replay_url=f"sqlite:{tmp / 'replay.sqlite3'}",
+            kind=kind,
+            upstream=upstream,
+        )
         service.proxies = start_proxies(
             tmp, upstream.url, keys=keys, replay=service.replay_url, mode=mode, jwks=jwks_server.url,
             extra=["--log-format", "json"],

@@ -13,7 +13,6 @@ and :class:`ValkeySentinels` (a primary, a replica and three sentinels). The ben
 
 from __future__ import annotations
 
-import contextlib
 import os
 import shutil
 import signal
@@ -24,11 +23,12 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import TypeVar
 
 import pytest
 import redis
 import redis.crc
+from processes import running, started, stop
+from processes import wait_until as poll
 
 
 def server_binary() -> str:
@@ -139,14 +139,8 @@ class ValkeyServer:
     def stop(self) -> None:
         """Stop the server by its PID (SIGTERM, then SIGKILL) and wait for it."""
         process, self.process = self.process, None
-        if process is None or process.poll() is not None:
-            return
-        os.kill(process.pid, signal.SIGTERM)
-        try:
-            process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            os.kill(process.pid, signal.SIGKILL)
-            process.wait(timeout=10)
+        if process is not None:
+            stop(process, timeout=10)
 
     def kill(self) -> None:
         """SIGKILL by PID: the server dies without a word to its replicas or clients."""
@@ -181,17 +175,8 @@ def cli_binary(server: str | None = None) -> str:
 
 
 def wait_until(condition: Callable[[], object], what: str, timeout: float = 60.0) -> None:
-    """Poll ``condition`` until it is true; a bounded wait, never a fixed sleep."""
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            if condition():
-                return
-        except (OSError, redis.RedisError):
-            pass  # a node still starting, a topology still changing
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"timed out after {timeout:.0f}s waiting until {what}")
-        time.sleep(0.05)
+    """:func:`processes.wait_until`, a node still starting or a topology still changing tolerated."""
+    poll(condition, what, timeout, tolerate=(OSError, redis.RedisError))
 
 
 def _admin(port: int) -> redis.Redis:
@@ -408,32 +393,6 @@ class ValkeySentinels:
         self.cleanup()
 
 
-_Started = TypeVar("_Started", ValkeyServer, ValkeyCluster, ValkeySentinels)
-
-
-def _started(make: Callable[[], _Started]) -> _Started:
-    # A port picked by free_port() can be taken before the server binds it; try again.
-    for attempt in range(3):
-        made = make()
-        try:
-            return made.start()
-        except RuntimeError:
-            made.cleanup()
-            if attempt == 2:
-                raise
-    raise AssertionError("unreachable")
-
-
-@contextlib.contextmanager
-def running(make: Callable[[], _Started]) -> Iterator[_Started]:
-    """Servers made by ``make``, started (on fresh ports if one was taken), cleaned up after."""
-    made = _started(make)
-    try:
-        yield made
-    finally:
-        made.cleanup()
-
-
 @pytest.fixture(scope="session")
 def valkey_server() -> Iterator[ValkeyServer]:
     """One real server for the whole session, on a loopback port and a Unix socket.
@@ -479,7 +438,7 @@ def in_sync(replica: ValkeyServer) -> bool:
 @pytest.fixture
 def valkey_primary_replica() -> Iterator[tuple[ValkeyServer, ValkeyServer]]:
     """A primary and its replica of the test's own, in sync (the test may SIGSTOP the replica)."""
-    primary = _started(ValkeyServer)
+    primary = started(ValkeyServer)
     replica = ValkeyServer(extra_args=["--replicaof", "127.0.0.1", str(primary.port)])
     try:
         replica.start()

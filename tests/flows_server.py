@@ -17,20 +17,17 @@ usage: python tests/flows_server.py --keys KEYS.json --replay URL --mode sign|en
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
-import logging
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
 import mcp_types as types
+import server_main
 from mcp.server.mcpserver import Context, MCPServer
 from pydantic import BaseModel
 
 from statecodec import KeyRing, StateCodec
-from statecodec._demo._serve import serve_http
 from statecodec.adapters.mcp import protect
 from statecodec.replay import store_from_url
 
@@ -109,7 +106,7 @@ def build(args: argparse.Namespace) -> MCPServer[Any]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = server_main.parser(__doc__.splitlines()[0])
     parser.add_argument("--keys", required=True)
     parser.add_argument("--replay", required=True)
     parser.add_argument("--mode", choices=["sign", "encrypt"], default="encrypt")
@@ -118,17 +115,8 @@ def main() -> None:
     parser.add_argument("--max-rounds", type=int, default=10)
     parser.add_argument("--max-flow-age", type=int, default=3600)
     parser.add_argument("--record")
-    parser.add_argument("--instance", default="A")
-    parser.add_argument("--port", type=int, default=0)
     args = parser.parse_args()
-    server = build(args)
-    logging.basicConfig(
-        level=logging.INFO,
-        stream=sys.stderr,
-        force=True,
-        format=f"[{args.instance}] %(levelname)s %(name)s: %(message)s",
-    )
-    asyncio.run(serve_http(server.streamable_http_app(), "127.0.0.1", args.port))
+    server_main.serve(build(args), args)
 
 
 if __name__ == "__main__":

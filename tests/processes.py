@@ -1,19 +1,27 @@
 """Processes the tests start (servers, proxies) and stop by their own PID.
 
 One place for spawning with a log file, waiting for the line a process prints once it
-listens (``READY <url>``, ``listening on <url>``), and stopping it.
+listens (``READY <url>``, ``listening on <url>``), starting several at once (all stopped
+if one fails), polling for a condition with a bound, and stopping what was started.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import selectors
+import shutil
+import signal
 import subprocess
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
+from typing import Any, Protocol, TypeVar
+
+import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
+NODE_DIR = ROOT / "tests" / "node"
 START_TIMEOUT = 60.0
 
 
@@ -52,15 +60,118 @@ def await_line(proc: subprocess.Popen[str], prefix: str, log_path: Path) -> str:
     raise RuntimeError(f"{proc.args!r} did not start (exit {proc.returncode}):\n{log[-3000:]}")
 
 
-def stop(proc: subprocess.Popen[str]) -> int | None:
-    """Stop one process we started, by its PID: SIGTERM, then SIGKILL. Returns the exit code."""
+def stop(proc: subprocess.Popen[Any], sig: int = signal.SIGTERM, timeout: float = 15) -> int | None:
+    """Stop one process we started, by its PID: ``sig``, then SIGKILL after ``timeout`` s. Its exit code."""
     if proc.poll() is None:
-        proc.terminate()
+        proc.send_signal(sig)
         try:
-            proc.wait(timeout=15)
+            proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait(timeout=10)
     if proc.stdout is not None:
         proc.stdout.close()
     return proc.returncode
+
+
+def start_all(
+    commands: Sequence[tuple[str, Sequence[str], Path]], prefix: str, cwd: Path = ROOT
+) -> list[tuple[str, str, subprocess.Popen[str], Path]]:
+    """Start every ``(name, command, log path)``, then wait for each one's ``prefix`` line.
+
+    All start before any is waited for, so their imports run in parallel. Returns
+    ``(name, announced rest of the line, process, log path)`` each; if one does not
+    start, every one of them is stopped before the error propagates.
+    """
+    spawned = []
+    try:
+        for name, command, log_path in commands:
+            spawned.append((name, spawn(command, log_path, cwd), log_path))
+        return [
+            (name, await_line(proc, prefix, log_path), proc, log_path) for name, proc, log_path in spawned
+        ]
+    except BaseException:
+        for _, proc, _ in spawned:
+            stop(proc)
+        raise
+
+
+def wait_for_log(log_path: Path, needle: str, timeout: float = 10.0) -> str:
+    """The text of ``log_path`` once it holds ``needle``, or as it is at ``timeout`` (logs flush late)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        text = log_path.read_text(encoding="utf-8", errors="replace")
+        if needle in text or time.monotonic() > deadline:
+            return text
+        time.sleep(0.05)
+
+
+def wait_until(
+    condition: Callable[[], object],
+    what: str,
+    timeout: float = 60.0,
+    *,
+    tolerate: tuple[type[BaseException], ...] = (Exception,),
+) -> None:
+    """Poll ``condition`` until it is true; a bounded wait, never a fixed sleep.
+
+    An exception of ``tolerate`` counts as "not yet" (a server still starting).
+    """
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            if condition():
+                return
+        except tolerate:
+            pass
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"timed out after {timeout:.0f}s waiting until {what}")
+        time.sleep(0.05)
+
+
+class Startable(Protocol):
+    def start(self) -> object: ...
+
+    def cleanup(self) -> None: ...
+
+
+Made = TypeVar("Made", bound=Startable)
+
+
+def started(make: Callable[[], Made]) -> Made:
+    """A server made by ``make`` and started, on fresh ports if the one it picked was taken.
+
+    A port picked free can be taken before the server binds it: such a start fails with
+    RuntimeError, and a new server (new ports) is tried, three times at most.
+    """
+    for attempt in range(3):
+        made = make()
+        try:
+            made.start()
+        except RuntimeError:
+            made.cleanup()
+            if attempt == 2:
+                raise
+        else:
+            return made
+    raise AssertionError("unreachable")
+
+
+@contextlib.contextmanager
+def running(make: Callable[[], Made]) -> Iterator[Made]:
+    """:func:`started`, then cleaned up after, whatever happens."""
+    made = started(make)
+    try:
+        yield made
+    finally:
+        made.cleanup()
+
+
+def node_or_skip(package: str = "server") -> str:
+    """The ``node`` binary, or a skip saying what is missing; ``package``: the SDK package needed."""
+    node = shutil.which("node")
+    if node is None or shutil.which("npm") is None:
+        pytest.skip("node/npm are not installed: the TypeScript SDK tests need Node 20+")
+    if not (NODE_DIR / "node_modules" / "@modelcontextprotocol" / package).is_dir():
+        pytest.skip("tests/node/node_modules is missing: run `npm ci` in tests/node (scripts/test does)")
+    return node

@@ -17,18 +17,15 @@ usage: python tests/sdk_window_server.py --boundary sdk|statecodec --sdk-key HEX
 from __future__ import annotations
 
 import argparse
-import asyncio
-import logging
-import sys
 from pathlib import Path
 from typing import Any
 
 import mcp_types as types
+import server_main
 from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.request_state import RequestStateSecurity
 
 from statecodec import KeyRing, StateCodec
-from statecodec._demo._serve import serve_http
 from statecodec.adapters.mcp import protect
 from statecodec.adapters.sdk_window import SDKStateWindow
 from statecodec.replay import store_from_url
@@ -59,23 +56,14 @@ def build(args: argparse.Namespace) -> MCPServer[Any]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = server_main.parser(__doc__.splitlines()[0])
     parser.add_argument("--boundary", choices=["sdk", "statecodec"], required=True)
     parser.add_argument("--sdk-key", required=True)
     parser.add_argument("--keys")
     parser.add_argument("--replay")
     parser.add_argument("--window-until", type=float)
-    parser.add_argument("--instance", default="A")
-    parser.add_argument("--port", type=int, default=0)
     args = parser.parse_args()
-    server = build(args)
-    logging.basicConfig(
-        level=logging.INFO,
-        stream=sys.stderr,
-        force=True,
-        format=f"[{args.instance}] %(levelname)s %(name)s: %(message)s",
-    )
-    asyncio.run(serve_http(server.streamable_http_app(), "127.0.0.1", args.port))
+    server_main.serve(build(args), args)
 
 
 if __name__ == "__main__":

@@ -9,10 +9,8 @@ and round 2 to the other. Nothing is mocked.
 
 from __future__ import annotations
 
-import base64
 import json
 import os
-import shutil
 import subprocess
 import time
 from pathlib import Path
@@ -36,36 +34,15 @@ from fixtures_mcp import (
 from mcp.client import Client
 from mcp.client.stdio import StdioServerParameters, stdio_client
 from mcp.shared.exceptions import MCPError
+from processes import NODE_DIR, node_or_skip
+from wire import PREFIX, assert_wire_error, payload_of, tamper
 
 from statecodec import KeyRing
 from statecodec.adapters import jsonrpc
-from statecodec.adapters.jsonrpc import WIRE_ERROR_CODE, WIRE_ERROR_DATA, WIRE_ERROR_MESSAGE
-
-NODE_DIR = ROOT / "tests" / "node"
-PREFIX = {"sign": "sc1s.", "encrypt": "sc1e."}
 
 
 def balancer(cluster: Cluster, pin: str | None = None) -> Balancer:
     return Balancer({i.name: i.base for i in cluster.instances}, pin=pin)
-
-
-def payload_of(token: str) -> bytes:
-    body = token.split(".", 1)[1]
-    return base64.urlsafe_b64decode(body + "=" * (-len(body) % 4))
-
-
-def tamper(token: str) -> str:
-    """Flip one base64url character in the middle: still canonical, no longer authentic."""
-    prefix, body = token.split(".", 1)
-    middle = len(body) // 2
-    flipped = "B" if body[middle] == "A" else "A"
-    return f"{prefix}.{body[:middle]}{flipped}{body[middle + 1 :]}"
-
-
-def assert_wire_error(exc: MCPError) -> None:
-    assert exc.code == WIRE_ERROR_CODE == -32602
-    assert exc.message == WIRE_ERROR_MESSAGE == "Invalid or expired requestState"
-    assert exc.data == WIRE_ERROR_DATA == {"reason": "invalid_request_state"}
 
 
 def assert_logged(cluster: Cluster, instance_name: str, reason: str, token: str) -> None:
@@ -105,18 +82,9 @@ async def test_python_client_round_one_on_a_round_two_on_b(deploy_cluster: Clust
     assert f"round=2 instance=B plan={plan} deployed" in deploy_cluster.wait_for_log(deploy_cluster.b, plan)
 
 
-def _node_or_skip() -> str:
-    node = shutil.which("node")
-    if node is None or shutil.which("npm") is None:
-        pytest.skip("node/npm are not installed: the TypeScript client test needs Node 20+")
-    if not (NODE_DIR / "node_modules" / "@modelcontextprotocol" / "client").is_dir():
-        pytest.skip("tests/node/node_modules is missing: run `npm ci` in tests/node (scripts/test does)")
-    return node
-
-
 @pytest.mark.node
 def test_typescript_client_round_one_on_a_round_two_on_b(deploy_cluster: Cluster) -> None:
-    node = _node_or_skip()
+    node = node_or_skip("client")
     urls = ",".join(i.url for i in deploy_cluster.instances)
     proc = subprocess.run(
         [

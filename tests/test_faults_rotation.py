@@ -210,7 +210,7 @@ async def test_rotation_under_load_zero_failed_flows_zero_replays(
     vault_env: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     from fixtures_mcp import Instance  # noqa: PLC0415
-    from processes import await_line, spawn, stop  # noqa: PLC0415
+    from processes import start_all  # noqa: PLC0415
 
     from statecodec.kms import init_keys  # noqa: PLC0415
 
@@ -218,25 +218,21 @@ async def test_rotation_under_load_zero_failed_flows_zero_replays(
     init_keys(url)
     replay = f"sqlite:{tmp_path / 'replay.sqlite3'}"
     instances: list[Instance] = []
-    procs = []
-    for name in ("A", "B"):
-        command = [sys.executable, __file__, "serve", "--keys", url, "--replay", replay, "--instance", name,
-                   "--mode", "sign"]  # fmt: skip
-        log_path = tmp_path / f"{name}.log"
-        procs.append((name, spawn(command, log_path), log_path))
+    commands = [
+        (name, [sys.executable, __file__, "serve", "--keys", url, "--replay", replay, "--instance", name,
+                "--mode", "sign"], tmp_path / f"{name}.log")
+        for name in ("A", "B")
+    ]  # fmt: skip
     rotator = Rotator(url)
-    try:
-        for name, proc, log_path in procs:
-            instances.append(
-                Instance(name, await asyncio.to_thread(await_line, proc, "READY ", log_path), proc, log_path)
-            )
+    try:  # start_all stops both if one does not start
+        instances = [Instance(*started) for started in await asyncio.to_thread(start_all, commands, "READY ")]
         rotator.start()
         load = Load([i.url for i in instances])
         elapsed = await load.run(FLOWS)
     finally:
         rotator.stop_event.set()
-        for _, proc, _ in procs:
-            stop(proc)
+        for instance in instances:
+            instance.stop()
         rotator.join(timeout=30)
 
     logs = "\n".join(i.log() for i in instances)

@@ -16,13 +16,14 @@ Every handler run is recorded by the server, so the tests count and time them.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import os
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -36,7 +37,8 @@ from fixtures_proxy import AUDIENCE, NODE_DIR, messages, modern_request, node_or
 from mcp.client import Client
 from mcp.client.session import ClientRequestContext
 from mcp.client.streamable_http import streamable_http_client
-from processes import ROOT, await_line, spawn, stop
+from processes import ROOT, await_line, spawn, start_all, stop, wait_for_log
+from wire import PREFIX
 
 from statecodec import Binding, KeyRing, StateCodec, _format
 from statecodec.adapters import jsonrpc
@@ -45,7 +47,6 @@ RETRY_AFTER = 1.0
 HOLD = ("--max-hold", "5")
 NO_HOLD = ("--max-hold", "0")
 SERVICES = [("python", "sign"), ("python", "encrypt"), ("typescript", "sign"), ("typescript", "encrypt")]
-PREFIX = {"sign": "sc1s.", "encrypt": "sc1e."}
 
 
 @dataclass
@@ -72,10 +73,7 @@ class FlowService:
         return self.logs[name].read_text(encoding="utf-8", errors="replace")
 
     def wait_for_log(self, name: str, needle: str, timeout: float = 10.0) -> str:
-        deadline = time.monotonic() + timeout
-        while needle not in (text := self.log(name)) and time.monotonic() < deadline:
-            time.sleep(0.05)
-        return text
+        return wait_for_log(self.logs[name], needle, timeout)
 
     def codec(self, **kw: Any) -> StateCodec:
         ring = KeyRing.from_json(self.keys_path.read_text(encoding="utf-8"))
@@ -87,57 +85,98 @@ class FlowService:
         )
 
 
-def _python_service(tmp: Path, mode: str, keys: Path, replay: str, record: Path) -> FlowService:
-    service = FlowService("python", mode, keys, record, "flows", {}, {})
-    started = []
-    for name, hold in (("A", HOLD), ("B", HOLD), ("C", NO_HOLD)):
-        log_path = tmp / f"{name}.log"
-        command = [
+def _start_python(service: FlowService, tmp: Path, replay: str, no_hold: Sequence[str]) -> None:
+    """Three flows_server.py instances; all are stopped if one does not start."""
+    commands = [
+        (name, [
             sys.executable, str(ROOT / "tests" / "flows_server.py"),
-            "--keys", str(keys), "--replay", replay, "--mode", mode, "--record", str(record),
-            "--instance", name, "--retry-after", str(RETRY_AFTER), *hold,
-        ]  # fmt: skip
-        started.append((name, spawn(command, log_path), log_path))
-    service.procs = [proc for _, proc, _ in started]
-    for name, proc, log_path in started:
-        service.bases[name] = await_line(proc, "READY ", log_path).rsplit("/", 1)[0]
+            "--keys", str(service.keys_path), "--replay", replay, "--mode", service.mode,
+            "--record", str(service.record), "--instance", name, "--retry-after", str(RETRY_AFTER), *hold,
+        ], tmp / f"{name}.log")
+        for name, hold in (("A", HOLD), ("B", HOLD), ("C", no_hold))
+    ]  # fmt: skip
+    for name, url, proc, log_path in start_all(commands, "READY "):
+        service.procs.append(proc)
+        service.bases[name] = url.rsplit("/", 1)[0]
         service.logs[name] = log_path
-    return service
 
 
-def _typescript_service(tmp: Path, mode: str, keys: Path, replay: str, record: Path) -> FlowService:
-    service = FlowService("typescript", mode, keys, record, AUDIENCE, {}, {})
+def _start_typescript(service: FlowService, tmp: Path, replay: str, no_hold: Sequence[str]) -> None:
+    """The TypeScript upstream behind three proxies, each process in ``service.procs`` once spawned."""
     log_path = tmp / "upstream.log"
-    command = [node_or_skip(), str(NODE_DIR / "ts_upstream_server.mjs"), "--flows", "--record", str(record)]
+    command = [
+        node_or_skip(),
+        str(NODE_DIR / "ts_upstream_server.mjs"),
+        "--flows",
+        "--record",
+        str(service.record),
+    ]
     upstream = spawn(command, log_path, NODE_DIR)
-    service.procs.append(upstream)
+    service.procs.append(upstream)  # stopped by flow_service() even if no proxy starts
     upstream_url = await_line(upstream, "READY ", log_path)
     paced = ("--retry-after", str(RETRY_AFTER))
-    common = {"keys": keys, "replay": replay, "mode": mode, "jwks": None}
-    for names, hold in ((("A", "B"), HOLD), (("C",), NO_HOLD)):
+    common = {"keys": service.keys_path, "replay": replay, "mode": service.mode, "jwks": None}
+    for names, hold in ((("A", "B"), HOLD), (("C",), no_hold)):
         for proxy in start_proxies(tmp, upstream_url, names=names, extra=(*paced, *hold), **common):  # type: ignore[arg-type]
             service.procs.append(proxy.proc)
             service.bases[proxy.name] = proxy.base
             service.logs[proxy.name] = proxy.log_path
-    return service
+
+
+@contextlib.contextmanager
+def flow_service(tmp: Path, kind: str, mode: str, no_hold: Sequence[str] = NO_HOLD) -> Iterator[FlowService]:
+    """One service of three instances (C started with ``no_hold``); every process it started is
+    stopped at the end, and on every failure on the way there (one that does not start)."""
+    keys = tmp / "keys.json"
+    keys.write_text(KeyRing.generate().to_json(), encoding="utf-8")
+    keys.chmod(0o600)
+    replay, record = f"sqlite:{tmp / 'replay.sqlite3'}", tmp / "runs.jsonl"
+    service = FlowService(kind, mode, keys, record, "flows" if kind == "python" else AUDIENCE, {}, {})
+    try:
+        (_start_python if kind == "python" else _start_typescript)(service, tmp, replay, no_hold)
+        yield service
+    finally:
+        for proc in service.procs:
+            stop(proc)
 
 
 @pytest.fixture(scope="module", params=SERVICES, ids=[f"{k}-{m}" for k, m in SERVICES])
 def flows(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[FlowService]:
     kind, mode = request.param
-    tmp = tmp_path_factory.mktemp(f"flows-{kind}-{mode}")
-    keys = tmp / "keys.json"
-    keys.write_text(KeyRing.generate().to_json(), encoding="utf-8")
-    keys.chmod(0o600)
-    replay, record = f"sqlite:{tmp / 'replay.sqlite3'}", tmp / "runs.jsonl"
-    build = _python_service if kind == "python" else _typescript_service
-    service = FlowService(kind, mode, keys, record, "", {}, {})
-    try:
-        service = build(tmp, mode, keys, replay, record)
+    with flow_service(tmp_path_factory.mktemp(f"flows-{kind}-{mode}"), kind, mode) as service:
         yield service
-    finally:
-        for proc in service.procs:
-            stop(proc)
+
+
+def _children() -> set[int]:
+    """The PIDs of this test process's children alive now (from /proc: Linux)."""
+    found = set()
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:  # gone since the listing
+            continue
+        if int(fields[1]) == os.getpid():
+            found.add(int(stat.parent.name))
+    return found
+
+
+@pytest.mark.parametrize("kind", ["python", "typescript"])
+def test_a_service_whose_last_instance_cannot_start_leaves_no_process_behind(
+    kind: str, tmp_path: Path
+) -> None:
+    """A and B (and the TypeScript upstream) start; C gets an option it does not know and exits.
+
+    The error names C's command (the instances are waited for in order, so A and B were
+    serving by then), and every process the service had started is stopped.
+    """
+    before = _children()
+    with (
+        pytest.raises(RuntimeError, match="did not start") as failed,
+        flow_service(tmp_path, kind, "sign", no_hold=("--not-an-option",)),
+    ):
+        pytest.fail("instance C started with an option it does not know")
+    assert "--not-an-option" in str(failed.value)
+    assert _children() == before
 
 
 # ------------------------------------------------------------------ clients

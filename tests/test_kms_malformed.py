@@ -14,14 +14,13 @@ from __future__ import annotations
 
 import base64
 import json
-import threading
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import pytest
 from click.testing import CliRunner
 from fixtures_openbao import clean_vault_env
+from loopback import Loopback, Quiet
 
 from statecodec.cli import main
 from statecodec.cli._exit import ExitCode
@@ -52,7 +51,7 @@ class Answers:
 def fake_bao(monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> Iterator[tuple[str, Answers]]:
     answers = Answers()
 
-    class Handler(BaseHTTPRequestHandler):
+    class Handler(Quiet):
         def do_GET(self) -> None:
             path = self.path.split("?")[0]
             body = {
@@ -60,27 +59,11 @@ def fake_bao(monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> Iterator[tuple[s
                 "/v1/transit/keys/svc": answers.meta,
                 "/v1/transit/export/encryption-key/svc": answers.export,
             }.get(path)
-            data = json.dumps(body if body is not None else {"errors": []}).encode()
-            self.send_response(200 if body is not None else 404)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
+            self.reply_json(200 if body is not None else 404, body if body is not None else {"errors": []})
 
-        def log_message(self, *args: Any) -> None:
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    clean_vault_env(monkeypatch, tmp_path)
-    addr = f"http://127.0.0.1:{server.server_address[1]}"
-    try:
-        yield addr, answers
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join(timeout=10)
+    with Loopback(Handler) as server:
+        clean_vault_env(monkeypatch, tmp_path)
+        yield server.base, answers
 
 
 def run(addr: str, *args: str) -> dict[str, Any]:

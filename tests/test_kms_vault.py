@@ -9,13 +9,13 @@ import threading
 import time
 import uuid
 from collections.abc import Callable
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
 import hvac.exceptions
 import pytest
 from fixtures_openbao import OpenBao, clean_vault_env
+from loopback import Loopback, Quiet
 from pki import make_ca
 
 from statecodec import KeyRing, StateCodec
@@ -474,7 +474,7 @@ def test_manager_over_transit_promotes_after_the_delay(vault_env: OpenBao) -> No
 
 
 # ------------------------------------------------------------------------- Kubernetes
-def _fake_kubernetes_api() -> tuple[Any, list[str]]:
+def _fake_kubernetes_api() -> tuple[Loopback, list[str]]:
     """A TokenReview endpoint standing in for the Kubernetes API server.
 
     This is the one stand-in in these tests: OpenBao's real kubernetes auth method calls
@@ -483,7 +483,7 @@ def _fake_kubernetes_api() -> tuple[Any, list[str]]:
     """
     reviewed: list[str] = []
 
-    class TokenReview(BaseHTTPRequestHandler):
+    class TokenReview(Quiet):
         def do_POST(self) -> None:
             body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
             token = body["spec"]["token"]
@@ -491,21 +491,11 @@ def _fake_kubernetes_api() -> tuple[Any, list[str]]:
             status: dict[str, Any] = {"authenticated": token.endswith(".sig")}
             if status["authenticated"]:
                 status["user"] = {"username": "system:serviceaccount:mcp:statecodec", "uid": "uid-1"}
-            data = json.dumps(
-                {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenReview", "status": status}
-            ).encode()
-            self.send_response(201)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
+            self.reply_json(
+                201, {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenReview", "status": status}
+            )
 
-        def log_message(self, *args: Any) -> None:
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), TokenReview)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    return server, reviewed
+    return Loopback(TokenReview), reviewed
 
 
 def _service_account_jwt(serial: int) -> str:
@@ -535,7 +525,7 @@ def test_kubernetes_login_rereads_the_service_account_token(
         mount = unique("k8s")
         root.sys.enable_auth_method("kubernetes", path=mount)
         root.auth.kubernetes.configure(
-            kubernetes_host=f"http://127.0.0.1:{api.server_address[1]}",
+            kubernetes_host=api.base,
             kubernetes_ca_cert=make_ca("test-kubernetes-ca").cert_pem,
             token_reviewer_jwt="reviewer",
             disable_local_ca_jwt=True,
@@ -575,5 +565,4 @@ def test_kubernetes_login_rereads_the_service_account_token(
             source_from_url(f"vault-transit:transit/{name}").load()
         assert info.value.kind == "config"
     finally:
-        api.shutdown()
-        api.server_close()
+        api.close()

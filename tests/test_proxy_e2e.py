@@ -12,44 +12,20 @@ plaintext it issued. Nothing is mocked.
 
 from __future__ import annotations
 
-import base64
 import json
 import os
 import subprocess
 import time
-from typing import Any
 
 import httpx
 import mcp_types as types
 import pytest
 from cryptography.hazmat.primitives.asymmetric import rsa
 from fixtures_mcp import Balancer, connect, round_one, round_two
-from fixtures_proxy import NODE_DIR, PREFIX, TOOL, JWKSServer, Service, messages, modern_request, node_or_skip
+from fixtures_proxy import TOOL, JWKSServer, Service, messages, modern_request
 from mcp.shared.exceptions import MCPError
-
-from statecodec.adapters.jsonrpc import WIRE_ERROR_CODE, WIRE_ERROR_DATA, WIRE_ERROR_MESSAGE
-
-
-def payload_of(token: str) -> bytes:
-    body = token.split(".", 1)[1]
-    return base64.urlsafe_b64decode(body + "=" * (-len(body) % 4))
-
-
-def tamper(token: str) -> str:
-    prefix, body = token.split(".", 1)
-    middle = len(body) // 2
-    return f"{prefix}.{body[:middle]}{'B' if body[middle] == 'A' else 'A'}{body[middle + 1 :]}"
-
-
-def assert_wire_error(error: Any) -> None:
-    if isinstance(error, MCPError):
-        error = {"code": error.code, "message": error.message, "data": error.data}
-    assert error == {"code": WIRE_ERROR_CODE, "message": WIRE_ERROR_MESSAGE, "data": WIRE_ERROR_DATA}
-    assert error == {
-        "code": -32602,
-        "message": "Invalid or expired requestState",
-        "data": {"reason": "invalid_request_state"},
-    }
+from processes import NODE_DIR, node_or_skip
+from wire import PREFIX, assert_wire_error, payload_of, tamper
 
 
 def assert_untouched(service: Service, *tokens: str) -> None:

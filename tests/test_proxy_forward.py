@@ -11,10 +11,11 @@ import asyncio
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import pytest
+from asgi_calls import bodies, exchange, http_scope
+from loopback import Loopback, Quiet
 
 from statecodec.proxy import Timeouts, UpstreamApp
 
@@ -48,7 +49,7 @@ class EchoUpstream:
 def upstream() -> Iterator[EchoUpstream]:
     state = EchoUpstream()
 
-    class Handler(BaseHTTPRequestHandler):
+    class Handler(Quiet):
         protocol_version = "HTTP/1.1"
 
         def _handle(self) -> None:
@@ -87,59 +88,25 @@ def upstream() -> Iterator[EchoUpstream]:
 
         do_GET = do_POST = _handle
 
-        def log_message(self, *args: Any) -> None:
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    server.daemon_threads = True
-    state.url = f"http://127.0.0.1:{server.server_address[1]}/mcp"
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield state
-    finally:
-        state.stream_stopped.set()
-        server.shutdown()
-        server.server_close()
+    with Loopback(Handler) as server:
+        state.url = f"{server.base}/mcp"
+        try:
+            yield state
+        finally:
+            state.stream_stopped.set()
 
 
 def scope(
     path: bytes = b"/mcp", headers: list[tuple[bytes, bytes]] | None = None, **extra: Any
 ) -> dict[str, Any]:
-    return {
-        "type": "http",
-        "method": "POST",
-        "scheme": "http",
-        "path": path.decode(),
-        "raw_path": path,
-        "query_string": b"",
-        "headers": headers or [],
-        "client": ("10.0.0.7", 5555),
-        **extra,
-    }
+    return http_scope(path, headers=headers, client=("10.0.0.7", 5555), **extra)
 
 
 async def call(app: UpstreamApp, scope: dict[str, Any], chunks: list[bytes]) -> tuple[dict[str, Any], bytes]:
     """One request through the forwarder's ASGI interface: the response start and the body."""
-    messages = [
-        {"type": "http.request", "body": chunk, "more_body": i < len(chunks) - 1}
-        for i, chunk in enumerate(chunks)
-    ]
-    sent: list[dict[str, Any]] = []
-
-    async def receive() -> dict[str, Any]:
-        if messages:
-            return messages.pop(0)
-        await asyncio.Event().wait()  # the client stays connected
-        raise AssertionError("unreachable")
-
-    async def send(message: dict[str, Any]) -> None:
-        sent.append(message)
-
-    await app(scope, receive, send)
-    body = b"".join(m.get("body", b"") for m in sent if m["type"] == "http.response.body")
+    sent = await exchange(app, scope, chunks)
     assert sent[-1] == {"type": "http.response.body", "body": sent[-1]["body"], "more_body": False}
-    return sent[0], body
+    return sent[0], b"".join(m.get("body", b"") for m in bodies(sent))
 
 
 async def test_a_cookie_set_for_one_client_never_reaches_the_upstream_with_another(

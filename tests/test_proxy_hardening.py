@@ -19,13 +19,13 @@ import threading
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 from fixtures_proxy import Proxy, modern_request, proxy_command
+from loopback import Loopback, Quiet
 from processes import await_line, spawn, stop
 
 from statecodec import KeyRing
@@ -52,7 +52,7 @@ class TinyUpstream:
 def upstream() -> Iterator[TinyUpstream]:
     state = TinyUpstream()
 
-    class Handler(BaseHTTPRequestHandler):
+    class Handler(Quiet):
         protocol_version = "HTTP/1.1"
 
         def do_POST(self) -> None:
@@ -93,19 +93,9 @@ def upstream() -> Iterator[TinyUpstream]:
                     state.streams -= 1
                 self.close_connection = True
 
-        def log_message(self, *args: Any) -> None:
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    server.daemon_threads = True
-    state.url = f"http://127.0.0.1:{server.server_address[1]}/mcp"
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
+    with Loopback(Handler) as server:
+        state.url = f"{server.base}/mcp"
         yield state
-    finally:
-        server.shutdown()
-        server.server_close()
 
 
 @pytest.fixture

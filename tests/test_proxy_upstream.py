@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
+from asgi_calls import bodies, exchange, http_scope
 from pki import issue_server_cert, make_ca
 
 from statecodec.proxy import Timeouts, UpstreamApp
@@ -93,40 +94,15 @@ async def scripted() -> AsyncIterator[Callable[..., Scripted]]:
 
 
 def scope(method: str = "POST", headers: list[tuple[bytes, bytes]] | None = None) -> dict[str, Any]:
-    return {
-        "type": "http",
-        "method": method,
-        "scheme": "http",
-        "path": "/mcp",
-        "raw_path": b"/mcp",
-        "query_string": b"",
-        "headers": headers or [],
-        "client": ("127.0.0.1", 5555),
-    }
+    return http_scope(method=method, headers=headers)
 
 
 async def call(
     app: UpstreamApp, scope: dict[str, Any], chunks: list[bytes] | None = None
 ) -> tuple[int, list[dict[str, Any]]]:
     """One request through the ASGI interface: the status and every body message sent."""
-    chunks = chunks if chunks is not None else [b"{}"]
-    messages = [
-        {"type": "http.request", "body": chunk, "more_body": i < len(chunks) - 1}
-        for i, chunk in enumerate(chunks)
-    ]
-    sent: list[dict[str, Any]] = []
-
-    async def receive() -> dict[str, Any]:
-        if messages:
-            return messages.pop(0)
-        await asyncio.Event().wait()  # the client stays connected
-        raise AssertionError("unreachable")
-
-    async def send(message: dict[str, Any]) -> None:
-        sent.append(message)
-
-    await asyncio.wait_for(app(scope, receive, send), 30)
-    return sent[0]["status"], [m for m in sent if m["type"] == "http.response.body"]
+    sent = await exchange(app, scope, chunks if chunks is not None else [b"{}"])
+    return sent[0]["status"], bodies(sent)
 
 
 def body_of(messages: list[dict[str, Any]]) -> bytes:

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 from fixtures_valkey import ValkeyServer
+from replay_outcomes import ticking
 
 import statecodec as sc
 from statecodec.replay import (
@@ -258,22 +259,13 @@ async def test_sqlite_aunseal_does_not_block_the_event_loop(tmp_path: Path) -> N
     token = codec.seal(b"t", ALICE)
     blocker = sqlite3.connect(tmp_path / "r.db", isolation_level=None)
     blocker.execute("BEGIN IMMEDIATE")  # the consume will wait on this lock
-    ticks = 0
-
-    async def ticker() -> None:
-        nonlocal ticks
-        while True:
-            await asyncio.sleep(0.01)
-            ticks += 1
-
-    tick_task = asyncio.create_task(ticker())
-    unseal = asyncio.create_task(codec.aunseal(token, ALICE))
-    await asyncio.sleep(0.3)
-    assert not unseal.done()
-    assert ticks >= 10  # the loop kept running while the store waited for the lock
-    blocker.execute("COMMIT")
-    assert (await unseal).payload == b"t"
-    tick_task.cancel()
+    async with ticking() as ticks:
+        unseal = asyncio.create_task(codec.aunseal(token, ALICE))
+        await asyncio.sleep(0.3)
+        assert not unseal.done()
+        assert ticks.count >= 10  # the loop kept running while the store waited for the lock
+        blocker.execute("COMMIT")
+        assert (await unseal).payload == b"t"
     blocker.close()
     store.close()
 

@@ -14,13 +14,12 @@ import asyncio
 import collections
 import os
 import signal
-import threading
-import uuid
 from collections.abc import Callable, Iterator
 
 import pytest
 import redis
 from fixtures_valkey import ValkeyCluster, ValkeySentinels, running, wait_until
+from replay_traffic import Pace, Traffic
 
 import statecodec as sc
 from statecodec import ReplayStoreError
@@ -30,7 +29,7 @@ pytestmark = pytest.mark.slow
 
 BINDING = sc.Binding(principal="alice", audience="svc", method="tools/call", target="pay")
 #: Seconds between two attempts of one client: enough traffic to cross the failover, no more.
-PACE = 0.005
+PACE = Pace(after=0.005, idle=0.005)
 BOUND = 90.0
 
 
@@ -48,95 +47,6 @@ def sentinels() -> Iterator[ValkeySentinels]:
 
 def admin(port: int) -> redis.Redis:
     return redis.Redis(port=port, socket_timeout=5, decode_responses=True)
-
-
-class Traffic:
-    """Clients redeeming fresh tokens through one codec, each failed-closed token retried later.
-
-    Sync clients run in threads (``unseal``), async ones as tasks of one event loop in
-    another thread (``aunseal``), so both paths of the store cross the failover. Every
-    attempt's outcome is kept per token.
-    """
-
-    def __init__(self, codec: sc.StateCodec, threads: int = 3, tasks: int = 3) -> None:
-        self.codec = codec
-        self.outcomes: dict[str, list[str]] = {}
-        self._retry: collections.deque[str] = collections.deque()
-        self._in_flight = 0  # tokens handed to a client whose outcome is not recorded yet
-        self._lock = threading.Lock()
-        self._producing = True
-        self._stop = threading.Event()
-        self._workers = [threading.Thread(target=self._sync_client) for _ in range(threads)]
-        self._workers.append(threading.Thread(target=asyncio.run, args=(self._async_clients(tasks),)))
-        for worker in self._workers:
-            worker.start()
-
-    def count(self, outcome: str) -> int:
-        with self._lock:
-            return sum(o.count(outcome) for o in self.outcomes.values())
-
-    def finish(self) -> None:
-        """No new tokens; wait until every token that failed closed has been accepted."""
-        with self._lock:
-            self._producing = False
-
-        def settled() -> bool:
-            # A token a client is redeeming right now may still fail closed and come back.
-            with self._lock:
-                return not self._retry and not self._in_flight
-
-        try:
-            wait_until(settled, "every token that failed closed is accepted", BOUND)
-        finally:
-            self._stop.set()
-            for worker in self._workers:
-                worker.join(timeout=BOUND)
-
-    def _next(self) -> str | None:
-        with self._lock:
-            if self._retry:
-                self._in_flight += 1
-                return self._retry.popleft()
-            if not self._producing:
-                return None
-            token = self.codec.seal(uuid.uuid4().bytes, BINDING)
-            self.outcomes[token] = []
-            self._in_flight += 1
-            return token
-
-    def _record(self, token: str, outcome: str) -> None:
-        with self._lock:
-            self._in_flight -= 1
-            self.outcomes[token].append(outcome)
-            if outcome == "store_unavailable":
-                self._retry.append(token)
-
-    def _sync_client(self) -> None:
-        while not self._stop.is_set():
-            token = self._next()
-            if token is not None:
-                try:
-                    self.codec.unseal(token, BINDING)
-                    self._record(token, "ok")
-                except sc.InvalidState as exc:
-                    self._record(token, exc.reason)
-            self._stop.wait(PACE)
-
-    async def _async_clients(self, tasks: int) -> None:
-        async def client() -> None:
-            while not self._stop.is_set():
-                token = self._next()
-                if token is not None:
-                    try:
-                        await self.codec.aunseal(token, BINDING)
-                        self._record(token, "ok")
-                    except sc.InvalidState as exc:
-                        self._record(token, exc.reason)
-                await asyncio.sleep(PACE)
-
-        await asyncio.gather(*(client() for _ in range(tasks)))
-        assert self.codec.replay is not None
-        await self.codec.replay.aclose()
 
 
 def assert_exactly_once(traffic: Traffic) -> None:
@@ -168,7 +78,7 @@ def across(url: str, failover: Callable[[], None]) -> Traffic:
     """Traffic through a store at ``url``: 100 acceptances, the failover, 100 more, then the retries."""
     store = store_from_url(url)
     store.check()
-    traffic = Traffic(sc.StateCodec(sc.KeyRing.generate("k1"), replay=store))
+    traffic = Traffic(sc.StateCodec(sc.KeyRing.generate("k1"), replay=store), BINDING, pace=PACE, bound=BOUND)
     try:
         wait_until(lambda: traffic.count("ok") >= 100, "100 tokens are accepted", BOUND)
         failover()

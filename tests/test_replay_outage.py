@@ -12,6 +12,7 @@ import threading
 import time
 
 import pytest
+import replay_outcomes
 from fixtures_valkey import ValkeyServer
 
 import statecodec as sc
@@ -22,19 +23,11 @@ BINDING = sc.Binding(principal="alice", audience="svc", method="tools/call", tar
 
 
 def _attempt(codec: sc.StateCodec, token: str) -> str:
-    try:
-        codec.unseal(token, BINDING)
-    except sc.InvalidState as exc:
-        return exc.reason
-    return "ok"
+    return replay_outcomes.outcome(codec, token, BINDING)
 
 
 async def _aattempt(codec: sc.StateCodec, token: str) -> str:
-    try:
-        await codec.aunseal(token, BINDING)
-    except sc.InvalidState as exc:
-        return exc.reason
-    return "ok"
+    return await replay_outcomes.aoutcome(codec, token, BINDING)
 
 
 def test_server_stopped_mid_run_then_restarted(valkey_outage: ValkeyServer) -> None:

@@ -20,6 +20,7 @@ from typing import Any
 
 import pytest
 from fixtures_postgres import APP_PASSWORD, DATABASE, PostgresServer
+from replay_outcomes import aoutcome, outcome, ticking
 
 import statecodec as sc
 from statecodec import ReplayStoreError
@@ -45,19 +46,29 @@ def store(postgres_server: PostgresServer) -> Iterator[PostgresReplayStore]:
 
 
 def _reason(codec: sc.StateCodec, token: str) -> str:
-    try:
-        codec.unseal(token, ALICE)
-    except sc.InvalidState as exc:
-        return exc.reason
-    return "ok"
+    return outcome(codec, token, ALICE)
 
 
 async def _areason(codec: sc.StateCodec, token: str) -> str:
-    try:
-        await codec.aunseal(token, ALICE)
-    except sc.InvalidState as exc:
-        return exc.reason
-    return "ok"
+    return await aoutcome(codec, token, ALICE)
+
+
+def _until_it_answers(codec: sc.StateCodec) -> str:
+    """Fresh tokens redeemed until one is not refused as ``store_unavailable`` (60 s at most): that one."""
+    deadline = time.monotonic() + 60
+    while _reason(codec, (probe := codec.seal(b"p", ALICE))) == "store_unavailable":
+        assert time.monotonic() < deadline, "the store did not recover"
+        time.sleep(0.1)
+    return probe
+
+
+async def _auntil_it_answers(codec: sc.StateCodec) -> str:
+    """:func:`_until_it_answers` through ``aunseal``, the event loop running on meanwhile."""
+    deadline = time.monotonic() + 60
+    while await _areason(codec, (probe := codec.seal(b"p", ALICE))) == "store_unavailable":
+        assert time.monotonic() < deadline, "the store did not recover"
+        await asyncio.sleep(0.1)
+    return probe
 
 
 def _rows(server: PostgresServer, table: str) -> list[tuple[Any, ...]]:
@@ -274,10 +285,7 @@ def test_server_stopped_fails_closed_burns_nothing_and_recovers(postgres_outage:
         store.check()
     server.start()
     # The pool reconnects; every refused token redeems now, exactly once.
-    deadline = time.monotonic() + 60
-    while _reason(codec, (probe := codec.seal(b"p", ALICE))) == "store_unavailable":
-        assert time.monotonic() < deadline, "the store did not recover"
-        time.sleep(0.1)
+    probe = _until_it_answers(codec)
     assert _reason(codec, probe) == "replayed"
     assert [_reason(codec, t) for t in refused] == ["ok"] * 5
     assert [_reason(codec, t) for t in refused] == ["replayed"] * 5
@@ -295,10 +303,7 @@ async def test_server_stopped_async(postgres_outage: PostgresServer) -> None:
     assert await asyncio.gather(*(_areason(codec, t) for t in refused)) == ["store_unavailable"] * 20
     assert time.monotonic() - started < 5
     await asyncio.to_thread(server.start)
-    deadline = time.monotonic() + 60
-    while await _areason(codec, codec.seal(b"p", ALICE)) == "store_unavailable":
-        assert time.monotonic() < deadline
-        await asyncio.sleep(0.1)
+    await _auntil_it_answers(codec)
     assert await asyncio.gather(*(_areason(codec, t) for t in refused)) == ["ok"] * 20
     assert await asyncio.gather(*(_areason(codec, t) for t in refused)) == ["replayed"] * 20
     await store.aclose()
@@ -327,10 +332,7 @@ def test_a_stuck_server_fails_closed_in_bounded_time_and_burns_nothing(
     finally:
         server.thaw()
     assert len(store._unsettled) >= 1  # at least the insert sent on the idle connection
-    deadline = time.monotonic() + 60
-    while _reason(codec, codec.seal(b"p", ALICE)) == "store_unavailable":
-        assert time.monotonic() < deadline
-        time.sleep(0.1)
+    _until_it_answers(codec)
     assert [_reason(codec, t) for t in refused] == ["ok"] * 3
     assert [_reason(codec, t) for t in refused] == ["replayed"] * 3
     store.close()
@@ -342,28 +344,16 @@ async def test_a_stuck_server_async_does_not_block_the_loop(postgres_outage: Pos
     codec = sc.StateCodec(RING, replay=store)
     assert await _areason(codec, codec.seal(b"x", ALICE)) == "ok"
     await asyncio.to_thread(server.freeze)
-    ticks = 0
-
-    async def ticker() -> None:
-        nonlocal ticks
-        while True:
-            await asyncio.sleep(0.01)
-            ticks += 1
-
-    tick = asyncio.create_task(ticker())
     try:
-        token = codec.seal(b"x", ALICE)
-        started = time.monotonic()
-        assert await _areason(codec, token) == "store_unavailable"
-        assert time.monotonic() - started < 3
-        assert ticks >= 20  # the loop ran on while the consume waited
+        async with ticking() as ticks:
+            token = codec.seal(b"x", ALICE)
+            started = time.monotonic()
+            assert await _areason(codec, token) == "store_unavailable"
+            assert time.monotonic() - started < 3
+            assert ticks.count >= 20  # the loop ran on while the consume waited
     finally:
-        tick.cancel()
         await asyncio.to_thread(server.thaw)
-    deadline = time.monotonic() + 60
-    while await _areason(codec, codec.seal(b"p", ALICE)) == "store_unavailable":
-        assert time.monotonic() < deadline
-        await asyncio.sleep(0.1)
+    await _auntil_it_answers(codec)
     assert await _areason(codec, token) == "ok"
     assert await _areason(codec, token) == "replayed"
     await store.aclose()

@@ -25,6 +25,7 @@ from fixtures_postgres import APP_PASSWORD, DATABASE, SUPERUSER_PASSWORD, Postgr
 from fixtures_proxy import ANSWERS, TOOL, Upstream, messages, modern_request, proxy_command, upstream_command
 from processes import await_line, spawn, stop
 from prometheus_client.parser import text_string_to_metric_families
+from replay_outcomes import assert_hidden, shown_when_unavailable
 
 import statecodec as sc
 from statecodec.cli import main
@@ -39,10 +40,7 @@ BINDING = sc.Binding(principal="alice", audience="svc", method="tools/call", tar
 
 
 def assert_no_secret(*texts: str) -> None:
-    for text in texts:
-        for secret in SECRETS:
-            for form in {secret, quote(secret, safe=""), quote(secret)}:
-                assert form not in text, f"{secret!r} shown as {form!r} in: {text}"
+    assert_hidden(SECRETS, *texts)
 
 
 def _table() -> str:
@@ -151,17 +149,7 @@ def test_reprs_errors_and_logs_show_no_password(caplog: pytest.LogCaptureFixture
     caplog.set_level(logging.DEBUG)
     shown: list[str] = []
     for url in _unreachable():
-        store = store_from_url(url)
-        codec = sc.StateCodec(sc.KeyRing.generate("k1"), replay=store)
-        shown += [repr(store), repr(codec)]
-        with pytest.raises(sc.InvalidState) as info:
-            codec.unseal(codec.seal(b"x", BINDING), BINDING)
-        assert info.value.reason == "store_unavailable"
-        shown += [str(info.value), info.value.detail or "", repr(info.value)]
-        with pytest.raises(sc.ReplayStoreError) as failed:
-            store.check()
-        shown.append(str(failed.value))
-        store.close()
+        shown += shown_when_unavailable(url, BINDING)
     for bad in (
         f"postgresql://u:{quote(APP_PASSWORD, safe='')}@h/db?pool_size=x",
         f"postgresql://u@h/db?password={QUERY_PW}&no_such_option=1",

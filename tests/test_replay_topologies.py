@@ -441,10 +441,10 @@ async def test_two_proxies_share_a_store_named_by_statecodec_replay(
         ],
         upstream_log,
     )
-    prefix = f"proxy-{uuid.uuid4().hex[:8]}:"
-    monkeypatch.setenv("STATECODEC_REPLAY", with_options(form_url(form, request), prefix=prefix))
     procs = []
-    try:
+    try:  # from here on, whatever fails stops the upstream too
+        prefix = f"proxy-{uuid.uuid4().hex[:8]}:"
+        monkeypatch.setenv("STATECODEC_REPLAY", with_options(form_url(form, request), prefix=prefix))
         upstream_url = await_line(upstream, "READY ", upstream_log)
         command = proxy_command(
             upstream_url, keys=keys, replay="unused", mode="encrypt", jwks=jwks_server.url

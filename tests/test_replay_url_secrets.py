@@ -20,6 +20,7 @@ import pytest
 from click.testing import CliRunner
 from fixtures_valkey import ValkeyServer, free_port
 from processes import await_line, spawn, stop
+from replay_outcomes import assert_hidden, shown_when_unavailable
 
 import statecodec as sc
 from statecodec.cli import main
@@ -37,10 +38,7 @@ BINDING = sc.Binding(principal="alice", audience="svc", method="tools/call", tar
 
 
 def assert_no_secret(*texts: str) -> None:
-    for text in texts:
-        for secret in SECRETS:
-            for form in {secret, quote(secret, safe=""), quote(secret)}:
-                assert form not in text, f"{secret!r} shown as {form!r} in: {text}"
+    assert_hidden(SECRETS, *texts)
 
 
 def urls(port: int) -> list[str]:
@@ -73,17 +71,7 @@ def test_reprs_and_store_unavailable_details_and_warnings(caplog: pytest.LogCapt
     port = free_port()  # nothing listens: every consume fails
     shown: list[str] = []
     for url in urls(port):
-        store = store_from_url(url)
-        codec = sc.StateCodec(sc.KeyRing.generate("k1"), replay=store)
-        shown += [repr(store), repr(codec)]
-        with pytest.raises(sc.InvalidState) as info:
-            codec.unseal(codec.seal(b"x", BINDING), BINDING)
-        assert info.value.reason == "store_unavailable"
-        shown += [str(info.value), info.value.detail or "", repr(info.value)]
-        with pytest.raises(sc.ReplayStoreError) as failed:
-            store.check()
-        shown.append(str(failed.value))
-        store.close()
+        shown += shown_when_unavailable(url, BINDING)
     shown += [record.getMessage() for record in caplog.records]
     assert any("store unavailable" in line for line in shown)  # the scan saw real messages
     assert_no_secret(*shown)
