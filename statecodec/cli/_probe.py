@@ -200,7 +200,7 @@ def probe_command(
         float(timeout),
     )
     try:
-        report = asyncio.run(_run(probe, settings))
+        report = asyncio.run(probe(settings))
     except ProbeError as exc:
         raise CliError(ExitCode.SERVER, exc.message) from None
     lines = [] if out.json else _render(out, report)
@@ -210,20 +210,6 @@ def probe_command(
     names = ", ".join(c.check for c in failed)
     error = CliError(ExitCode.INVALID, f"{len(failed)} of {len(report.checks)} checks failed: {names}")
     return Outcome(report.to_json(), lines, exit_code=ExitCode.INVALID, error=error)
-
-
-async def _run(probe: Any, settings: Any) -> Report:
-    """The engine, with its errors out of anyio's exception groups (one cause, one message)."""
-    from ..probe import ProbeError  # noqa: PLC0415
-    from ..probe._wire import leaf  # noqa: PLC0415
-
-    try:
-        return await probe(settings)  # type: ignore[no-any-return]
-    except BaseExceptionGroup as group:
-        first = leaf(group)
-        if isinstance(first, ProbeError):
-            raise first from None
-        raise
 
 
 # ------------------------------------------------------------------ rendering
