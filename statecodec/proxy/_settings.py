@@ -240,6 +240,21 @@ def client_limits(settings: ProxySettings) -> ClientLimits:
     return ClientLimits(settings.head_timeout, settings.body_timeout, settings.idle_timeout, most)
 
 
+def parsed(
+    options: dict[str, Any], *, listen: str, principal: PrincipalSettings
+) -> tuple[ProxySettings, ClientLimits]:
+    """The settings of the command's parsed ``options`` for a proxy on ``listen``, checked; the client limits.
+
+    The Host and Origin lists are completed for the address (:func:`host_lists`), then the
+    settings checked together (:func:`checked`): everything before anything starts.
+    """
+    options["allowed_hosts"], options["allowed_origins"] = host_lists(
+        listen, options.pop("allowed_hosts"), options.pop("allowed_origins")
+    )
+    settings = ProxySettings.of(options, principal=principal)
+    return settings, checked(settings)
+
+
 def checked(settings: ProxySettings) -> ClientLimits:
     """The checks of several settings at once, before anything starts; the client limits."""
     if settings.workers > 1 and settings.replay.strip().lower().startswith("memory"):
@@ -266,5 +281,6 @@ __all__ = [
     "checked",
     "client_limits",
     "host_lists",
+    "parsed",
     "timeline",
 ]
