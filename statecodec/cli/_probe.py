@@ -9,7 +9,6 @@ chose is escaped before it reaches a terminal.
 from __future__ import annotations
 
 import asyncio
-import json
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any, Final
 
@@ -18,7 +17,7 @@ import click
 from ._describe import printable
 from ._exit import CliError, ExitCode, explain_missing_extra
 from ._output import Outcome, Output, command
-from ._params import F, duration_option
+from ._params import F, duration_option, json_value
 
 if TYPE_CHECKING:
     from ..probe import CheckResult, Report
@@ -42,10 +41,7 @@ def _json_object(what: str) -> Any:
     def convert(ctx: click.Context, param: click.Parameter, value: str | None) -> Any:
         if value is None:
             return None
-        try:
-            parsed = json.loads(value)
-        except (ValueError, RecursionError) as exc:
-            raise click.BadParameter(f"not valid JSON: {exc}") from None
+        parsed = json_value(value)
         if not isinstance(parsed, dict):
             raise click.BadParameter(f"must be a JSON object ({what})")
         return parsed
