@@ -1,10 +1,11 @@
 """The demo's record: where its keys and store live by default, and what happened, as one document.
 
 ``statecodec demo`` prints each event as it happens; what it found is also one JSON
-document (``--json``), kept here from the same events, so that a Python caller of
-:func:`._run.run` gets the same record as the command line. The defaults are the demo's
-own too: a key ring file and a SQLite replay store in a private data directory, created on
-the first run and reused after, so the demo never picks up a service's keys by accident.
+document (``--json``), kept here from the same events: a Python caller of
+:func:`._run.run` keeps the same record by passing :meth:`Journal.record` as its report.
+The defaults are the demo's own too: a key ring file and a SQLite replay store in a
+private data directory, created on the first run and reused after, so the demo never
+picks up a service's keys by accident.
 """
 
 from __future__ import annotations
