@@ -25,7 +25,9 @@ from statecodec.compat import (
     FORMATS,
     VerifyOptions,
     detect,
+    format_for,
     mcp_py_v1,
+    mode_of,
     php_v1,
     rs1,
     rs2,
@@ -166,6 +168,20 @@ def test_detect_never_raises_on_any_text(text: str) -> None:
 
 
 # -------------------------------------------------------------------------- registry
+def test_an_unreadable_token_of_a_known_format_carries_its_stable_reason() -> None:
+    assert detect("sc1s.!!!").reason == "malformed" and detect(MB).reason == "too_large"
+    assert detect("hello").reason is None and detect(ts_token()).reason is None
+
+
+def test_format_for_names_what_verify_auto_verifies_as_and_mode_of_what_it_hides() -> None:
+    sc1 = StateCodec(RING, mode="encrypt").seal(b"x")
+    assert format_for(sc1) == "sc1" and mode_of("sc1", sc1) == "encrypt"
+    assert format_for(ts_token()) == "ts-v1" and mode_of("ts-v1", ts_token()) == "sign"
+    assert format_for(py_token()) is None  # Python or Ruby SDK v1: the keys decide
+    assert format_for("hello") == "sc1" and mode_of("sc1", "hello") == "sign"  # sc1's reader says why
+    assert {mode_of(f, "") for f in FORMATS if f != "sc1"} == {"sign", "encrypt"}
+
+
 def test_registry_lists_every_format() -> None:
     assert set(FORMATS) == {"sc1", "ts-v1", "mcp-py-v1", "ruby-v1", "php-v1", "rs1", "rs2"}
     with pytest.raises(KeyError):

@@ -306,3 +306,11 @@ def test_importing_kms_does_not_import_hvac() -> None:
     code = "import sys, statecodec.kms; print(sorted(m for m in ('hvac', 'requests') if m in sys.modules))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+def test_a_key_source_error_says_whether_a_retry_may_cure_it() -> None:
+    """Down or busy (retry later, exit 7 at the command line) versus something to fix (exit 3)."""
+    from statecodec.kms import KINDS  # noqa: PLC0415
+
+    transient = {kind for kind in KINDS if KeySourceError("x", kind=kind).transient}
+    assert transient == {"unreachable", "conflict"}

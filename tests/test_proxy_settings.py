@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 import socket
 
 import click
@@ -125,3 +126,28 @@ def test_the_admin_listener_leaves_logging_to_the_process() -> None:
         sock.close()
     assert url.startswith("http://127.0.0.1:")
     assert (list(uvicorn_logger.handlers), uvicorn_logger.propagate) == before
+
+
+@pytest.mark.parametrize(
+    ("source", "options", "says"),
+    [
+        ("jwt-sub", {}, "exactly one of --jwks URL or --introspection"),
+        ("jwt-sub", {"jwks": "https://idp.example/jwks"}, "--jwks needs --issuer and --jwt-audience"),
+        ("none", {"issuer": "https://idp.example"}, "need --principal-from jwt-sub"),
+        ("header:", {}, "must be none, header:NAME or jwt-sub, not 'header:'"),
+    ],
+)
+def test_principal_settings_refuse_options_that_do_not_fit_together_when_made(
+    source: str, options: dict[str, str], says: str
+) -> None:
+    """The check is the settings' own: a Python caller gets it too, not only the command line."""
+    with pytest.raises(ProxyConfigError, match=re.escape(says)):
+        PrincipalSettings(source, **options)  # type: ignore[arg-type]
+    assert PrincipalSettings("header:X-User").source == "header:X-User"
+
+
+def test_the_principal_forms_in_the_help_are_the_settings_own() -> None:
+    from statecodec.cli._principal import _PRINCIPAL_FORMS  # noqa: PLC0415 - the copy --help shows
+    from statecodec.proxy._settings import PRINCIPAL_FORMS  # noqa: PLC0415
+
+    assert _PRINCIPAL_FORMS == PRINCIPAL_FORMS

@@ -2,10 +2,10 @@
 
 The engine lives in :mod:`statecodec._demo` and needs the ``mcp`` extra; it is imported
 only when the command runs, so ``statecodec --help`` and the other commands work without
-it. This module chooses the embedded defaults (a key ring file and a SQLite replay store
-in the user's data directory, created on first run), narrates the events as they happen
-and turns the engine's findings into the exit code: 0 only when every step behaved as
-the trace says.
+it. The embedded defaults (a key ring file and a SQLite replay store in the user's data
+directory, created on first run) and the JSON record of a run are the engine's
+(:mod:`statecodec._demo._journal`); this module narrates the events as they happen and
+turns the findings into the exit code: 0 only when every step behaved as the trace says.
 """
 
 from __future__ import annotations
@@ -15,27 +15,21 @@ import datetime as dt
 import json
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Final, assert_never
+from typing import TYPE_CHECKING, Final, assert_never
 
 import click
-import platformdirs
 
-from .._humanize import duration, relative
+from .._humanize import relative
 from ._exit import CliError, ExitCode, explain_missing_extra
 from ._output import Outcome, Output, command, echo
 from ._params import mode_option
 from ._sources import open_store
 
 if TYPE_CHECKING:
+    from .._demo._journal import Journal
     from .._demo._run import Answered, Event, Rejection, RoundOne, RoundTwo, Setup
 
-KEYS_FILE: Final = "demo-keys.json"
-REPLAY_FILE: Final = "demo-replay.sqlite3"
 _EXIT_INTERRUPTED: Final = 130  # 128 + SIGINT, what shells expect after Ctrl-C
-
-
-def _default_data_dir() -> str:
-    return platformdirs.user_data_dir("statecodec", appauthor=False)
 
 
 @click.command("demo")
@@ -76,19 +70,16 @@ def demo_command(
     """
     started = time.monotonic()
     try:
-        from .._demo import _run  # noqa: PLC0415 - the mcp extra, loaded only for this command
+        from .._demo import _journal, _run  # noqa: PLC0415 - the mcp extra, loaded only for this command
     except ModuleNotFoundError as exc:
         explain_missing_extra(exc, "demo")
         raise
-    folder = data_dir if data_dir is not None else Path(_default_data_dir())
-    keys_note = ""
-    if keys_spec is None:
-        keys_spec, keys_note = _embedded_keys(folder)
-    if replay is None:
-        _private_dir(folder)
-        replay = f"sqlite:{folder / REPLAY_FILE}"
-    settings = _run.Settings(_run.Mode(mode), keys_spec, replay, open_store=open_store)
-    trace = _Trace(out, keys_note)
+    try:
+        sources = _journal.Sources.of(keys_spec, replay, data_dir)
+    except _journal.DataDirError as exc:
+        raise CliError(ExitCode.IO, str(exc)) from None
+    settings = _run.Settings(_run.Mode(mode), sources.keys, sources.replay, open_store=open_store)
+    trace = _Trace(out, sources.keys_note, _journal.Journal())
     try:
         problems = asyncio.run(_run.run(settings, trace))
     except KeyboardInterrupt:
@@ -97,38 +88,19 @@ def demo_command(
     return trace.outcome(problems, time.monotonic() - started)
 
 
-def _private_dir(folder: Path) -> None:
-    """The data directory, created 0700: it holds a secret key ring."""
-    try:
-        folder.mkdir(mode=0o700, parents=True, exist_ok=True)
-    except OSError as exc:
-        raise CliError(ExitCode.IO, f"cannot create the data directory {folder}: {exc.strerror}") from None
-
-
-def _embedded_keys(folder: Path) -> tuple[str, str]:
-    """``file:`` the demo's key ring, created 0600 on first run and reused after."""
-    from ..kms import init_keys  # noqa: PLC0415
-
-    _private_dir(folder)
-    path = folder / KEYS_FILE
-    created = not path.exists()
-    spec = f"file:{path}"
-    init_keys(spec)  # never overwrites; an existing file must be a valid ring
-    return spec, "created now, mode 600" if created else "reused from an earlier run"
-
-
 # --------------------------------------------------------------------- trace
 class _Trace:
-    """Prints each event as it happens (people) and keeps them for one JSON document (--json)."""
+    """Prints each event as it happens (people); the journal keeps them for one JSON document (--json)."""
 
-    def __init__(self, out: Output, keys_note: str) -> None:
+    def __init__(self, out: Output, keys_note: str, journal: Journal) -> None:
         self.out = out
         self.keys_note = keys_note
-        self.fields: dict[str, Any] = {"rejections": []}
+        self.journal = journal
 
     def __call__(self, event: Event) -> None:
         from .._demo import _run  # noqa: PLC0415 - loaded by now: the engine is running
 
+        self.journal.record(event)
         match event:
             case _run.Setup():
                 lines = self._setup(event)
@@ -150,13 +122,6 @@ class _Trace:
         return self.out.style(text, dim=True)
 
     def _setup(self, event: Setup) -> list[str]:
-        self.fields.update(
-            mode=event.mode.value,
-            keys=event.keys,
-            replay=event.replay,
-            primary_kid=event.primary_kid,
-            instances=[{"name": i.name, "service": i.service, "url": i.url} for i in event.instances],
-        )
         mode = event.mode.value.upper()
         title = f"statecodec demo: deploy_production on two instances of one MCP service, {mode} mode"
         note = f" ({self.keys_note})" if self.keys_note else ""
@@ -176,12 +141,6 @@ class _Trace:
         return [*lines, ""]
 
     def _round_one(self, event: RoundOne) -> list[str]:
-        self.fields["round_one"] = {
-            "instance": event.instance,
-            "request_id": event.request_id,
-            "input_requests": event.questions,
-            "request_state": _token_fields(event.token, event.kid, event.issued_at, event.expires_at),
-        }
         expires = dt.datetime.fromtimestamp(event.expires_at, dt.UTC).strftime("%H:%M:%SZ")
         lines = [
             f"alice -> {event.instance}  tools/call deploy_production {json.dumps(event.arguments)}  "
@@ -196,17 +155,11 @@ class _Trace:
         return lines
 
     def _answered(self, event: Answered) -> list[str]:
-        self.fields["answers"] = event.answers
         given = ", ".join(f"{key} {json.dumps(content)}" for key, content in event.answers.items())
         return [f"alice answers both: {given}"]
 
     def _round_two(self, event: RoundTwo) -> list[str]:
         outcome = event.outcome
-        self.fields["round_two"] = {
-            "instance": event.instance,
-            "request_id": event.request_id,
-            "outcome": outcome,
-        }
         seen = (
             "SIGN: the client could read the plan, and could not change it"
             if event.plan_readable
@@ -225,19 +178,6 @@ class _Trace:
         ]
 
     def _rejection(self, event: Rejection) -> list[str]:
-        self.fields["rejections"].append(
-            {
-                "attack": event.attack,
-                "label": event.label,
-                "instance": event.instance,
-                "expected_reason": event.expected,
-                "error": event.error,
-                "reason": event.reason,
-                "detail": event.detail,
-                "ok": event.ok,
-                "problems": list(event.problems),
-            }
-        )
         mark = (
             self.out.style(" ok ", fg="green", bold=True)
             if event.ok
@@ -250,33 +190,18 @@ class _Trace:
         return lines
 
     def outcome(self, problems: list[str], elapsed: float) -> Outcome:
-        rejections = self.fields.pop("rejections")
-        self.fields.update(rejections=rejections, deviations=problems, elapsed_seconds=round(elapsed, 2))
+        fields = self.journal.finish(problems, elapsed)
         if not problems:
             line = (
-                f"Every step behaved as stated: {len(rejections)} bad tokens stopped, {elapsed:.1f}s in all."
+                f"Every step behaved as stated: {len(fields['rejections'])} bad tokens stopped, "
+                f"{elapsed:.1f}s in all."
             )
             if not self.out.json:
                 echo("")
                 echo(self.out.style(line, fg="green", bold=True), color=self.out.color)
-            return Outcome(self.fields)
+            return Outcome(fields)
         message = f"the demo deviated from what it states ({len(problems)}): " + "; ".join(problems)
-        replay_failed = any(r["attack"] == "replayed" and not r["ok"] for r in rejections)
-        if replay_failed and str(self.fields.get("replay")).startswith("memory:"):
-            message += (
-                ". Hint: memory: gives every instance a replay store of its own, so B's redemption is "
-                "unknown to A; share one store (sqlite:PATH on one machine, redis:// across machines)"
-            )
+        if hint := self.journal.hint():
+            message += f". Hint: {hint}"
         error = CliError(ExitCode.INVALID, message)  # no codec reason: a deviation is not one token
-        return Outcome(self.fields, exit_code=ExitCode.INVALID, error=error)
-
-
-def _token_fields(token: str, kid: str, issued_at: int, expires_at: int) -> dict[str, Any]:
-    return {
-        "prefix": token.split(".", 1)[0] + ".",
-        "chars": len(token),
-        "kid": kid,
-        "issued_at": issued_at,
-        "expires_at": expires_at,
-        "lifetime": duration(expires_at - issued_at),
-    }
+        return Outcome(fields, exit_code=ExitCode.INVALID, error=error)

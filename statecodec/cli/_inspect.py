@@ -6,7 +6,6 @@ from typing import Any, Final
 
 import click
 
-from .._errors import REASONS
 from ..compat import FORMATS, FormatInfo, detect
 from ._describe import DEFAULT_LIMIT, flow_fields, lifetime_fields, payload_fields, table, token_rows
 from ._exit import CliError, ExitCode
@@ -66,11 +65,10 @@ def inspect_command(out: Output, *, token: str, at: float | None) -> Outcome:
             ExitCode.INVALID, f"not a recognised requestState token: {info.problem}", reason="malformed"
         )
     if info.problem is not None:
-        reason, _, _ = info.problem.partition(": ")
         raise CliError(
             ExitCode.INVALID,
             f"unreadable {info.name} token: {info.problem}",
-            reason=reason if reason in REASONS else "malformed",
+            reason=info.reason or "malformed",
         )
     doc = describe(info, now)
     banner = out.style(WARNING, fg="yellow", bold=True)

@@ -119,16 +119,7 @@ def list_command(
         source.close()
     tl = Timeline(**timeline)
     plan = tl.plan(ring, now)
-    keys = [
-        {
-            "kid": k.kid,
-            "state": k.state,
-            "created_at": moment(k.created_at, now),
-            "promotes_at": moment(k.promotes_at, now),
-            "retires_at": None if k.retires_at is None else moment(k.retires_at, now),
-        }
-        for k in plan.states
-    ]
+    keys = [_key_fields(k.to_dict(), now) for k in plan.states]
     fields = {
         "source": source.describe(),
         "at": moment(now, now),
@@ -137,6 +128,11 @@ def list_command(
         "timeline": tl.describe(),
     }
     return Outcome(fields, _list_lines(out, fields))
+
+
+def _key_fields(key: dict[str, Any], now: float) -> dict[str, Any]:
+    """A key's fields as the library names them (``KeyState.to_dict``), its times as moments."""
+    return {name: moment(v, now) if name.endswith("_at") and v is not None else v for name, v in key.items()}
 
 
 _STATE_STYLE: dict[str, dict[str, Any]] = {

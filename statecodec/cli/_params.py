@@ -369,13 +369,16 @@ binding_options: Final = grouped(
 )
 
 
-def _arguments(text: str | None) -> Any:
-    if text is None:
-        return ABSENT
+def json_value(text: str, param_hint: str | None = None) -> Any:
+    """An option's value parsed as JSON, or a usage error (naming ``param_hint`` outside a callback)."""
     try:
         return json.loads(text)
     except (ValueError, RecursionError) as exc:
-        raise click.BadParameter(f"not valid JSON: {exc}", param_hint="'--arguments'") from None
+        raise click.BadParameter(f"not valid JSON: {exc}", param_hint=param_hint) from None
+
+
+def _arguments(text: str | None) -> Any:
+    return ABSENT if text is None else json_value(text, "'--arguments'")
 
 
 def _extra(items: tuple[str, ...]) -> dict[str, str]:

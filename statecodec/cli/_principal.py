@@ -1,9 +1,8 @@
 """``statecodec proxy --principal-from``: who a state is bound to, and the options of ``jwt-sub``.
 
-Parsed into one :class:`~statecodec.proxy._settings.PrincipalSettings`, refused while
-the arguments are parsed (a usage error, exit 2) unless fully configured: a principal
-read in a way the operator did not fully configure would bind states to the wrong
-party, or to no one. Building the verifier is the proxy's, in each process that serves.
+Parsed into one :class:`~statecodec.proxy._settings.PrincipalSettings`, which refuses
+options that do not fit together; the refusal is reported while the arguments are parsed
+(a usage error, exit 2). Building the verifier is the proxy's, in each process that serves.
 """
 
 from __future__ import annotations
@@ -17,32 +16,9 @@ from ._params import grouped
 if TYPE_CHECKING:
     from ..proxy._settings import PrincipalSettings
 
-_PRINCIPAL_FORMS = "none, header:NAME or jwt-sub"
-
-
-def checked_principal(principal: PrincipalSettings) -> PrincipalSettings:
-    """``principal``, or a usage error naming what is missing or out of place."""
-    jwt_options = bool(principal.jwks or principal.issuer or principal.jwt_audience or principal.algorithms)
-    if principal.source == "jwt-sub":
-        if bool(principal.jwks) == bool(principal.introspection):
-            raise click.UsageError(
-                "--principal-from jwt-sub needs exactly one of --jwks URL or --introspection"
-            )
-        if principal.jwks and not (principal.issuer and principal.jwt_audience):
-            raise click.UsageError(
-                "--jwks needs --issuer and --jwt-audience (the token's expected iss and aud)"
-            )
-        if principal.introspection and jwt_options:
-            raise click.UsageError("--issuer, --jwt-audience and --jwt-algorithm go with --jwks only")
-    elif jwt_options or principal.introspection:
-        raise click.UsageError(
-            "--jwks, --issuer, --jwt-audience and --introspection need --principal-from jwt-sub"
-        )
-    elif principal.source != "none" and not (
-        principal.source.startswith("header:") and principal.source[7:].strip()
-    ):
-        raise click.UsageError(f"--principal-from must be {_PRINCIPAL_FORMS}, not {principal.source!r}")
-    return principal
+# --help must not import the proxy (PyJWT and friends): the forms are repeated here, and
+# tests/test_proxy_settings.py keeps them equal to proxy._settings.PRINCIPAL_FORMS.
+_PRINCIPAL_FORMS: Final = "none, header:NAME or jwt-sub"
 
 
 def _principal(
@@ -54,12 +30,14 @@ def _principal(
     algorithms: tuple[str, ...],
     introspection: str | None,
 ) -> PrincipalSettings:
-    from ..proxy._settings import PrincipalSettings  # noqa: PLC0415 - loaded only for this command
+    from ..proxy._settings import PrincipalSettings, ProxyConfigError  # noqa: PLC0415 - only for this command
 
-    settings = PrincipalSettings(
-        principal_source.strip(), jwks, issuer, jwt_audience, algorithms, introspection
-    )
-    return checked_principal(settings)
+    try:
+        return PrincipalSettings(
+            principal_source.strip(), jwks, issuer, jwt_audience, algorithms, introspection
+        )
+    except ProxyConfigError as exc:
+        raise click.UsageError(str(exc)) from None
 
 
 #: --principal-from/--jwks/--issuer/--jwt-audience/--jwt-algorithm/--introspection, handed

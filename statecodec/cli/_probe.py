@@ -9,7 +9,6 @@ chose is escaped before it reaches a terminal.
 from __future__ import annotations
 
 import asyncio
-import json
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any, Final
 
@@ -18,7 +17,7 @@ import click
 from ._describe import printable
 from ._exit import CliError, ExitCode, explain_missing_extra
 from ._output import Outcome, Output, command
-from ._params import F, duration_option
+from ._params import F, duration_option, json_value
 
 if TYPE_CHECKING:
     from ..probe import CheckResult, Report
@@ -42,10 +41,7 @@ def _json_object(what: str) -> Any:
     def convert(ctx: click.Context, param: click.Parameter, value: str | None) -> Any:
         if value is None:
             return None
-        try:
-            parsed = json.loads(value)
-        except (ValueError, RecursionError) as exc:
-            raise click.BadParameter(f"not valid JSON: {exc}") from None
+        parsed = json_value(value)
         if not isinstance(parsed, dict):
             raise click.BadParameter(f"must be a JSON object ({what})")
         return parsed
@@ -200,7 +196,7 @@ def probe_command(
         float(timeout),
     )
     try:
-        report = asyncio.run(_run(probe, settings))
+        report = asyncio.run(probe(settings))
     except ProbeError as exc:
         raise CliError(ExitCode.SERVER, exc.message) from None
     lines = [] if out.json else _render(out, report)
@@ -210,20 +206,6 @@ def probe_command(
     names = ", ".join(c.check for c in failed)
     error = CliError(ExitCode.INVALID, f"{len(failed)} of {len(report.checks)} checks failed: {names}")
     return Outcome(report.to_json(), lines, exit_code=ExitCode.INVALID, error=error)
-
-
-async def _run(probe: Any, settings: Any) -> Report:
-    """The engine, with its errors out of anyio's exception groups (one cause, one message)."""
-    from ..probe import ProbeError  # noqa: PLC0415
-    from ..probe._wire import leaf  # noqa: PLC0415
-
-    try:
-        return await probe(settings)  # type: ignore[no-any-return]
-    except BaseExceptionGroup as group:
-        first = leaf(group)
-        if isinstance(first, ProbeError):
-            raise first from None
-        raise
 
 
 # ------------------------------------------------------------------ rendering

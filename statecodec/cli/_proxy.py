@@ -10,11 +10,9 @@ per line), and exits with the usual codes when it cannot start, before it listen
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import logging
 import sys
-from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 import click
@@ -38,9 +36,10 @@ from ._params import (
     timeline_option,
 )
 from ._principal import principal_options
+from ._sources import open_store
 
 if TYPE_CHECKING:
-    from ..proxy._settings import PrincipalSettings, ProxySettings
+    from ..proxy._settings import PrincipalSettings
 
 logger = logging.getLogger("statecodec.proxy")
 
@@ -196,22 +195,14 @@ def proxy_command(principal: PrincipalSettings, **params: Any) -> None:
 
         _runtime.configure_logging(params["log_level"], log_format)
         try:
-            params["allowed_hosts"], params["allowed_origins"] = _settings.host_lists(
-                host, params.pop("allowed_hosts"), params.pop("allowed_origins")
-            )
-            settings = _settings.ProxySettings.of(params, principal=principal)
-            clients = _settings.checked(settings)  # before anything starts
+            settings, clients = _settings.parsed(params, listen=host, principal=principal)
         except _settings.ProxyConfigError as exc:
             raise click.UsageError(str(exc)) from None
+        # Keys and store as this command opens them, in the process and in each worker.
+        store = functools.partial(open_store, check=True)
+        build = functools.partial(_runtime.built, keys=require_keys(settings.keys_spec), open_store=store)
         code = _runtime.run(
-            settings,
-            host,
-            port,
-            admin_address,
-            build=_built,
-            failure=_failure,
-            clients=clients,
-            announce=echo,
+            settings, host, port, admin_address, build=build, failure=_failure, clients=clients, announce=echo
         )
     except Exception as exc:
         error = reported(exc, _error)
@@ -246,15 +237,3 @@ def _failure(exc: Exception) -> tuple[int, str, str]:
     """How a worker that cannot serve reports ``exc``: its exit code, reason and message."""
     error = _error(exc)
     return int(error.code), error.code.slug, error.message
-
-
-@contextlib.contextmanager
-def _built(settings: ProxySettings) -> Iterator[tuple[Any, Any, Any]]:
-    """:func:`statecodec.proxy._runtime.built` with the command's key and store checks."""
-    from ..proxy._runtime import built  # noqa: PLC0415
-    from ._sources import open_store  # noqa: PLC0415
-
-    with built(
-        settings, require_keys(settings.keys_spec), functools.partial(open_store, check=True)
-    ) as running:
-        yield running

@@ -19,10 +19,6 @@ from ._exit import CliError, ExitCode
 if TYPE_CHECKING:
     from ..kms import KeyManager
 
-#: KeySourceError kinds that a retry may cure (the source is down or busy), as opposed to
-#: configuration or content that someone has to fix.
-_TRANSIENT = frozenset({"unreachable", "conflict"})
-
 
 @contextlib.contextmanager
 def key_manager(spec: str, *, clock: Callable[[], float], **timeline: Any) -> Iterator[KeyManager]:
@@ -73,7 +69,7 @@ def classify_kms_error(exc: Exception) -> CliError | None:
 
     if not isinstance(exc, KeySourceError):
         return None
-    if exc.kind in _TRANSIENT:
+    if exc.transient:
         return CliError(ExitCode.KEY_SOURCE_DOWN, str(exc))
     if exc.kind == "internal":
         return CliError(ExitCode.INTERNAL, f"{exc} (this is a bug in statecodec, please report it)")

@@ -23,7 +23,7 @@ from .._codec import (
 from .._errors import InvalidState
 from .._keys import KeyProvider
 from ..compat import FORMATS as COMPAT_FORMATS
-from ..compat import Verified, VerifyOptions, detect, verify_detected
+from ..compat import Verified, VerifyOptions, format_for, mode_of, verify_detected
 from ..compat import verify as compat_verify
 from ..replay._url import redact
 from . import _sources
@@ -58,7 +58,6 @@ _FOREIGN_HINT = {
 }
 #: The pseudo-format of a token whose bytes fit several formats: the keys decide.
 _CANDIDATES = "candidates"
-_ENCRYPTED = frozenset({"mcp-py-v1", "ruby-v1"})
 _AD_FORMATS = frozenset({"rs1", "rs2"})
 
 
@@ -124,15 +123,6 @@ def _check_foreign_flags(
         given.append("--associated-data (rs1 and rs2 only)")
     if given:
         raise click.UsageError(f"not applicable to a {fmt} token: {', '.join(given)}")
-
-
-def _resolve_format(fmt: str, token: str) -> str:
-    if fmt != "auto":
-        return fmt
-    info = detect(token)
-    if info.format is None and info.candidates:
-        return _CANDIDATES  # Python or Ruby SDK v1: the keys decide (verify_detected)
-    return info.format if info.format is not None and info.format in COMPAT_FORMATS else "sc1"
 
 
 @click.command("verify")
@@ -203,7 +193,8 @@ def verify_command(
     """
     opts = _Sc1Options.of(sc1)
     text = read_token(token)
-    fmt = _resolve_format(fmt, text)
+    if fmt == "auto":
+        fmt = format_for(text) or _CANDIDATES
     if fmt == "sc1":
         _check_sc1_flags(binding, opts, at)
         foreign_only = {
@@ -234,7 +225,7 @@ def _verify_sc1(
     clock: Callable[[], float],
 ) -> Outcome:
     now = clock()
-    mode = opts.mode or ("encrypt" if token.startswith("sc1e.") else "sign")
+    mode = opts.mode or mode_of("sc1", token)
     bound = binding.to_binding()
     check_binding = bound is not None or opts.unbound
     base: dict[str, Any] = {
@@ -322,7 +313,8 @@ def _verify_foreign(
     clock: Callable[[], float],
 ) -> Outcome:
     now = clock()
-    mode = "encrypt" if fmt in _ENCRYPTED or fmt == _CANDIDATES else "sign"
+    # The candidates (Python or Ruby SDK v1) are both AES-GCM.
+    mode = "encrypt" if fmt == _CANDIDATES else mode_of(fmt, token)
     base: dict[str, Any] = {
         "format": None if fmt == _CANDIDATES else fmt,
         "mode": mode,

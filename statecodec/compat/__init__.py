@@ -22,14 +22,25 @@ use, a key id chosen by policy, or key rotation as statecodec has them.
 
 :func:`detect` names any token and reads what it shows without keys (``statecodec
 inspect``); :func:`verify` checks one with keys by format id (``statecodec verify
---format``), never consuming it. Nothing here imports ``mcp`` or Node.
+--format``), never consuming it; :func:`format_for` says which id ``--format auto``
+picks, :func:`mode_of` whether a format hides its payload. Nothing here imports ``mcp`` or Node.
 """
 
 from __future__ import annotations
 
 from ._common import DEFAULT_MAX_TOKEN_BYTES
 from ._detect import FormatInfo, detect
-from ._registry import FORMATS, CompatFormat, Verified, VerifyKeys, VerifyOptions, verify, verify_detected
+from ._registry import (
+    FORMATS,
+    CompatFormat,
+    Verified,
+    VerifyKeys,
+    VerifyOptions,
+    format_for,
+    mode_of,
+    verify,
+    verify_detected,
+)
 
 __all__ = [
     "DEFAULT_MAX_TOKEN_BYTES",
@@ -40,6 +51,8 @@ __all__ = [
     "VerifyKeys",
     "VerifyOptions",
     "detect",
+    "format_for",
+    "mode_of",
     "verify",
     "verify_detected",
 ]

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any, Final
 
 from .. import _format
-from .._errors import InvalidState
+from .._errors import InvalidState, Reason
 from . import _rmcp, mcp_py_v1, php_v1, rs1, rs2, ruby_v1, ts_v1
 from ._common import DEFAULT_MAX_TOKEN_BYTES, GCM_TAG_LEN, displayable_time, logger
 
@@ -52,7 +52,8 @@ class FormatInfo:
     ``"php-v1"``, ``"rs1"``, ``"rs2"``) or ``None``: unknown, or one of several
     ``candidates`` (registry ids) that the bytes alone cannot tell apart, ``ambiguity``
     saying why. ``problem`` says why the fields could not be read when the format was
-    recognised but the token is malformed (or why it is unknown).
+    recognised but the token is malformed (or why it is unknown); ``reason`` is then the
+    stable reason of :data:`statecodec.REASONS` for it (``None`` for an unknown format).
     """
 
     name: str
@@ -70,6 +71,7 @@ class FormatInfo:
     flow: Mapping[str, Any] | None = None
     candidates: tuple[str, ...] = ()
     ambiguity: str | None = None
+    reason: Reason | None = None
 
     @property
     def recognised(self) -> bool:
@@ -89,7 +91,9 @@ def detect(token: object, *, max_token_bytes: int = DEFAULT_MAX_TOKEN_BYTES) -> 
         return reader(token, max(max_token_bytes, 1))
     except InvalidState as exc:
         problem = f"{exc.reason}: {exc.detail}"
-        return FormatInfo(name, fmt, len(token), problem=problem, candidates=candidates, ambiguity=why)
+        return FormatInfo(
+            name, fmt, len(token), problem=problem, candidates=candidates, ambiguity=why, reason=exc.reason
+        )
     except Exception as exc:  # inspect must describe anything, never crash on it
         logger.exception(
             "unexpected error while reading a %s token",
@@ -97,7 +101,15 @@ def detect(token: object, *, max_token_bytes: int = DEFAULT_MAX_TOKEN_BYTES) -> 
             extra={"event": "compat_crashed", "format": name},
         )
         problem = f"internal_error: unexpected {type(exc).__name__}"
-        return FormatInfo(name, fmt, len(token), problem=problem, candidates=candidates, ambiguity=why)
+        return FormatInfo(
+            name,
+            fmt,
+            len(token),
+            problem=problem,
+            candidates=candidates,
+            ambiguity=why,
+            reason="internal_error",
+        )
 
 
 _Reader = Callable[[str, int], FormatInfo]

@@ -20,6 +20,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Final
 
+from .. import _format
 from .._binding import Binding
 from .._codec import Mode, StateCodec
 from .._errors import InvalidState, Reason
@@ -75,9 +76,40 @@ class Verified:
 
 @dataclass(frozen=True, slots=True)
 class CompatFormat:
+    """A format of the registry: its id, its name, how to verify it, and its mode.
+
+    ``mode`` is ``"sign"`` (anyone can read the payload) or ``"encrypt"``; ``None`` for sc1,
+    whose tokens name theirs in their prefix (:func:`mode_of`).
+    """
+
     id: str
     name: str
     verify: Callable[[str, VerifyKeys, VerifyOptions, Clock], Verified]
+    mode: str | None = None
+
+
+def mode_of(format_id: str, token: str) -> str:
+    """``"sign"`` or ``"encrypt"``: the format's mode, or the one an sc1 token's prefix names.
+
+    A token of neither sc1 prefix is judged as SIGN, whose reader says what is wrong with it.
+    """
+    mode = FORMATS[format_id].mode
+    if mode is None:
+        return Mode.ENCRYPT.value if token.startswith(_format.PREFIX_ENCRYPT) else Mode.SIGN.value
+    return mode
+
+
+def format_for(token: str) -> str | None:
+    """The format id to verify ``token`` as; ``None`` when its bytes fit several formats.
+
+    ``None`` (a ``v1.<blob>`` of the Python or the Ruby SDK) is for :func:`verify_detected`,
+    which lets the keys decide. A token of no known format is verified as sc1: statecodec's
+    own reader then names precisely what is wrong with it.
+    """
+    info = detect(token)
+    if info.format is None and info.candidates:
+        return None
+    return info.format or "sc1"
 
 
 def verify(
@@ -133,8 +165,7 @@ def _try_each(
 def _verify_sc1(token: str, keys: VerifyKeys, options: VerifyOptions, clock: Clock) -> Verified:
     if not isinstance(keys, KeyProvider):
         raise TypeError("sc1 tokens name their key by kid: pass a key ring, not raw secrets")
-    mode = Mode.ENCRYPT if token.startswith("sc1e.") else Mode.SIGN
-    codec = StateCodec(keys, mode=mode, clock=clock)
+    codec = StateCodec(keys, mode=mode_of("sc1", token), clock=clock)
     given = {f: getattr(options, f) for f in _BINDING_FIELDS if getattr(options, f) is not None}
     opened = codec.unseal(token, Binding(**given), consume=False) if given else codec.verify_unbound(token)
     return Verified(
@@ -344,10 +375,10 @@ def verify_detected(
 
 FORMATS: Final[Mapping[str, CompatFormat]] = {
     "sc1": CompatFormat("sc1", SC1, _verify_sc1),
-    "ts-v1": CompatFormat("ts-v1", TS_V1, _verify_ts_v1),
-    "mcp-py-v1": CompatFormat("mcp-py-v1", MCP_PY_V1, _verify_mcp_py_v1),
-    "ruby-v1": CompatFormat("ruby-v1", RUBY_V1, _verify_ruby_v1),
-    "php-v1": CompatFormat("php-v1", PHP_V1, _verify_php_v1),
-    "rs1": CompatFormat("rs1", RS1, _verify_rs1),
-    "rs2": CompatFormat("rs2", RS2, _verify_rs2),
+    "ts-v1": CompatFormat("ts-v1", TS_V1, _verify_ts_v1, "sign"),
+    "mcp-py-v1": CompatFormat("mcp-py-v1", MCP_PY_V1, _verify_mcp_py_v1, "encrypt"),
+    "ruby-v1": CompatFormat("ruby-v1", RUBY_V1, _verify_ruby_v1, "encrypt"),
+    "php-v1": CompatFormat("php-v1", PHP_V1, _verify_php_v1, "sign"),
+    "rs1": CompatFormat("rs1", RS1, _verify_rs1, "sign"),
+    "rs2": CompatFormat("rs2", RS2, _verify_rs2, "sign"),
 }

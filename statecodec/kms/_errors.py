@@ -18,6 +18,9 @@ KINDS: Final[tuple[Kind, ...]] = (
     "unsupported",  # the operation makes no sense for this source (rotating env:)
     "internal",  # anything unexpected; fail closed
 )
+#: The kinds a retry may cure (the source is down or busy), as opposed to configuration or
+#: content that someone has to fix.
+TRANSIENT_KINDS: Final[frozenset[Kind]] = frozenset({"unreachable", "conflict"})
 
 
 class KeySourceError(StateCodecError):
@@ -35,3 +38,8 @@ class KeySourceError(StateCodecError):
         self.source = source
         super().__init__(f"{source}: {message}" if source else message)
         self.message = message
+
+    @property
+    def transient(self) -> bool:
+        """Whether a retry may cure this (:data:`TRANSIENT_KINDS`): retry later, rather than fix something."""
+        return self.kind in TRANSIENT_KINDS

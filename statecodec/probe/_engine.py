@@ -54,7 +54,7 @@ from ._mutate import (
     payload_swapped,
     truncated,
 )
-from ._wire import NO_STATE, Connection, connect
+from ._wire import NO_STATE, Connection, connect, leaf
 
 DEFAULT_TIMEOUT: Final = 30.0
 MAX_ROUNDS: Final = 10
@@ -108,9 +108,20 @@ def _sdk_logs_off_stderr() -> Iterator[None]:
 
 
 async def probe(settings: Settings) -> Report:
-    """Run the selected checks against ``settings.url``; :class:`ProbeError` if it cannot run."""
+    """Run the selected checks against ``settings.url``; :class:`ProbeError` if it cannot run.
+
+    The ``mcp`` client's failures arrive wrapped in anyio's exception groups; a
+    :class:`ProbeError` inside one is raised alone (one cause, one message), anything else
+    as it came.
+    """
     with _sdk_logs_off_stderr():
-        return await _probe(settings)
+        try:
+            return await _probe(settings)
+        except BaseExceptionGroup as group:
+            first = leaf(group)
+            if isinstance(first, ProbeError):
+                raise first from None
+            raise
 
 
 async def _probe(settings: Settings) -> Report:

@@ -43,7 +43,8 @@ logger = logging.getLogger("statecodec.proxy")
 Announce = Callable[[str], None]
 #: The admin endpoints and their socket, served beside the proxy.
 Admin = tuple[ASGIApp, socket.socket]
-#: ``build(settings)``: :func:`built`, its failures in the caller's terms (a context manager).
+#: ``build(settings)``: :func:`built` with the caller's keys and store opener (a context
+#: manager, picklable: each ``--workers`` process builds its own with it).
 Build = Callable[[ProxySettings], contextlib.AbstractContextManager[tuple[ASGIApp, Any, "Health"]]]
 #: ``failure(exc) -> (exit code, reason, one-line message)``: how the caller reports ``exc``.
 Failure = Callable[[Exception], tuple[int, str, str]]
@@ -297,7 +298,7 @@ def run(
 ) -> int:
     """Run the proxy process until SIGINT/SIGTERM: one server, or a supervisor of workers; its exit code.
 
-    ``build`` builds the proxy (:func:`built`, as the caller reports its failures): keys,
+    ``build`` builds the proxy (:func:`built`, with the caller's keys and store opener): keys,
     store and options are checked then, before anything listens. With workers they stay
     open in the supervisor for ``/readyz``; each worker builds its own (:func:`serve_worker`).
     """
@@ -339,9 +340,9 @@ def serve_worker(
 ) -> None:
     """One ``--workers`` process: the same proxy as a single one, on the inherited socket.
 
-    It runs in a fresh interpreter, so ``build`` and ``failure`` are module-level functions
-    (found again by name). A worker that cannot serve logs why and exits with the code
-    ``failure`` gives, which the supervisor makes the group's.
+    It runs in a fresh interpreter, so ``build`` and ``failure`` are module-level functions,
+    or partials of them (found again by name). A worker that cannot serve logs why and
+    exits with the code ``failure`` gives, which the supervisor makes the group's.
     """
     configure_logging(settings.log_level, settings.log_format)
     try:

@@ -78,12 +78,18 @@ def host_lists(
     return tuple(hosts), tuple(origins)
 
 
+#: What ``--principal-from`` takes.
+PRINCIPAL_FORMS: Final = "none, header:NAME or jwt-sub"
+
+
 @dataclass(frozen=True)
 class PrincipalSettings:
     """How the proxy learns who is asking (``--principal-from`` and the options of ``jwt-sub``).
 
-    Whether the options fit together is the command line's check, made while it parses;
-    :meth:`build` makes the principal callable in each process that serves.
+    Checked when made (:class:`ProxyConfigError`, which the command line reports while it
+    parses): a principal read in a way the operator did not fully configure would bind
+    states to the wrong party, or to no one. :meth:`build` makes the principal callable in
+    each process that serves.
     """
 
     source: str
@@ -92,6 +98,26 @@ class PrincipalSettings:
     jwt_audience: tuple[str, ...] = ()
     algorithms: tuple[str, ...] = ()
     introspection: str | None = None
+
+    def __post_init__(self) -> None:
+        jwt_options = bool(self.jwks or self.issuer or self.jwt_audience or self.algorithms)
+        if self.source == "jwt-sub":
+            if bool(self.jwks) == bool(self.introspection):
+                raise ProxyConfigError(
+                    "--principal-from jwt-sub needs exactly one of --jwks URL or --introspection"
+                )
+            if self.jwks and not (self.issuer and self.jwt_audience):
+                raise ProxyConfigError(
+                    "--jwks needs --issuer and --jwt-audience (the token's expected iss and aud)"
+                )
+            if self.introspection and jwt_options:
+                raise ProxyConfigError("--issuer, --jwt-audience and --jwt-algorithm go with --jwks only")
+        elif jwt_options or self.introspection:
+            raise ProxyConfigError(
+                "--jwks, --issuer, --jwt-audience and --introspection need --principal-from jwt-sub"
+            )
+        elif self.source != "none" and not (self.source.startswith("header:") and self.source[7:].strip()):
+            raise ProxyConfigError(f"--principal-from must be {PRINCIPAL_FORMS}, not {self.source!r}")
 
     def describe(self) -> str:
         """One phrase for the start-up log line."""
@@ -121,7 +147,7 @@ class PrincipalSettings:
             except (ImportError, AttributeError, ValueError, TypeError) as exc:
                 raise ProxyConfigError(f"--introspection {self.introspection}: {exc}") from None
             return BearerPrincipal(hook), None
-        if not (self.jwks and self.issuer):  # the command line has made sure; this keeps the types honest
+        if not (self.jwks and self.issuer):  # __post_init__ has made sure; this keeps the types honest
             raise ProxyConfigError("--jwks needs --issuer")
         try:
             verifier = JWKSVerifier(
@@ -214,6 +240,21 @@ def client_limits(settings: ProxySettings) -> ClientLimits:
     return ClientLimits(settings.head_timeout, settings.body_timeout, settings.idle_timeout, most)
 
 
+def parsed(
+    options: dict[str, Any], *, listen: str, principal: PrincipalSettings
+) -> tuple[ProxySettings, ClientLimits]:
+    """The settings of the command's parsed ``options`` for a proxy on ``listen``, checked; the client limits.
+
+    The Host and Origin lists are completed for the address (:func:`host_lists`), then the
+    settings checked together (:func:`checked`): everything before anything starts.
+    """
+    options["allowed_hosts"], options["allowed_origins"] = host_lists(
+        listen, options.pop("allowed_hosts"), options.pop("allowed_origins")
+    )
+    settings = ProxySettings.of(options, principal=principal)
+    return settings, checked(settings)
+
+
 def checked(settings: ProxySettings) -> ClientLimits:
     """The checks of several settings at once, before anything starts; the client limits."""
     if settings.workers > 1 and settings.replay.strip().lower().startswith("memory"):
@@ -240,5 +281,6 @@ __all__ = [
     "checked",
     "client_limits",
     "host_lists",
+    "parsed",
     "timeline",
 ]
