@@ -9,6 +9,7 @@ a worker that dies is replaced, and SIGTERM stops the group with exit code 0.
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import signal
 import sys
@@ -140,3 +141,23 @@ def test_a_memory_store_cannot_be_shared_by_workers(tmp_path: Path) -> None:
     )  # fmt: skip
     assert result.exit_code == 2
     assert "--workers N needs a replay store the workers share" in result.output
+
+
+def test_a_proxy_that_does_not_start_leaves_the_callers_logging_as_it_was(tmp_path: Path) -> None:
+    # The command runs in the caller's process too: its handler and level must not outlive it
+    # (a later command in that process printed the proxy's INFO records on stderr).
+    root, ours = logging.getLogger(), logging.getLogger("statecodec")
+    handlers, level = list(root.handlers), ours.level
+    keys = tmp_path / "keys.json"
+    keys.write_text(KeyRing.generate().to_json())
+    keys.chmod(0o600)
+    for log_format in ("text", "json"):
+        result = CliRunner().invoke(
+            main,
+            ["proxy", "--upstream", "http://127.0.0.1:9/mcp", "--replay", "memory:", "--audience", "svc",
+             "--keys", f"file:{keys}", "--workers", "2", "--log-format", log_format],
+        )  # fmt: skip
+        assert result.exit_code == 2, result.output
+        assert "--workers N needs a replay store the workers share" in result.output
+        assert list(root.handlers) == handlers
+        assert ours.level == level

@@ -10,10 +10,11 @@ per line), and exits with the usual codes when it cannot start, before it listen
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import sys
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import click
 
@@ -188,38 +189,43 @@ def proxy_command(principal: PrincipalSettings, **params: Any) -> None:
     itself. Forged, tampered, expired, replayed and mis-bound states are answered with
     -32602 "Invalid or expired requestState" and never reach the upstream.
     """
-    (host, port), admin_address = params.pop("listen"), params.pop("admin_listen")
+    (host, port), admin = params.pop("listen"), params.pop("admin_listen")
     log_format = params["log_format"]
-    try:
-        from ..proxy import _runtime, _settings  # noqa: PLC0415 - loaded only for this command
-
-        _runtime.configure_logging(params["log_level"], log_format)
+    # The proxy's logging lasts as long as the command (its failure line too), and no longer.
+    with contextlib.ExitStack() as logs:
         try:
-            settings, clients = _settings.parsed(params, listen=host, principal=principal)
-        except _settings.ProxyConfigError as exc:
-            raise click.UsageError(str(exc)) from None
-        # Keys and store as this command opens them, in the process and in each worker.
-        store = functools.partial(open_store, check=True)
-        build = functools.partial(_runtime.built, keys=require_keys(settings.keys_spec), open_store=store)
-        code = _runtime.run(
-            settings, host, port, admin_address, build=build, failure=_failure, clients=clients, announce=echo
-        )
-    except Exception as exc:
-        error = reported(exc, _error)
-        if log_format == "json":  # the one line is a JSON object too
-            logger.critical(
-                "%s",
-                error.message,  # one line (CliError)
-                extra={
-                    **_telemetry.fields("proxy_failed", reason=error.code.slug),
-                    "exit_code": int(error.code),
-                },
+            from ..proxy import _runtime, _settings  # noqa: PLC0415 - loaded only for this command
+
+            logs.enter_context(_runtime.logging_configured(params["log_level"], log_format))
+            try:
+                settings, clients = _settings.parsed(params, listen=host, principal=principal)
+            except _settings.ProxyConfigError as exc:
+                raise click.UsageError(str(exc)) from None
+            # Keys and store as this command opens them, in the process and in each worker.
+            store = functools.partial(open_store, check=True)
+            keys = require_keys(settings.keys_spec)
+            build = functools.partial(_runtime.built, keys=keys, open_store=store)
+            code = _runtime.run(
+                settings, host, port, admin, build=build, failure=_failure, clients=clients, announce=echo
             )
-        else:
-            click.echo(f"statecodec: error: {error.message}", err=True)
-        sys.exit(int(error.code))
+        except Exception as exc:
+            _report(exc, log_format)
     if code:
         sys.exit(code)
+
+
+def _report(exc: Exception, log_format: str) -> NoReturn:
+    """The one line a proxy that cannot start or serve prints, and its exit code."""
+    error = reported(exc, _error)
+    if log_format == "json":  # the one line is a JSON object too
+        logger.critical(
+            "%s",
+            error.message,  # one line (CliError)
+            extra={**_telemetry.fields("proxy_failed", reason=error.code.slug), "exit_code": int(error.code)},
+        )
+    else:
+        click.echo(f"statecodec: error: {error.message}", err=True)
+    sys.exit(int(error.code))
 
 
 def _error(exc: Exception) -> CliError:

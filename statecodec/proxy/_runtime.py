@@ -95,6 +95,26 @@ def configure_logging(level: str, log_format: str) -> None:
 
 
 @contextlib.contextmanager
+def logging_configured(level: str, log_format: str) -> Iterator[None]:
+    """:func:`configure_logging` for as long as the proxy runs, then the logging found before.
+
+    The command runs in a caller's process too (``statecodec.cli.main([...])``, a test's
+    runner): a proxy that stopped, or never started, must not leave its handler on the root
+    logger and ``statecodec`` at its level for whatever that process does next.
+    """
+    root, ours = logging.getLogger(), logging.getLogger("statecodec")
+    handlers, level_before = list(root.handlers), ours.level
+    configure_logging(level, log_format)
+    try:
+        yield
+    finally:
+        for handler in root.handlers[:]:
+            if handler not in handlers:
+                root.removeHandler(handler)
+        ours.setLevel(level_before)
+
+
+@contextlib.contextmanager
 def said_by_the_supervisor() -> Iterator[None]:
     """While a worker builds its proxy, its log records below ERROR are dropped.
 
@@ -438,6 +458,7 @@ __all__ = [
     "admin_in_thread",
     "built",
     "configure_logging",
+    "logging_configured",
     "listening_socket",
     "log_stopped",
     "metrics_shared_by_workers",
