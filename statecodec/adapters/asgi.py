@@ -90,9 +90,10 @@ _JSON_HEADERS: Final = [(b"content-type", b"application/json")]
 # under Unicode case folding, but not identical, would be read by a case-insensitive
 # parser (Go's encoding/json also folds U+017F to "s" and U+212A to "k") and ignored here.
 _ENVELOPE_KEYS: Final = frozenset({"jsonrpc", "id", "method", "params", "result", "error"})
-_FOLDED_ENVELOPE: Final = {key.casefold(): key for key in _ENVELOPE_KEYS}
-_FOLDED_PARAMS: Final = {key.casefold(): key for key in boundary.PARAMS_KEYS}
-_SPELLED: Final = _ENVELOPE_KEYS | boundary.PARAMS_KEYS
+# Each set of protocol keys, by the casefolded form of each of its keys.
+_FOLDED: Final = {
+    keys: {key.casefold(): key for key in keys} for keys in (_ENVELOPE_KEYS, boundary.PARAMS_KEYS)
+}
 _B64_SENTINEL: Final = re.compile(r"=\?base64\?(.*)\?=", re.DOTALL)
 # A percent-encoded "/" or unreserved character (RFC 3986 2.3): routers may or may not
 # decode it, so such a path has two readings, and the upstream may pick the other one.
@@ -108,9 +109,11 @@ def request_path(scope: Scope) -> bytes:
     return quote(scope.get("path", "/")).encode("ascii")
 
 
-def _check_keys(obj: Mapping[str, Any], folded: Mapping[str, str], where: str) -> None:
-    if _SPELLED.issuperset(obj):  # every key spelled exactly as the protocol spells one: nothing to fold
+def _check_keys(obj: Mapping[str, Any], spelled: frozenset[str], where: str) -> None:
+    """Refuse a key of ``obj`` that is one of ``spelled`` in another case (``"RequestState"``)."""
+    if spelled.issuperset(obj):  # every key spelled exactly as the protocol spells one: nothing to fold
         return
+    folded = _FOLDED[spelled]
     for key in obj:
         canonical = folded.get(key.casefold())
         if canonical is not None and key != canonical:
@@ -485,13 +488,13 @@ class RequestStateMiddleware:
             raise _refusal(400, INVALID_REQUEST_CODE, "JSON-RPC batches are not accepted")
         if not isinstance(message, dict):
             raise _refusal(400, INVALID_REQUEST_CODE, "the body is not a JSON-RPC message")
-        _check_keys(message, _FOLDED_ENVELOPE, "JSON-RPC")
+        _check_keys(message, _ENVELOPE_KEYS, "JSON-RPC")
         _check_routing_headers(headers, message)
         method, params = message.get("method"), message.get("params")
         if not isinstance(method, str) or not boundary.is_mrtr(method):
             return None  # forwarded byte for byte; its answers are watched all the same
         if isinstance(params, dict):
-            _check_keys(params, _FOLDED_PARAMS, f"{method} params")
+            _check_keys(params, boundary.PARAMS_KEYS, f"{method} params")
         else:
             params = None
         stated = params is not None and boundary.carries_state(params)
