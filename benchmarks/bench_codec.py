@@ -322,9 +322,7 @@ def peer_candidates(
     def check_ts() -> None:
         assert ts_round() == state_obj
         t = ts_v1.seal(secret, state_obj, bind=bind_string(request))
-        _expect_reject(
-            lambda: ts_v1.unseal(t, secret, bind=bind_string(other)), InvalidState
-        )
+        _expect_reject(lambda: ts_v1.unseal(t, secret, bind=bind_string(other)), InvalidState)
 
     out.append(
         Candidate(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import stat
@@ -214,7 +215,7 @@ def test_concurrent_threads_with_readers_never_see_half_a_file(tmp_path: Path) -
             f"file:{path}",
             min_age=0,
             retire_after=TL.min_retire_after,
-            clock=lambda at=1000 + i: at,
+            clock=functools.partial(float, 1000 + i),  # rotation i happens at instant 1000+i
             timeline=TL,
         )
     stop.set()
