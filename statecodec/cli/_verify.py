@@ -23,7 +23,7 @@ from .._codec import (
 from .._errors import InvalidState
 from .._keys import KeyProvider
 from ..compat import FORMATS as COMPAT_FORMATS
-from ..compat import Verified, VerifyOptions, format_for, mode_of, verify_detected
+from ..compat import Verified, VerifyOptions, detect, format_for, mode_of, verify_detected
 from ..compat import verify as compat_verify
 from ..replay._url import redact
 from . import _sources
@@ -48,17 +48,18 @@ _NOT_CHECKED = (
     "/--extra exactly as the server binds them"
 )
 
-_FOREIGN_HINT = {
-    "ts-v1": "add --bind-value with what the server's bind(ctx) returns",
-    "mcp-py-v1": "add --method/--target/--arguments/--audience/--principal as the server binds them",
-    "ruby-v1": "add --method/--target/--arguments/--audience as the server binds them",
-    "php-v1": "a PHP SDK token binds nothing: any request of any user can redeem it",
-    "rs1": "add --associated-data",
-    "rs2": "add --associated-data",
-}
 #: The pseudo-format of a token whose bytes fit several formats: the keys decide.
 _CANDIDATES = "candidates"
-_AD_FORMATS = frozenset({"rs1", "rs2"})
+#: The command line's name of each compat option (what each format binds is compat's).
+_FLAGS = {
+    "principal": "--principal",
+    "audience": "--audience",
+    "method": "--method",
+    "target": "--target",
+    "arguments": "--arguments",
+    "bind": "--bind-value",
+    "associated_data": "--associated-data",
+}
 
 
 @dataclass(frozen=True)
@@ -98,9 +99,7 @@ def _check_sc1_flags(binding: BindingOptions, opts: _Sc1Options, at: float | Non
         )
 
 
-def _check_foreign_flags(
-    fmt: str, binding: BindingOptions, opts: _Sc1Options, bind_value: str | None, associated_data: str | None
-) -> None:
+def _check_foreign_flags(tokens: str, binding: BindingOptions, opts: _Sc1Options) -> None:
     sc1_only = {
         "--mode": opts.mode,
         "--replay": opts.replay_url,
@@ -108,21 +107,26 @@ def _check_foreign_flags(
         "--unbound": opts.unbound or None,
         "--extra": binding.extra or None,
     }
-    given = [name for name, value in sc1_only.items() if value is not None]
-    if fmt == "ts-v1" and binding.given:
-        given.append("binding options (a ts-v1 token binds one string: pass --bind-value)")
-    if fmt in _AD_FORMATS and binding.given:
-        given.append(f"binding options (an {fmt} token binds associated data: pass --associated-data)")
-    if fmt == "php-v1" and binding.given:
-        given.append("binding options (a php-v1 token binds nothing)")
-    if fmt == "ruby-v1" and binding.principal is not None:
-        given.append("--principal (the Ruby SDK binds no principal)")
-    if fmt != "ts-v1" and bind_value is not None:
-        given.append("--bind-value (ts-v1 only)")
-    if fmt not in _AD_FORMATS and associated_data is not None:
-        given.append("--associated-data (rs1 and rs2 only)")
-    if given:
-        raise click.UsageError(f"not applicable to a {fmt} token: {', '.join(given)}")
+    if given := [name for name, value in sc1_only.items() if value is not None]:
+        raise click.UsageError(f"not applicable to {tokens}: {', '.join(given)}")
+
+
+def _check_applicable(tokens: str, formats: tuple[str, ...], options: VerifyOptions) -> None:
+    """Options none of ``formats`` binds (compat's decision): a usage error, before any key is loaded."""
+    refused = set.intersection(*(set(COMPAT_FORMATS[f].refused(options)) for f in formats))
+    if refused:
+        binds = {option for f in formats for option in COMPAT_FORMATS[f].binds}
+        misplaced = [
+            f"{flag} ({', '.join(_binders(option))} only)"
+            for option, flag in _FLAGS.items()
+            if option in refused
+        ]
+        takes = "/".join(flag for option, flag in _FLAGS.items() if option in binds) or "no binding option"
+        raise click.UsageError(f"not applicable to {tokens}: {', '.join(misplaced)}; they take {takes}")
+
+
+def _binders(option: str) -> list[str]:
+    return [fmt.id for fmt in COMPAT_FORMATS.values() if option in fmt.binds]
 
 
 @click.command("verify")
@@ -195,22 +199,19 @@ def verify_command(
     text = read_token(token)
     if fmt == "auto":
         fmt = format_for(text) or _CANDIDATES
+    formats = detect(text).candidates if fmt == _CANDIDATES else (fmt,)
+    tokens = f"{' or '.join(formats)} tokens"
     if fmt == "sc1":
         _check_sc1_flags(binding, opts, at)
-        foreign_only = {
-            "--bind-value (ts-v1 only)": bind_value,
-            "--associated-data (rs1 and rs2 only)": associated_data,
-        }
-        if misplaced := [name for name, value in foreign_only.items() if value is not None]:
-            raise click.UsageError(f"not applicable to an sc1 token: {', '.join(misplaced)}")
     else:
-        _check_foreign_flags(fmt, binding, opts, bind_value, associated_data)
+        _check_foreign_flags(tokens, binding, opts)
+    ad = None if associated_data is None else associated_data.encode("utf-8", "surrogateescape")
+    options = _compat_options(binding, bind=bind_value, associated_data=ad)
+    _check_applicable(tokens, formats, options)
     clock = clock_at(at)
     with _sources.key_manager(require_keys(keys_spec), clock=clock) as keys:
         if fmt == "sc1":
             return _verify_sc1(out, text, keys, binding, opts, clock=clock)
-        ad = None if associated_data is None else associated_data.encode("utf-8", "surrogateescape")
-        options = _compat_options(binding, bind=bind_value, associated_data=ad)
         return _verify_foreign(out, fmt, text, keys, options, clock=clock)
 
 
@@ -343,13 +344,20 @@ def _verify_foreign(
         note = f"; not checked: {', '.join(verified.unchecked)}" if verified.unchecked else ""
         binding_line = out.style(f"checked ({', '.join(verified.checked)}){note}", fg="green")
     else:
-        binding_line = out.style(f"NOT CHECKED - {_FOREIGN_HINT[verified.format]}", fg="yellow", bold=True)
+        binding_line = out.style(f"NOT CHECKED - {_hint(verified.format)}", fg="yellow", bold=True)
     replay_line = (
         f"not available: {verified.name} tokens have no token id and can be replayed until they expire"
     )
     return _valid(
         out, fields, f"{verified.name} token", now, [("binding", binding_line), ("replay", replay_line)]
     )
+
+
+def _hint(fmt: str) -> str:
+    """How to check what the format binds; or that its tokens bind nothing (php-v1)."""
+    if flags := "/".join(_FLAGS[f] for f in COMPAT_FORMATS[fmt].binds if f in _FLAGS):
+        return f"add {flags} as the server binds them"
+    return f"a {COMPAT_FORMATS[fmt].name} token binds nothing: any request of any user can redeem it"
 
 
 def _option_value(options: VerifyOptions, name: str) -> Any:
