@@ -21,7 +21,7 @@ import click
 
 from .._binding import Binding
 from .._codec import DEFAULT_MAX_FLOW_AGE, DEFAULT_MAX_ROUNDS, DEFAULT_MAX_TOKEN_BYTES
-from .._format import MAX_TIME
+from .._format import LAST_TIME, MAX_TIME
 from .._humanize import duration
 from ._exit import CliError, ExitCode
 from ._output import reader_gone_exits
@@ -80,8 +80,7 @@ def parse_time(text: str, clock: Callable[[], float] = time.time) -> float:
     moment = _parse_time(text.strip(), clock())
     if not 0 <= moment <= MAX_TIME:
         raise ValueError(
-            f"{text.strip()[:40]!r} is out of range; a time is between 1970-01-01 and "
-            f"{dt.datetime.fromtimestamp(MAX_TIME, dt.UTC):%Y-%m-%dT%H:%M:%SZ}"
+            f"{text.strip()[:40]!r} is out of range; a time is between 1970-01-01 and {LAST_TIME}"
         )
     return moment
 
