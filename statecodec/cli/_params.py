@@ -20,8 +20,14 @@ from typing import Any, Final, TypeVar, cast
 import click
 
 from .._binding import Binding
-from .._codec import DEFAULT_MAX_FLOW_AGE, DEFAULT_MAX_ROUNDS, DEFAULT_MAX_TOKEN_BYTES
-from .._format import LAST_TIME, MAX_TIME
+from .._codec import (
+    DEFAULT_MAX_FLOW_AGE,
+    DEFAULT_MAX_ROUNDS,
+    DEFAULT_MAX_TOKEN_BYTES,
+    MAX_SECONDS,
+    MIN_TOKEN_BYTES,
+)
+from .._format import LAST_TIME, MAX_ROUND, MAX_TIME
 from .._humanize import duration
 from ._exit import CliError, ExitCode
 from ._output import reader_gone_exits
@@ -34,9 +40,6 @@ _UNITS: Final = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
 _DURATION_RE: Final = re.compile(r"(?:\d+[smhdw])+|\d+")
 _PART_RE: Final = re.compile(r"(\d+)([smhdw])")
 _UNIX_RE: Final = re.compile(r"\d{1,12}(?:\.\d+)?")
-#: The longest duration any option takes: what the codec's ttl, max_skew and expiry_grace
-#: fit in (68 years).
-MAX_DURATION: Final = 2**31 - 1
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -53,23 +56,24 @@ ABSENT: Final[Any] = _Absent()
 def parse_duration(text: str) -> int:
     """``"90s"``, ``"10m"``, ``"24h"``, ``"2d"``, ``"1h30m"`` or bare seconds -> seconds.
 
-    At most :data:`MAX_DURATION`: anything longer is a usage error, not a codec failure.
+    At most the codec's :data:`~statecodec._codec.MAX_SECONDS`: anything longer is a usage
+    error, not a codec failure.
     """
     text = text.strip().lower()
     if not _DURATION_RE.fullmatch(text):
         raise ValueError(f"{text!r} is not a duration; use e.g. 90s, 10m, 24h, 2d or 1h30m")
     parts = [(text, "s")] if text.isdigit() else _PART_RE.findall(text)
     # Checked digit by digit first: int() of a huge string is slow, then refused.
-    if any(len(number) > len(str(MAX_DURATION)) for number, _ in parts):
+    if any(len(number) > len(str(MAX_SECONDS)) for number, _ in parts):
         raise ValueError(_too_long(text))
     seconds = sum(int(number) * _UNITS[unit] for number, unit in parts)
-    if seconds > MAX_DURATION:
+    if seconds > MAX_SECONDS:
         raise ValueError(_too_long(text))
     return seconds
 
 
 def _too_long(text: str) -> str:
-    return f"{text[:40]!r} is out of range; the longest duration is {duration(MAX_DURATION)} (68 years)"
+    return f"{text[:40]!r} is out of range; the longest duration is {duration(MAX_SECONDS)} (68 years)"
 
 
 def parse_time(text: str, clock: Callable[[], float] = time.time) -> float:
@@ -227,13 +231,15 @@ class OrderedGroup(click.Group):
 
 
 def keys_option(fn: F) -> F:
+    from ..kms import URL_FORMS  # noqa: PLC0415 - the forms are the library's, never copied
+
     return click.option(
         "--keys",
         "keys_spec",
         metavar="SPEC",
         envvar="STATECODEC_KEYS",
         show_envvar=True,
-        help="Key source: file:PATH, env:NAME, vault-transit:MOUNT/NAME or vault-kv:MOUNT/PATH.",
+        help=f"Key source: {', '.join(URL_FORMS[:-1])} or {URL_FORMS[-1]}.",
     )(fn)
 
 
@@ -433,7 +439,7 @@ def max_token_bytes_option(text: str) -> Callable[[F], F]:
     """``--max-token-bytes N``: the codec's size limit."""
     return click.option(
         "--max-token-bytes",
-        type=click.IntRange(128),
+        type=click.IntRange(MIN_TOKEN_BYTES),
         default=DEFAULT_MAX_TOKEN_BYTES,
         show_default=True,
         help=text,
@@ -444,7 +450,7 @@ def flow_budget_options(rounds_text: str, age_text: str) -> Callable[[F], F]:
     """``--max-rounds N`` and ``--max-flow-age DURATION``: the codec's flow budgets."""
     rounds = click.option(
         "--max-rounds",
-        type=click.IntRange(1, 255),
+        type=click.IntRange(1, MAX_ROUND),
         default=DEFAULT_MAX_ROUNDS,
         show_default=True,
         help=rounds_text,
