@@ -54,6 +54,7 @@ DEFAULT_EXPIRY_GRACE: Final = 0
 DEFAULT_MAX_TOKEN_BYTES: Final = 8192
 DEFAULT_MAX_ROUNDS: Final = 10  # the official MCP clients' own default
 DEFAULT_MAX_FLOW_AGE: Final = 3600
+DEFAULT_NAMESPACE: Final = "default"
 #: The longest span, in seconds, of every time setting (ttl, max_skew, expiry_grace,
 #: max_flow_age, retry_after): 68 years, what a signed 32-bit number of seconds holds.
 MAX_SECONDS: Final = 2**31 - 1
@@ -135,7 +136,7 @@ class StateCodec:
         max_rounds: int = DEFAULT_MAX_ROUNDS,
         max_flow_age: int | None = DEFAULT_MAX_FLOW_AGE,
         replay: ReplayStore | None = None,
-        namespace: str = "default",
+        namespace: str = DEFAULT_NAMESPACE,
         clock: Callable[[], float] = time.time,
     ) -> None:
         if not isinstance(keys, KeyProvider):

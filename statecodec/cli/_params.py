@@ -26,6 +26,7 @@ from .._codec import (
     DEFAULT_MAX_TOKEN_BYTES,
     MAX_SECONDS,
     MIN_TOKEN_BYTES,
+    Mode,
 )
 from .._format import LAST_TIME, MAX_ROUND, MAX_TIME
 from .._humanize import duration
@@ -459,8 +460,7 @@ def flow_budget_options(rounds_text: str, age_text: str) -> Callable[[F], F]:
     return lambda fn: rounds(age(fn))
 
 
-def mode_option(default: str, text: str) -> Callable[[F], F]:
-    """``--mode sign|encrypt``."""
-    return click.option(
-        "--mode", type=click.Choice(["sign", "encrypt"]), default=default, show_default=True, help=text
-    )
+def mode_option(default: str | None, text: str) -> Callable[[F], F]:
+    """``--mode sign|encrypt``, the codec's modes; ``None``: no default (the token's prefix says)."""
+    modes = click.Choice([mode.value for mode in Mode])
+    return click.option("--mode", type=modes, default=default, show_default=default is not None, help=text)

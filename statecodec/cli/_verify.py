@@ -17,6 +17,7 @@ import click
 from .._codec import (
     DEFAULT_EXPIRY_GRACE,
     DEFAULT_MAX_SKEW,
+    DEFAULT_NAMESPACE,
     OpenedState,
     StateCodec,
 )
@@ -39,6 +40,7 @@ from ._params import (
     flow_budget_options,
     keys_option,
     max_token_bytes_option,
+    mode_option,
     read_token,
     require_keys,
 )
@@ -132,9 +134,7 @@ def _binders(option: str) -> list[str]:
 @click.command("verify")
 @click.argument("token", metavar="TOKEN|-")
 @keys_option
-@click.option(
-    "--mode", type=click.Choice(["sign", "encrypt"]), help="sc1 mode [default: from the token prefix]."
-)
+@mode_option(None, "sc1 mode [default: from the token prefix].")
 @binding_options
 @click.option("--unbound", is_flag=True, help="Check that the token was minted without any binding.")
 @click.option(
@@ -144,7 +144,9 @@ def _binders(option: str) -> list[str]:
     help="Replay store: memory:, sqlite:PATH, redis://HOST:PORT/DB, redis+cluster://..., redis+sentinel://...",
 )
 @click.option("--consume", is_flag=True, help="Redeem the token in the --replay store (single use).")
-@click.option("--namespace", default="default", show_default=True, help="Replay namespace of the server.")
+@click.option(
+    "--namespace", default=DEFAULT_NAMESPACE, show_default=True, help="Replay namespace of the server."
+)
 @click.option("--at", type=TIME, metavar="TIME", help="Verify as of TIME (ISO 8601, Unix, +10m, -3m).")
 @duration_option(
     "--max-skew",
