@@ -270,15 +270,7 @@ def _sc1_claims(opened: OpenedState, now: float) -> dict[str, Any]:
         "kid": opened.kid,
         **lifetime_fields(opened.issued_at, opened.expires_at, now),
         "token_id": opened.token_id,
-        "flow": flow_fields(
-            {
-                "flow_id": opened.flow_id,
-                "round": opened.round,
-                "flow_started_at": opened.flow_started_at,
-                "not_before": opened.not_before,
-            },
-            now,
-        ),
+        "flow": flow_fields(opened._asdict(), now),  # its flow_id, round, flow_started_at, not_before
         "payload": payload_fields(opened.payload),
     }
 
