@@ -45,11 +45,6 @@ from ._params import (
     require_keys,
 )
 
-_NOT_CHECKED = (
-    "NOT CHECKED - no binding options given; add --principal/--audience/--method/--target/--arguments"
-    "/--extra exactly as the server binds them"
-)
-
 #: The pseudo-format of a token whose bytes fit several formats: the keys decide.
 _CANDIDATES = "candidates"
 #: The command line's name of each compat option (what each format binds is compat's).
@@ -260,7 +255,9 @@ def _verify_sc1(
         checked = ", ".join(binding.names()) or "the token carries no binding"
         binding_line = out.style(f"checked ({checked})", fg="green")
     else:
-        binding_line = out.style(_NOT_CHECKED, fg="yellow", bold=True)
+        binding_line = out.style(
+            f"NOT CHECKED - no binding options given; {_hint('sc1')}", fg="yellow", bold=True
+        )
     summary = f"statecodec sc1 {opened.mode.value.upper()} token, key {opened.kid}"
     return _valid(out, fields, summary, now, [("binding", binding_line), ("replay", _replay_line(opts))])
 
@@ -349,8 +346,10 @@ def _verify_foreign(
 
 def _hint(fmt: str) -> str:
     """How to check what the format binds; or that its tokens bind nothing (php-v1)."""
-    if flags := "/".join(_FLAGS[f] for f in COMPAT_FORMATS[fmt].binds if f in _FLAGS):
-        return f"add {flags} as the server binds them"
+    flags = [_FLAGS[f] for f in COMPAT_FORMATS[fmt].binds if f in _FLAGS]
+    if flags:
+        extra = ["--extra"] if fmt == "sc1" else []  # statecodec's own binding entries, not compat's
+        return f"add {'/'.join(flags + extra)} exactly as the server binds them"
     return f"a {COMPAT_FORMATS[fmt].name} token binds nothing: any request of any user can redeem it"
 
 
