@@ -456,3 +456,13 @@ def test_a_field_the_format_does_not_bind_is_refused_not_left_unchecked(fmt: str
         if name not in binds:  # refused before the token is read, whatever it is
             with pytest.raises(ValueError, match=f"a {fmt} token binds .*: drop {name}$"):
                 verify(fmt, "not a token", RING, options, clock=lambda: NOW)
+
+
+def test_detect_says_why_a_token_cannot_be_read_as_the_error_to_raise() -> None:
+    unknown = detect("just-some-text").refusal()
+    assert unknown is not None and unknown.reason == "malformed"
+    assert unknown.detail.startswith("not a recognised requestState token: ")
+    cut = detect("sc1s.AAAA").refusal()
+    assert cut is not None and cut.reason == detect("sc1s.AAAA").reason
+    assert cut.detail.startswith("unreadable statecodec sc1 token: ")
+    assert detect(StateCodec(RING, clock=lambda: NOW).seal(b"x")).refusal() is None

@@ -352,8 +352,8 @@ def verify_detected(
     info = detect(token)
     if info.format is not None:
         return verify(info.format, token, keys, options, clock=clock)
-    if not info.candidates:
-        raise InvalidState("malformed", f"not a recognised requestState token: {info.problem}")
+    if not info.candidates and (refusal := info.refusal()) is not None:  # a token of no known format
+        raise refusal
     failures: list[str] = []
     unusable: list[str] = []
     reasons: set[Reason] = set()
