@@ -689,3 +689,19 @@ def test_only_a_module_the_extra_brings_is_told_to_install_it(missing: str, hint
         assert info.value.code is ExitCode.KEYS and missing in info.value.message
     else:
         assert explain_missing_extra(exc, "probe") is None  # the command lets it through: a bug
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["--arguments", "null"], "--arguments (sc1, mcp-py-v1, ruby-v1 only); they take --bind-value"),
+        (["--associated-data", "x"], "--associated-data (rs1, rs2 only); they take --bind-value"),
+        (["--extra", "k=v"], "not applicable to ts-v1 tokens: --extra"),
+    ],
+)
+def test_options_a_foreign_format_does_not_bind_are_usage_errors_before_the_keys(
+    ring: KeyRing, args: list[str], needle: str
+) -> None:
+    token = ts_v1.seal(ring.primary.secret, {"step": 1}, clock=lambda: T0, bind="user:alice")
+    result = run("verify", token, "--keys", "file:/nonexistent/keys.json", *args)  # never read
+    assert result.exit_code == ExitCode.USAGE and needle in result.stderr

@@ -108,16 +108,19 @@ def _check_foreign_flags(tokens: str, binding: BindingOptions, opts: _Sc1Options
         raise click.UsageError(f"not applicable to {tokens}: {', '.join(given)}")
 
 
-def _check_applicable(tokens: str, formats: tuple[str, ...], options: VerifyOptions) -> None:
-    """Options none of ``formats`` binds (compat's decision): a usage error, before any key is loaded."""
-    refused = set.intersection(*(set(COMPAT_FORMATS[f].refused(options)) for f in formats))
-    if refused:
-        binds = {option for f in formats for option in COMPAT_FORMATS[f].binds}
-        misplaced = [
-            f"{flag} ({', '.join(_binders(option))} only)"
-            for option, flag in _FLAGS.items()
-            if option in refused
-        ]
+def _check_applicable(
+    tokens: str, formats: tuple[str, ...], binding: BindingOptions, **more: str | None
+) -> None:
+    """Options none of ``formats`` binds (compat says what each binds): a usage error, before any key.
+
+    ``more``: ``bind`` and ``associated_data`` as given. ``--arguments null`` counts as given
+    (an explicit "no arguments", which a format without arguments cannot check either).
+    """
+    given = [*binding.names(), *(option for option, value in more.items() if value is not None)]
+    binds = {option for f in formats for option in COMPAT_FORMATS[f].binds}
+    if misplaced := [
+        f"{_FLAGS[o]} ({', '.join(_binders(o))} only)" for o in _FLAGS if o in given and o not in binds
+    ]:
         takes = "/".join(flag for option, flag in _FLAGS.items() if option in binds) or "no binding option"
         raise click.UsageError(f"not applicable to {tokens}: {', '.join(misplaced)}; they take {takes}")
 
@@ -202,13 +205,13 @@ def verify_command(
         _check_sc1_flags(binding, opts, at)
     else:
         _check_foreign_flags(tokens, binding, opts)
-    ad = None if associated_data is None else associated_data.encode("utf-8", "surrogateescape")
-    options = _compat_options(binding, bind=bind_value, associated_data=ad)
-    _check_applicable(tokens, formats, options)
+    _check_applicable(tokens, formats, binding, bind=bind_value, associated_data=associated_data)
     clock = clock_at(at)
     with _sources.key_manager(require_keys(keys_spec), clock=clock) as keys:
         if fmt == "sc1":
             return _verify_sc1(out, text, keys, binding, opts, clock=clock)
+        ad = None if associated_data is None else associated_data.encode("utf-8", "surrogateescape")
+        options = _compat_options(binding, bind=bind_value, associated_data=ad)
         return _verify_foreign(out, fmt, text, keys, options, clock=clock)
 
 
