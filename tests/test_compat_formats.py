@@ -454,7 +454,7 @@ def test_a_field_the_format_does_not_bind_is_refused_not_left_unchecked(fmt: str
         options = VerifyOptions(**{name: value})
         assert FORMATS[fmt].refused(options) == (() if name in binds else (name,))
         if name not in binds:  # refused before the token is read, whatever it is
-            with pytest.raises(ValueError, match=f"a {fmt} token binds .*: drop {name}$"):
+            with pytest.raises(ValueError, match=f"a {fmt} token binds .*; drop {name}$"):
                 verify(fmt, "not a token", RING, options, clock=lambda: NOW)
 
 

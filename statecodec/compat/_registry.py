@@ -139,8 +139,8 @@ def verify(
     """
     fmt, options = FORMATS[format_id], options or VerifyOptions()
     if refused := fmt.refused(options):
-        binds = ", ".join(fmt.binds) or "nothing"
-        raise ValueError(f"a {fmt.id} token binds {binds}: drop {', '.join(refused)}")
+        binds = f"only {', '.join(fmt.binds)}" if fmt.binds else "nothing"
+        raise ValueError(f"a {fmt.id} token binds {binds}; drop {', '.join(refused)}")
     return fmt.verify(token, keys, options, clock)
 
 
