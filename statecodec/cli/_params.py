@@ -14,7 +14,7 @@ import re
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any, Final, TypeVar, cast
 
 import click
@@ -285,16 +285,9 @@ class BindingOptions:
         return self != BindingOptions()
 
     def names(self) -> list[str]:
-        """The options that were given, in the order the help lists them."""
-        given = {
-            "principal": self.principal is not None,
-            "audience": self.audience is not None,
-            "method": self.method is not None,
-            "target": self.target is not None,
-            "arguments": self.arguments is not ABSENT,
-            "extra": bool(self.extra),
-        }
-        return [name for name, present in given.items() if present]
+        """The options that were given (unlike their default), in the order the help lists them."""
+        none = BindingOptions()
+        return [f.name for f in fields(self) if getattr(self, f.name) != getattr(none, f.name)]
 
     def to_binding(self) -> Binding | None:
         """The statecodec :class:`Binding`, or None when no option was given."""
