@@ -54,6 +54,12 @@ DEFAULT_EXPIRY_GRACE: Final = 0
 DEFAULT_MAX_TOKEN_BYTES: Final = 8192
 DEFAULT_MAX_ROUNDS: Final = 10  # the official MCP clients' own default
 DEFAULT_MAX_FLOW_AGE: Final = 3600
+DEFAULT_NAMESPACE: Final = "default"
+#: The longest span, in seconds, of every time setting (ttl, max_skew, expiry_grace,
+#: max_flow_age, retry_after): 68 years, what a signed 32-bit number of seconds holds.
+MAX_SECONDS: Final = 2**31 - 1
+#: The smallest max_token_bytes: the shortest token is longer.
+MIN_TOKEN_BYTES: Final = 128
 
 
 class Mode(enum.StrEnum):
@@ -130,7 +136,7 @@ class StateCodec:
         max_rounds: int = DEFAULT_MAX_ROUNDS,
         max_flow_age: int | None = DEFAULT_MAX_FLOW_AGE,
         replay: ReplayStore | None = None,
-        namespace: str = "default",
+        namespace: str = DEFAULT_NAMESPACE,
         clock: Callable[[], float] = time.time,
     ) -> None:
         if not isinstance(keys, KeyProvider):
@@ -138,21 +144,23 @@ class StateCodec:
         if isinstance(keys, KeyRing) and not len(keys):
             # Refused now, as the SDK refuses an empty ring, not at the first seal.
             raise ValueError("the key ring has no keys, so the codec could neither seal nor unseal")
-        if not 0 < ttl < 2**31:
+        if not 0 < ttl <= MAX_SECONDS:
             raise ValueError(f"ttl must be a positive number of seconds, got {ttl!r}")
         for name, value in (("max_skew", max_skew), ("expiry_grace", expiry_grace)):
-            if not (0 <= value < 2**31 and value == int(value)):
+            if not (0 <= value <= MAX_SECONDS and value == int(value)):
                 raise ValueError(f"{name} must be a whole number of seconds >= 0, got {value!r}")
         if not (type(max_rounds) is int and 1 <= max_rounds <= _format.MAX_ROUND):
             raise ValueError(
                 f"max_rounds must be a whole number from 1 to {_format.MAX_ROUND}, got {max_rounds!r}"
             )
-        if max_flow_age is not None and not (0 < max_flow_age < 2**31 and max_flow_age == int(max_flow_age)):
+        if max_flow_age is not None and not (
+            0 < max_flow_age <= MAX_SECONDS and max_flow_age == int(max_flow_age)
+        ):
             raise ValueError(
                 f"max_flow_age must be a positive whole number of seconds or None, got {max_flow_age!r}"
             )
-        if max_token_bytes < 128:
-            raise ValueError("max_token_bytes below 128 cannot hold a token")
+        if max_token_bytes < MIN_TOKEN_BYTES:
+            raise ValueError(f"max_token_bytes below {MIN_TOKEN_BYTES} cannot hold a token")
         if replay is not None and not callable(getattr(replay, "consume", None)):
             raise TypeError("replay must be a ReplayStore (see statecodec.replay)")
         self.mode = Mode(mode)
@@ -176,7 +184,7 @@ class StateCodec:
         # A flow ends like a token: now >= start + max_flow_age + expiry_grace.
         self._flow_over_after = math.inf if max_flow_age is None else int(max_flow_age) + self._expired_after
         # A first round's token lives at most as long as its flow.
-        self._flow_ttl_max = 2**31 if max_flow_age is None else int(max_flow_age)
+        self._flow_ttl_max = MAX_SECONDS if max_flow_age is None else int(max_flow_age)
         # Replay entries: "<namespace>:<token id hex>", kept until exp + expiry_grace +
         # max_skew on this codec's clock, handed to the store as a retention from now (the
         # comment above _store_down). Every instance sharing a store must use the same
@@ -217,7 +225,7 @@ class StateCodec:
         now = self.clock()
         iat = int(now)
         ttl = self.ttl if ttl is None else ttl
-        if not 0 < ttl < 2**31:
+        if not 0 < ttl <= MAX_SECONDS:
             raise ValueError("ttl must be a positive number of seconds")
         flow = None
         if parent is not None:
@@ -226,7 +234,7 @@ class StateCodec:
             ttl = self._flow_ttl_max
         not_before_ms = 0
         if retry_after is not None:
-            if not (isinstance(retry_after, int | float) and 0 < retry_after < 2**31):
+            if not (isinstance(retry_after, int | float) and 0 < retry_after <= MAX_SECONDS):
                 raise ValueError(f"retry_after must be a positive number of seconds, got {retry_after!r}")
             # Rounded to the microsecond first: float noise must not add a millisecond.
             not_before_ms = math.ceil(round((now + retry_after - iat) * 1000, 3))

@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import re
 import struct
+import time
 from typing import Final, NamedTuple
 
 from pybase64 import b64decode as _b64decode
@@ -60,6 +61,8 @@ NONCE_LEN: Final = 24  # XChaCha20's nonce: tid || nonce_suffix
 NONCE_SUFFIX_LEN: Final = NONCE_LEN - TOKEN_ID_LEN  # the 8 nonce bytes the header does not carry
 AEAD_TAG_LEN: Final = 16
 MAX_TIME: Final = 2**32 - 1
+#: :data:`MAX_TIME` for people: the last instant a token can carry.
+LAST_TIME: Final = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(MAX_TIME))
 
 FLAG_CHAINED: Final = 0x80
 FLAG_PACED: Final = 0x40
@@ -85,6 +88,15 @@ _PADDING: Final = ("", "", "==", "=")  # by len % 4 (1 is impossible)
 _B64_VALUE: Final = {
     c: i for i, c in enumerate("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_")
 }
+
+
+class TimeRangeError(ValueError):
+    """Times a header cannot carry: before 1970, after :data:`LAST_TIME`, or ending before they start.
+
+    A ``ValueError`` as any other refusal of a value to seal; a class of its own so that
+    ``statecodec mint`` tells a ``--ttl`` too long for ``--at`` (a usage error) from a
+    payload too large for a token.
+    """
 
 
 class ParsedToken(NamedTuple):
@@ -175,7 +187,7 @@ def pack_header(
     encodes its kid once, so minting skips the kid regex.
     """
     if not 0 <= issued_at <= expires_at <= MAX_TIME:
-        raise ValueError("times must satisfy 0 <= issued_at <= expires_at < 2**32")
+        raise TimeRangeError(_times_problem(issued_at, expires_at))
     if len(token_id) != TOKEN_ID_LEN or len(bind_tag) != BIND_TAG_LEN:
         raise ValueError("token id and binding tag must be 16 bytes each")
     header = kid_field + _TIMES.pack(issued_at, expires_at) + token_id + bind_tag
@@ -194,6 +206,13 @@ def pack_header(
         flags |= FLAG_PACED
         header += _PACE.pack(not_before_ms)
     return bytes((header[0] | flags,)) + header[1:]
+
+
+def _times_problem(issued_at: int, expires_at: int) -> str:
+    rule = "times must satisfy 0 <= issued_at <= expires_at < 2**32"
+    if 0 <= issued_at <= MAX_TIME < expires_at:
+        return f"the token would expire after {LAST_TIME}, the last time a token can carry ({rule})"
+    return rule
 
 
 def aead_nonce(token_id: bytes, nonce_suffix: bytes) -> bytes:

@@ -102,6 +102,8 @@ logger = logging.getLogger("statecodec")
 #: How long an early retry of a paced round may be held before it runs (seconds); a retry
 #: that would wait longer is answered at once with the same state.
 DEFAULT_MAX_HOLD: Final = 10.0
+#: The longest ``max_hold`` (seconds): a held request keeps its client connection open.
+MAX_HOLD_LIMIT: Final = 300
 #: Early retries held at once by one adapter; one more is answered at once with its state.
 DEFAULT_MAX_HOLDS: Final = 100
 #: Early retries of one token held at once (a client has one retry outstanding; two
@@ -726,8 +728,8 @@ class BoundaryOptions:
             raise ValueError(
                 f"retry_after must be a number of seconds between 0 and the codec's ttl, got {retry_after!r}"
             )
-        if not (isinstance(max_hold, int | float) and 0 <= max_hold <= 300):
-            raise ValueError(f"max_hold must be between 0 and 300 seconds, got {max_hold!r}")
+        if not (isinstance(max_hold, int | float) and 0 <= max_hold <= MAX_HOLD_LIMIT):
+            raise ValueError(f"max_hold must be between 0 and {MAX_HOLD_LIMIT} seconds, got {max_hold!r}")
         _check_hold_counts(self.max_holds, self.max_holds_per_token)
 
     def holds(self) -> Holds:

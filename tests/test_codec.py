@@ -192,6 +192,15 @@ def test_seal_refuses_bad_ttl_and_times() -> None:
         _at(codec, -5).seal(b"x", None)
 
 
+def test_seal_says_a_ttl_past_the_last_time_a_token_can_carry() -> None:
+    # The one check of it: statecodec mint reports this error as a usage error of --ttl.
+    codec = _codec(max_flow_age=None)  # else a first round's ttl is cut to the flow budget
+    with pytest.raises(_format.TimeRangeError, match="would expire after 2106-02-07T06:28:15Z, the last"):
+        _at(codec, 4_000_000_000).seal(b"x", ttl=1_000_000_000)
+    last = _at(codec, 2**32 - 1 - 600).seal(b"x", ttl=600)  # expiring at the last second is fine
+    assert codec.unseal(last, None, consume=False).expires_at == 2**32 - 1
+
+
 @pytest.mark.parametrize(
     ("kwargs", "error"),
     [

@@ -432,3 +432,37 @@ def test_real_clock_defaults_work() -> None:
     # Without clock=lambda: , verify reads the real clock: a fresh token verifies, as the SDKs would.
     fresh = ts_v1.seal(SECRET, 1)
     assert abs((verify("ts-v1", fresh, [SECRET]).expires_at or 0) - time.time() - 600) < 5
+
+
+_GIVEN = {
+    "principal": "alice",
+    "audience": "srv",
+    "method": "tools/call",
+    "target": "t",
+    "arguments": {"a": 1},
+    "bind": "alice",
+    "associated_data": b"ctx",
+    "arguments_digest": "0" * 64,
+}
+
+
+@pytest.mark.parametrize("fmt", sorted(FORMATS))
+def test_a_field_the_format_does_not_bind_is_refused_not_left_unchecked(fmt: str) -> None:
+    binds = FORMATS[fmt].binds
+    assert set(binds) <= set(_GIVEN) and bool(binds) == (fmt != "php-v1")  # the PHP SDK binds nothing
+    for name, value in _GIVEN.items():
+        options = VerifyOptions(**{name: value})
+        assert FORMATS[fmt].refused(options) == (() if name in binds else (name,))
+        if name not in binds:  # refused before the token is read, whatever it is
+            with pytest.raises(ValueError, match=f"a {fmt} token binds .*; drop {name}$"):
+                verify(fmt, "not a token", RING, options, clock=lambda: NOW)
+
+
+def test_detect_says_why_a_token_cannot_be_read_as_the_error_to_raise() -> None:
+    unknown = detect("just-some-text").refusal()
+    assert unknown is not None and unknown.reason == "malformed"
+    assert unknown.detail.startswith("not a recognised requestState token: ")
+    cut = detect("sc1s.AAAA").refusal()
+    assert cut is not None and cut.reason == detect("sc1s.AAAA").reason
+    assert cut.detail.startswith("unreadable statecodec sc1 token: ")
+    assert detect(StateCodec(RING, clock=lambda: NOW).seal(b"x")).refusal() is None

@@ -9,6 +9,7 @@ printed by ``statecodec --help`` and docs/cli.md, both generated from :data:`EXI
 from __future__ import annotations
 
 import enum
+import sys
 from typing import Final
 
 from .._humanize import one_line
@@ -66,13 +67,16 @@ class CliError(Exception):
         self.reason = reason
 
 
-#: Top-level modules of the ``mcp`` extra: a missing one means "install the extra", not a bug.
-MCP_EXTRA: Final = frozenset({"mcp", "mcp_types", "uvicorn", "httpx2", "starlette", "pydantic", "anyio"})
-
-
 def explain_missing_extra(exc: ModuleNotFoundError, command: str) -> None:
-    """Raise a one-line "install the extra" error if ``exc`` is a module of the ``mcp`` extra."""
-    if (exc.name or "").partition(".")[0] in MCP_EXTRA:
+    """Raise a one-line "install the extra" error if ``exc`` is a module the ``mcp`` extra brings.
+
+    ``exc`` comes from importing the command's code, whose every import ``scripts/deps``
+    holds to the extra's packages in pyproject.toml: a missing module that is neither
+    statecodec's own nor the standard library's is one of them, or one they need. No list
+    of them here, which would drift from pyproject.toml's.
+    """
+    top = (exc.name or "").partition(".")[0]
+    if top and top != "statecodec" and top not in sys.stdlib_module_names:
         raise CliError(
             ExitCode.KEYS,
             f"statecodec {command} needs the MCP SDK ({exc.name} is missing): pip install 'statecodec[mcp]'",

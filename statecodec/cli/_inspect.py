@@ -60,16 +60,8 @@ def inspect_command(out: Output, *, token: str, at: float | None) -> Outcome:
     """
     now = clock_at(at)()
     info = detect(read_token(token), max_token_bytes=MAX_INPUT_BYTES)
-    if not info.recognised:
-        raise CliError(
-            ExitCode.INVALID, f"not a recognised requestState token: {info.problem}", reason="malformed"
-        )
-    if info.problem is not None:
-        raise CliError(
-            ExitCode.INVALID,
-            f"unreadable {info.name} token: {info.problem}",
-            reason=info.reason or "malformed",
-        )
+    if (refusal := info.refusal()) is not None:  # rejected, whatever the reason (internal_error too)
+        raise CliError(ExitCode.INVALID, refusal.detail, reason=refusal.reason)
     doc = describe(info, now)
     banner = out.style(WARNING, fg="yellow", bold=True)
     return Outcome(

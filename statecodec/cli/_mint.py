@@ -7,7 +7,7 @@ import click
 from .. import _format
 from .._codec import DEFAULT_TTL, StateCodec
 from . import _sources
-from ._describe import iso, moment
+from ._describe import moment
 from ._exit import CliError, ExitCode
 from ._output import Outcome, Output, command
 from ._params import (
@@ -54,11 +54,6 @@ def mint_command(
     """
     clock = clock_at(at)
     now = clock()
-    if now + ttl > _format.MAX_TIME:
-        raise click.BadParameter(
-            f"the token would expire after {iso(_format.MAX_TIME)}, the last time a token can carry",
-            param_hint="'--ttl'",
-        )
     bound = binding.to_binding()
     data = read_input(payload, "payload")
     with _sources.key_manager(require_keys(keys_spec), clock=clock) as keys:
@@ -66,7 +61,9 @@ def mint_command(
         codec = StateCodec(keys, mode=mode, max_token_bytes=max_token_bytes, max_flow_age=None, clock=clock)
         try:
             token = codec.seal(data, bound, ttl=ttl)
-        except ValueError as exc:  # payload too large for a token, or times out of range
+        except _format.TimeRangeError as exc:  # --at is in range: the --ttl is too long for it
+            raise click.BadParameter(str(exc), param_hint="'--ttl'") from None
+        except ValueError as exc:  # payload too large for a token
             raise CliError(ExitCode.IO, str(exc)) from None
     parsed = _format.parse(token, max_token_bytes)
     fields = {

@@ -14,14 +14,21 @@ import re
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any, Final, TypeVar, cast
 
 import click
 
 from .._binding import Binding
-from .._codec import DEFAULT_MAX_FLOW_AGE, DEFAULT_MAX_ROUNDS, DEFAULT_MAX_TOKEN_BYTES
-from .._format import MAX_TIME
+from .._codec import (
+    DEFAULT_MAX_FLOW_AGE,
+    DEFAULT_MAX_ROUNDS,
+    DEFAULT_MAX_TOKEN_BYTES,
+    MAX_SECONDS,
+    MIN_TOKEN_BYTES,
+    Mode,
+)
+from .._format import LAST_TIME, MAX_ROUND, MAX_TIME
 from .._humanize import duration
 from ._exit import CliError, ExitCode
 from ._output import reader_gone_exits
@@ -34,9 +41,6 @@ _UNITS: Final = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
 _DURATION_RE: Final = re.compile(r"(?:\d+[smhdw])+|\d+")
 _PART_RE: Final = re.compile(r"(\d+)([smhdw])")
 _UNIX_RE: Final = re.compile(r"\d{1,12}(?:\.\d+)?")
-#: The longest duration any option takes: what the codec's ttl, max_skew and expiry_grace
-#: fit in (68 years).
-MAX_DURATION: Final = 2**31 - 1
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -53,23 +57,24 @@ ABSENT: Final[Any] = _Absent()
 def parse_duration(text: str) -> int:
     """``"90s"``, ``"10m"``, ``"24h"``, ``"2d"``, ``"1h30m"`` or bare seconds -> seconds.
 
-    At most :data:`MAX_DURATION`: anything longer is a usage error, not a codec failure.
+    At most the codec's :data:`~statecodec._codec.MAX_SECONDS`: anything longer is a usage
+    error, not a codec failure.
     """
     text = text.strip().lower()
     if not _DURATION_RE.fullmatch(text):
         raise ValueError(f"{text!r} is not a duration; use e.g. 90s, 10m, 24h, 2d or 1h30m")
     parts = [(text, "s")] if text.isdigit() else _PART_RE.findall(text)
     # Checked digit by digit first: int() of a huge string is slow, then refused.
-    if any(len(number) > len(str(MAX_DURATION)) for number, _ in parts):
+    if any(len(number) > len(str(MAX_SECONDS)) for number, _ in parts):
         raise ValueError(_too_long(text))
     seconds = sum(int(number) * _UNITS[unit] for number, unit in parts)
-    if seconds > MAX_DURATION:
+    if seconds > MAX_SECONDS:
         raise ValueError(_too_long(text))
     return seconds
 
 
 def _too_long(text: str) -> str:
-    return f"{text[:40]!r} is out of range; the longest duration is {duration(MAX_DURATION)} (68 years)"
+    return f"{text[:40]!r} is out of range; the longest duration is {duration(MAX_SECONDS)} (68 years)"
 
 
 def parse_time(text: str, clock: Callable[[], float] = time.time) -> float:
@@ -80,8 +85,7 @@ def parse_time(text: str, clock: Callable[[], float] = time.time) -> float:
     moment = _parse_time(text.strip(), clock())
     if not 0 <= moment <= MAX_TIME:
         raise ValueError(
-            f"{text.strip()[:40]!r} is out of range; a time is between 1970-01-01 and "
-            f"{dt.datetime.fromtimestamp(MAX_TIME, dt.UTC):%Y-%m-%dT%H:%M:%SZ}"
+            f"{text.strip()[:40]!r} is out of range; a time is between 1970-01-01 and {LAST_TIME}"
         )
     return moment
 
@@ -228,13 +232,15 @@ class OrderedGroup(click.Group):
 
 
 def keys_option(fn: F) -> F:
+    from ..kms import URL_FORMS  # noqa: PLC0415 - the forms are the library's, never copied
+
     return click.option(
         "--keys",
         "keys_spec",
         metavar="SPEC",
         envvar="STATECODEC_KEYS",
         show_envvar=True,
-        help="Key source: file:PATH, env:NAME, vault-transit:MOUNT/NAME or vault-kv:MOUNT/PATH.",
+        help=f"Key source: {', '.join(URL_FORMS[:-1])} or {URL_FORMS[-1]}.",
     )(fn)
 
 
@@ -279,16 +285,9 @@ class BindingOptions:
         return self != BindingOptions()
 
     def names(self) -> list[str]:
-        """The options that were given, in the order the help lists them."""
-        given = {
-            "principal": self.principal is not None,
-            "audience": self.audience is not None,
-            "method": self.method is not None,
-            "target": self.target is not None,
-            "arguments": self.arguments is not ABSENT,
-            "extra": bool(self.extra),
-        }
-        return [name for name, present in given.items() if present]
+        """The options that were given (unlike their default), in the order the help lists them."""
+        none = BindingOptions()
+        return [f.name for f in fields(self) if getattr(self, f.name) != getattr(none, f.name)]
 
     def to_binding(self) -> Binding | None:
         """The statecodec :class:`Binding`, or None when no option was given."""
@@ -434,7 +433,7 @@ def max_token_bytes_option(text: str) -> Callable[[F], F]:
     """``--max-token-bytes N``: the codec's size limit."""
     return click.option(
         "--max-token-bytes",
-        type=click.IntRange(128),
+        type=click.IntRange(MIN_TOKEN_BYTES),
         default=DEFAULT_MAX_TOKEN_BYTES,
         show_default=True,
         help=text,
@@ -445,7 +444,7 @@ def flow_budget_options(rounds_text: str, age_text: str) -> Callable[[F], F]:
     """``--max-rounds N`` and ``--max-flow-age DURATION``: the codec's flow budgets."""
     rounds = click.option(
         "--max-rounds",
-        type=click.IntRange(1, 255),
+        type=click.IntRange(1, MAX_ROUND),
         default=DEFAULT_MAX_ROUNDS,
         show_default=True,
         help=rounds_text,
@@ -454,8 +453,7 @@ def flow_budget_options(rounds_text: str, age_text: str) -> Callable[[F], F]:
     return lambda fn: rounds(age(fn))
 
 
-def mode_option(default: str, text: str) -> Callable[[F], F]:
-    """``--mode sign|encrypt``."""
-    return click.option(
-        "--mode", type=click.Choice(["sign", "encrypt"]), default=default, show_default=True, help=text
-    )
+def mode_option(default: str | None, text: str) -> Callable[[F], F]:
+    """``--mode sign|encrypt``, the codec's modes; ``None``: no default (the token's prefix says)."""
+    modes = click.Choice([mode.value for mode in Mode])
+    return click.option("--mode", type=modes, default=default, show_default=default is not None, help=text)

@@ -21,7 +21,7 @@ import click
 from .. import _telemetry
 from .._codec import DEFAULT_TTL
 from ..adapters.asgi import DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_RESPONSE_BYTES
-from ..boundary import DEFAULT_MAX_HOLD, DEFAULT_MAX_HOLDS, DEFAULT_MAX_HOLDS_PER_TOKEN
+from ..boundary import DEFAULT_MAX_HOLD, DEFAULT_MAX_HOLDS, DEFAULT_MAX_HOLDS_PER_TOKEN, MAX_HOLD_LIMIT
 from ._exit import CliError, ExitCode
 from ._output import classify, echo, log_format_option, reported
 from ._params import (
@@ -140,7 +140,7 @@ logger = logging.getLogger("statecodec.proxy")
 )
 @click.option(
     "--max-hold",
-    type=click.FloatRange(0, 300),
+    type=click.FloatRange(0, MAX_HOLD_LIMIT),  # shown in the help; BoundaryOptions checks it
     default=DEFAULT_MAX_HOLD,
     show_default=True,
     metavar="SECONDS",

@@ -17,13 +17,14 @@ import click
 from .._codec import (
     DEFAULT_EXPIRY_GRACE,
     DEFAULT_MAX_SKEW,
+    DEFAULT_NAMESPACE,
     OpenedState,
     StateCodec,
 )
 from .._errors import InvalidState
 from .._keys import KeyProvider
 from ..compat import FORMATS as COMPAT_FORMATS
-from ..compat import Verified, VerifyOptions, format_for, mode_of, verify_detected
+from ..compat import Verified, VerifyOptions, detect, format_for, mode_of, verify_detected
 from ..compat import verify as compat_verify
 from ..replay._url import redact
 from . import _sources
@@ -39,26 +40,23 @@ from ._params import (
     flow_budget_options,
     keys_option,
     max_token_bytes_option,
+    mode_option,
     read_token,
     require_keys,
 )
 
-_NOT_CHECKED = (
-    "NOT CHECKED - no binding options given; add --principal/--audience/--method/--target/--arguments"
-    "/--extra exactly as the server binds them"
-)
-
-_FOREIGN_HINT = {
-    "ts-v1": "add --bind-value with what the server's bind(ctx) returns",
-    "mcp-py-v1": "add --method/--target/--arguments/--audience/--principal as the server binds them",
-    "ruby-v1": "add --method/--target/--arguments/--audience as the server binds them",
-    "php-v1": "a PHP SDK token binds nothing: any request of any user can redeem it",
-    "rs1": "add --associated-data",
-    "rs2": "add --associated-data",
-}
 #: The pseudo-format of a token whose bytes fit several formats: the keys decide.
 _CANDIDATES = "candidates"
-_AD_FORMATS = frozenset({"rs1", "rs2"})
+#: The command line's name of each compat option (what each format binds is compat's).
+_FLAGS = {
+    "principal": "--principal",
+    "audience": "--audience",
+    "method": "--method",
+    "target": "--target",
+    "arguments": "--arguments",
+    "bind": "--bind-value",
+    "associated_data": "--associated-data",
+}
 
 
 @dataclass(frozen=True)
@@ -98,9 +96,7 @@ def _check_sc1_flags(binding: BindingOptions, opts: _Sc1Options, at: float | Non
         )
 
 
-def _check_foreign_flags(
-    fmt: str, binding: BindingOptions, opts: _Sc1Options, bind_value: str | None, associated_data: str | None
-) -> None:
+def _check_foreign_flags(tokens: str, binding: BindingOptions, opts: _Sc1Options) -> None:
     sc1_only = {
         "--mode": opts.mode,
         "--replay": opts.replay_url,
@@ -108,29 +104,35 @@ def _check_foreign_flags(
         "--unbound": opts.unbound or None,
         "--extra": binding.extra or None,
     }
-    given = [name for name, value in sc1_only.items() if value is not None]
-    if fmt == "ts-v1" and binding.given:
-        given.append("binding options (a ts-v1 token binds one string: pass --bind-value)")
-    if fmt in _AD_FORMATS and binding.given:
-        given.append(f"binding options (an {fmt} token binds associated data: pass --associated-data)")
-    if fmt == "php-v1" and binding.given:
-        given.append("binding options (a php-v1 token binds nothing)")
-    if fmt == "ruby-v1" and binding.principal is not None:
-        given.append("--principal (the Ruby SDK binds no principal)")
-    if fmt != "ts-v1" and bind_value is not None:
-        given.append("--bind-value (ts-v1 only)")
-    if fmt not in _AD_FORMATS and associated_data is not None:
-        given.append("--associated-data (rs1 and rs2 only)")
-    if given:
-        raise click.UsageError(f"not applicable to a {fmt} token: {', '.join(given)}")
+    if given := [name for name, value in sc1_only.items() if value is not None]:
+        raise click.UsageError(f"not applicable to {tokens}: {', '.join(given)}")
+
+
+def _check_applicable(
+    tokens: str, formats: tuple[str, ...], binding: BindingOptions, **more: str | None
+) -> None:
+    """Options none of ``formats`` binds (compat says what each binds): a usage error, before any key.
+
+    ``more``: ``bind`` and ``associated_data`` as given. ``--arguments null`` counts as given
+    (an explicit "no arguments", which a format without arguments cannot check either).
+    """
+    given = [*binding.names(), *(option for option, value in more.items() if value is not None)]
+    binds = {option for f in formats for option in COMPAT_FORMATS[f].binds}
+    if misplaced := [
+        f"{_FLAGS[o]} ({', '.join(_binders(o))} only)" for o in _FLAGS if o in given and o not in binds
+    ]:
+        takes = "/".join(flag for option, flag in _FLAGS.items() if option in binds) or "no binding option"
+        raise click.UsageError(f"not applicable to {tokens}: {', '.join(misplaced)}; they take {takes}")
+
+
+def _binders(option: str) -> list[str]:
+    return [fmt.id for fmt in COMPAT_FORMATS.values() if option in fmt.binds]
 
 
 @click.command("verify")
 @click.argument("token", metavar="TOKEN|-")
 @keys_option
-@click.option(
-    "--mode", type=click.Choice(["sign", "encrypt"]), help="sc1 mode [default: from the token prefix]."
-)
+@mode_option(None, "sc1 mode [default: from the token prefix].")
 @binding_options
 @click.option("--unbound", is_flag=True, help="Check that the token was minted without any binding.")
 @click.option(
@@ -140,7 +142,9 @@ def _check_foreign_flags(
     help="Replay store: memory:, sqlite:PATH, redis://HOST:PORT/DB, redis+cluster://..., redis+sentinel://...",
 )
 @click.option("--consume", is_flag=True, help="Redeem the token in the --replay store (single use).")
-@click.option("--namespace", default="default", show_default=True, help="Replay namespace of the server.")
+@click.option(
+    "--namespace", default=DEFAULT_NAMESPACE, show_default=True, help="Replay namespace of the server."
+)
 @click.option("--at", type=TIME, metavar="TIME", help="Verify as of TIME (ISO 8601, Unix, +10m, -3m).")
 @duration_option(
     "--max-skew",
@@ -195,16 +199,13 @@ def verify_command(
     text = read_token(token)
     if fmt == "auto":
         fmt = format_for(text) or _CANDIDATES
+    formats = detect(text).candidates if fmt == _CANDIDATES else (fmt,)
+    tokens = f"{' or '.join(formats)} tokens"
     if fmt == "sc1":
         _check_sc1_flags(binding, opts, at)
-        foreign_only = {
-            "--bind-value (ts-v1 only)": bind_value,
-            "--associated-data (rs1 and rs2 only)": associated_data,
-        }
-        if misplaced := [name for name, value in foreign_only.items() if value is not None]:
-            raise click.UsageError(f"not applicable to an sc1 token: {', '.join(misplaced)}")
     else:
-        _check_foreign_flags(fmt, binding, opts, bind_value, associated_data)
+        _check_foreign_flags(tokens, binding, opts)
+    _check_applicable(tokens, formats, binding, bind=bind_value, associated_data=associated_data)
     clock = clock_at(at)
     with _sources.key_manager(require_keys(keys_spec), clock=clock) as keys:
         if fmt == "sc1":
@@ -257,7 +258,9 @@ def _verify_sc1(
         checked = ", ".join(binding.names()) or "the token carries no binding"
         binding_line = out.style(f"checked ({checked})", fg="green")
     else:
-        binding_line = out.style(_NOT_CHECKED, fg="yellow", bold=True)
+        binding_line = out.style(
+            f"NOT CHECKED - no binding options given; {_hint('sc1')}", fg="yellow", bold=True
+        )
     summary = f"statecodec sc1 {opened.mode.value.upper()} token, key {opened.kid}"
     return _valid(out, fields, summary, now, [("binding", binding_line), ("replay", _replay_line(opts))])
 
@@ -267,15 +270,7 @@ def _sc1_claims(opened: OpenedState, now: float) -> dict[str, Any]:
         "kid": opened.kid,
         **lifetime_fields(opened.issued_at, opened.expires_at, now),
         "token_id": opened.token_id,
-        "flow": flow_fields(
-            {
-                "flow_id": opened.flow_id,
-                "round": opened.round,
-                "flow_started_at": opened.flow_started_at,
-                "not_before": opened.not_before,
-            },
-            now,
-        ),
+        "flow": flow_fields(opened._asdict(), now),  # its flow_id, round, flow_started_at, not_before
         "payload": payload_fields(opened.payload),
     }
 
@@ -343,13 +338,22 @@ def _verify_foreign(
         note = f"; not checked: {', '.join(verified.unchecked)}" if verified.unchecked else ""
         binding_line = out.style(f"checked ({', '.join(verified.checked)}){note}", fg="green")
     else:
-        binding_line = out.style(f"NOT CHECKED - {_FOREIGN_HINT[verified.format]}", fg="yellow", bold=True)
+        binding_line = out.style(f"NOT CHECKED - {_hint(verified.format)}", fg="yellow", bold=True)
     replay_line = (
         f"not available: {verified.name} tokens have no token id and can be replayed until they expire"
     )
     return _valid(
         out, fields, f"{verified.name} token", now, [("binding", binding_line), ("replay", replay_line)]
     )
+
+
+def _hint(fmt: str) -> str:
+    """How to check what the format binds; or that its tokens bind nothing (php-v1)."""
+    flags = [_FLAGS[f] for f in COMPAT_FORMATS[fmt].binds if f in _FLAGS]
+    if flags:
+        extra = ["--extra"] if fmt == "sc1" else []  # statecodec's own binding entries, not compat's
+        return f"add {'/'.join(flags + extra)} exactly as the server binds them"
+    return f"a {COMPAT_FORMATS[fmt].name} token binds nothing: any request of any user can redeem it"
 
 
 def _option_value(options: VerifyOptions, name: str) -> Any:

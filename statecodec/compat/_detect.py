@@ -77,6 +77,14 @@ class FormatInfo:
     def recognised(self) -> bool:
         return self.format is not None or bool(self.candidates)
 
+    def refusal(self) -> InvalidState | None:
+        """Why the token cannot be read, as the error to raise; ``None`` when it was read."""
+        if not self.recognised:
+            return InvalidState("malformed", f"not a recognised requestState token: {self.problem}")
+        if self.problem is not None:
+            return InvalidState(self.reason or "malformed", f"unreadable {self.name} token: {self.problem}")
+        return None
+
 
 def detect(token: object, *, max_token_bytes: int = DEFAULT_MAX_TOKEN_BYTES) -> FormatInfo:
     """Name ``token``'s format and read its clear fields. Never raises on any input."""

@@ -36,6 +36,8 @@ VerifyKeys = KeyProvider | Sequence[bytes | str] | Mapping[str, bytes | str]
 Clock = Callable[[], float]
 
 _BINDING_FIELDS: Final = ("principal", "audience", "method", "target", "arguments")
+_OPTION_FIELDS: Final = (*_BINDING_FIELDS, "bind", "associated_data", "arguments_digest")
+_AD: Final = ("associated_data",)
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,16 +78,24 @@ class Verified:
 
 @dataclass(frozen=True, slots=True)
 class CompatFormat:
-    """A format of the registry: its id, its name, how to verify it, and its mode.
+    """A format of the registry: its id, its name, how to verify it, its mode, what it binds.
 
     ``mode`` is ``"sign"`` (anyone can read the payload) or ``"encrypt"``; ``None`` for sc1,
-    whose tokens name theirs in their prefix (:func:`mode_of`).
+    whose tokens name theirs in their prefix (:func:`mode_of`). ``binds``: the
+    :class:`VerifyOptions` fields a token of the format can be checked against; any other
+    field given is refused (:meth:`refused`), since a check the format cannot make would
+    otherwise pass in silence, and the caller believe it made.
     """
 
     id: str
     name: str
     verify: Callable[[str, VerifyKeys, VerifyOptions, Clock], Verified]
     mode: str | None = None
+    binds: tuple[str, ...] = ()
+
+    def refused(self, options: VerifyOptions) -> tuple[str, ...]:
+        """The fields ``options`` gives that a token of this format does not bind."""
+        return tuple(f for f in _OPTION_FIELDS if getattr(options, f) is not None and f not in self.binds)
 
 
 def mode_of(format_id: str, token: str) -> str:
@@ -124,10 +134,14 @@ def verify(
 
     ``clock`` gives the time to judge expiry and key retirement at (``time.time``; a
     fixed instant for ``statecodec verify --at``). ``KeyError`` for an unknown format id;
-    ``TypeError``/``ValueError`` for unusable keys.
+    ``TypeError``/``ValueError`` for unusable keys, and ``ValueError`` for options the
+    format does not bind (:meth:`CompatFormat.refused`).
     """
-    fmt = FORMATS[format_id]
-    return fmt.verify(token, keys, options or VerifyOptions(), clock)
+    fmt, options = FORMATS[format_id], options or VerifyOptions()
+    if refused := fmt.refused(options):
+        binds = f"only {', '.join(fmt.binds)}" if fmt.binds else "nothing"
+        raise ValueError(f"a {fmt.id} token binds {binds}; drop {', '.join(refused)}")
+    return fmt.verify(token, keys, options, clock)
 
 
 def _secrets(keys: VerifyKeys, now: float) -> list[bytes | str]:
@@ -245,8 +259,6 @@ def _verify_rs1(token: str, keys: VerifyKeys, options: VerifyOptions, clock: Clo
 
 
 def _verify_ruby_v1(token: str, keys: VerifyKeys, options: VerifyOptions, clock: Clock) -> Verified:
-    if options.principal is not None:
-        raise ValueError("a ruby-v1 token binds no principal (the Ruby SDK has none): drop --principal")
     if options.arguments is not None and options.arguments_digest is not None:
         raise ValueError("give the arguments or their digest, not both")
     u = UNCHECKED
@@ -294,11 +306,6 @@ def _ruby_keys(keys: VerifyKeys, now: float) -> list[bytes | str]:
 
 
 def _verify_php_v1(token: str, keys: VerifyKeys, options: VerifyOptions, clock: Clock) -> Verified:
-    if options != VerifyOptions():
-        raise ValueError(
-            "a php-v1 token binds nothing (the PHP SDK has no binding): drop the binding options"
-        )
-
     def open_one(secret: bytes | str) -> Verified:
         opened = php_v1.unseal(token, secret, clock=clock)
         payload = json.dumps(opened.payload, ensure_ascii=False).encode("utf-8", "surrogatepass")
@@ -345,8 +352,8 @@ def verify_detected(
     info = detect(token)
     if info.format is not None:
         return verify(info.format, token, keys, options, clock=clock)
-    if not info.candidates:
-        raise InvalidState("malformed", f"not a recognised requestState token: {info.problem}")
+    if not info.candidates and (refusal := info.refusal()) is not None:  # a token of no known format
+        raise refusal
     failures: list[str] = []
     unusable: list[str] = []
     reasons: set[Reason] = set()
@@ -374,11 +381,19 @@ def verify_detected(
 
 
 FORMATS: Final[Mapping[str, CompatFormat]] = {
-    "sc1": CompatFormat("sc1", SC1, _verify_sc1),
-    "ts-v1": CompatFormat("ts-v1", TS_V1, _verify_ts_v1, "sign"),
-    "mcp-py-v1": CompatFormat("mcp-py-v1", MCP_PY_V1, _verify_mcp_py_v1, "encrypt"),
-    "ruby-v1": CompatFormat("ruby-v1", RUBY_V1, _verify_ruby_v1, "encrypt"),
+    "sc1": CompatFormat("sc1", SC1, _verify_sc1, binds=_BINDING_FIELDS),
+    "ts-v1": CompatFormat("ts-v1", TS_V1, _verify_ts_v1, "sign", ("bind",)),
+    "mcp-py-v1": CompatFormat("mcp-py-v1", MCP_PY_V1, _verify_mcp_py_v1, "encrypt", _BINDING_FIELDS),
+    # The Ruby SDK binds no principal; a server may give its arguments' digest as it is.
+    "ruby-v1": CompatFormat(
+        "ruby-v1",
+        RUBY_V1,
+        _verify_ruby_v1,
+        "encrypt",
+        ("audience", "method", "target", "arguments", "arguments_digest"),
+    ),
+    # The PHP SDK binds nothing: any request of any user can redeem its token.
     "php-v1": CompatFormat("php-v1", PHP_V1, _verify_php_v1, "sign"),
-    "rs1": CompatFormat("rs1", RS1, _verify_rs1, "sign"),
-    "rs2": CompatFormat("rs2", RS2, _verify_rs2, "sign"),
+    "rs1": CompatFormat("rs1", RS1, _verify_rs1, "sign", _AD),
+    "rs2": CompatFormat("rs2", RS2, _verify_rs2, "sign", _AD),
 }
