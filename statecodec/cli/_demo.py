@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Final, assert_never
 import click
 
 from .._humanize import relative
+from ..boundary import WIRE_ERROR_CODE, WIRE_ERROR_MESSAGE
 from ._exit import CliError, ExitCode, explain_missing_extra
 from ._output import Outcome, Output, command, echo
 from ._params import mode_option
@@ -122,8 +123,10 @@ class _Trace:
         return self.out.style(text, dim=True)
 
     def _setup(self, event: Setup) -> list[str]:
+        from .._demo._scenario import SERVER_NAME, TOOL  # noqa: PLC0415 - loaded by now
+
         mode = event.mode.value.upper()
-        title = f"statecodec demo: deploy_production on two instances of one MCP service, {mode} mode"
+        title = f"statecodec demo: {TOOL} on two instances of one MCP service, {mode} mode"
         note = f" ({self.keys_note})" if self.keys_note else ""
         lines = [
             self.out.style(title, bold=True),
@@ -131,7 +134,8 @@ class _Trace:
             f"  replay   {event.replay}, opened by every instance",
         ]
         for instance in event.instances:
-            role = "behind the router" if instance.service == "deploy" else "another service on the same keys"
+            routed = instance.service == SERVER_NAME  # the service the router sends the tool to
+            role = "behind the router" if routed else "another service on the same keys"
             lines.append(f"  {instance.name:<8} {instance.url}  service {instance.service!r}, {role}")
         lines.append(
             self._dim(
@@ -141,9 +145,11 @@ class _Trace:
         return [*lines, ""]
 
     def _round_one(self, event: RoundOne) -> list[str]:
+        from .._demo._scenario import TOOL  # noqa: PLC0415 - loaded by now
+
         expires = dt.datetime.fromtimestamp(event.expires_at, dt.UTC).strftime("%H:%M:%SZ")
         lines = [
-            f"alice -> {event.instance}  tools/call deploy_production {json.dumps(event.arguments)}  "
+            f"alice -> {event.instance}  tools/call {TOOL} {json.dumps(event.arguments)}  "
             f"(JSON-RPC request id {event.request_id})",
             f"  {event.instance} answers input_required with {len(event.questions)} input requests:",
         ]
@@ -173,7 +179,7 @@ class _Trace:
             f"deployed on {outcome['deployed_on']})",
             self._dim(f"  {seen}"),
             "",
-            "What statecodec stops (the client gets -32602 'Invalid or expired requestState'; the reason is "
+            f"What statecodec stops (the client gets {WIRE_ERROR_CODE} '{WIRE_ERROR_MESSAGE}'; the reason is "
             "from the server log):",
         ]
 
