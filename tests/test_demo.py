@@ -25,6 +25,9 @@ import jsonschema
 from click.testing import CliRunner
 
 from statecodec import KeyRing
+from statecodec._demo._cluster import Instance, Setup
+from statecodec._demo._narration import Narrator
+from statecodec._demo._run import Answered, Mode, Rejection, RoundOne, RoundTwo
 from statecodec.cli import main
 
 VALIDATOR = jsonschema.Draft202012Validator(
@@ -262,3 +265,57 @@ def _read_until(proc: subprocess.Popen[str], marker: str) -> list[str]:
             if line.startswith(marker):
                 return lines
     raise AssertionError(f"the demo never printed {marker!r}:\n{''.join(lines)}")
+
+
+def test_the_narration_tells_each_event_and_leaves_styling_to_the_caller() -> None:
+    # The engine's events, made by hand: the lines the command prints for each, without a run.
+    def marked(text: str, **attributes: object) -> str:
+        return f"<{','.join(sorted(attributes))}>{text}</>"
+
+    now = int(time.time())
+    setup = Setup(
+        Mode.SIGN,
+        "file:k.json",
+        "sqlite:r.db",
+        "k1",
+        (
+            Instance("A", "deploy", "http://127.0.0.1:1/mcp"),
+            Instance("staging", "deploy-staging", "http://x"),
+        ),
+    )
+    lines = Narrator(marked, "created now, mode 600").lines(setup)
+    assert (
+        lines[0]
+        == "<bold>statecodec demo: deploy_production on two instances of one MCP service, SIGN mode</>"
+    )
+    assert lines[1] == "  keys     file:k.json (created now, mode 600), primary key k1"
+    assert lines[3].endswith("service 'deploy', behind the router")
+    assert lines[4].endswith("service 'deploy-staging', another service on the same keys")
+    assert lines[5].startswith("<dim>") and lines[-1] == ""
+    plain = Narrator()
+    round_one = RoundOne(
+        "A", 7, {"version": "1.2.3"}, {"confirm": "Go?"}, "sc1.s." + "x" * 40, "k1", now, now + 600
+    )
+    assert (
+        plain.lines(round_one)[0]
+        == 'alice -> A  tools/call deploy_production {"version": "1.2.3"}  (JSON-RPC request id 7)'
+    )
+    assert "expires in 9m" in plain.lines(round_one)[-1] or "expires in 10m" in plain.lines(round_one)[-1]
+    assert plain.lines(Answered({"confirm": {"confirm": True}})) == [
+        'alice answers both: confirm {"confirm": true}'
+    ]
+    outcome = {"deployed": "1.2.3", "plan_id": "ab12cd34", "planned_on": "A", "deployed_on": "B"}
+    told = plain.lines(RoundTwo("B", 8, outcome, plan_readable=False))
+    assert "ENCRYPT: the plan was opaque to the client" in told[2]
+    assert "-32602 'Invalid or expired requestState'" in told[-1]
+    refused = Rejection(
+        "replayed", "replayed token", "A", "replayed", {"code": -32602}, "replayed", "again", ()
+    )
+    assert Narrator(marked).lines(refused) == [
+        "  <bold,fg> ok </> replayed token" + " " * 18 + " -> A  -32602  replayed: again"
+    ]
+    accepted = Rejection("replayed", "replayed token", "A", "replayed", None, None, None, ("ACCEPTED by A",))
+    assert plain.lines(accepted) == [
+        "  FAIL replayed token" + " " * 18 + " -> A  accepted  nothing logged",
+        "       ACCEPTED by A",
+    ]

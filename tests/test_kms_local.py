@@ -315,3 +315,22 @@ def test_a_key_source_error_says_whether_a_retry_may_cure_it() -> None:
 
     transient = {kind for kind in KINDS if KeySourceError("x", kind=kind).transient}
     assert transient == {"unreachable", "conflict"}
+
+
+class _Counted(FileSource):
+    closes = 0
+
+    def close(self) -> None:
+        self.closes += 1
+
+
+def test_a_source_used_in_a_with_block_is_closed_however_the_block_ends(tmp_path: Path) -> None:
+    path = tmp_path / "keys.json"
+    path.write_text(KeyRing.generate("k1").to_json())
+    path.chmod(0o600)
+    with _Counted(path) as source:
+        assert source.load().primary.kid == "k1"
+    assert source.closes == 1
+    with pytest.raises(RuntimeError), _Counted(path) as failing:
+        raise RuntimeError("the job failed")
+    assert failing.closes == 1

@@ -32,7 +32,7 @@ from processes import ROOT
 from statecodec import KeyRing, Mode, StateCodec
 from statecodec.cli import main
 from statecodec.cli._probe import CHECK_NAMES
-from statecodec.probe import CHECKS
+from statecodec.probe import CHECKS, with_side_effects
 from statecodec.probe._mutate import (
     analyse,
     changed_arguments,
@@ -325,6 +325,38 @@ def test_a_missing_mcp_extra_is_named() -> None:
         and "pip install 'statecodec[mcp]'" in out.stderr
         and "Traceback" not in out.stderr
     )
+
+
+def test_the_side_effects_refusal_comes_before_the_mcp_import() -> None:
+    # Without the extra, a run that needs consent is refused for want of consent (exit 2),
+    # not for want of mcp: which checks have side effects is the model's, loaded without it.
+    code = (
+        "import sys; sys.modules.update(mcp=None, mcp_types=None);"
+        f"from statecodec.cli import main; main(['probe', {U!r}, '--tool', 't'])"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
+    assert out.returncode == 2 and "--i-understand-side-effects" in out.stderr, out.stderr
+    assert "Traceback" not in out.stderr
+
+
+def test_the_model_loads_without_mcp_and_the_engine_names_it() -> None:
+    code = (
+        "import sys; sys.modules.update(mcp=None, mcp_types=None)\n"
+        "import statecodec.probe as p\n"
+        "assert p.with_side_effects(p.CHECKS) == p.CHECKS[1:], p.with_side_effects(p.CHECKS)\n"
+        "try:\n"
+        "    p.Settings\n"
+        "except ModuleNotFoundError as exc:\n"
+        "    print(exc.name)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=True)
+    assert out.stdout.strip() in ("mcp", "mcp_types"), out.stdout
+
+
+def test_only_the_readable_check_is_free_of_side_effects() -> None:
+    assert with_side_effects(("readable",)) == ()
+    assert with_side_effects(CHECKS) == tuple(c for c in CHECKS if c != "readable")
+    assert with_side_effects(("readable", "replay", "expiry")) == ("replay", "expiry")
 
 
 # ------------------------------------------------------------------ servers that misbehave

@@ -6,13 +6,16 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 import redis
 from fixtures_valkey import ValkeyServer
 
 import statecodec.replay as replay
+from statecodec import ReplayStoreError
 from statecodec.replay import MemoryReplayStore, RedisReplayStore, SQLiteReplayStore, store_from_url
+from statecodec.replay._url import OPEN_ERRORS, SCHEMA_SCHEMES, checked, scheme
 
 
 def test_memory_forms() -> None:
@@ -220,3 +223,48 @@ def test_without_the_redis_package_the_error_says_what_to_install() -> None:
         "        raise AssertionError('no error')\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
+
+
+# ---------------------------------------------------------------- opening a store for a command
+def test_scheme_is_what_picks_the_store() -> None:
+    assert [scheme(url) for url in ("SQLite:x.db", "postgres://h/db", "memory:", "x", ":y")] == [
+        "sqlite",
+        "postgres",
+        "memory",
+        "x",
+        "",
+    ]
+    assert set(SCHEMA_SCHEMES) == {"postgresql", "postgres"}  # only PostgreSQL has a schema to create
+
+
+@pytest.mark.parametrize(
+    ("url", "error"),
+    [
+        ("nope:", ValueError),  # an unknown scheme
+        ("memory:?max_entries=0", ValueError),  # a bad option
+        ("sqlite:{tmp}/missing/dir/r.db", ReplayStoreError),  # a file it cannot open, said by the store
+    ],
+)
+def test_every_failure_to_open_is_an_open_error(tmp_path: Path, url: str, error: Any) -> None:
+    with pytest.raises(OPEN_ERRORS) as info:
+        store_from_url(url.format(tmp=tmp_path))
+    assert isinstance(info.value, error)
+
+
+class _Down(MemoryReplayStore):
+    closed = False
+
+    def check(self) -> None:
+        raise ConnectionError("refused")
+
+    def close(self) -> None:
+        self.closed = True
+
+
+def test_checked_returns_an_answering_store_and_closes_one_that_does_not() -> None:
+    up = MemoryReplayStore()
+    assert checked(up) is up
+    down = _Down()
+    with pytest.raises(ConnectionError, match="refused"):  # as the store raised it
+        checked(down)
+    assert down.closed

@@ -4,22 +4,20 @@ The engine lives in :mod:`statecodec._demo` and needs the ``mcp`` extra; it is i
 only when the command runs, so ``statecodec --help`` and the other commands work without
 it. The embedded defaults (a key ring file and a SQLite replay store in the user's data
 directory, created on first run) and the JSON record of a run are the engine's
-(:mod:`statecodec._demo._journal`); this module narrates the events as they happen and
+(:mod:`statecodec._demo._journal`), and so is the text of each event
+(:mod:`statecodec._demo._narration`); this module prints the events as they happen and
 turns the findings into the exit code: 0 only when every step behaved as the trace says.
 """
 
 from __future__ import annotations
 
 import asyncio
-import datetime as dt
-import json
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Final, assert_never
+from typing import TYPE_CHECKING, Final
 
 import click
 
-from .._humanize import relative
 from ._exit import CliError, ExitCode, explain_missing_extra
 from ._output import Outcome, Output, command, echo
 from ._params import mode_option
@@ -27,7 +25,7 @@ from ._sources import open_store
 
 if TYPE_CHECKING:
     from .._demo._journal import Journal
-    from .._demo._run import Answered, Event, Rejection, RoundOne, RoundTwo, Setup
+    from .._demo._run import Event
 
 _EXIT_INTERRUPTED: Final = 130  # 128 + SIGINT, what shells expect after Ctrl-C
 
@@ -93,101 +91,17 @@ class _Trace:
     """Prints each event as it happens (people); the journal keeps them for one JSON document (--json)."""
 
     def __init__(self, out: Output, keys_note: str, journal: Journal) -> None:
+        from .._demo._narration import Narrator  # noqa: PLC0415 - loaded by now: the engine is imported
+
         self.out = out
-        self.keys_note = keys_note
         self.journal = journal
+        self.narrator = Narrator(out.style, keys_note)
 
     def __call__(self, event: Event) -> None:
-        from .._demo import _run  # noqa: PLC0415 - loaded by now: the engine is running
-
         self.journal.record(event)
-        match event:
-            case _run.Setup():
-                lines = self._setup(event)
-            case _run.RoundOne():
-                lines = self._round_one(event)
-            case _run.Answered():
-                lines = self._answered(event)
-            case _run.RoundTwo():
-                lines = self._round_two(event)
-            case _run.Rejection():
-                lines = self._rejection(event)
-            case _:
-                assert_never(event)
         if not self.out.json:
-            for line in lines:
+            for line in self.narrator.lines(event):
                 echo(line, color=self.out.color)
-
-    def _dim(self, text: str) -> str:
-        return self.out.style(text, dim=True)
-
-    def _setup(self, event: Setup) -> list[str]:
-        mode = event.mode.value.upper()
-        title = f"statecodec demo: deploy_production on two instances of one MCP service, {mode} mode"
-        note = f" ({self.keys_note})" if self.keys_note else ""
-        lines = [
-            self.out.style(title, bold=True),
-            f"  keys     {event.keys}{note}, primary key {event.primary_kid}",
-            f"  replay   {event.replay}, opened by every instance",
-        ]
-        for instance in event.instances:
-            role = "behind the router" if instance.service == "deploy" else "another service on the same keys"
-            lines.append(f"  {instance.name:<8} {instance.url}  service {instance.service!r}, {role}")
-        lines.append(
-            self._dim(
-                "  The router alternates tools/call between A and B; the client is the official mcp Client."
-            )
-        )
-        return [*lines, ""]
-
-    def _round_one(self, event: RoundOne) -> list[str]:
-        expires = dt.datetime.fromtimestamp(event.expires_at, dt.UTC).strftime("%H:%M:%SZ")
-        lines = [
-            f"alice -> {event.instance}  tools/call deploy_production {json.dumps(event.arguments)}  "
-            f"(JSON-RPC request id {event.request_id})",
-            f"  {event.instance} answers input_required with {len(event.questions)} input requests:",
-        ]
-        lines += [f"    {key:<15} elicitation: {question!r}" for key, question in event.questions.items()]
-        lines.append(
-            f"  and requestState {event.token[:16]}...  {len(event.token)} chars, key {event.kid}, "
-            f"expires {relative(event.expires_at - time.time())} ({expires})"
-        )
-        return lines
-
-    def _answered(self, event: Answered) -> list[str]:
-        given = ", ".join(f"{key} {json.dumps(content)}" for key, content in event.answers.items())
-        return [f"alice answers both: {given}"]
-
-    def _round_two(self, event: RoundTwo) -> list[str]:
-        outcome = event.outcome
-        seen = (
-            "SIGN: the client could read the plan, and could not change it"
-            if event.plan_readable
-            else "ENCRYPT: the plan was opaque to the client"
-        )
-        return [
-            f"alice -> {event.instance}  tools/call again with inputResponses and the same requestState "
-            f"(JSON-RPC request id {event.request_id}: a new request)",
-            f"  {event.instance} verifies and consumes the token, then completes: deployed "
-            f"{outcome['deployed']}, plan {outcome['plan_id']} (planned on {outcome['planned_on']}, "
-            f"deployed on {outcome['deployed_on']})",
-            self._dim(f"  {seen}"),
-            "",
-            "What statecodec stops (the client gets -32602 'Invalid or expired requestState'; the reason is "
-            "from the server log):",
-        ]
-
-    def _rejection(self, event: Rejection) -> list[str]:
-        mark = (
-            self.out.style(" ok ", fg="green", bold=True)
-            if event.ok
-            else self.out.style("FAIL", fg="red", bold=True)
-        )
-        code = event.error["code"] if event.error else "accepted"
-        logged = f"{event.reason}: {event.detail}" if event.reason else "nothing logged"
-        lines = [f"  {mark} {event.label:<32} -> {event.instance}  {code}  {logged}"]
-        lines += [self.out.style(f"       {problem}", fg="red") for problem in event.problems]
-        return lines
 
     def outcome(self, problems: list[str], elapsed: float) -> Outcome:
         fields = self.journal.finish(problems, elapsed)

@@ -82,16 +82,16 @@ def _write_secret(path: Path, text: str, *, force: bool) -> None:
 
 
 # --------------------------------------------------------------- timeline
-def _timeline(**timeline: float) -> dict[str, float]:
+def _timeline(**timeline: float) -> Timeline:
     try:
-        Timeline(**timeline)
+        return Timeline(**timeline)
     except ValueError as exc:
         raise click.UsageError(f"timeline: {exc}") from None
-    return timeline
 
 
-#: The services' rotation timing, handed on as ``timeline`` (KeyManager keyword arguments).
-#: Every instance and the rotation job must agree on it; the defaults are the library's.
+#: The services' rotation timing, handed on as one :class:`~statecodec.kms.Timeline`,
+#: validated once. Every instance and the rotation job must agree on it; the defaults are
+#: the library's.
 timeline_options: Final = grouped(
     "timeline", _timeline, *(timeline_option(name) for name in TIMELINE_HELP), names=tuple(TIMELINE_HELP)
 )
@@ -103,29 +103,23 @@ timeline_options: Final = grouped(
 @click.option("--at", type=TIME, metavar="TIME", help="Show the states as of TIME (ISO 8601, Unix, +2d).")
 @timeline_options
 @command("keys list")
-def list_command(
-    out: Output, *, keys_spec: str | None, at: float | None, timeline: dict[str, float]
-) -> Outcome:
+def list_command(out: Output, *, keys_spec: str | None, at: float | None, timeline: Timeline) -> Outcome:
     """List the keys at a source with their state: primary, verify-only, pending or retired.
 
     Shows each key's id, state, creation, promotion and retirement times, never a secret.
     From transit it reads only the key's metadata, so the rotation job's policy suffices.
     """
     now = clock_at(at)()
-    source = source_from_url(require_keys(keys_spec))
-    try:
+    with source_from_url(require_keys(keys_spec)) as source:
         ring = source.metadata()
-    finally:
-        source.close()
-    tl = Timeline(**timeline)
-    plan = tl.plan(ring, now)
+    plan = timeline.plan(ring, now)
     keys = [_key_fields(k.to_dict(), now) for k in plan.states]
     fields = {
         "source": source.describe(),
         "at": moment(now, now),
         "primary": plan.ring.primary_kid,
         "keys": keys,
-        "timeline": tl.describe(),
+        "timeline": timeline.describe(),
     }
     return Outcome(fields, _list_lines(out, fields))
 
@@ -177,11 +171,8 @@ def init_command(out: Output, *, keys_spec: str | None, key_type: str) -> Outcom
 
     Never overwrites: running it again reports what exists. env: sources cannot be created.
     """
-    source = source_from_url(require_keys(keys_spec))
-    try:
+    with source_from_url(require_keys(keys_spec)) as source:
         message = init_keys(source, key_type=key_type)
-    finally:
-        source.close()
     return Outcome({"source": source.describe(), "message": message}, [message])
 
 
@@ -202,7 +193,7 @@ def rotate_command(
     min_age: int,
     retire_after: int,
     dry_run: bool,
-    timeline: dict[str, float],
+    timeline: Timeline,
 ) -> Outcome:
     """Add a key when the newest is older than --min-age; retire keys past their window.
 
@@ -215,7 +206,7 @@ def rotate_command(
             min_age=min_age,
             retire_after=retire_after,
             dry_run=dry_run,
-            timeline=Timeline(**timeline),
+            timeline=timeline,
         )
     except ValueError as exc:  # retire_after shorter than the timeline allows
         raise CliError(ExitCode.KEYS, f"rotation refused: {exc}") from None
@@ -245,7 +236,7 @@ def retire_command(
     dry_run: bool,
     yes: bool,
     at_once: bool,
-    timeline: dict[str, float],
+    timeline: Timeline,
 ) -> Outcome:
     """Retire KID now, after a leak: every instance stops accepting it within one refresh interval.
 
@@ -257,10 +248,8 @@ def retire_command(
     With --now the cut does not wait for the new primary: the exposure is one refresh
     interval instead of the wait plus one, at the price the plan states.
     """
-    tl = Timeline(**timeline)
-    source = source_from_url(require_keys(keys_spec))
-    try:
-        plan = retire(source, kid, timeline=tl, dry_run=True, at_once=at_once)
+    with source_from_url(require_keys(keys_spec)) as source:
+        plan = retire(source, kid, timeline=timeline, dry_run=True, at_once=at_once)
         if dry_run:
             return Outcome({**plan.to_dict(), "changed": False}, str(plan).splitlines())
         if not yes:
@@ -268,13 +257,11 @@ def retire_command(
         report = retire(
             source,
             kid,
-            timeline=tl,
+            timeline=timeline,
             at_once=at_once,
             expect=plan.retired,
             progress=lambda line: click.echo(f"statecodec: {line}", err=True),
         )
-    finally:
-        source.close()
     return Outcome({**report.to_dict(), "changed": report.changed}, str(report).splitlines())
 
 

@@ -1,7 +1,8 @@
 """``statecodec probe``: audit an MCP server's requestState from the outside, in any language.
 
 The engine is :mod:`statecodec.probe` (the ``mcp`` extra), imported only when the command
-runs. This module parses the options, enforces the side-effects rule, and renders the
+runs. This module parses the options, refuses the checks with side effects without consent
+(which they are is the engine's model's to say, loaded without ``mcp``), and renders the
 report: a table for people, one JSON document with ``--json``. Every string the server
 chose is escaped before it reaches a terminal.
 """
@@ -175,7 +176,9 @@ def probe_command(
     It completes real flows and may trigger TOOL's side effects: point it at a STAGING server.
     Needs the mcp extra: pip install 'statecodec[mcp]'.
     """
-    if checks != ("readable",) and not side_effects:
+    from ..probe import with_side_effects  # noqa: PLC0415 - the model only: no mcp import yet
+
+    if with_side_effects(checks) and not side_effects:
         raise click.UsageError(SIDE_EFFECTS)
     try:
         from ..probe import ProbeError, Settings, probe  # noqa: PLC0415 - the mcp extra, only for this command

@@ -13,8 +13,7 @@ from typing import Any
 
 import click
 
-from ..replay._postgres_url import POSTGRES_SCHEMES
-from ..replay._url import redact
+from ..replay._url import SCHEMA_SCHEMES, redact, scheme
 from ._exit import CliError, ExitCode
 from ._output import Outcome, Output, command
 from ._params import OrderedGroup, replay_option
@@ -41,10 +40,9 @@ def init_command(out: Output, *, replay_url: str, print_only: bool, grant_to: st
     is opened, Redis needs none. Run it as the table's future owner; the services' role
     then needs only SELECT, INSERT and DELETE on it (--grant ROLE).
     """
-    scheme = replay_url.partition(":")[0].lower()
-    if scheme not in POSTGRES_SCHEMES:
+    if (kind := scheme(replay_url)) not in SCHEMA_SCHEMES:
         raise click.BadParameter(
-            f"replay init sets up postgresql:// stores; {scheme or 'this'}: stores need no schema",
+            f"replay init sets up postgresql:// stores; {kind or 'this'}: stores need no schema",
             param_hint="'--replay'",
         )
     from ._sources import open_store  # noqa: PLC0415 - psycopg loads only for this command

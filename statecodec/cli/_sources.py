@@ -8,11 +8,9 @@ errors to the CLI's failure classes.
 from __future__ import annotations
 
 import contextlib
-import sqlite3
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
-from .._errors import StateCodecError
 from ..replay.base import ReplayStore
 from ._exit import CliError, ExitCode
 
@@ -44,23 +42,20 @@ def open_store(url: str, *, check: bool = False) -> ReplayStore:
     With ``check``, the store must also answer now (:meth:`ReplayStore.check`: for Redis a
     PING, a cluster's slot map, the replicas ``wait=N`` needs), before the command goes on.
     """
-    from ..replay import store_from_url  # noqa: PLC0415 - only verify --replay and proxy need it
+    from ..replay._url import OPEN_ERRORS, checked, store_from_url  # noqa: PLC0415 - verify --replay, proxy
 
     try:
         store = store_from_url(url)
-    except (ValueError, ImportError, OSError, StateCodecError, sqlite3.Error) as exc:
+    except OPEN_ERRORS as exc:
         raise CliError(ExitCode.STORE, f"cannot open the replay store: {exc}") from None
-    if check:
-        try:
-            store.check()
-        except Exception as exc:  # whatever a custom store raises: it cannot serve
-            store.close()
-            raise CliError(
-                ExitCode.STORE,
-                f"the replay store does not answer: {exc}; is it running, and is the --replay URL right?",
-                reason="store_unavailable",
-            ) from None
-    return store
+    try:
+        return checked(store) if check else store
+    except Exception as exc:  # whatever a custom store raises: it cannot serve
+        raise CliError(
+            ExitCode.STORE,
+            f"the replay store does not answer: {exc}; is it running, and is the --replay URL right?",
+            reason="store_unavailable",
+        ) from None
 
 
 def classify_kms_error(exc: Exception) -> CliError | None:

@@ -6,7 +6,7 @@ import abc
 import secrets
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Self
 
 from .._humanize import duration
 from .._keys import Key, KeyRing
@@ -138,6 +138,14 @@ class KeySource(abc.ABC):
 
     def close(self) -> None:  # noqa: B027 - most sources hold nothing to release
         """Release connections. The source stays usable; it reconnects on demand."""
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        # A source opened for one job (``keys list``, an emergency retirement) holds a Vault
+        # session until closed; leaving the block closes it, however the job ended.
+        self.close()
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.describe()}>"

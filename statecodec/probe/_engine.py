@@ -39,6 +39,7 @@ from ._model import (
     clip,
     judge,
     skipped,
+    with_side_effects,
 )
 from ._mutate import (
     Readability,
@@ -224,7 +225,7 @@ class _Run:
         results: dict[str, CheckResult] = {}
         if "readable" in self.selected:
             results["readable"] = _readable(readability)
-        side_effects = [c for c in self.selected if c != "readable"]
+        side_effects = with_side_effects(self.selected)
         baseline = await self.baseline(first, readability, complete=bool(side_effects))
         # Replay first, while the baseline's state is as young as it can be (a short lifetime
         # must not pass for replay protection); expiry last, after its wait.

@@ -8,7 +8,7 @@ for a terminal is the renderer's job (JSON output is ASCII-escaped anyway).
 from __future__ import annotations
 
 import enum
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final
 
@@ -26,6 +26,7 @@ __all__ = [
     "Reply",
     "Report",
     "Verdict",
+    "with_side_effects",
 ]
 
 #: The checks, in the order they run and are reported.
@@ -40,6 +41,20 @@ CHECKS: Final = (
     "garbage",
     "expiry",
 )
+
+#: The checks that only read round 1's state. Every other one completes real flows, the
+#: baseline first, so it may set off the tool's side effects (a deployment, a payment).
+READ_ONLY: Final = frozenset({"readable"})
+
+
+def with_side_effects(checks: Iterable[str]) -> tuple[str, ...]:
+    """The checks of ``checks`` that run the tool for real: what a caller must consent to.
+
+    Pure and free of MCP, so ``statecodec probe`` refuses them without that consent
+    before it imports the ``mcp`` client, and the engine completes flows for exactly these.
+    """
+    return tuple(c for c in checks if c not in READ_ONLY)
+
 
 #: One line per check, for ``--help`` and the report.
 CHECK_TITLES: Final[Mapping[str, str]] = {

@@ -10,9 +10,11 @@ module imports only when a Redis URL is used, never imports it back.
 from __future__ import annotations
 
 import os
+import sqlite3
 from typing import Any, Final
 from urllib.parse import SplitResult, parse_qsl, unquote, urlsplit
 
+from .._errors import StateCodecError
 from ._postgres_url import POSTGRES_SCHEMES, parse_postgres_url
 from ._redis_url import REDIS_SCHEMES, parse_redis_url
 from ._url_text import _bad, _convert, _Parser, _seconds, redact, scrub, url_secrets
@@ -21,7 +23,16 @@ from .memory import MemoryReplayStore
 from .sqlite import SQLiteReplayStore
 
 # redact too: the CLI, tests and benchmarks import it from here.
-__all__ = ["redact", "store_from_url"]
+__all__ = ["OPEN_ERRORS", "SCHEMA_SCHEMES", "checked", "redact", "scheme", "store_from_url"]
+
+#: What :func:`store_from_url` raises when it cannot give a store: a malformed URL or option
+#: (ValueError), a missing extra (ImportError), a file or database it cannot open (OSError,
+#: sqlite3.Error), a store's own refusal (StateCodecError). Anything else is a bug.
+OPEN_ERRORS: Final = (ValueError, ImportError, OSError, StateCodecError, sqlite3.Error)
+#: The schemes whose store has a schema to create, once, as a role that may
+#: (``statecodec replay init``): SQLite creates its table when the file is opened, memory
+#: and Redis need none.
+SCHEMA_SCHEMES: Final = POSTGRES_SCHEMES
 
 
 def _positive_int(value: str) -> int:
@@ -57,19 +68,38 @@ def store_from_url(url: str, **opts: Any) -> ReplayStore:
     """
     if not isinstance(url, str):
         raise TypeError(f"the replay store URL must be a string, not {type(url).__name__}")
-    scheme, colon, _ = url.partition(":")
-    scheme = scheme.lower()
-    if not colon:
+    kind = scheme(url)
+    if ":" not in url:
         raise _bad(url, "it has no scheme")
-    if scheme == "memory":
+    if kind == "memory":
         return _memory(url, opts)
-    if scheme == "sqlite":
+    if kind == "sqlite":
         return _sqlite(url, opts)
-    if scheme in REDIS_SCHEMES:
+    if kind in REDIS_SCHEMES:
         return _redis(url, opts)
-    if scheme in POSTGRES_SCHEMES:
+    if kind in POSTGRES_SCHEMES:
         return _postgres(url, opts)
-    raise _bad(url, f"unknown scheme {scheme!r}")
+    raise _bad(url, f"unknown scheme {kind!r}")
+
+
+def scheme(url: str) -> str:
+    """What picks the store: the URL up to its first ``:``, lower-cased (``"sqlite"`` for ``SQLite:x.db``)."""
+    return url.partition(":")[0].lower()
+
+
+def checked(store: ReplayStore) -> ReplayStore:
+    """``store`` once it answers (:meth:`ReplayStore.check`); closed, and the check's error raised, if not.
+
+    For a start-up: an unreachable or misconfigured store stops it, instead of failing
+    every request later, and leaves no connection or file open behind it. Whatever a
+    custom store's ``check`` raises goes on as it came: the caller decides what it means.
+    """
+    try:
+        store.check()
+    except BaseException:
+        store.close()
+        raise
+    return store
 
 
 def _memory(url: str, opts: dict[str, Any]) -> ReplayStore:
