@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 import click
 
+from ..probe._model import CHECKS, with_side_effects  # the model only: no mcp import
 from ._describe import printable
 from ._exit import CliError, ExitCode, explain_missing_extra
 from ._output import Outcome, Output, command
@@ -23,10 +24,6 @@ from ._params import F, duration_option, json_value
 if TYPE_CHECKING:
     from ..probe import CheckResult, Report
 
-# The engine's names, repeated here so that --help needs no mcp import; a test keeps them equal.
-CHECK_NAMES: Final = (
-    "readable", "forge", "tamper", "replay", "arguments", "cross-tool", "cross-user", "garbage", "expiry",
-)  # fmt: skip
 SIDE_EFFECTS: Final = (
     "the probe completes real flows and may trigger the tool's side effects (a deployment, a payment, an "
     "e-mail): point it at a staging server and pass --i-understand-side-effects, or run --only readable"
@@ -73,14 +70,14 @@ def _headers(ctx: click.Context, param: click.Parameter, values: tuple[str, ...]
 
 def _only(ctx: click.Context, param: click.Parameter, value: str | None) -> tuple[str, ...]:
     if value is None:
-        return CHECK_NAMES
+        return CHECKS
     names = [n.strip() for n in value.split(",") if n.strip()]
-    unknown = [n for n in names if n not in CHECK_NAMES]
+    unknown = [n for n in names if n not in CHECKS]
     if unknown or not names:
         raise click.BadParameter(
-            f"unknown check {', '.join(unknown) or '(none)'}; choose from {', '.join(CHECK_NAMES)}"
+            f"unknown check {', '.join(unknown) or '(none)'}; choose from {', '.join(CHECKS)}"
         )
-    return tuple(n for n in CHECK_NAMES if n in names)
+    return tuple(n for n in CHECKS if n in names)
 
 
 def _url(ctx: click.Context, param: click.Parameter, value: str) -> str:
@@ -129,7 +126,7 @@ def _json_option(flag: str, callback: Callable[..., Any], text: str) -> Callable
     "checks",
     metavar="CHECK,...",
     callback=_only,
-    help=f"Run only these checks: {', '.join(CHECK_NAMES)}.",
+    help=f"Run only these checks: {', '.join(CHECKS)}.",
 )
 @duration_option(
     "--wait",
@@ -176,8 +173,6 @@ def probe_command(
     It completes real flows and may trigger TOOL's side effects: point it at a STAGING server.
     Needs the mcp extra: pip install 'statecodec[mcp]'.
     """
-    from ..probe import with_side_effects  # noqa: PLC0415 - the model only: no mcp import yet
-
     if with_side_effects(checks) and not side_effects:
         raise click.UsageError(SIDE_EFFECTS)
     try:
