@@ -15,8 +15,6 @@ from typing import Any, Final
 from .._codec import DEFAULT_MAX_TOKEN_BYTES
 from .._humanize import duration, relative
 
-#: The limit every StateCodec applies unless configured otherwise; inspect flags bigger tokens.
-DEFAULT_LIMIT: Final = DEFAULT_MAX_TOKEN_BYTES
 _CONTROL_ESCAPES: Final = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
 
 
@@ -169,7 +167,7 @@ def token_rows(info: dict[str, Any], now: float) -> list[tuple[str, str | list[s
             (
                 "size",
                 f"{size['chars']} characters"
-                + (f" - over the default {DEFAULT_LIMIT} limit" if over else ""),
+                + (f" - over the default {DEFAULT_MAX_TOKEN_BYTES} limit" if over else ""),
             )
         )
     for name, value in {**(info.get("fields") or {}), **(info.get("extra") or {})}.items():

@@ -6,8 +6,9 @@ from typing import Any, Final
 
 import click
 
+from .._codec import DEFAULT_MAX_TOKEN_BYTES
 from ..compat import FORMATS, FormatInfo, detect
-from ._describe import DEFAULT_LIMIT, payload_fields, table, token_fields, token_rows
+from ._describe import payload_fields, table, token_fields, token_rows
 from ._exit import CliError, ExitCode
 from ._output import Outcome, Output, command
 from ._params import MAX_INPUT_BYTES, TIME, clock_at, read_token
@@ -31,7 +32,8 @@ def describe(info: FormatInfo, now: float) -> dict[str, Any]:
         "version": fields.pop("version", None),
         "mode": info.mode,
         **token_fields(info, now, info.flow),
-        "size": {"chars": info.size, **({"limit": DEFAULT_LIMIT} if info.format == "sc1" else {})},
+        # sc1: the limit every StateCodec applies unless configured otherwise (bigger ones are flagged).
+        "size": {"chars": info.size, **({"limit": DEFAULT_MAX_TOKEN_BYTES} if info.format == "sc1" else {})},
         "fields": fields,
         "payload": payload,
     }
