@@ -569,6 +569,22 @@ def test_verify_python_sdk_tokens(keys: str, ring: KeyRing) -> None:
     assert wrong["error"]["reason"] == "binding_mismatch"
 
 
+def test_verify_says_what_of_the_binding_it_checked(keys: str, ring: KeyRing) -> None:
+    """The binding row: what was compared; for another SDK's token, then what nobody gave."""
+
+    def binding_row(*args: str) -> str:
+        text = run("verify", *args, "--keys", keys, "--at", str(T0)).stdout
+        return next(line.split(None, 1)[1] for line in text.splitlines() if line.startswith("  binding "))
+
+    py = mcp_py_v1_seal([ring.primary.secret], "s", clock=lambda: T0, method="tools/call", target="t")
+    assert binding_row(py, "--method", "tools/call") == (
+        "checked (method); not checked: target, arguments, audience, principal"
+    )
+    sc1 = mint(keys, "{}", "--principal", "alice")
+    assert binding_row(sc1, "--principal", "alice") == "checked (principal)"
+    assert binding_row(sc1).startswith("NOT CHECKED - no binding options given; add --principal/--audience/")
+
+
 def test_verify_rmcp_tokens(keys: str, ring: KeyRing) -> None:
     token = rs1_token(ring.primary.secret, b"hello", b"session-7", clock=lambda: T0)
     ok = run_json("verify", token, "--keys", keys, "--at", str(T0), "--associated-data", "session-7")

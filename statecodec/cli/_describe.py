@@ -15,8 +15,6 @@ from typing import Any, Final
 from .._codec import DEFAULT_MAX_TOKEN_BYTES
 from .._humanize import duration, relative
 
-#: The limit every StateCodec applies unless configured otherwise; inspect flags bigger tokens.
-DEFAULT_LIMIT: Final = DEFAULT_MAX_TOKEN_BYTES
 _CONTROL_ESCAPES: Final = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
 
 
@@ -53,19 +51,24 @@ def moment(ts: float, now: float) -> dict[str, Any]:
     return {"unix": int(ts), "iso": iso(ts), "relative": relative(ts - now)}
 
 
-def lifetime_fields(issued: float | None, expires: float | None, now: float) -> dict[str, Any]:
-    """A token's times for JSON (``issued_at``, ``expires_at``, ``lifetime_seconds``); None where unknown."""
+def token_fields(token: Any, now: float, flow: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """A token's key, times, id and flow for JSON, one shape for verify's and inspect's facts.
+
+    ``token``: an :class:`~statecodec.OpenedState`, or compat's ``Verified`` or ``FormatInfo``
+    (None where it does not say); ``flow``: an sc1 token's flow_id, round, flow_started_at, not_before.
+    """
+    issued, expires = token.issued_at, token.expires_at
     return {
+        "kid": token.kid,
         "issued_at": None if issued is None else moment(issued, now),
         "expires_at": None if expires is None else moment(expires, now),
         "lifetime_seconds": None if issued is None or expires is None else int(expires - issued),
+        "token_id": getattr(token, "token_id", None),
+        "flow": None if flow is None else _flow(flow, now),
     }
 
 
-def flow_fields(flow: Mapping[str, Any] | None, now: float) -> dict[str, Any] | None:
-    """The JSON form of a token's flow: id, round, start and (a paced round) not-before."""
-    if flow is None:
-        return None
+def _flow(flow: Mapping[str, Any], now: float) -> dict[str, Any]:
     not_before = flow["not_before"]
     return {
         "flow_id": flow["flow_id"],
@@ -79,8 +82,10 @@ def expiry_phrase(exp: float, now: float) -> str:
     return f"expires in {duration(exp - now)}" if exp > now else f"expired {duration(now - exp)} ago"
 
 
-def payload_fields(payload: bytes) -> dict[str, Any]:
-    """The payload as JSON when it is JSON, else text when it is UTF-8, else hex."""
+def payload_fields(payload: bytes | None) -> dict[str, Any] | None:
+    """The payload as JSON when it is JSON, else text when it is UTF-8, else hex (None: none shown)."""
+    if payload is None:
+        return None
     try:
         text = payload.decode("utf-8")
     except UnicodeDecodeError:
@@ -162,7 +167,7 @@ def token_rows(info: dict[str, Any], now: float) -> list[tuple[str, str | list[s
             (
                 "size",
                 f"{size['chars']} characters"
-                + (f" - over the default {DEFAULT_LIMIT} limit" if over else ""),
+                + (f" - over the default {DEFAULT_MAX_TOKEN_BYTES} limit" if over else ""),
             )
         )
     for name, value in {**(info.get("fields") or {}), **(info.get("extra") or {})}.items():

@@ -6,8 +6,9 @@ from typing import Any, Final
 
 import click
 
+from .._codec import DEFAULT_MAX_TOKEN_BYTES
 from ..compat import FORMATS, FormatInfo, detect
-from ._describe import DEFAULT_LIMIT, flow_fields, lifetime_fields, payload_fields, table, token_rows
+from ._describe import payload_fields, table, token_fields, token_rows
 from ._exit import CliError, ExitCode
 from ._output import Outcome, Output, command
 from ._params import MAX_INPUT_BYTES, TIME, clock_at, read_token
@@ -20,10 +21,7 @@ WARNING: Final = (
 
 def describe(info: FormatInfo, now: float) -> dict[str, Any]:
     """The JSON form of what :func:`statecodec.compat.detect` read (never verified)."""
-    if info.mode == "encrypt":
-        payload: dict[str, Any] | None = {"encoding": "encrypted"}
-    else:
-        payload = None if info.payload is None else payload_fields(info.payload)
+    payload = {"encoding": "encrypted"} if info.mode == "encrypt" else payload_fields(info.payload)
     fields = dict(info.fields)
     candidates = [{"format": c, "format_name": FORMATS[c].name} for c in info.candidates]
     return {
@@ -33,11 +31,9 @@ def describe(info: FormatInfo, now: float) -> dict[str, Any]:
         "ambiguity": info.ambiguity,
         "version": fields.pop("version", None),
         "mode": info.mode,
-        "kid": info.kid,
-        **lifetime_fields(info.issued_at, info.expires_at, now),
-        "token_id": info.token_id,
-        "flow": flow_fields(info.flow, now),
-        "size": {"chars": info.size, **({"limit": DEFAULT_LIMIT} if info.format == "sc1" else {})},
+        **token_fields(info, now, info.flow),
+        # sc1: the limit every StateCodec applies unless configured otherwise (bigger ones are flagged).
+        "size": {"chars": info.size, **({"limit": DEFAULT_MAX_TOKEN_BYTES} if info.format == "sc1" else {})},
         "fields": fields,
         "payload": payload,
     }

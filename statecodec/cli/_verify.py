@@ -18,17 +18,16 @@ from .._codec import (
     DEFAULT_EXPIRY_GRACE,
     DEFAULT_MAX_SKEW,
     DEFAULT_NAMESPACE,
-    OpenedState,
     StateCodec,
 )
 from .._errors import InvalidState
 from .._keys import KeyProvider
 from ..compat import FORMATS as COMPAT_FORMATS
-from ..compat import Verified, VerifyOptions, detect, format_for, mode_of, verify_detected
+from ..compat import VerifyOptions, detect, format_for, mode_of, verify_detected
 from ..compat import verify as compat_verify
 from ..replay._url import redact
 from . import _sources
-from ._describe import expiry_phrase, flow_fields, lifetime_fields, moment, payload_fields, table, token_rows
+from ._describe import expiry_phrase, moment, payload_fields, table, token_fields, token_rows
 from ._output import Outcome, Output, command, invalid_state_error
 from ._params import (
     ABSENT,
@@ -252,27 +251,12 @@ def _verify_sc1(
         **base,
         "valid": True,
         "replay": "consumed" if opts.consume else "not_checked",
-        "claims": _sc1_claims(opened, now),
+        "claims": {**token_fields(opened, now, opened._asdict()), "payload": payload_fields(opened.payload)},
     }
-    if check_binding:
-        checked = ", ".join(binding.names()) or "the token carries no binding"
-        binding_line = out.style(f"checked ({checked})", fg="green")
-    else:
-        binding_line = out.style(
-            f"NOT CHECKED - no binding options given; {_hint('sc1')}", fg="yellow", bold=True
-        )
+    names = ", ".join(binding.names()) or "the token carries no binding"
+    checked = f"checked ({names})" if check_binding else None
     summary = f"statecodec sc1 {opened.mode.value.upper()} token, key {opened.kid}"
-    return _valid(out, fields, summary, now, [("binding", binding_line), ("replay", _replay_line(opts))])
-
-
-def _sc1_claims(opened: OpenedState, now: float) -> dict[str, Any]:
-    return {
-        "kid": opened.kid,
-        **lifetime_fields(opened.issued_at, opened.expires_at, now),
-        "token_id": opened.token_id,
-        "flow": flow_fields(opened._asdict(), now),  # its flow_id, round, flow_started_at, not_before
-        "payload": payload_fields(opened.payload),
-    }
+    return _valid(out, fields, summary, now, "sc1", checked=checked, replay=_replay_line(opts))
 
 
 def _replay_line(opts: _Sc1Options) -> str:
@@ -325,26 +309,23 @@ def _verify_foreign(
         return _invalid(out, {**base, "binding_checked": False, "binding": None}, exc)
     except (TypeError, ValueError) as exc:  # arguments or keys unusable for this format
         raise click.UsageError(f"{fmt}: {exc}") from None
-    checked = {name: _option_value(options, name) for name in verified.checked}
     fields = {
         **base,
         "binding_checked": bool(verified.checked),
-        "binding": checked or None,
+        "binding": {name: _option_value(options, name) for name in verified.checked} or None,
         "valid": True,
         "replay": "not_checked",
-        "claims": _foreign_claims(verified, now),
+        # The other SDKs' formats have no token id and no flow.
+        "claims": {
+            **token_fields(verified, now),
+            "payload": payload_fields(verified.payload),
+            "extra": dict(verified.claims),
+        },
     }
-    if verified.checked:
-        note = f"; not checked: {', '.join(verified.unchecked)}" if verified.unchecked else ""
-        binding_line = out.style(f"checked ({', '.join(verified.checked)}){note}", fg="green")
-    else:
-        binding_line = out.style(f"NOT CHECKED - {_hint(verified.format)}", fg="yellow", bold=True)
-    replay_line = (
-        f"not available: {verified.name} tokens have no token id and can be replayed until they expire"
-    )
-    return _valid(
-        out, fields, f"{verified.name} token", now, [("binding", binding_line), ("replay", replay_line)]
-    )
+    note = f"; not checked: {', '.join(verified.unchecked)}" if verified.unchecked else ""
+    checked = f"checked ({', '.join(verified.checked)}){note}" if verified.checked else None
+    replay = f"not available: {verified.name} tokens have no token id and can be replayed until they expire"
+    return _valid(out, fields, f"{verified.name} token", now, verified.format, checked=checked, replay=replay)
 
 
 def _hint(fmt: str) -> str:
@@ -365,18 +346,6 @@ def _option_value(options: VerifyOptions, name: str) -> Any:
     return value if value is not None else ""
 
 
-def _foreign_claims(verified: Verified, now: float) -> dict[str, Any]:
-    no_token_id: str | None = None  # none of the other SDKs' formats carries one
-    return {
-        "kid": verified.kid,
-        **lifetime_fields(verified.issued_at, verified.expires_at, now),
-        "token_id": no_token_id,
-        "flow": None,
-        "payload": None if verified.payload is None else payload_fields(verified.payload),
-        "extra": dict(verified.claims),
-    }
-
-
 # ------------------------------------------------------------------- verdicts
 def _invalid(out: Output, base: dict[str, Any], exc: InvalidState) -> Outcome:
     error = invalid_state_error(exc)
@@ -386,11 +355,26 @@ def _invalid(out: Output, base: dict[str, Any], exc: InvalidState) -> Outcome:
 
 
 def _valid(
-    out: Output, fields: dict[str, Any], summary: str, now: float, lead: list[tuple[str, str | list[str]]]
+    out: Output,
+    fields: dict[str, Any],
+    summary: str,
+    now: float,
+    fmt: str,
+    *,
+    checked: str | None,
+    replay: str,
 ) -> Outcome:
+    """VALID, what of the binding was ``checked`` (None: nothing, and how to check it) and of replay."""
+    if checked is not None:
+        binding = out.style(checked, fg="green")
+    else:
+        given = "no binding options given; " if fmt == "sc1" else ""
+        binding = out.style(f"NOT CHECKED - {given}{_hint(fmt)}", fg="yellow", bold=True)
     claims = fields["claims"]
     head = out.style("VALID", fg="green", bold=True)
     expires = claims["expires_at"]
     when = expiry_phrase(expires["unix"], now) if expires else "never expires"
     rows = [r for r in token_rows(claims, now) if r[0] != "format"]
-    return Outcome(fields, [f"{head}  {summary}, {when}", *table(lead + rows)])
+    return Outcome(
+        fields, [f"{head}  {summary}, {when}", *table([("binding", binding), ("replay", replay), *rows])]
+    )
