@@ -447,8 +447,11 @@ class PostgresReplayStore(ReplayStore):
                 raise ReplayStoreError(
                     self._missing_table() + "; this role may not create it, so the store tried and stopped"
                 ) from None
-            except psycopg.errors.UniqueViolation:
-                pass  # another process created it at the same instant (pg_type's unique index)
+            except (psycopg.errors.UniqueViolation, psycopg.errors.DuplicateTable):
+                # Another process created it at the same instant: PostgreSQL's IF NOT EXISTS
+                # looks before it creates, and the loser of a race fails on pg_type's unique
+                # index, or on the name's second look ("relation ... already exists").
+                pass
 
         await _within(lane.run(go, deadline), deadline, lane)
         self._schema_ready = True
