@@ -326,6 +326,9 @@ def test_a_stuck_server_fails_closed_in_bounded_time_and_burns_nothing(
     store = PostgresReplayStore(server.url(), timeout=1.0)
     codec = sc.StateCodec(RING, replay=store)
     assert _reason(codec, codec.seal(b"x", ALICE)) == "ok"  # a pooled, idle connection
+    # ... once the purge that first consume started is done: frozen in the middle, it would
+    # hold that connection, and the refused consumes would wait for new ones, sending nothing.
+    wait_until(lambda: not any(lane._tasks for lane in store._lanes.values()), "the first purge ends")
     server.freeze()
     try:
         refused = [codec.seal(b"x", ALICE) for _ in range(3)]
