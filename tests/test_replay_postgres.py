@@ -19,7 +19,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from fixtures_postgres import APP_PASSWORD, DATABASE, PostgresServer
+from fixtures_postgres import APP_PASSWORD, DATABASE, PostgresServer, wait_until
 from replay_outcomes import aoutcome, outcome, ticking
 
 import statecodec as sc
@@ -330,6 +330,9 @@ def test_a_stuck_server_fails_closed_in_bounded_time_and_burns_nothing(
     store = PostgresReplayStore(server.url(), timeout=1.0)
     codec = sc.StateCodec(RING, replay=store)
     assert _reason(codec, codec.seal(b"x", ALICE)) == "ok"  # a pooled, idle connection
+    # ... once the purge that first consume started is done: frozen in the middle, it would
+    # hold that connection, and the refused consumes would wait for new ones, sending nothing.
+    wait_until(lambda: not any(lane._tasks for lane in store._lanes.values()), "the first purge ends")
     server.freeze()
     try:
         refused = [codec.seal(b"x", ALICE) for _ in range(3)]
@@ -384,6 +387,113 @@ def test_a_lost_answer_is_taken_back_before_the_retry(
     assert store.consume("lost", 60) is True
     assert len(store._unsettled) == 0
     assert store.consume("lost", 60) is False
+
+
+def test_a_failed_calls_row_that_commits_after_the_take_back_does_not_burn_the_token(
+    postgres_server: PostgresServer,
+) -> None:
+    """A failed call's insert commits late, after its retry's take-back: the retry still redeems.
+
+    The insert of a call that failed closed can still be running on the server (a loaded
+    server, a commit waiting for a synchronous standby) when the client retries at once: the
+    retry's take-back finds no row yet, and its own insert then meets the late row, waiting
+    for its transaction if it is still open. That row is the failed call's (its nonce is
+    listed), so it is taken back there too, not counted as a replay. Staged: the late insert
+    is an open transaction of the test's, with the nonce the store noted for that call (the
+    only substitution); it commits while the retry's insert waits for it.
+    """
+    store = PostgresReplayStore(postgres_server.url(table=_table()), timeout=30)  # atomicity, not latency
+    store.check()
+    store._unsettled.note("late", "a" * 32, 60)
+    answers: list[bool] = []
+    with postgres_server.admin(DATABASE) as admin:  # type: ignore[attr-defined]
+        with admin.transaction():
+            admin.execute(
+                f"INSERT INTO {store.table} VALUES ('late', %s, now() + interval '60 s')", ("a" * 32,)
+            )
+            retry = threading.Thread(target=lambda: answers.append(store.consume("late", 60)))
+            retry.start()
+            wait_until(
+                lambda: (
+                    postgres_server.sql(
+                        "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+                        f"AND query LIKE 'INSERT INTO \"{store.table}\"%'"
+                    )
+                    == [(1,)]
+                ),
+                "the retry's insert waits for the late row's transaction",
+            )
+        retry.join(timeout=30)
+    assert answers == [True]
+    assert len(store._unsettled) == 0
+    assert postgres_server.sql(f"SELECT nonce <> '{'a' * 32}' FROM {store.table}", DATABASE) == [(True,)]
+    assert store.consume("late", 60) is False
+    store.close()
+
+
+def test_work_that_outlives_its_failed_call_writes_nothing(
+    postgres_server: PostgresServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A call that failed closed while its work went on regardless burns nothing.
+
+    asyncio's cancellation can be lost: Python 3.11's ``wait_for``, in psycopg_pool's wait
+    for a connection, returns the connection instead of raising when both come at once
+    (CPython gh-86296), and the call's work then runs after the call reported
+    ``store_unavailable``. That race cannot be produced on demand; it is staged (the only
+    substitution) by a pool that hands the connection over only after the deadline, with
+    the work shielded from the cancellation. The work must then write nothing.
+    """
+    store = PostgresReplayStore(postgres_server.url(table=_table()), timeout=1.0)
+    store.check()
+    handed_over = postgres_module._Lane.run
+    finished = threading.Event()
+    late: list[BaseException] = []
+
+    async def after_the_deadline(lane: Any, work: Any, deadline: float) -> Any:
+        async def run() -> Any:
+            try:
+                await asyncio.sleep(max(0.0, deadline - time.monotonic()) + 0.2)
+                return await handed_over(lane, work, time.monotonic() + 30)
+            except Exception as exc:
+                late.append(exc)
+                raise
+            finally:
+                finished.set()
+
+        return await asyncio.shield(run())
+
+    monkeypatch.setattr(postgres_module._Lane, "run", after_the_deadline)
+    with pytest.raises(ReplayStoreError, match="timed out"):
+        store.consume("outlived", 60)
+    assert finished.wait(30)
+    monkeypatch.undo()
+    assert postgres_server.sql(f"SELECT count(*) FROM {store.table}", DATABASE) == [(0,)]
+    assert store.consume("outlived", 60) is True  # the retry redeems: nothing was burnt
+    assert store.consume("outlived", 60) is False
+    assert [str(exc) for exc in late] == ["this call has already failed closed; its late work writes nothing"]
+    store.close()
+
+
+def test_a_row_that_keeps_coming_back_fails_closed(postgres_server: PostgresServer) -> None:
+    """A key whose row is back after every take-over: a bounded number of inserts, then fail closed.
+
+    Each row deleted in the way of an insert (expired, or a failed call's) lets the consume
+    insert again; a row that keeps reappearing (here a trigger of the test's puts every
+    deleted row back) must not keep it looping, nor be counted as a replay.
+    """
+    table = _table()
+    store = PostgresReplayStore(postgres_server.url(table=table), timeout=5)
+    store.check()
+    for statement in (
+        f"CREATE FUNCTION {table}_back() RETURNS trigger LANGUAGE plpgsql AS "
+        f"$$ BEGIN INSERT INTO {table} VALUES (OLD.key, OLD.nonce, OLD.expires_at); RETURN NULL; END $$",
+        f"CREATE TRIGGER back AFTER DELETE ON {table} FOR EACH ROW EXECUTE FUNCTION {table}_back()",
+        f"INSERT INTO {table} VALUES ('back', 'old', now() - interval '1 s')",
+    ):
+        postgres_server.sql(statement, DATABASE)
+    with pytest.raises(ReplayStoreError, match="rewritten 3 times meanwhile"):
+        store.consume("back", 60)
+    store.close()
 
 
 # ---------------------------------------------------------------- schema and privileges

@@ -9,20 +9,20 @@ standby promoted with ``pg_ctl promote``: libpq then finds the new primary by it
 
 Every token is accepted exactly once, before or after the switch: none twice (no double
 acceptance), none never (nothing burnt by a failed call), and every token accepted by the
-old primary is refused as replayed by the new one.
+old primary is refused as replayed by the new one. A failed call's insert that commits
+after the client's retry began (late work, a late commit) must not burn the token either:
+the clients (tests/replay_traffic.py) retry at once, so their retries race both.
 """
 
 from __future__ import annotations
 
-import asyncio
 import collections
-import threading
-import time
 import uuid
 from collections.abc import Iterator
 
 import pytest
 from fixtures_postgres import APP_PASSWORD, APP_USER, DATABASE, PostgresServer, running, wait_until
+from replay_traffic import Pace, Traffic
 
 import statecodec as sc
 from statecodec.replay import store_from_url
@@ -32,6 +32,9 @@ pytestmark = pytest.mark.slow
 RING = sc.KeyRing.generate("k1")
 BINDING = sc.Binding(principal="alice", audience="svc", method="tools/call", target="pay")
 BOUND = 120.0
+#: A client retries a token that failed closed at once: its retry then races the failed
+#: call's late work and late commits, the harshest case for the store's take-backs.
+PACE = Pace()
 
 
 @pytest.fixture
@@ -62,100 +65,6 @@ def multi_host_url(primary: PostgresServer, standby: PostgresServer, table: str)
     )
 
 
-class Traffic:
-    """Sync clients in threads and async ones on a loop, each failed-closed token retried later."""
-
-    def __init__(self, codec: sc.StateCodec, threads: int = 3, tasks: int = 3) -> None:
-        self.codec = codec
-        self.outcomes: dict[str, list[str]] = {}
-        self._retry: collections.deque[str] = collections.deque()
-        self._in_flight = 0
-        self._lock = threading.Lock()
-        self._producing = True
-        self._stop = threading.Event()
-        self._workers = [threading.Thread(target=self._sync_client) for _ in range(threads)]
-        self._workers.append(threading.Thread(target=asyncio.run, args=(self._async_clients(tasks),)))
-        for worker in self._workers:
-            worker.start()
-
-    def count(self, outcome: str) -> int:
-        with self._lock:
-            return sum(o.count(outcome) for o in self.outcomes.values())
-
-    def accepted(self) -> list[str]:
-        with self._lock:
-            return [token for token, outcomes in self.outcomes.items() if "ok" in outcomes]
-
-    def finish(self) -> None:
-        with self._lock:
-            self._producing = False
-
-        def settled() -> bool:
-            with self._lock:
-                return not self._retry and not self._in_flight
-
-        try:
-            wait_until(settled, "every token that failed closed is accepted", BOUND)
-        finally:
-            self._stop.set()
-            for worker in self._workers:
-                worker.join(timeout=BOUND)
-
-    def _next(self) -> str | None:
-        with self._lock:
-            if self._retry:
-                self._in_flight += 1
-                return self._retry.popleft()
-            if not self._producing:
-                return None
-            token = self.codec.seal(uuid.uuid4().bytes, BINDING)
-            self.outcomes[token] = []
-            self._in_flight += 1
-            return token
-
-    def _record(self, token: str, outcome: str) -> None:
-        with self._lock:
-            self._in_flight -= 1
-            self.outcomes[token].append(outcome)
-            if outcome == "store_unavailable":
-                self._retry.append(token)
-
-    def _sync_client(self) -> None:
-        while not self._stop.is_set():
-            token = self._next()
-            if token is None:
-                time.sleep(0.01)
-                continue
-            try:
-                self.codec.unseal(token, BINDING)
-                outcome = "ok"
-            except sc.InvalidState as exc:
-                outcome = exc.reason
-            self._record(token, outcome)
-            if outcome == "store_unavailable":
-                time.sleep(0.05)
-
-    async def _async_clients(self, tasks: int) -> None:
-        async def client() -> None:
-            while not self._stop.is_set():
-                token = self._next()
-                if token is None:
-                    await asyncio.sleep(0.01)
-                    continue
-                try:
-                    await self.codec.aunseal(token, BINDING)
-                    outcome = "ok"
-                except sc.InvalidState as exc:
-                    outcome = exc.reason
-                self._record(token, outcome)
-                if outcome == "store_unavailable":
-                    await asyncio.sleep(0.05)
-
-        await asyncio.gather(*(client() for _ in range(tasks)))
-        assert self.codec.replay is not None
-        await self.codec.replay.aclose()
-
-
 def test_kill_the_primary_promote_the_standby_zero_double_acceptances(
     pair: tuple[PostgresServer, PostgresServer],
 ) -> None:
@@ -164,7 +73,7 @@ def test_kill_the_primary_promote_the_standby_zero_double_acceptances(
     url = multi_host_url(primary, standby, table)
     store = store_from_url(url)
     store.check()  # creates the table on the primary (and so, synchronously, on the standby)
-    traffic = Traffic(sc.StateCodec(RING, replay=store))
+    traffic = Traffic(sc.StateCodec(RING, replay=store), BINDING, pace=PACE, bound=BOUND)
     try:
         wait_until(lambda: traffic.count("ok") >= 100, "tokens are redeemed on the primary", BOUND)
         before_kill = set(traffic.accepted())

@@ -25,19 +25,31 @@ pool, the connection (libpq's ``connect_timeout``) and the statement (the server
 all, such as a SIGSTOPped one). Past it, or on any error, the consume raises
 :class:`~statecodec.ReplayStoreError` and the codec reports ``store_unavailable``.
 
-Nothing is burnt by a failure: each call writes a fresh ``nonce`` with its row, and a call
-whose outcome is unknown (the connection broke, or the deadline passed, after the insert
-was sent: it may yet commit) lists its ``(key, nonce)``. Before the next consume of that
-key, and about once a second otherwise, the store deletes those rows (``DELETE ... WHERE
-key = $1 AND nonce = $2``), so the client's retry redeems the token instead of finding it
-"replayed". Deleting a row only this call wrote is always safe: nobody accepted the token
-on the strength of it. The list lives in the process: a retry that reaches another
-instance first meets the row until this one takes it back.
+Nothing is burnt by a failure: each attempt writes a fresh ``nonce`` with its row, and a
+call whose outcome is unknown (the connection broke, or the deadline passed, after the
+insert was sent: it may yet commit) lists its ``(key, nonce)``. Before the next consume of
+that key, and about once a second otherwise, the store deletes those rows (``DELETE ...
+WHERE (key, nonce) IN ...``); and since that insert may commit only after the retry's
+delete has looked (it was still running on a loaded server), a consume whose insert finds
+the key taken deletes the row there too when its nonce is listed, then inserts again. So
+the client's retry redeems the token instead of finding it "replayed". Deleting a row only
+a failed call wrote is always safe: nobody accepted the token on the strength of it. A
+call marks itself over when it answers, and its work checks that before each insert:
+asyncio's cancellation is only a request and can be lost (Python 3.11's ``wait_for``, in
+the pool's wait for a connection, CPython gh-86296), and work that went on would insert
+under a nonce nobody listed. What is guaranteed, then: no call of this store object that
+failed closed leaves a row that makes a later consume of its token through the same
+object ``replayed``. What is not: the list lives in the object, so a retry that reaches
+another instance first meets the row until this one takes it back (at its first consume
+a second or more later); it holds 10,000 entries at most (past that the oldest row stays
+until it expires); and a process that exits leaves its listed rows until they expire.
 
 Replication: with a synchronous standby (``synchronous_standby_names`` and
 ``synchronous_commit`` ``on`` or ``remote_apply``) a consume the primary acknowledged is on
 the standby, so a promoted standby never accepts it again; with asynchronous replication
-the last acknowledged consumes can be lost in a failover (docs/replay.md). A multi-host
+the last acknowledged consumes can be lost in a failover (docs/replay.md). A failed
+call's row that reached the standby is taken back there after the promotion like any
+other (its nonce is listed); one that had not died with the old primary. A multi-host
 URL (``host=a,b`` with ``target_session_attrs=read-write``) makes libpq find the current
 primary on every new connection.
 
@@ -89,6 +101,9 @@ _PURGE_MAX_BATCHES: Final = 20
 _MAX_UNSETTLED: Final = 10_000
 #: Seconds between two take-backs of listed rows when no consume of their keys comes.
 _TAKE_BACK_EVERY: Final = 1.0
+#: Inserts one consume tries, each after deleting a row in the way that was no use of the
+#: token; more means rows keep appearing (late inserts of failed calls): it fails closed.
+_TAKE_OVERS: Final = 3
 #: Callers waiting for a connection, per pool, before new ones are refused at once.
 _MAX_WAITING: Final = 1024
 #: Stores whose sync API has a thread: closed at interpreter exit, so that their
@@ -148,7 +163,11 @@ class _Statements:
                 "INSERT INTO {} (key, nonce, expires_at) VALUES (%s, %s, now() + make_interval(secs => %s)) "
                 "ON CONFLICT (key) DO NOTHING"
             ).format(t),
-            take_over=sql.SQL("DELETE FROM {} WHERE key = %s AND expires_at <= now()").format(t),
+            # The row in the way, if it has expired or a failed call of this process wrote it.
+            take_over=sql.SQL(
+                "DELETE FROM {} WHERE key = %s AND (expires_at <= now() OR nonce = ANY(%s::text[])) "
+                "RETURNING nonce"
+            ).format(t),
             take_back=sql.SQL(
                 "DELETE FROM {} WHERE (key, nonce) IN (SELECT * FROM unnest(%s::text[], %s::text[])) "
                 "RETURNING key, nonce"
@@ -316,31 +335,48 @@ class PostgresReplayStore(ReplayStore):
     async def _consume(self, key: str, retention: float) -> bool:
         # A fresh nonce per attempt: a listed (key, nonce) never names the row of an attempt
         # that succeeded, so a take-back can only ever delete a row nobody was told about.
-        sent: list[str] = []
+        writes = _Writes()
 
         async def go(conn: psycopg.AsyncConnection[Any]) -> bool:
-            if sent:  # a retry of this call: the earlier attempt's insert may have committed
-                self._unsettled.note(key, sent.pop(), retention)
+            if writes.sent:  # a retry of this call: the earlier attempt's insert may have committed
+                self._unsettled.note(key, writes.sent.pop(), retention)
             await self._take_back(conn, key)
-            nonce = secrets.token_hex(16)
-            sent.append(nonce)
-            if (await conn.execute(self._sql.insert, (key, nonce, retention))).rowcount == 1:
-                return True
-            # Taken: live, or expired and not purged yet (then it counts as absent).
-            if (await conn.execute(self._sql.take_over, (key,))).rowcount == 0:
-                return False
-            return (await conn.execute(self._sql.insert, (key, nonce, retention))).rowcount == 1
+            nonce = writes.nonce()
+            for _ in range(_TAKE_OVERS):
+                if (await conn.execute(self._sql.insert, (key, nonce, retention))).rowcount == 1:
+                    return True
+                # Taken: live, expired and not purged yet (absent), or a failed call's (not a use).
+                if not await self._take_over(conn, key):
+                    return False
+                writes.check()
+            raise ReplayStoreError(f"the row of this token was rewritten {_TAKE_OVERS} times meanwhile")
 
         try:
             first = await self._with_connection(go, retry=True)
         except BaseException as exc:
-            if sent:  # the insert may have run, or may yet: take that row back later
-                self._unsettled.note(key, sent.pop(), retention)
+            # From here on this call has answered: its work, if it goes on regardless, writes
+            # nothing more, and the insert it may have sent is listed to be taken back.
+            writes.over = True
+            if writes.sent:
+                self._unsettled.note(key, writes.sent.pop(), retention)
             if isinstance(exc, Exception):
                 raise self._error(exc) from None
             raise
         self._maybe_purge()
         return first
+
+    async def _take_over(self, conn: psycopg.AsyncConnection[Any], key: str) -> bool:
+        """Delete ``key``'s row if it has expired or is one a failed call of this process wrote.
+
+        The second is an insert that committed only after this call's take-back had looked
+        (still running on a loaded server when its call gave up): nobody accepted the token
+        on the strength of it, so it is no replay.
+        """
+        listed = self._unsettled.nonces(key)
+        cursor = await conn.execute(self._sql.take_over, (key, listed))
+        deleted = [row[0] for row in await cursor.fetchall()]
+        self._unsettled.forget(key, deleted)
+        return bool(deleted)
 
     async def _take_back(self, conn: psycopg.AsyncConnection[Any], key: str) -> None:
         """Delete the rows failed calls of this process may have written, before a new insert."""
@@ -411,8 +447,11 @@ class PostgresReplayStore(ReplayStore):
                 raise ReplayStoreError(
                     self._missing_table() + "; this role may not create it, so the store tried and stopped"
                 ) from None
-            except psycopg.errors.UniqueViolation:
-                pass  # another process created it at the same instant (pg_type's unique index)
+            except (psycopg.errors.UniqueViolation, psycopg.errors.DuplicateTable):
+                # Another process created it at the same instant: PostgreSQL's IF NOT EXISTS
+                # looks before it creates, and the loser of a race fails on pg_type's unique
+                # index, or on the name's second look ("relation ... already exists").
+                pass
 
         await _within(lane.run(go, deadline), deadline, lane)
         self._schema_ready = True
@@ -720,5 +759,46 @@ class _Unsettled:
                 if (entry.key, entry.nonce) in deleted:
                     self._entries.pop((entry.key, entry.nonce), None)
 
+    def nonces(self, key: str) -> list[str]:
+        """The nonces listed for ``key``: rows of failed calls, wherever a consume meets them."""
+        if not self._entries:
+            return []
+        with self._lock:
+            return [e.nonce for e in self._entries.values() if e.key == key]
+
+    def forget(self, key: str, nonces: list[str]) -> None:
+        """Forget these entries of ``key``: their rows were deleted."""
+        with self._lock:
+            for nonce in nonces:
+                self._entries.pop((key, nonce), None)
+
     def __len__(self) -> int:
         return len(self._entries)
+
+
+class _Writes:
+    """The inserts of one consume: a fresh nonce for each attempt, and none once it has answered.
+
+    A call that failed closed may leave its work running (asyncio cancellation is only a
+    request: Python 3.11's ``wait_for``, in the pool's wait for a connection, can lose it
+    when the connection arrives at that very moment, CPython gh-86296). Work that carried
+    on would insert a row under a nonce nobody listed, and burn the token of the request
+    just told it failed; so the call marks itself over when it answers, and its work
+    checks that before each insert. Both run on one event loop, and nothing awaits
+    between the check and the send: an insert is either sent before the call answered
+    (then it is in ``sent``, and listed), or never.
+    """
+
+    def __init__(self) -> None:
+        self.sent: list[str] = []
+        self.over = False
+
+    def check(self) -> None:
+        if self.over:
+            raise ReplayStoreError("this call has already failed closed; its late work writes nothing")
+
+    def nonce(self) -> str:
+        self.check()
+        nonce = secrets.token_hex(16)
+        self.sent.append(nonce)
+        return nonce
