@@ -48,7 +48,7 @@ _SNIFF_BYTES: Final = 64
 # digits and '-' deleted, ',' and '[' read as ':' and the exponent as '.', every float token
 # reads ":." (or opens the document with "."), every null ":null" (or opens it). A string may
 # read the same (a false alarm only costs the slow path); a version "1.2.3" or the word
-# "nullable" does not. bytes.translate and `in` run at C speed: a regular expression over the
+# "nullable" does not. bytes.translate and find run at C speed: a regular expression over the
 # whole document costs about as much as json.dumps itself (issue 30).
 _TOKENS: Final = bytes.maketrans(b",[eE", b"::..")
 _DELETED: Final = b"0123456789-"
@@ -57,7 +57,8 @@ _DELETED: Final = b"0123456789-"
 def _may_differ(fast: bytes) -> bool:
     """Whether orjson's ``fast`` bytes may hold a float or a null: then json writes the value."""
     shape = fast.translate(_TOKENS, _DELETED)
-    return b":." in shape or b":null" in shape or shape.startswith((b".", b"null"))
+    # find, not `in`: bytes.__contains__ raises and clears a TypeError before it searches.
+    return shape.find(b":.") != -1 or shape.find(b":null") != -1 or shape.startswith((b".", b"null"))
 
 
 # What json.dumps cannot write, orjson must not write either: those go the slow way and fail.

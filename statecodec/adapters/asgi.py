@@ -417,7 +417,7 @@ class RequestStateMiddleware:
         """
         if raw_path in self._passthrough_raw:
             return True
-        if b"%" in raw_path and (
+        if raw_path.find(b"%") != -1 and (  # not `in`: bytes.__contains__ raises a TypeError first
             _AMBIGUOUS_ESCAPE.search(raw_path) or unquote_to_bytes(raw_path) in self._passthrough_raw
         ):
             raise _refusal(400, INVALID_REQUEST_CODE, "percent-encoded path refused: it has another reading")
@@ -878,7 +878,7 @@ class _Outbound:
 def _utf8(headers: list[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
     """``headers`` for a body rewritten in UTF-8: a declared other charset would mislead."""
     declared = _index(headers).get(b"content-type")
-    if declared is None or b"charset" not in declared.lower():
+    if declared is None or declared.lower().find(b"charset") == -1:  # find: see _passthrough
         return headers
     media = _media_type(declared).encode("latin-1") or b"application/json"
     return [*_without(headers, b"content-type"), (b"content-type", media)]
