@@ -624,6 +624,8 @@ async def _client_stays(receive: Receive, seconds: float) -> bool:
 
 def _log_round(method: str, opened: OpenedState) -> None:
     """The access line of a round that came in with a state: its flow and round, as fields."""
+    if not access_logger.isEnabledFor(logging.INFO):
+        return  # its fields are built only for a line that is written (issue 30)
     access_logger.info(
         "round %d of flow %s: %s",
         opened.round,
