@@ -684,6 +684,8 @@ class _Outbound:
     event (in a stream), and logged.
     """
 
+    _parser: _sse.Parser  # made by _start_stream, the only way into the "sse" mode
+
     def __init__(
         self, middleware: RequestStateMiddleware, send: Send, judged: Judged | None, request_id: Any
     ) -> None:
@@ -696,7 +698,6 @@ class _Outbound:
         self._mode = "start"  # then: sniff, json, sse, raw, opaque; done once answered
         self._start: Message = {}
         self._body = bytearray()
-        self._parser = _sse.Parser(self.limit)
 
     async def send(self, message: Message) -> None:
         kind = message["type"]
@@ -739,7 +740,7 @@ class _Outbound:
                     f"an answer exceeds {self.limit} bytes, the most that can be inspected"
                 )
             elif not more:
-                await self._finish_json()
+                await self._finish_json(bytes(self._body))
         # done: a failed-closed answer; the application's remaining output is dropped
 
     async def _sniff(self, more: bool) -> None:
@@ -755,6 +756,9 @@ class _Outbound:
             self._mode = "json" if kind == "json" else "raw"
             if self._mode == "raw":
                 await self._send(self._start)
+            elif not more and len(body) <= self.limit:  # the whole answer (the usual one): no buffer again
+                await self._finish_json(body)
+                return
         await self._on_body(body, more)
 
     async def _relay(self, body: bytes) -> None:
@@ -762,9 +766,8 @@ class _Outbound:
         await self._send(self._start)
         await self._send({"type": "http.response.body", "body": body, "more_body": False})
 
-    async def _finish_json(self) -> None:
-        """The whole body of a JSON answer is in: seal it, replace it, or relay it."""
-        body = bytes(self._body)
+    async def _finish_json(self, body: bytes) -> None:
+        """The whole ``body`` of a JSON answer is in: seal it, replace it, or relay it."""
         if not body:
             await self._relay(body)  # HEAD, 204, 304: nothing to read
             return
@@ -791,6 +794,7 @@ class _Outbound:
     async def _start_stream(self) -> None:
         # Events are rewritten as they pass: the length is no longer known.
         self._mode = "sse"
+        self._parser = _sse.Parser(self.limit)
         headers = _without(list(self._start.get("headers", ())), b"content-length")
         await self._send({**self._start, "headers": headers})
 
