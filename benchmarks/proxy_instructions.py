@@ -1,7 +1,7 @@
 """Instructions the proxy executes per round, counted by valgrind (callgrind): repeatable on a busy machine.
 
     .venv/bin/python benchmarks/proxy_instructions.py [--flows 100] [--part proxy,forwarder,server]
-        [--tree TREE] [--client httptools|h11] [--before CODE]
+        [--tree TREE] [--client httptools|h11] [--before CODE] [--keep DIR]
 
 CPU time on a shared VM moves by a third from one minute to the next; an instruction
 count does not. Each part runs under ``valgrind --tool=callgrind`` with instrumentation
@@ -19,6 +19,8 @@ place of the httptools connection toward the upstream (benchmarks/_h11_client.py
 ``--before CODE`` runs a line of Python in the measured process first: a part taken away
 (``import statecodec.proxy._server as s; s.MeteredApp = lambda app: app``) shows what it
 costs, an upper bound of what making it cheaper can save (docs/performance.md).
+``--keep DIR`` copies each part's callgrind output there (``callgrind.PART``), for
+``callgrind_annotate --inclusive=yes`` (the profile that picks the next step).
 
 User-space instructions only: the system calls' kernel work is not in these counts.
 Needs ``valgrind`` (Debian package) and node with ``npm ci`` in tests/node.
@@ -96,7 +98,16 @@ async def drive(url: str, pid: int, flows: int) -> None:
         subprocess.run(["callgrind_control", "-i", "off", str(pid)], check=True, capture_output=True)
 
 
-def count(part: str, upstream: str, flows: int, tmp: Path, tree: Path, client: str, before: str = "") -> int:
+def count(
+    part: str,
+    upstream: str,
+    flows: int,
+    tmp: Path,
+    tree: Path,
+    client: str,
+    before: str = "",
+    keep: Path | None = None,
+) -> int:
     """Instructions per round of one part, run from ``tree`` with ``client`` toward the upstream."""
     out = tmp / f"callgrind.{part}"
     valgrind = ["valgrind", "--tool=callgrind", "--instr-atstart=no", f"--callgrind-out-file={out}"]
@@ -107,6 +118,9 @@ def count(part: str, upstream: str, flows: int, tmp: Path, tree: Path, client: s
         asyncio.run(drive(url + "/mcp", proc.pid, flows))
     finally:
         stop(proc)  # callgrind writes its totals as the process exits
+    if keep is not None:
+        keep.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(out, keep / out.name)
     for line in out.read_text(errors="replace").splitlines():
         if line.startswith("totals:"):
             return round(int(line.split()[1]) / (2 * flows))
@@ -127,6 +141,7 @@ def main() -> None:
         help="the connection toward the upstream",
     )
     parser.add_argument("--before", default="", help="Python run in the measured process before the part")
+    parser.add_argument("--keep", type=Path, help="a directory to copy each part's callgrind output to")
     args = parser.parse_args()
     if shutil.which("valgrind") is None or shutil.which("callgrind_control") is None:
         raise SystemExit("needs valgrind (apt-get install valgrind)")
@@ -137,7 +152,9 @@ def main() -> None:
         try:
             tree = args.tree.resolve()
             for part in args.part.split(","):
-                per_round = count(part, upstream_url, args.flows, tmp, tree, args.client, args.before)
+                per_round = count(
+                    part, upstream_url, args.flows, tmp, tree, args.client, args.before, args.keep
+                )
                 print(f"{part:10s} {per_round:>12,} instructions per round", flush=True)
         finally:
             stop(upstream)

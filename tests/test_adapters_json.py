@@ -164,6 +164,22 @@ def test_answers_are_decoded_as_the_most_lenient_client_does() -> None:
     assert math.isnan(_json.read_answer("[NaN]")[0])
 
 
+@given(documents | st.lists(st.floats() | st.text(), max_size=4), st.sampled_from([(",", ":"), None]))
+def test_answers_read_what_json_reads(document: Any, separators: tuple[str, str] | None) -> None:
+    """orjson's path for compact answers (issue 30) gives json's values, types and key order."""
+    text = json.dumps(document, ensure_ascii=False, separators=separators, allow_nan=True)
+    assert repr(_json.read_answer(text)) == repr(json.loads(text))  # repr: NaN, 1 against 1.0
+
+
+@pytest.mark.parametrize(
+    "text",
+    ['{"a":1,"a":2}', '{"a":{"b":[1],"b":{"c":null}}}', '{"a":1e400}', '{"a":18446744073709551616}', "[1E5]"],
+)
+def test_answers_orjson_would_read_otherwise_are_json_s(text: str) -> None:
+    """A repeated key keeps the last value, big numbers stay as json reads them."""
+    assert repr(_json.read_answer(text)) == repr(json.loads(text))
+
+
 @pytest.mark.parametrize(
     ("data", "kind"),
     [

@@ -48,7 +48,7 @@ _SNIFF_BYTES: Final = 64
 # digits and '-' deleted, ',' and '[' read as ':' and the exponent as '.', every float token
 # reads ":." (or opens the document with "."), every null ":null" (or opens it). A string may
 # read the same (a false alarm only costs the slow path); a version "1.2.3" or the word
-# "nullable" does not. bytes.translate and `in` run at C speed: a regular expression over the
+# "nullable" does not. bytes.translate and find run at C speed: a regular expression over the
 # whole document costs about as much as json.dumps itself (issue 30).
 _TOKENS: Final = bytes.maketrans(b",[eE", b"::..")
 _DELETED: Final = b"0123456789-"
@@ -57,7 +57,8 @@ _DELETED: Final = b"0123456789-"
 def _may_differ(fast: bytes) -> bool:
     """Whether orjson's ``fast`` bytes may hold a float or a null: then json writes the value."""
     shape = fast.translate(_TOKENS, _DELETED)
-    return b":." in shape or b":null" in shape or shape.startswith((b".", b"null"))
+    # find, not `in`: bytes.__contains__ raises and clears a TypeError before it searches.
+    return shape.find(b":.") != -1 or shape.find(b":null") != -1 or shape.startswith((b".", b"null"))
 
 
 # What json.dumps cannot write, orjson must not write either: those go the slow way and fail.
@@ -92,6 +93,28 @@ def _unique(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
 _STRICT: Final = json.JSONDecoder(object_pairs_hook=_unique, parse_constant=_no_constant, parse_float=_finite)
 
 
+_MISS: Final = object()
+
+
+def _exact(data: bytes) -> Any:
+    """orjson's reading of ``data`` when orjson writes ``data`` back byte for byte, else ``_MISS``.
+
+    Those bytes are then the serialisation of one tree of plain values, in which no object
+    can hold a key twice (a dropped duplicate would be missing from what is written back)
+    and which json reads as the same values (a float written back identically is the same
+    double; NaN, Infinity, 1e400, integers orjson reads as floats, lone surrogates, a BOM,
+    whitespace, other escapes, control characters and depths beyond orjson's 254 levels of
+    writing all fail the comparison or orjson itself). ``_MISS``: json must decide.
+    """
+    try:
+        value = orjson.loads(data)
+        if orjson.dumps(value) == data:
+            return value
+    except (orjson.JSONDecodeError, orjson.JSONEncodeError):
+        pass  # json's path decides, with its own message
+    return _MISS
+
+
 def loads_strict(data: bytes) -> Any:
     """JSON that every conforming parser reads the same way, or ``ValueError``.
 
@@ -100,22 +123,15 @@ def loads_strict(data: bytes) -> Any:
     ``ValueError`` too (a request has no business being that deep), never ``RecursionError``.
 
     The usual request (compact JSON as the SDKs' clients, httpx and ``JSON.stringify``
-    write it) is read by orjson and kept only when orjson writes the very same bytes back:
-    those bytes are then the serialisation of one tree of plain values, in which no object
-    can hold a key twice (a dropped duplicate would be missing from what is written back)
-    and which json reads as the same values (a float written back identically is the same
-    double; NaN, Infinity, 1e400, integers orjson reads as floats, lone surrogates, a BOM,
-    control characters and depths beyond orjson's 254 levels of writing all fail the
-    comparison or orjson itself). Anything else, and every refusal, takes json's path with
-    its duplicate-key hook, which decides alone (about half the cost of that path is the
-    hook's Python call per object; issue 30).
+    write it) is read by orjson and kept only when orjson writes the very same bytes back
+    (:func:`_exact`: then no key is repeated and json would read the same values).
+    Anything else, and every refusal, takes json's path with its duplicate-key hook, which
+    decides alone (about half the cost of that path is the hook's Python call per object;
+    issue 30).
     """
-    try:
-        value = orjson.loads(data)
-        if orjson.dumps(value) == data:
-            return value
-    except (orjson.JSONDecodeError, orjson.JSONEncodeError):
-        pass  # json's path decides, with its own message
+    value = _exact(data)
+    if value is not _MISS:
+        return value
     try:
         return _STRICT.decode(data.decode("utf-8"))
     except RecursionError:
@@ -168,7 +184,17 @@ def read_answer(text: str) -> Any:
 
     Duplicate keys keep the last value, as in JavaScript; the shadowed ones are still in
     the bytes, so a caller about to relay the bytes must ask :func:`has_duplicate_keys`.
+    An answer as ``JSON.stringify`` or orjson writes it is read by orjson when orjson
+    writes its very bytes back (:func:`_exact`: json would read the same values): the
+    read and the write back cost about 40% of json's read of the TypeScript SDK's answer;
+    anything else (NaN, whitespace, escapes, big integers) is json's to read (issue 30).
     """
+    try:
+        value = _exact(text.encode("utf-8"))
+    except UnicodeEncodeError:  # a lone surrogate: json reads it
+        value = _MISS
+    if value is not _MISS:
+        return value
     try:
         return json.loads(text)
     except RecursionError:

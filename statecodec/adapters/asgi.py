@@ -147,27 +147,44 @@ _ROUTING_HEADERS: Final = (b"mcp-method", b"mcp-name")
 _OWS: Final = b" \t"
 
 
-def _routing_headers(headers: list[tuple[bytes, bytes]]) -> dict[bytes, bytes]:
-    """``Mcp-Method`` and ``Mcp-Name`` as sent, trimmed; a repeated one is refused.
+@dataclass(slots=True)
+class _Sent:
+    """A request's headers, read in one pass (each pass costs ~1,000 instructions a header).
 
-    Only the first of repeated headers would be compared with the body, while a router
-    reading the last one would dispatch on a value nobody compared: HTTP 400, -32020.
+    ``index``: each header by its lower-case name, the first of repeated ones. ``routing``:
+    ``Mcp-Method`` and ``Mcp-Name`` as sent, trimmed; ``repeated``: the first of them that
+    is repeated, refused where the body is judged (only the first of repeated headers would
+    be compared with the body, while a router reading the last one would dispatch on a
+    value nobody compared: HTTP 400, -32020).
     """
-    found: dict[bytes, bytes] = {}
-    for raw_name, value in headers:
-        name = raw_name.lower()
-        if name in _ROUTING_HEADERS:
-            if name in found:
-                raise _refusal(400, HEADER_MISMATCH_CODE, f"the {_header_label(name)} header is repeated")
-            found[name] = value.strip(_OWS)
-    return found
+
+    headers: list[tuple[bytes, bytes]]
+    index: dict[bytes, bytes]
+    routing: dict[bytes, bytes]
+    repeated: bytes | None
+
+    @classmethod
+    def read(cls, headers: list[tuple[bytes, bytes]]) -> _Sent:
+        index: dict[bytes, bytes] = {}
+        routing: dict[bytes, bytes] = {}
+        repeated: bytes | None = None
+        for raw_name, value in headers:
+            name = raw_name.lower()
+            if name not in index:
+                index[name] = value
+            if name in _ROUTING_HEADERS:
+                if name not in routing:
+                    routing[name] = value.strip(_OWS)
+                elif repeated is None:
+                    repeated = name
+        return cls(headers, index, routing, repeated)
 
 
 def _header_label(name: bytes) -> str:
     return "Mcp-Method" if name == b"mcp-method" else "Mcp-Name"
 
 
-def _check_routing_headers(headers: list[tuple[bytes, bytes]], message: Mapping[str, Any]) -> None:
+def _check_routing_headers(sent: _Sent, message: Mapping[str, Any]) -> None:
     """``Mcp-Method`` and ``Mcp-Name`` must say what the body says (SEP-2243).
 
     MCP 2026-07-28 mirrors the method and the tool/prompt name or resource URI into
@@ -178,7 +195,9 @@ def _check_routing_headers(headers: list[tuple[bytes, bytes]], message: Mapping[
     without the optional whitespace around them (a server MUST accept a padded value),
     and forwarded as sent.
     """
-    routing = _routing_headers(headers)
+    if sent.repeated is not None:
+        raise _refusal(400, HEADER_MISMATCH_CODE, f"the {_header_label(sent.repeated)} header is repeated")
+    routing = sent.routing
     if not routing or "method" not in message:
         return
     method_header = routing.get(b"mcp-method")
@@ -367,15 +386,15 @@ class RequestStateMiddleware:
         request_id: Any = None
         try:
             passthrough = self._passthrough(request_path(scope))
-            index = _index(headers)
-            body = await self._read_body(index, receive)
+            sent = _Sent.read(headers)
+            body = await self._read_body(sent.index, receive)
             if body is None:
                 return  # the client went away while sending
             judged: Judged | None = None
             if passthrough:
                 self._check_passthrough(body)
             elif body:
-                request = self._parse(headers, body)
+                request = self._parse(sent, body)
                 if request is not None:
                     request_id = request.message["id"]
                     if not request.stated:  # nothing to hold: the plain call of every flow's first round
@@ -383,7 +402,7 @@ class RequestStateMiddleware:
                     else:
                         handed, request = [request], None  # this frame keeps no parse during a hold
                         judged, forwarded = await self._judge_holding(
-                            scope, headers, handed, body, receive=receive
+                            scope, sent, handed, body, receive=receive
                         )
                         if forwarded is None:
                             return  # the client went away during the hold: nothing consumed, nothing run
@@ -404,7 +423,7 @@ class RequestStateMiddleware:
         if judged is not None and judged.opened is not None:
             _log_round(judged.method, judged.opened)
         outbound = _Outbound(self, send, judged, request_id)
-        await self.app(_forwarded(scope, headers, index, body), _replay(body, receive), outbound.send)
+        await self.app(_forwarded(scope, headers, sent.index, body), _replay(body, receive), outbound.send)
         if judged is not None:  # an answer without a state is relayed unparsed: count its flow's end here
             judged.end_flow(self.codec)
 
@@ -417,7 +436,7 @@ class RequestStateMiddleware:
         """
         if raw_path in self._passthrough_raw:
             return True
-        if b"%" in raw_path and (
+        if raw_path.find(b"%") != -1 and (  # not `in`: bytes.__contains__ raises a TypeError first
             _AMBIGUOUS_ESCAPE.search(raw_path) or unquote_to_bytes(raw_path) in self._passthrough_raw
         ):
             raise _refusal(400, INVALID_REQUEST_CODE, "percent-encoded path refused: it has another reading")
@@ -472,7 +491,7 @@ class RequestStateMiddleware:
             if not message.get("more_body", False):
                 return bytes(body)
 
-    def _parse(self, headers: list[tuple[bytes, bytes]], body: bytes) -> _Request | None:
+    def _parse(self, sent: _Sent, body: bytes) -> _Request | None:
         """The MRTR request in ``body`` (None for any other message), or a refusal."""
         try:
             message = loads_strict(body)
@@ -489,7 +508,7 @@ class RequestStateMiddleware:
         if not isinstance(message, dict):
             raise _refusal(400, INVALID_REQUEST_CODE, "the body is not a JSON-RPC message")
         _check_keys(message, _ENVELOPE_KEYS, "JSON-RPC")
-        _check_routing_headers(headers, message)
+        _check_routing_headers(sent, message)
         method, params = message.get("method"), message.get("params")
         if not isinstance(method, str) or not boundary.is_mrtr(method):
             return None  # forwarded byte for byte; its answers are watched all the same
@@ -507,7 +526,7 @@ class RequestStateMiddleware:
     async def _judge_holding(
         self,
         scope: Scope,
-        headers: list[tuple[bytes, bytes]],
+        sent: _Sent,
         handed: list[_Request],
         body: bytes,
         *,
@@ -525,10 +544,10 @@ class RequestStateMiddleware:
         attempt = 0
         while True:
             if request is None:
-                request = self._parse(headers, body)
+                request = self._parse(sent, body)
                 if request is None:  # pragma: no cover - the same body parses the same way
                     raise _refusal(400, INVALID_REQUEST_CODE, "the request changed during its hold")
-            judged, forwarded = await self._judge(scope, headers, request, body, self.max_hold - held)
+            judged, forwarded = await self._judge(scope, sent.headers, request, body, self.max_hold - held)
             hold = judged.hold
             if hold is None or attempt == boundary.HOLDS_MAX:
                 return judged, forwarded  # early (and not held again): answered at once
@@ -561,8 +580,10 @@ class RequestStateMiddleware:
             judged = await boundary.judge_request(self.codec, request.method, request.params, bind, wait=None)
             return judged, body
         # The body to forward is written before the token is consumed, with an unguessable
-        # placeholder for the plaintext: nothing that can fail runs after the consume.
-        marker = f"\x00statecodec:{secrets.token_hex(16)}\x00"
+        # placeholder for the plaintext: nothing that can fail runs after the consume. No ':'
+        # in it: ":" then hex reads to dumps as a possible float (':' digits 'e'), which would
+        # send a sixth of these bodies the slow way, through json.dumps (issue 30).
+        marker = f"\x00statecodec {secrets.token_hex(16)}\x00"
         params = {**(request.params or {}), boundary.REQUEST_STATE: marker}
         head, _, tail = dumps({**request.message, "params": params}).partition(dumps(marker))
         judged = await boundary.judge_request(
@@ -622,6 +643,8 @@ async def _client_stays(receive: Receive, seconds: float) -> bool:
 
 def _log_round(method: str, opened: OpenedState) -> None:
     """The access line of a round that came in with a state: its flow and round, as fields."""
+    if not access_logger.isEnabledFor(logging.INFO):
+        return  # its fields are built only for a line that is written (issue 30)
     access_logger.info(
         "round %d of flow %s: %s",
         opened.round,
@@ -635,12 +658,18 @@ def _forwarded(
     scope: Scope, original: list[tuple[bytes, bytes]], index: Mapping[bytes, bytes], body: bytes
 ) -> Scope:
     """The scope the application gets: its body's length, and no compressed answer asked for."""
-    headers = _without(original, b"accept-encoding") if b"accept-encoding" in index else original
     declared = index.get(b"content-length")
     length = str(len(body)).encode("ascii")
-    if (body or declared is not None) and declared != length:
-        headers = [*_without(headers, b"content-length", b"transfer-encoding"), (b"content-length", length)]
-    return scope if headers is original else {**scope, "headers": headers}
+    if (body or declared is not None) and declared != length:  # one pass drops all three
+        headers = [
+            *_without(original, b"accept-encoding", b"content-length", b"transfer-encoding"),
+            (b"content-length", length),
+        ]
+    elif b"accept-encoding" in index:
+        headers = _without(original, b"accept-encoding")
+    else:
+        return scope
+    return {**scope, "headers": headers}
 
 
 def _replay(body: bytes, receive: Receive) -> Receive:
@@ -680,6 +709,8 @@ class _Outbound:
     event (in a stream), and logged.
     """
 
+    _parser: _sse.Parser  # made by _start_stream, the only way into the "sse" mode
+
     def __init__(
         self, middleware: RequestStateMiddleware, send: Send, judged: Judged | None, request_id: Any
     ) -> None:
@@ -691,8 +722,8 @@ class _Outbound:
         self._send = send
         self._mode = "start"  # then: sniff, json, sse, raw, opaque; done once answered
         self._start: Message = {}
+        self._content_type: bytes | None = None
         self._body = bytearray()
-        self._parser = _sse.Parser(self.limit)
 
     async def send(self, message: Message) -> None:
         kind = message["type"]
@@ -706,7 +737,8 @@ class _Outbound:
     async def _on_start(self, message: Message) -> None:
         self._start = message
         index = _index(list(message.get("headers", ())))
-        media = _media_type(index.get(b"content-type"))
+        self._content_type = index.get(b"content-type")
+        media = _media_type(self._content_type)
         encoding = index.get(b"content-encoding")
         if encoding is not None and encoding.strip().lower() not in (b"", b"identity"):
             self._mode = "opaque"  # cannot be read, so cannot be sealed
@@ -735,7 +767,7 @@ class _Outbound:
                     f"an answer exceeds {self.limit} bytes, the most that can be inspected"
                 )
             elif not more:
-                await self._finish_json()
+                await self._finish_json(bytes(self._body))
         # done: a failed-closed answer; the application's remaining output is dropped
 
     async def _sniff(self, more: bool) -> None:
@@ -751,6 +783,9 @@ class _Outbound:
             self._mode = "json" if kind == "json" else "raw"
             if self._mode == "raw":
                 await self._send(self._start)
+            elif not more and len(body) <= self.limit:  # the whole answer (the usual one): no buffer again
+                await self._finish_json(body)
+                return
         await self._on_body(body, more)
 
     async def _relay(self, body: bytes) -> None:
@@ -758,9 +793,8 @@ class _Outbound:
         await self._send(self._start)
         await self._send({"type": "http.response.body", "body": body, "more_body": False})
 
-    async def _finish_json(self) -> None:
-        """The whole body of a JSON answer is in: seal it, replace it, or relay it."""
-        body = bytes(self._body)
+    async def _finish_json(self, body: bytes) -> None:
+        """The whole ``body`` of a JSON answer is in: seal it, replace it, or relay it."""
         if not body:
             await self._relay(body)  # HEAD, 204, 304: nothing to read
             return
@@ -779,7 +813,7 @@ class _Outbound:
             return
         self._mode = "done"
         body = dumps(document, allow_nan=True)
-        headers = _utf8(_without(list(self._start.get("headers", ())), b"content-length"))
+        headers = _utf8(_without(list(self._start.get("headers", ())), b"content-length"), self._content_type)
         headers.append((b"content-length", str(len(body)).encode("ascii")))
         await self._send({**self._start, "headers": headers})
         await self._send({"type": "http.response.body", "body": body, "more_body": False})
@@ -787,6 +821,7 @@ class _Outbound:
     async def _start_stream(self) -> None:
         # Events are rewritten as they pass: the length is no longer known.
         self._mode = "sse"
+        self._parser = _sse.Parser(self.limit)
         headers = _without(list(self._start.get("headers", ())), b"content-length")
         await self._send({**self._start, "headers": headers})
 
@@ -875,10 +910,12 @@ class _Outbound:
         return (message, False) if sealed is None else (sealed, True)
 
 
-def _utf8(headers: list[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
-    """``headers`` for a body rewritten in UTF-8: a declared other charset would mislead."""
-    declared = _index(headers).get(b"content-type")
-    if declared is None or b"charset" not in declared.lower():
+def _utf8(headers: list[tuple[bytes, bytes]], declared: bytes | None) -> list[tuple[bytes, bytes]]:
+    """``headers`` for a body rewritten in UTF-8: a declared other charset would mislead.
+
+    ``declared``: the answer's ``Content-Type`` (the first, as :func:`_index` keeps it).
+    """
+    if declared is None or declared.lower().find(b"charset") == -1:  # find: see _passthrough
         return headers
     media = _media_type(declared).encode("latin-1") or b"application/json"
     return [*_without(headers, b"content-type"), (b"content-type", media)]

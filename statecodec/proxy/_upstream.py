@@ -578,12 +578,14 @@ def check_fields(method: bytes, target: bytes, headers: list[tuple[bytes, bytes]
     names = b"".join([name for name, _ in headers]) + method
     # A byte that would end a header line or the request line early.
     text = b"".join([value for _, value in headers]) + target + method
+    # find, not `in`: CPython's bytes.__contains__ first tries its operand as an integer and
+    # raises and clears a TypeError before it searches (~2,100 instructions a test; issue 30).
     if (
         names.translate(None, _TOKEN)
-        or b"\r" in text
-        or b"\n" in text
-        or b"\x00" in text
-        or b" " in target
+        or text.find(b"\r") != -1
+        or text.find(b"\n") != -1
+        or text.find(b"\x00") != -1
+        or target.find(b" ") != -1
         or not target
         or not method
     ):
