@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import contextlib
 import os
-import selectors
 import shutil
 import signal
 import subprocess
+import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
@@ -39,22 +39,42 @@ def spawn(command: Sequence[str], log_path: Path, cwd: Path = ROOT) -> subproces
         )
 
 
+def lines_until(proc: subprocess.Popen[str], prefix: str, timeout: float) -> tuple[list[str], bool]:
+    """Stdout lines up to the first that starts with ``prefix`` (True), or to the end or ``timeout`` (False).
+
+    A thread reads with plain ``readline``: a selector on the pipe cannot see lines that
+    the text wrapper has already buffered, so of two lines that arrive in one write (a
+    proxy's ``admin on`` and ``listening on``, the demo's narration) the second stayed
+    unseen until more output, or the end, came. The thread stops at the line it was
+    looking for, so the caller can go on reading the pipe.
+    """
+    stdout = proc.stdout
+    assert stdout is not None
+    lines: list[str] = []
+
+    def read() -> None:
+        with contextlib.suppress(ValueError, OSError):  # the pipe closed by a caller that gave up
+            for line in stdout:
+                lines.append(line)
+                if line.startswith(prefix):
+                    return
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    deadline = time.monotonic() + timeout
+    while reader.is_alive() and time.monotonic() < deadline:
+        reader.join(0.2)
+        if proc.poll() is not None:  # ended: what it wrote is read, even if a child keeps the pipe
+            reader.join(1.0)
+            break
+    return lines, not reader.is_alive() and bool(lines) and lines[-1].startswith(prefix)
+
+
 def await_line(proc: subprocess.Popen[str], prefix: str, log_path: Path) -> str:
     """The rest of the first stdout line starting with ``prefix``; stops the process on failure."""
-    assert proc.stdout is not None
-    deadline = time.monotonic() + START_TIMEOUT
-    with selectors.DefaultSelector() as selector:
-        selector.register(proc.stdout, selectors.EVENT_READ)
-        while time.monotonic() < deadline:
-            if not selector.select(timeout=0.2):
-                if proc.poll() is not None:
-                    break
-                continue
-            line = proc.stdout.readline()
-            if line.startswith(prefix):
-                return line[len(prefix) :].strip()
-            if not line and proc.poll() is not None:
-                break
+    lines, found = lines_until(proc, prefix, START_TIMEOUT)
+    if found:
+        return lines[-1][len(prefix) :].strip()
     stop(proc)
     log = log_path.read_text(encoding="utf-8", errors="replace")
     raise RuntimeError(f"{proc.args!r} did not start (exit {proc.returncode}):\n{log[-3000:]}")

@@ -13,7 +13,6 @@ import json
 import logging
 import os
 import re
-import selectors
 import signal
 import stat
 import subprocess
@@ -23,6 +22,7 @@ from pathlib import Path
 
 import jsonschema
 from click.testing import CliRunner
+from processes import lines_until
 
 from statecodec import KeyRing
 from statecodec._demo._cluster import Instance, Setup
@@ -250,21 +250,9 @@ def test_ctrl_c_stops_everything_and_exits_130(tmp_path: Path) -> None:
 
 
 def _read_until(proc: subprocess.Popen[str], marker: str) -> list[str]:
-    assert proc.stdout is not None
-    lines: list[str] = []
-    deadline = time.monotonic() + TIMEOUT
-    with selectors.DefaultSelector() as selector:
-        selector.register(proc.stdout, selectors.EVENT_READ)
-        while time.monotonic() < deadline:
-            if not selector.select(timeout=0.5):
-                continue
-            line = proc.stdout.readline()
-            if not line:
-                break
-            lines.append(line)
-            if line.startswith(marker):
-                return lines
-    raise AssertionError(f"the demo never printed {marker!r}:\n{''.join(lines)}")
+    lines, found = lines_until(proc, marker, TIMEOUT)
+    assert found, f"the demo never printed {marker!r}:\n{''.join(lines)}"
+    return lines
 
 
 def test_the_narration_tells_each_event_and_leaves_styling_to_the_caller() -> None:
