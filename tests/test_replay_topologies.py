@@ -8,10 +8,13 @@ replicas, and a primary + replica watched by 3 sentinels, all real processes on 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
+import shutil
 import signal
 import sys
+import tempfile
 import threading
 import uuid
 from collections.abc import Callable
@@ -28,13 +31,14 @@ from fixtures_mcp import Balancer, connect, round_one, round_two
 from fixtures_proxy import JWKSServer, proxy_command
 from fixtures_valkey import ValkeyCluster, ValkeySentinels, ValkeyServer, free_port, in_sync, wait_until
 from mcp.shared.exceptions import MCPError
-from processes import ROOT, await_line, spawn, stop
+from processes import ROOT, await_line, running, spawn, stop
 
 import statecodec as sc
 from statecodec import ReplayStoreError
 from statecodec.cli import main
 from statecodec.cli._exit import ExitCode
 from statecodec.replay import RedisReplayStore, store_from_url
+from statecodec.replay import redis as redis_store
 
 FORMS = ["redis", "valkey", "unix", "redis+cluster", "valkey+cluster", "redis+sentinel", "valkey+sentinel"]
 BINDING = sc.Binding(principal="alice", audience="svc", method="tools/call", target="pay")
@@ -238,8 +242,9 @@ def test_wait_fails_closed_without_a_replica_and_the_token_survives(
     try:
         with pytest.raises(ReplayStoreError, match="only 0 of 1 replica") as info:
             waiting.consume("k", 60)
-        assert "taken back" in str(info.value)
-        assert raw.exists("w:k") == 0  # released: the token stays redeemable
+        # Deleted on the primary, but no replica confirmed the deletion: listed, to send again.
+        assert "not confirmed yet" in str(info.value)
+        assert raw.exists("w:k") == 0  # the token stays redeemable
         with pytest.raises(sc.InvalidState) as rejected:
             codec.unseal(token, BINDING)
         assert rejected.value.reason == "store_unavailable"
@@ -251,7 +256,8 @@ def test_wait_fails_closed_without_a_replica_and_the_token_survives(
             await waiting.aclose()
             return outcome
 
-        assert all(isinstance(o, ReplayStoreError) and "taken back" in str(o) for o in asyncio.run(burst()))
+        outcome = asyncio.run(burst())
+        assert all(isinstance(o, ReplayStoreError) and "not confirmed yet" in str(o) for o in outcome)
         assert [k for k in raw.scan_iter(match="w:*")] == []
         # Without wait the primary alone answers: accepted, though no replica has it.
         assert trusting.consume("k", 60) is True
@@ -264,6 +270,46 @@ def test_wait_fails_closed_without_a_replica_and_the_token_survives(
         codec.unseal(token, BINDING)
     waiting.close()
     trusting.close()
+
+
+def test_unconfirmed_deletions_pile_up_bounded_and_each_token_redeems_later(
+    valkey_primary_replica: tuple[ValkeyServer, ValkeyServer],
+) -> None:
+    """While the replica is away each failed consume stays listed; a consume sends few of them.
+
+    Every deletion waits for the replica's confirmation, so 200 failed consumes are 200
+    listed entries; sending them all before each SET would cost every request the whole
+    list. A consume sends its own token's and a few of the oldest others'
+    (``_Unsettled.SPARE``), and once the replica is back each token redeems once.
+    """
+    primary, replica = valkey_primary_replica
+    admin = redis.Redis(port=primary.port, decode_responses=True)
+    store = store_from_url(with_options(primary.url, wait=1, wait_timeout=0.05, prefix="p:"))
+    keys = [f"k{i}" for i in range(200)]
+
+    def evals() -> int:
+        return int(admin.info("commandstats").get("cmdstat_eval", {}).get("calls", 0))
+
+    async def burst() -> list[object]:
+        outcome = await asyncio.gather(*(store.aconsume(k, 60) for k in keys), return_exceptions=True)
+        await store.aclose()
+        return outcome
+
+    assert replica.pid is not None
+    os.kill(replica.pid, signal.SIGSTOP)
+    try:
+        assert all(isinstance(o, ReplayStoreError) for o in asyncio.run(burst()))
+        before = evals()
+        with pytest.raises(ReplayStoreError, match="not confirmed yet"):
+            store.consume("k0", 60)
+        # Its own earlier entry, the oldest others, and its own deletion: not 200.
+        assert evals() - before <= 1 + redis_store._Unsettled.SPARE + 1
+    finally:
+        os.kill(replica.pid, signal.SIGCONT)
+    wait_until(lambda: in_sync(replica), "the replica is in sync again")
+    assert [store.consume(k, 60) for k in keys] == [True] * len(keys)
+    assert [store.consume(k, 60) for k in keys] == [False] * len(keys)
+    store.close()
 
 
 @pytest.mark.parametrize("path", ["sync", "async"])
@@ -312,6 +358,104 @@ def test_a_consume_cut_off_mid_wait_is_taken_back_before_the_retry(
     assert consume() is True  # taken back first, then accepted once
     assert consume() is False
     store.close()
+
+
+def test_a_consume_whose_caller_is_cancelled_mid_wait_is_taken_back(
+    valkey_primary_replica: tuple[ValkeyServer, ValkeyServer],
+) -> None:
+    """The caller gave up while its SET waited for the replica: the token is not burnt.
+
+    Nobody accepted the token (the caller is gone), yet the entry stands on the primary
+    with that call's nonce; the store lists it and deletes it before the token's next SET.
+    """
+    primary, replica = valkey_primary_replica
+    admin = redis.Redis(port=primary.port, decode_responses=True)
+    store = store_from_url(with_options(primary.url, wait=1, wait_timeout=1.5, socket_timeout=3))
+    assert replica.pid is not None
+
+    async def scenario() -> list[object]:
+        caller = asyncio.create_task(store.aconsume("c", 60))
+        os.kill(replica.pid, signal.SIGSTOP)
+        try:
+            while not [c for c in admin.client_list() if c["cmd"] == "wait" and "b" in c["flags"]]:
+                await asyncio.sleep(0.01)
+            caller.cancel()
+            outcome: list[object] = [await asyncio.gather(caller, return_exceptions=True)]
+            assert admin.exists("statecodec:replay:c") == 1  # the SET ran
+        finally:
+            os.kill(replica.pid, signal.SIGCONT)
+        await asyncio.to_thread(wait_until, lambda: in_sync(replica), "the replica is in sync again")
+        outcome += [await store.aconsume("c", 60), await store.aconsume("c", 60)]
+        await store.aclose()
+        return outcome
+
+    cancelled, first, second = asyncio.run(scenario())
+    assert isinstance(cancelled[0], asyncio.CancelledError), cancelled  # type: ignore[index]
+    assert (first, second) == (True, False)  # taken back, then accepted once
+
+
+@pytest.mark.parametrize("path", ["sync", "async"])
+def test_a_deletion_no_replica_confirmed_is_sent_again_to_the_promoted_replica(path: str) -> None:
+    """The replica copied a failed consume's SET but not its deletion, then was promoted: no token burnt.
+
+    The replica is stopped, so the SET waits in its socket, unacknowledged; its link is
+    cut while WAIT blocks, so the compare-and-delete after WAIT's shortfall reaches the
+    primary alone. The primary dies; the replica reads the SET, is promoted, and the store's
+    address (a Unix socket path, as a DNS name moves for a managed endpoint) moves to it.
+    No replica confirmed the deletion, so the store still lists the entry and takes it back
+    on the new primary before the token's next SET: accepted once, not "replayed".
+    """
+    links = Path(tempfile.mkdtemp(prefix="sc-"))
+    address, key = links / "primary.sock", "statecodec:replay:k"
+    with contextlib.ExitStack() as servers:
+        primary = servers.enter_context(running(lambda: ValkeyServer(unix_socket=True)))
+        of_primary = ["--replicaof", "127.0.0.1", str(primary.port)]
+        replica = servers.enter_context(
+            running(lambda: ValkeyServer(extra_args=of_primary, unix_socket=True))
+        )
+        servers.callback(shutil.rmtree, links, ignore_errors=True)
+        wait_until(lambda: in_sync(replica), "the replica is in sync")
+        assert primary.socket_path is not None and replica.socket_path is not None
+        address.symlink_to(primary.socket_path)
+        store = store_from_url(f"unix://{address}?wait=1&wait_timeout=1.5&socket_timeout=3")
+
+        def consume() -> object:
+            if path == "sync":
+                return store.consume("k", 60)
+
+            async def once() -> bool:
+                try:
+                    return await store.aconsume("k", 60)
+                finally:
+                    await store.aclose()
+
+            return asyncio.run(once())
+
+        admin, outcome = redis.Redis(port=primary.port, decode_responses=True), []
+        assert replica.pid is not None
+        os.kill(replica.pid, signal.SIGSTOP)  # it will find the SET in its socket, unacknowledged
+        worker = threading.Thread(target=lambda: outcome.append(_outcome(consume)))
+        worker.start()
+        blocked = lambda: [c for c in admin.client_list() if c["cmd"] == "wait" and "b" in c["flags"]]  # noqa: E731
+        wait_until(blocked, "the consume blocks in WAIT")
+        admin.client_kill_filter(_type="replica")  # the deletion that follows never reaches it
+        worker.join(timeout=30)
+        assert isinstance(outcome[0], ReplayStoreError) and "not confirmed yet" in str(outcome[0]), outcome
+        assert admin.exists(key) == 0  # deleted on the primary alone
+        primary.kill()
+        os.kill(replica.pid, signal.SIGCONT)
+        promoted = redis.Redis(port=replica.port)
+        wait_until(lambda: promoted.exists(key), "the replica applies the SET it had read")
+        promoted.execute_command("REPLICAOF", "NO", "ONE")
+        moved = links / "moved.sock"
+        moved.symlink_to(replica.socket_path)
+        os.replace(moved, address)
+        of_promoted = ["--replicaof", "127.0.0.1", str(replica.port)]
+        heir = servers.enter_context(running(lambda: ValkeyServer(extra_args=of_promoted)))
+        wait_until(lambda: in_sync(heir), "the promoted replica has a replica in sync")
+        assert consume() is True  # taken back on the new primary first, then accepted once
+        assert consume() is False
+        store.close()
 
 
 def _outcome(call: Callable[[], object]) -> object:

@@ -19,7 +19,11 @@ replica copied it is lost, and the promoted replica would accept the token once 
 ``wait=N`` closes that window: each consume is followed, on the same connection, by
 ``WAIT N timeout``, and a token is accepted only once N replicas hold its entry; with
 fewer the consume fails closed and the entry is taken back (compare-and-delete of this
-call's own nonce), so the token stays redeemable once the replicas are back.
+call's own nonce), so the token stays redeemable once the replicas are back. That
+compare-and-delete is a write like any other: with ``wait=N`` it is trusted only once
+``WAIT`` says N replicas hold it too. A replica that copied the ``SET`` but not its
+deletion (cut off, or promoted, in between) would otherwise hold the entry after a
+failover, and the token nobody accepted would be "replayed" for good.
 
 A call that fails closed after its ``SET`` may have run (the connection broke before the
 reply, a failover in the middle of ``WAIT``) reported the token as not consumed, so the
@@ -43,6 +47,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import inspect
 import itertools
 import math
@@ -216,6 +221,11 @@ class RedisReplayStore(ReplayStore):
         name, nonce = self.prefix + key, _nonce()
         try:
             previous = await sender.consume(name, nonce, px)
+        except asyncio.CancelledError as exc:
+            # The SET may be on the wire: its entry, if any, is taken back later, so the
+            # token a caller gave up on is not burnt.
+            self._unsettled.note(name, nonce, px, exc)
+            raise
         except Exception as exc:
             self._unsettled.note(name, nonce, px, exc)
             raise self._error(exc) from None
@@ -278,16 +288,39 @@ class RedisReplayStore(ReplayStore):
 
     def _take_back_unsettled(self, client: SyncClient, name: str) -> None:
         """Take back what failed calls may have written, before a new SET of ``name``."""
-        for entry in self._unsettled.pending():
-            try:
-                client.eval(RELEASE_SCRIPT, 1, entry.name, entry.nonce)
-            except redis.ResponseError:
-                pass  # refused (an ACL without EVAL): nothing more this store can do
-            except Exception:
-                if any(e.name == name for e in self._unsettled.pending()):
-                    raise  # this very token may still hold a failed call's entry: fail closed
-                return  # unreachable still: next time
-            self._unsettled.settle([entry])
+        entries = self._unsettled.pending([name])
+        if not entries:
+            return
+        try:
+            replies = self._take_back(client, entries)
+        except Exception:
+            if any(e.name == name for e in entries):
+                raise  # this very token may still hold a failed call's entry: fail closed
+            return  # unreachable still: next time
+        self._unsettled.settle(e for e, reply in zip(entries, replies, strict=True) if _forgettable(reply))
+
+    def _take_back(self, client: SyncClient, entries: Sequence[_Entry]) -> list[object]:
+        """Compare-and-delete each entry; per entry True (surely gone), False (not confirmed) or the error.
+
+        With ``wait=N`` each pipeline ends with ``WAIT`` on its connection, as a SET's does:
+        a deletion only the primary holds is not yet a deletion.
+        """
+
+        def run(server: redis.Redis, group: Sequence[_Entry]) -> list[object]:
+            pipe = server.pipeline(transaction=False)
+            for entry in group:
+                pipe.eval(RELEASE_SCRIPT, 1, entry.name, entry.nonce)
+            if self.wait:
+                pipe.wait(self.wait, self._wait_ms)
+            replies: list[object] = pipe.execute(raise_on_error=False)
+            return _taken_back(replies[: len(group)], replies[-1] if self.wait else None, self.wait)
+
+        if not isinstance(client, redis.cluster.RedisCluster):
+            return run(client, entries)
+        return [
+            _on_owner(client, entry.name, self._retries, functools.partial(run, group=[entry]))[0]
+            for entry in entries
+        ]
 
     def _set_replicated(self, client: SyncClient, name: str, nonce: str, px: int) -> object:
         """SET then WAIT on one connection of the key's primary; take the entry back if unreplicated."""
@@ -308,11 +341,10 @@ class RedisReplayStore(ReplayStore):
         if _accepted_without_release(previous, nonce, acks, self.wait):
             return previous
         try:
-            client.eval(RELEASE_SCRIPT, 1, name, nonce)
-            released = True
-        except Exception:
-            released = False
-        raise _NotReplicated(acks, self.wait, self.wait_timeout, released, retried=previous is not None)
+            verdict = self._take_back(client, [_Entry(name, nonce, 0.0)])[0]
+        except Exception as exc:
+            verdict = exc
+        raise _NotReplicated(acks, self.wait, self.wait_timeout, verdict, retried=previous is not None)
 
     def _check_replicas(self, client: SyncClient) -> None:
         # WAIT on a connection that wrote nothing returns at once with the number of
@@ -625,15 +657,22 @@ class _NotReplicated(Exception):  # noqa: N818 - a verdict, turned into ReplaySt
     """WAIT saw fewer replicas than asked for: the token is not accepted."""
 
     def __init__(
-        self, acks: object, wanted: int, timeout: float, released: bool, *, retried: bool = False
+        self, acks: object, wanted: int, timeout: float, taken_back: object, *, retried: bool = False
     ) -> None:
-        self.released = released
+        #: The take-back's verdict (:func:`_taken_back`): True, False (not confirmed) or its error.
+        self.taken_back = taken_back
         count = acks if isinstance(acks, int) else 0
-        after = (
-            "its entry was taken back, so a retry can redeem it"
-            if released
-            else "taking its entry back failed too, so it may stay consumed until it expires"
-        )
+        if taken_back is True:
+            after = "its entry was taken back, so a retry can redeem it"
+        elif _forgettable(taken_back):
+            after = f"taking its entry back was refused ({_reason(taken_back)}), so it stays until it expires"
+        else:
+            done = (
+                f"taking its entry back failed ({_reason(taken_back)})"
+                if isinstance(taken_back, Exception)
+                else "taking its entry back is not confirmed yet"
+            )
+            after = f"{done}: the store takes it back before the token's next consume, until replicas confirm"
         if retried:
             # Our own earlier write (its reply was lost): this connection's WAIT says nothing about it.
             why = "a resent consume found its own earlier entry, which this connection's WAIT can't vouch for"
@@ -641,6 +680,30 @@ class _NotReplicated(Exception):  # noqa: N818 - a verdict, turned into ReplaySt
             detail = "" if isinstance(acks, int) else f" (WAIT failed: {type(acks).__name__}: {acks})"
             why = f"only {count} of {wanted} replica(s) acknowledged the consume within {timeout:g} s{detail}"
         super().__init__(f"{why}; the token was not accepted and {after}")
+
+
+def _reason(exc: object) -> str:
+    return f"{type(exc).__name__}: {exc}"
+
+
+def _taken_back(replies: Sequence[object], acks: object, wanted: int) -> list[object]:
+    """Each compare-and-delete's verdict: True once ``wanted`` replicas hold it, else False, or its error."""
+    confirmed = not wanted or (isinstance(acks, int) and acks >= wanted)
+    return [reply if isinstance(reply, Exception) else confirmed for reply in replies]
+
+
+def _forgettable(verdict: object) -> bool:
+    """May the store stop taking this entry back? Once surely gone, or when refused for good.
+
+    A refusal (an ACL without EVAL, a script error) will not change by retrying; a
+    read-only or routing reply means this node is not (or no longer) the primary, and the
+    one that is may still hold the entry.
+    """
+    if isinstance(verdict, Exception):
+        return isinstance(verdict, redis.ResponseError) and not isinstance(
+            verdict, (redis.ReadOnlyError, *_ROUTING_ERRORS)
+        )
+    return verdict is True
 
 
 def _accepted_without_release(previous: object, nonce: str, acks: object, wanted: int) -> bool:
@@ -718,46 +781,78 @@ class _Unsettled:
     """Entries that calls reported as not consumed may nonetheless hold: taken back when possible.
 
     A call fails closed (``store_unavailable``: "the token was not consumed") when the fate
-    of its ``SET`` is unknown: the connection broke after sending it, or WAIT could not
-    confirm it and the compare-and-delete failed too. If the SET did run, the key holds
-    that call's nonce and nobody accepted the token for it, so deleting it is safe at any
-    time; until then a retry of the token would be told "replayed". The store sends the
-    compare-and-delete for each before its next commands. Per process, bounded, and only
-    until the entry would have expired anyway.
+    of its ``SET`` is unknown: the connection broke after sending it, its caller was
+    cancelled, or WAIT could not confirm it and its compare-and-delete was not confirmed
+    either. If the SET did run, the key holds that call's nonce (on the primary, or on a
+    replica that a failover promotes) and nobody accepted the token for it, so deleting it
+    is safe at any time; until then a retry of the token would be told "replayed". An
+    entry stays listed until a compare-and-delete of it is confirmed (with ``wait=N``, by
+    ``WAIT``), so it is sent again after a failover, to the new primary.
+
+    Before the ``SET`` of a token go the take-backs of every entry listed for that token,
+    and a few of the oldest others (:attr:`SPARE`): while replicas are away, entries pile
+    up, and sending them all with every consume would cost each request the whole list.
+    Per process, bounded, and only until the entry would have expired anyway.
     """
 
     LIMIT: Final = 100_000
+    #: Take-backs of other tokens' entries that lead each consume.
+    SPARE: Final = 16
 
     def __init__(self) -> None:
-        self._entries: dict[tuple[str, str], float] = {}
+        self._entries: dict[tuple[str, str], float] = {}  # oldest first
+        self._nonces: dict[str, set[str]] = {}  # the listed nonces of each key
         self._lock = threading.Lock()
 
     def note(self, name: str, nonce: str, px: int, exc: BaseException) -> None:
         """After a failed call: remember its entry unless it surely holds none."""
         if isinstance(exc, redis.ResponseError | ReplayStoreError):
             return  # refused by the server or before sending: nothing was written
-        if isinstance(exc, _NotReplicated) and exc.released:
-            return  # taken back already
+        if isinstance(exc, _NotReplicated) and _forgettable(exc.taken_back):
+            return  # taken back already (and the replicas confirmed it), or refused for good
         with self._lock:
             if len(self._entries) >= self.LIMIT:
-                del self._entries[next(iter(self._entries))]  # the oldest: it expires first
+                self._forget(next(iter(self._entries)))  # the oldest: it expires first
             self._entries[(name, nonce)] = time.monotonic() + px / 1000
+            self._nonces.setdefault(name, set()).add(nonce)
 
-    def pending(self) -> list[_Entry]:
-        """The entries still to take back; they stay listed until :meth:`settle`."""
+    def pending(self, names: Iterable[str]) -> list[_Entry]:
+        """The entries to take back before SETs of ``names``; they stay listed until :meth:`settle`."""
         if not self._entries:  # the common case, without the lock
             return []
         with self._lock:
-            now = time.monotonic()
-            for expired in [key for key, deadline in self._entries.items() if deadline <= now]:
-                del self._entries[expired]
-            return [_Entry(name, nonce, deadline) for (name, nonce), deadline in self._entries.items()]
+            self._expire(time.monotonic())
+            chosen = dict.fromkeys(itertools.islice(self._entries, self.SPARE))
+            for name in names:
+                chosen.update(dict.fromkeys((name, nonce) for nonce in self._nonces.get(name, ())))
+            return [_Entry(name, nonce, self._entries[name, nonce]) for name, nonce in chosen]
 
     def settle(self, entries: Iterable[_Entry]) -> None:
-        """Entries taken back (or refused for good): forget them."""
+        """Entries surely taken back (or refused for good): forget them."""
         with self._lock:
             for entry in entries:
-                self._entries.pop((entry.name, entry.nonce), None)
+                self._forget((entry.name, entry.nonce))
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def _expire(self, now: float) -> None:
+        # Oldest first; retentions differ little, so the expired ones lead (one that
+        # does not is dropped a little later, and its take-back meanwhile is harmless).
+        while self._entries:
+            key, deadline = next(iter(self._entries.items()))
+            if deadline > now:
+                return
+            self._forget(key)
+
+    def _forget(self, key: tuple[str, str]) -> None:
+        if self._entries.pop(key, None) is None:
+            return
+        name, nonce = key
+        nonces = self._nonces[name]
+        nonces.discard(nonce)
+        if not nonces:
+            del self._nonces[name]
 
 
 class _Sender:
@@ -832,7 +927,12 @@ class _Sender:
             while self._queue:
                 batch = self._queue[: self._MAX_BATCH]
                 del self._queue[: self._MAX_BATCH]
-                entries = self._unsettled.pending()
+                entries = self._unsettled.pending(c.name for c in batch)
+                # After pending(): a call cancelled from here on is listed only for the
+                # next batch, whose take-backs follow this batch's SET.
+                batch = [c for c in batch if not c.future.done()]
+                if not batch and not entries:
+                    continue
                 try:
                     await self._prepare()
                     if self._cluster is not None:
@@ -863,27 +963,25 @@ class _Sender:
     def _commands(self, calls: list[_Call], entries: list[_Entry]) -> list[_Command]:
         commands = [_release_command(e.name, e.nonce) for e in entries]
         commands += [_set_command(c.name, c.nonce, c.px) for c in calls]
-        if self._wait and calls:
+        if self._wait:
             commands.append((("WAIT", self._wait, self._wait_ms), {}))
         return commands
 
     def _split(
         self, calls: list[_Call], entries: list[_Entry], replies: list[object]
-    ) -> tuple[list[object], object]:
-        """The SETs' replies and WAIT's, without the take-backs' (done, whatever they say)."""
-        replies = replies[len(entries) :]
-        return replies[: len(calls)], (replies[-1] if self._wait and calls else None)
+    ) -> tuple[list[object], list[object], object]:
+        """The take-backs' verdicts (see :func:`_taken_back`), the SETs' replies, and WAIT's."""
+        acks = replies[-1] if self._wait else None
+        verdicts = _taken_back(replies[: len(entries)], acks, self._wait)
+        return verdicts, replies[len(entries) : len(entries) + len(calls)], acks
 
     # -- one server (or the primary Sentinel names)
     async def _send_server(self, batch: list[_Call], entries: list[_Entry]) -> list[_Entry]:
-        """Send the batch after the take-backs; return the entries taken back."""
+        """Send the batch after the take-backs; return the entries surely taken back."""
         replies = await self._to_server(self._commands(batch, entries))
-        answers, acks = self._split(batch, entries, replies)
-        await self._settle(batch, answers, acks, self._server_release)
-        return entries
-
-    async def _server_release(self, calls: list[_Call]) -> list[object]:
-        return await self._to_server([_release_command(c.name, c.nonce) for c in calls])
+        verdicts, answers, acks = self._split(batch, entries, replies)
+        await self._settle(batch, answers, acks, self._to_server)
+        return [e for e, verdict in zip(entries, verdicts, strict=True) if _forgettable(verdict)]
 
     async def _to_server(self, commands: list[_Command]) -> list[object]:
         server: Any = self.client  # a redis.asyncio.Redis: a cluster goes to _to_node
@@ -914,9 +1012,12 @@ class _Sender:
                     backlog += group_entries
                     failure = result
                     continue
-                for entry, reply in zip(group_entries, result, strict=False):
-                    (backlog if isinstance(reply, _ROUTING_ERRORS) else taken_back).append(entry)
-                replies, acks = self._split(group_calls, group_entries, result)
+                verdicts, replies, acks = self._split(group_calls, group_entries, result)
+                for entry, verdict in zip(group_entries, verdicts, strict=True):
+                    if isinstance(verdict, _ROUTING_ERRORS):
+                        backlog.append(entry)  # to the slot's new owner, in this batch
+                    elif _forgettable(verdict):
+                        taken_back.append(entry)
                 moved = [
                     c for c, r in zip(group_calls, replies, strict=True) if isinstance(r, _ROUTING_ERRORS)
                 ]
@@ -924,12 +1025,10 @@ class _Sender:
                 failure = next((r for r in replies if isinstance(r, _ROUTING_ERRORS)), failure)
                 kept = [(c, r) for c, r in zip(group_calls, replies, strict=True) if c not in moved]
 
-                async def release(unreplicated: list[_Call], node: Any = node) -> list[object]:
-                    return await self._to_node(
-                        node, [_release_command(c.name, c.nonce) for c in unreplicated]
-                    )
+                async def on_node(commands: list[_Command], node: Any = node) -> list[object]:
+                    return await self._to_node(node, commands)
 
-                await self._settle([c for c, _ in kept], [r for _, r in kept], acks, release)
+                await self._settle([c for c, _ in kept], [r for _, r in kept], acks, on_node)
             if not calls and not backlog:
                 return taken_back
             # Refresh even when no retry is left: nothing else would (these pipelines bypass
@@ -955,13 +1054,14 @@ class _Sender:
         calls: list[_Call],
         replies: list[object],
         acks: object,
-        release: Callable[[list[_Call]], Awaitable[list[object]]],
+        send: Callable[[list[_Command]], Awaitable[list[object]]],
     ) -> None:
+        """Answer each call; with wait=N, take back the entries WAIT did not confirm, on the same node."""
         unreplicated: list[_Call] = []
         retried: set[int] = set()  # ids of calls whose SET found their own earlier entry
         for call, reply in zip(calls, replies, strict=True):
             if call.future.done():
-                continue  # the caller gave up (cancelled); the entry stands: fail closed
+                continue  # the caller gave up (cancelled): aconsume listed its entry
             if isinstance(reply, Exception):
                 call.future.set_exception(reply)
             elif self._wait and not _accepted_without_release(reply, call.nonce, acks, self._wait):
@@ -972,15 +1072,16 @@ class _Sender:
                 call.future.set_result(reply)
         if not unreplicated:
             return
+        entries = [_Entry(c.name, c.nonce, 0.0) for c in unreplicated]
         try:
-            outcomes = await release(unreplicated)
-            released = [not isinstance(outcome, Exception) for outcome in outcomes]
-        except Exception:
-            released = [False] * len(unreplicated)
-        for call, ok in zip(unreplicated, released, strict=True):
+            verdicts = self._split([], entries, await send(self._commands([], entries)))[0]
+        except Exception as exc:
+            verdicts = [exc] * len(unreplicated)
+        for call, verdict in zip(unreplicated, verdicts, strict=True):
             if not call.future.done():
                 again = id(call) in retried
-                call.future.set_exception(_NotReplicated(acks, self._wait, self._timeout, ok, retried=again))
+                failure = _NotReplicated(acks, self._wait, self._timeout, verdict, retried=again)
+                call.future.set_exception(failure)
 
 
 class _Primaries:
