@@ -102,7 +102,7 @@ def every_operation(url: str, unreplicated_key: str, stop_replica: AbstractConte
     waiting = store_from_url(f"{url}{'&' if '?' in url else '?'}wait=1&wait_timeout=0.2")
     waiting.check()
     assert waiting.consume(uuid.uuid4().hex, 60) is True
-    with stop_replica, pytest.raises(ReplayStoreError, match="back is not confirmed yet"):  # EVAL allowed
+    with stop_replica, pytest.raises(ReplayStoreError, match="deleted on the primary"):  # EVAL allowed
         waiting.consume(unreplicated_key, 60)
     waiting.close()
 

@@ -243,7 +243,7 @@ def test_wait_fails_closed_without_a_replica_and_the_token_survives(
         with pytest.raises(ReplayStoreError, match="only 0 of 1 replica") as info:
             waiting.consume("k", 60)
         # Deleted on the primary, but no replica confirmed the deletion: listed, to send again.
-        assert "not confirmed yet" in str(info.value)
+        assert "deleted on the primary" in str(info.value)
         assert raw.exists("w:k") == 0  # the token stays redeemable
         with pytest.raises(sc.InvalidState) as rejected:
             codec.unseal(token, BINDING)
@@ -257,7 +257,7 @@ def test_wait_fails_closed_without_a_replica_and_the_token_survives(
             return outcome
 
         outcome = asyncio.run(burst())
-        assert all(isinstance(o, ReplayStoreError) and "not confirmed yet" in str(o) for o in outcome)
+        assert all(isinstance(o, ReplayStoreError) and "deleted on the primary" in str(o) for o in outcome)
         assert [k for k in raw.scan_iter(match="w:*")] == []
         # Without wait the primary alone answers: accepted, though no replica has it.
         assert trusting.consume("k", 60) is True
@@ -300,7 +300,7 @@ def test_unconfirmed_deletions_pile_up_bounded_and_each_token_redeems_later(
     try:
         assert all(isinstance(o, ReplayStoreError) for o in asyncio.run(burst()))
         before = evals()
-        with pytest.raises(ReplayStoreError, match="not confirmed yet"):
+        with pytest.raises(ReplayStoreError, match="deleted on the primary"):
             store.consume("k0", 60)
         # Its own earlier entry, the oldest others, and its own deletion: not 200.
         assert evals() - before <= 1 + redis_store._Unsettled.SPARE + 1
@@ -440,7 +440,9 @@ def test_a_deletion_no_replica_confirmed_is_sent_again_to_the_promoted_replica(p
         wait_until(blocked, "the consume blocks in WAIT")
         admin.client_kill_filter(_type="replica")  # the deletion that follows never reaches it
         worker.join(timeout=30)
-        assert isinstance(outcome[0], ReplayStoreError) and "not confirmed yet" in str(outcome[0]), outcome
+        assert isinstance(outcome[0], ReplayStoreError) and "deleted on the primary" in str(outcome[0]), (
+            outcome
+        )
         assert admin.exists(key) == 0  # deleted on the primary alone
         primary.kill()
         os.kill(replica.pid, signal.SIGCONT)

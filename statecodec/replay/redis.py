@@ -20,10 +20,12 @@ replica copied it is lost, and the promoted replica would accept the token once 
 ``WAIT N timeout``, and a token is accepted only once N replicas hold its entry; with
 fewer the consume fails closed and the entry is taken back (compare-and-delete of this
 call's own nonce), so the token stays redeemable once the replicas are back. That
-compare-and-delete is a write like any other: with ``wait=N`` it is trusted only once
-``WAIT`` says N replicas hold it too. A replica that copied the ``SET`` but not its
-deletion (cut off, or promoted, in between) would otherwise hold the entry after a
-failover, and the token nobody accepted would be "replayed" for good.
+compare-and-delete is a write like any other, and one no WAIT has confirmed: a replica
+that copied the ``SET`` but not its deletion (cut off, or promoted, in between) would hold
+the entry after a failover, and the token nobody accepted would be "replayed" for good. So
+the entry stays listed (see :class:`_Unsettled`) and is deleted again, on whichever server
+is primary by then, in the pipeline of the token's next consume, until that pipeline's
+``WAIT`` confirms it.
 
 A call that fails closed after its ``SET`` may have run (the connection broke before the
 reply, a failover in the middle of ``WAIT``) reported the token as not consumed, so the
@@ -47,7 +49,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import inspect
 import itertools
 import math
@@ -199,12 +200,7 @@ class RedisReplayStore(ReplayStore):
         px = _ms(retention)
         name, nonce = self.prefix + key, _nonce()
         try:
-            client = self._sync_client()
-            self._take_back_unsettled(client, name)
-            if self.wait:
-                previous = self._set_replicated(client, name, nonce, px)
-            else:
-                previous = client.set(name, nonce, nx=True, get=True, px=px)
+            previous = self._set(self._sync_client(), name, nonce, px)
         except Exception as exc:  # deny on error, with the reason and no secret
             self._unsettled.note(name, nonce, px, exc)
             raise self._error(exc) from None
@@ -286,65 +282,50 @@ class RedisReplayStore(ReplayStore):
                 self._client = built
             return self._client
 
-    def _take_back_unsettled(self, client: SyncClient, name: str) -> None:
-        """Take back what failed calls may have written, before a new SET of ``name``."""
-        entries = self._unsettled.pending([name])
-        if not entries:
-            return
-        try:
-            replies = self._take_back(client, entries)
-        except Exception:
-            if any(e.name == name for e in entries):
-                raise  # this very token may still hold a failed call's entry: fail closed
-            return  # unreachable still: next time
-        self._unsettled.settle(e for e, reply in zip(entries, replies, strict=True) if _forgettable(reply))
+    def _set(self, client: SyncClient, name: str, nonce: str, px: int) -> object:
+        """The SET, after the take-backs listed for this token, and with wait=N a WAIT: one pipeline.
 
-    def _take_back(self, client: SyncClient, entries: Sequence[_Entry]) -> list[object]:
-        """Compare-and-delete each entry; per entry True (surely gone), False (not confirmed) or the error.
-
-        With ``wait=N`` each pipeline ends with ``WAIT`` on its connection, as a SET's does:
-        a deletion only the primary holds is not yet a deletion.
+        One connection of the key's primary carries all of it, so the WAIT vouches for the
+        take-backs as for the SET (WAIT counts the replicas that acknowledged *this
+        connection's* writes). Without anything listed and without wait: the SET alone.
         """
+        cluster = isinstance(client, redis.cluster.RedisCluster)
+        # On a cluster only this token's own entries: they share its slot, so its node.
+        entries = self._unsettled.pending([name], others=not cluster)
+        if not entries and not self.wait:
+            return client.set(name, nonce, nx=True, get=True, px=px)
 
-        def run(server: redis.Redis, group: Sequence[_Entry]) -> list[object]:
+        def pipeline(server: redis.Redis) -> list[Any]:
             pipe = server.pipeline(transaction=False)
-            for entry in group:
+            for entry in entries:
                 pipe.eval(RELEASE_SCRIPT, 1, entry.name, entry.nonce)
+            pipe.set(name, nonce, nx=True, get=True, px=px)
             if self.wait:
                 pipe.wait(self.wait, self._wait_ms)
-            replies: list[object] = pipe.execute(raise_on_error=False)
-            return _taken_back(replies[: len(group)], replies[-1] if self.wait else None, self.wait)
-
-        if not isinstance(client, redis.cluster.RedisCluster):
-            return run(client, entries)
-        return [
-            _on_owner(client, entry.name, self._retries, functools.partial(run, group=[entry]))[0]
-            for entry in entries
-        ]
-
-    def _set_replicated(self, client: SyncClient, name: str, nonce: str, px: int) -> object:
-        """SET then WAIT on one connection of the key's primary; take the entry back if unreplicated."""
-
-        def set_and_wait(server: redis.Redis) -> list[Any]:
-            pipe = server.pipeline(transaction=False)
-            pipe.set(name, nonce, nx=True, get=True, px=px)
-            pipe.wait(self.wait, self._wait_ms)
             replies: list[Any] = pipe.execute(raise_on_error=False)
             return replies
 
         if isinstance(client, redis.cluster.RedisCluster):
-            previous, acks = _on_owner(client, name, self._retries, set_and_wait)
+            replies = _on_owner(client, name, self._retries, pipeline)
         else:
-            previous, acks = set_and_wait(client)
+            replies = pipeline(client)
+        acks = replies[-1] if self.wait else None
+        verdicts = _taken_back(replies[: len(entries)], acks, self.wait)
+        self._unsettled.settle(e for e, v in zip(entries, verdicts, strict=True) if _forgettable(v))
+        previous = replies[len(entries)]
         if isinstance(previous, Exception):
             raise previous  # nothing was written: an error reply to the SET itself
-        if _accepted_without_release(previous, nonce, acks, self.wait):
+        if not self.wait or _accepted_without_release(previous, nonce, acks, self.wait):
             return previous
-        try:
-            verdict = self._take_back(client, [_Entry(name, nonce, 0.0)])[0]
-        except Exception as exc:
-            verdict = exc
+        verdict = self._release(client, name, nonce)
         raise _NotReplicated(acks, self.wait, self.wait_timeout, verdict, retried=previous is not None)
+
+    def _release(self, client: SyncClient, name: str, nonce: str) -> object:
+        """Delete an unreplicated entry now (see :func:`_sent_without_wait`); its verdict."""
+        try:
+            return _sent_without_wait(client.eval(RELEASE_SCRIPT, 1, name, nonce))
+        except Exception as exc:
+            return exc
 
     def _check_replicas(self, client: SyncClient) -> None:
         # WAIT on a connection that wrote nothing returns at once with the number of
@@ -659,20 +640,21 @@ class _NotReplicated(Exception):  # noqa: N818 - a verdict, turned into ReplaySt
     def __init__(
         self, acks: object, wanted: int, timeout: float, taken_back: object, *, retried: bool = False
     ) -> None:
-        #: The take-back's verdict (:func:`_taken_back`): True, False (not confirmed) or its error.
+        #: The take-back's verdict (:func:`_sent_without_wait`): False (not confirmed yet) or its error.
         self.taken_back = taken_back
         count = acks if isinstance(acks, int) else 0
-        if taken_back is True:
-            after = "its entry was taken back, so a retry can redeem it"
+        if not isinstance(taken_back, Exception):
+            after = (
+                "its entry was deleted on the primary (and is deleted again before the token's next "
+                "consume until replicas confirm it), so a retry can redeem it"
+            )
         elif _forgettable(taken_back):
             after = f"taking its entry back was refused ({_reason(taken_back)}), so it stays until it expires"
         else:
-            done = (
-                f"taking its entry back failed ({_reason(taken_back)})"
-                if isinstance(taken_back, Exception)
-                else "taking its entry back is not confirmed yet"
+            after = (
+                f"taking its entry back failed ({_reason(taken_back)}): the store tries again before the "
+                "token's next consume"
             )
-            after = f"{done}: the store takes it back before the token's next consume, until replicas confirm"
         if retried:
             # Our own earlier write (its reply was lost): this connection's WAIT says nothing about it.
             why = "a resent consume found its own earlier entry, which this connection's WAIT can't vouch for"
@@ -690,6 +672,17 @@ def _taken_back(replies: Sequence[object], acks: object, wanted: int) -> list[ob
     """Each compare-and-delete's verdict: True once ``wanted`` replicas hold it, else False, or its error."""
     confirmed = not wanted or (isinstance(acks, int) and acks >= wanted)
     return [reply if isinstance(reply, Exception) else confirmed for reply in replies]
+
+
+def _sent_without_wait(reply: object) -> object:
+    """The verdict on a compare-and-delete sent right after a WAIT fell short, without a WAIT of its own.
+
+    Sent at once, so that a retry on another instance finds the token free; not
+    confirmed (False) even when it ran, because a replica may hold the SET without it:
+    the entry stays listed, and the next pipeline's WAIT vouches for its next deletion.
+    A WAIT of its own would make every failed consume wait ``wait_timeout`` twice.
+    """
+    return reply if isinstance(reply, Exception) else False
 
 
 def _forgettable(verdict: object) -> bool:
@@ -816,13 +809,16 @@ class _Unsettled:
             self._entries[(name, nonce)] = time.monotonic() + px / 1000
             self._nonces.setdefault(name, set()).add(nonce)
 
-    def pending(self, names: Iterable[str]) -> list[_Entry]:
-        """The entries to take back before SETs of ``names``; they stay listed until :meth:`settle`."""
+    def pending(self, names: Iterable[str], *, others: bool = True) -> list[_Entry]:
+        """The entries to take back before SETs of ``names`` (and, with ``others``, the oldest few).
+
+        They stay listed until :meth:`settle`.
+        """
         if not self._entries:  # the common case, without the lock
             return []
         with self._lock:
             self._expire(time.monotonic())
-            chosen = dict.fromkeys(itertools.islice(self._entries, self.SPARE))
+            chosen = dict.fromkeys(itertools.islice(self._entries, self.SPARE if others else 0))
             for name in names:
                 chosen.update(dict.fromkeys((name, nonce) for nonce in self._nonces.get(name, ())))
             return [_Entry(name, nonce, self._entries[name, nonce]) for name, nonce in chosen]
@@ -1056,7 +1052,7 @@ class _Sender:
         acks: object,
         send: Callable[[list[_Command]], Awaitable[list[object]]],
     ) -> None:
-        """Answer each call; with wait=N, take back the entries WAIT did not confirm, on the same node."""
+        """Answer each call; with wait=N, delete the entries WAIT did not confirm, on the same node."""
         unreplicated: list[_Call] = []
         retried: set[int] = set()  # ids of calls whose SET found their own earlier entry
         for call, reply in zip(calls, replies, strict=True):
@@ -1072,9 +1068,9 @@ class _Sender:
                 call.future.set_result(reply)
         if not unreplicated:
             return
-        entries = [_Entry(c.name, c.nonce, 0.0) for c in unreplicated]
         try:
-            verdicts = self._split([], entries, await send(self._commands([], entries)))[0]
+            replies = await send([_release_command(c.name, c.nonce) for c in unreplicated])
+            verdicts = [_sent_without_wait(reply) for reply in replies]
         except Exception as exc:
             verdicts = [exc] * len(unreplicated)
         for call, verdict in zip(unreplicated, verdicts, strict=True):
