@@ -37,7 +37,7 @@ import statecodec as sc
 from statecodec import ReplayStoreError
 from statecodec.cli import main
 from statecodec.cli._exit import ExitCode
-from statecodec.replay import RedisReplayStore, store_from_url
+from statecodec.replay import RedisReplayStore, ReplayStore, store_from_url
 from statecodec.replay import redis as redis_store
 
 FORMS = ["redis", "valkey", "unix", "redis+cluster", "valkey+cluster", "redis+sentinel", "valkey+sentinel"]
@@ -329,16 +329,7 @@ def test_a_consume_cut_off_mid_wait_is_taken_back_before_the_retry(
     store.check()
 
     def consume() -> object:
-        if path == "sync":
-            return store.consume("k", 60)
-
-        async def once() -> bool:
-            try:
-                return await store.aconsume("k", 60)
-            finally:
-                await store.aclose()
-
-        return asyncio.run(once())
+        return consume_by(path, store, "k")
 
     outcome: list[object] = []
     assert replica.pid is not None
@@ -346,9 +337,8 @@ def test_a_consume_cut_off_mid_wait_is_taken_back_before_the_retry(
     try:
         worker = threading.Thread(target=lambda: outcome.append(_outcome(consume)))
         worker.start()
-        blocked = lambda: [c for c in admin.client_list() if c["cmd"] == "wait" and "b" in c["flags"]]  # noqa: E731
-        wait_until(blocked, "the consume blocks in WAIT")
-        admin.client_kill_filter(_id=blocked()[0]["id"])
+        wait_until(lambda: blocked_in_wait(admin), "the consume blocks in WAIT")
+        admin.client_kill_filter(_id=blocked_in_wait(admin)[0]["id"])
         worker.join(timeout=30)
         assert admin.exists("statecodec:replay:k") == 1  # the SET ran
     finally:
@@ -377,7 +367,7 @@ def test_a_consume_whose_caller_is_cancelled_mid_wait_is_taken_back(
         caller = asyncio.create_task(store.aconsume("c", 60))
         os.kill(replica.pid, signal.SIGSTOP)
         try:
-            while not [c for c in admin.client_list() if c["cmd"] == "wait" and "b" in c["flags"]]:
+            while not blocked_in_wait(admin):
                 await asyncio.sleep(0.01)
             caller.cancel()
             outcome: list[object] = [await asyncio.gather(caller, return_exceptions=True)]
@@ -420,24 +410,14 @@ def test_a_deletion_no_replica_confirmed_is_sent_again_to_the_promoted_replica(p
         store = store_from_url(f"unix://{address}?wait=1&wait_timeout=1.5&socket_timeout=3")
 
         def consume() -> object:
-            if path == "sync":
-                return store.consume("k", 60)
-
-            async def once() -> bool:
-                try:
-                    return await store.aconsume("k", 60)
-                finally:
-                    await store.aclose()
-
-            return asyncio.run(once())
+            return consume_by(path, store, "k")
 
         admin, outcome = redis.Redis(port=primary.port, decode_responses=True), []
         assert replica.pid is not None
         os.kill(replica.pid, signal.SIGSTOP)  # it will find the SET in its socket, unacknowledged
         worker = threading.Thread(target=lambda: outcome.append(_outcome(consume)))
         worker.start()
-        blocked = lambda: [c for c in admin.client_list() if c["cmd"] == "wait" and "b" in c["flags"]]  # noqa: E731
-        wait_until(blocked, "the consume blocks in WAIT")
+        wait_until(lambda: blocked_in_wait(admin), "the consume blocks in WAIT")
         admin.client_kill_filter(_type="replica")  # the deletion that follows never reaches it
         worker.join(timeout=30)
         assert isinstance(outcome[0], ReplayStoreError) and "deleted on the primary" in str(outcome[0]), (
@@ -458,6 +438,25 @@ def test_a_deletion_no_replica_confirmed_is_sent_again_to_the_promoted_replica(p
         assert consume() is True  # taken back on the new primary first, then accepted once
         assert consume() is False
         store.close()
+
+
+def consume_by(path: str, store: ReplayStore, key: str) -> object:
+    """``consume`` (path "sync"), or ``aconsume`` on a loop of its own that closes its client after."""
+    if path == "sync":
+        return store.consume(key, 60)
+
+    async def once() -> bool:
+        try:
+            return await store.aconsume(key, 60)
+        finally:
+            await store.aclose()
+
+    return asyncio.run(once())
+
+
+def blocked_in_wait(admin: redis.Redis) -> list[dict[str, str]]:
+    """The server's clients blocked in ``WAIT``."""
+    return [c for c in admin.client_list() if c["cmd"] == "wait" and "b" in c["flags"]]
 
 
 def _outcome(call: Callable[[], object]) -> object:
