@@ -829,9 +829,6 @@ class _Unsettled:
             for entry in entries:
                 self._forget((entry.name, entry.nonce))
 
-    def __len__(self) -> int:
-        return len(self._entries)
-
     def _expire(self, now: float) -> None:
         # Oldest first; retentions differ little, so the expired ones lead (one that
         # does not is dropped a little later, and its take-back meanwhile is harmless).
