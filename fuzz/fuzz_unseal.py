@@ -21,7 +21,7 @@ Run (the corpus directory is created and grows; seeds are read only)::
     python fuzz/fuzz_unseal.py -max_total_time=3600 -timeout=10 /tmp/sc-corpus /tmp/sc-seeds
 
 A crash writes ``crash-<sha1>`` (see ``-artifact_prefix``); copy it into
-``fuzz/regressions/`` so tests/test_security_fuzz.py replays it forever.
+``fuzz/regressions/`` so tests/core/test_unseal_fuzz.py replays it forever.
 
 :func:`check_one` holds all the logic and needs no atheris, so the tests (and a
 hypothesis fallback) run exactly the same oracle.

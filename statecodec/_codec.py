@@ -499,7 +499,7 @@ class StateCodec:
     # on its own clock, but an instance whose clock is behind by up to max_skew (the most the
     # fleet's clocks may disagree) accepts it until max_skew later on this clock: forgetting
     # earlier would let that instance redeem the token a second time
-    # (tests/test_faults_clock.py replays exactly that).
+    # (tests/core/test_clock_skew.py replays exactly that).
     # Why a retention (that instant minus now) rather than the instant: the store measures
     # it on its own clock, so a store whose clock disagrees with this codec's by any amount
     # still remembers the entry exactly as long as needed. The retention is always positive

@@ -20,7 +20,7 @@ Every exception a user can catch derives from :class:`StateCodecError`, so one
     ├── ProbeError              statecodec.probe: the probe could not run
     └── Unauthenticated         statecodec.proxy: credentials presented but not verifiable
 
-``tests/test_errors_tree.py`` walks every public module and holds every exception it
+``tests/core/test_errors_tree.py`` walks every public module and holds every exception it
 exports to this tree; exceptions of private modules (``_name``) never leave them.
 """
 

@@ -1,8 +1,8 @@
 """Tokens as the Python SDK and rmcp mint them, for the tests of ``statecodec.compat``.
 
 statecodec only reads and verifies these formats; the tests need to mint them. Each
-writer is held against its SDK: ``tests/test_compat_mcp_py_v1.py`` has the real ``mcp``
-package open what :func:`mcp_py_v1_seal` mints, and ``tests/test_compat_rs1.py`` pins
+writer is held against its SDK: ``tests/compat/test_compat_mcp_py_v1.py`` has the real ``mcp``
+package open what :func:`mcp_py_v1_seal` mints, and ``tests/compat/test_compat_rs1.py`` pins
 :func:`rs1_token` to a known-answer vector spelled out from rmcp's layout. (TypeScript
 tokens come from :func:`statecodec.compat.ts_v1.seal`, checked against the SDK under Node.)
 """

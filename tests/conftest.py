@@ -1,7 +1,12 @@
 """Shared test configuration.
 
-Real servers (Valkey, OpenBao, MCP server instances) are started by fixtures in the
-``fixtures_*`` modules listed below, on free loopback ports, and stopped by their PID.
+The tests live by room (tests/core/, tests/adapters/, tests/replay/, ...: docs/architecture.md
+names them). pytest puts this folder on ``sys.path`` (rootdir-relative "prepend" imports, no
+``__init__.py``), so the helper modules beside this file (``fixtures_*``, ``processes``,
+``loopback``, ...) import by name from every room; a helper only one room uses sits in that
+room's folder. Real servers (Valkey, OpenBao, MCP server instances) are started by fixtures in
+the ``fixtures_*`` modules listed below, on loopback ports they bind themselves, and stopped
+by their PID.
 """
 
 from __future__ import annotations

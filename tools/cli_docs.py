@@ -2,7 +2,7 @@
 
 The reference is generated rather than written so it cannot drift from ``--help``: a test
 regenerates it and compares it with the committed file. A tool of this repository, not
-of the wheel (tests/test_cli_docs.py imports it from here).
+of the wheel (tests/cli/test_cli_docs.py imports it from here).
 """
 
 from __future__ import annotations

@@ -87,7 +87,7 @@ def _lowlevel(server: FastMCP[Any]) -> Server[Any]:
 
     FastMCP exposes no public handle to the SDK middleware chain, only the private
     ``_mcp_server``: a release that moves it makes :func:`protect` fail here, when the
-    server is assembled, not on a request. tests/test_seams.py forces that case.
+    server is assembled, not on a request. tests/core/test_seams.py forces that case.
     """
     lowlevel = getattr(server, "_mcp_server", None)
     if not isinstance(lowlevel, Server):

@@ -17,7 +17,7 @@ if TYPE_CHECKING:
     from ..proxy._settings import PrincipalSettings
 
 # --help must not import the proxy (PyJWT and friends): the forms are repeated here, and
-# tests/test_proxy_settings.py keeps them equal to proxy._settings.PRINCIPAL_FORMS.
+# tests/proxy/test_proxy_settings.py keeps them equal to proxy._settings.PRINCIPAL_FORMS.
 _PRINCIPAL_FORMS: Final = "none, header:NAME or jwt-sub"
 
 

@@ -23,7 +23,7 @@ canonical unpadded base64url and are decoded before the MAC is checked (the SDK'
 so one TS token has several spellings); the MAC must be 32 bytes; the envelope must be a
 JSON object with a numeric ``exp``.
 
-:func:`seal` mints what the SDK mints, byte for byte (``tests/test_compat_ts_v1.py`` holds
+:func:`seal` mints what the SDK mints, byte for byte (``tests/compat/test_compat_ts_v1.py`` holds
 both directions against the SDK under Node); ``benchmarks/bench_codec.py`` times the pair.
 """
 

@@ -872,7 +872,7 @@ class _Sender:
     through the proxy costs measurably less CPU with it, docs/performance.md), else
     through redis-py's public ``pipeline()`` (for a cluster: of a plain client per
     primary, :class:`_Primaries`). Both send the same commands on one connection with the
-    same retry policy; tests/test_seams.py runs the public one.
+    same retry policy; tests/core/test_seams.py runs the public one.
 
     Entries to take back (:class:`_Unsettled`) lead each pipeline, so they go before any
     new SET of the same token. A failed batch fails each of its calls closed.
@@ -1113,7 +1113,7 @@ def _direct_calls_available() -> bool:
     connection's ``pack_commands``/``send_packed_command``/``read_response``, a cluster
     node's ``acquire_connection``). With a release that lacks one of them the batcher
     sends redis-py's public pipelines instead: the same commands on one connection each,
-    at some more CPU per batch. tests/test_seams.py forces that.
+    at some more CPU per batch. tests/core/test_seams.py forces that.
     """
     needed = {
         redis.asyncio.ConnectionPool: ("get_connection", "release"),

@@ -1,5 +1,5 @@
 // Drives the REAL createRequestStateCodec of @modelcontextprotocol/server (see package.json)
-// for tests/test_compat_ts_v1.py: one JSON document on stdin, one on stdout.
+// for tests/compat/test_compat_ts_v1.py: one JSON document on stdin, one on stdout.
 //
 // stdin:  {"key": {"utf8": "..."} | {"hex": "..."}, "ttlSeconds": 600?, "bindField": "principal"?,
 //          "ops": [{"op": "mint", "payload": <json>, "ctx": {...}?, "now": <unix seconds>?},

@@ -1,7 +1,7 @@
 """Deterministic generator of the statecodec v1 test vectors (docs/format.md).
 
 Run ``python tests/vectors/generate.py`` to rewrite ``sign.json``, ``encrypt.json`` and
-``negative.json`` next to this file; ``--check`` only compares. ``tests/test_vectors.py``
+``negative.json`` next to this file; ``--check`` only compares. ``tests/core/test_vectors.py``
 calls :func:`build` and asserts that the committed files are byte-identical, so any change
 to the format shows up as a diff of the vectors, never silently.
 
