@@ -8,8 +8,8 @@ provisional hook (``Server.middleware``). Each test here takes the seam away the
 future release would, by monkeypatching the dependency's private attribute or module out
 of reach (the honest simulation of a release that does not exist yet), and shows that the
 public path gives the same verdicts, or that ``protect()`` refuses at once with an
-actionable error; tests/replay/test_replay_redis_public.py runs the Redis store's failover and
-``WAIT`` tests on its public path too. (PyNaCl's ``_sodium``, OpenSSL's
+actionable error; the Redis store's failover and ``WAIT`` tests run on its public path too
+(the ``redis_pipelines`` fixture of tests/replay/conftest.py). (PyNaCl's ``_sodium``, OpenSSL's
 ``hmac.HMAC._hmac`` and the SDK context's ``__dict__`` are no longer used: each saved
 under 1% of a request's instructions, docs/performance.md.)
 """
@@ -24,25 +24,30 @@ from typing import Any
 
 import pytest
 import redis.asyncio.connection
-import test_adapters_mcp as adapters
 from fastmcp import FastMCP
 from fixtures_valkey import ValkeyServer
 from mcp.server.lowlevel import Server
 
+from statecodec import KeyRing, StateCodec
 from statecodec.adapters import fastmcp as fastmcp_adapter
 from statecodec.adapters import mcp as mcp_adapter
 from statecodec.replay import RedisReplayStore
 from statecodec.replay import redis as redis_store
+from statecodec.replay.memory import MemoryReplayStore
 
 
 # ------------------------------------------------------------------ the mcp SDK
+def _codec() -> StateCodec:
+    return StateCodec(KeyRing.generate(), replay=MemoryReplayStore())
+
+
 def test_protect_does_not_import_the_private_otel_module(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "mcp.server._otel", None)  # as if the SDK moved it
     mcp_adapter._sdk_default_middleware.cache_clear()
     try:
         server: Server[Any] = Server("low")
         default = list(server.middleware)
-        installed = mcp_adapter.protect(server, adapters.make_codec())
+        installed = mcp_adapter.protect(server, _codec())
         assert default and server.middleware == [*default, installed]
     finally:
         mcp_adapter._sdk_default_middleware.cache_clear()
@@ -52,7 +57,7 @@ def test_protect_fails_at_once_without_the_provisional_middleware_list() -> None
     server: Server[Any] = Server("low")
     del server.middleware  # as if a release renamed the provisional hook
     with pytest.raises(RuntimeError, match=r"provisional in mcp 2\.3.*RequestStateMiddleware"):
-        mcp_adapter.protect(server, adapters.make_codec())
+        mcp_adapter.protect(server, _codec())
 
 
 def test_protect_fails_at_once_if_the_context_loses_its_params(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -63,17 +68,17 @@ def test_protect_fails_at_once_if_the_context_loses_its_params(monkeypatch: pyte
 
     monkeypatch.setattr(mcp_adapter, "ServerRequestContext", Renamed)
     with pytest.raises(RuntimeError, match="method and params"):
-        mcp_adapter.protect(Server("low"), adapters.make_codec())
+        mcp_adapter.protect(Server("low"), _codec())
     monkeypatch.setattr(mcp_adapter, "ServerRequestContext", type("Plain", (), {}))  # not a dataclass
     with pytest.raises(RuntimeError, match="dataclass context"):
-        mcp_adapter.protect(Server("low"), adapters.make_codec())
+        mcp_adapter.protect(Server("low"), _codec())
 
 
 def test_fastmcp_without_its_private_lowlevel_server_fails_at_protect() -> None:
     server: FastMCP[Any] = FastMCP("deploy")
     server._mcp_server = object()  # type: ignore[assignment]  # as if FastMCP kept it elsewhere
     with pytest.raises(RuntimeError, match=r"server\._mcp_server.*http_app"):
-        fastmcp_adapter.protect(server, adapters.make_codec())
+        fastmcp_adapter.protect(server, _codec())
 
 
 # ------------------------------------------------------------------ redis-py

@@ -30,12 +30,11 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from doc_pages import ROOT, page_program, python_blocks
 from fixtures_openbao import OpenBao, start_dev
 from fixtures_valkey import ValkeyServer, running
 
-ROOT = Path(__file__).resolve().parents[2]
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("**/*.md"))]
-_BLOCK = re.compile(r"(<!--\s*docs-test:\s*skip(?P<why>[^>]*)-->\s*\n)?```python\n(?P<code>.*?)```", re.S)
 #: The interpreter the samples run in (see the module's docstring).
 PYTHON = os.environ.get("STATECODEC_DOCS_PYTHON") or sys.executable
 #: True when the samples run on the built wheel (scripts/check-package), not the tree.
@@ -53,28 +52,6 @@ logging.getLogger("statecodec.kms").addHandler(Warned(logging.WARNING))
 sys.argv = sys.argv[1:]
 runpy.run_path(sys.argv[0], run_name="__main__")
 """
-
-
-def python_blocks(path: Path) -> list[tuple[int, str, str | None]]:
-    text = path.read_text(encoding="utf-8")
-    blocks = []
-    for m in _BLOCK.finditer(text):
-        line = text.count("\n", 0, m.start("code")) + 1
-        skip = m.group("why").strip() if m.group(0).startswith("<!--") else None
-        blocks.append((line, m.group("code"), skip))
-    return blocks
-
-
-def page_program(path: Path) -> str:
-    """The page's blocks that run, each on its own lines of the page (blank lines between)."""
-    lines: list[str] = []
-    for line, code, skip in python_blocks(path):
-        if skip is not None:
-            assert skip, f"{path.name}:{line}: a skipped block must say why"
-            continue
-        lines += [""] * (line - 1 - len(lines))
-        lines += code.splitlines()
-    return "\n".join(lines) + "\n"
 
 
 DOCS_WITH_CODE = [p for p in DOCS if python_blocks(p)]

@@ -17,12 +17,12 @@ from pathlib import Path
 import httpx2
 import mcp_types as types
 import pytest
+from doc_pages import ROOT, page_program
 from fixtures_valkey import free_port, wait_until
 from mcp.client import Client
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.exceptions import MCPError
 from processes import spawn, stop
-from test_docs import ROOT, page_program
 
 from statecodec.adapters.jsonrpc import WIRE_ERROR_CODE, WIRE_ERROR_MESSAGE
 

@@ -29,9 +29,9 @@ from typing import Any
 
 import httpx
 import pytest
+from asgi_calls import http_scope
 from fixtures_proxy import modern_request, proxy_command
 from processes import await_line, spawn, stop
-from test_proxy_upstream import scope
 
 from statecodec import KeyRing
 from statecodec.proxy import Timeouts, UpstreamApp
@@ -325,7 +325,7 @@ async def _exchange(
         if message["type"] == "http.response.body" and message["body"]:
             relayed.set()
 
-    await asyncio.wait_for(app(scope(method), receive, send), 30)
+    await asyncio.wait_for(app(http_scope(method=method), receive, send), 30)
     start = sent[0]
     return (
         start["status"],

@@ -8,12 +8,9 @@ a worker that dies is replaced, and SIGTERM stops the group with exit code 0.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 import signal
-import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -21,59 +18,13 @@ from typing import Any
 import httpx
 import pytest
 from click.testing import CliRunner
-from fixtures_proxy import TOOL, messages, modern_request, upstream_command
-from processes import await_line, spawn, stop
+from fixtures_proxy import TOOL, messages, modern_request
+from processes import await_line
+from proxy_workers import spawned_group, until, workers_of
 
 from statecodec import KeyRing
 from statecodec.adapters.jsonrpc import WIRE_ERROR_CODE
 from statecodec.cli import main
-
-
-def workers_of(pid: int) -> set[int]:
-    """The worker processes of a supervisor: its spawned children (not the resource tracker)."""
-    found = set()
-    for task in Path(f"/proc/{pid}/task").iterdir():
-        for child in (task / "children").read_text().split():
-            try:
-                cmdline = Path(f"/proc/{child}/cmdline").read_bytes()
-            except FileNotFoundError:
-                continue
-            if b"spawn_main" in cmdline:
-                found.add(int(child))
-    return found
-
-
-def until(condition: Any, timeout: float = 60.0) -> Any:
-    deadline = time.monotonic() + timeout
-    while not (value := condition()):
-        assert time.monotonic() < deadline, "condition not reached in time"
-        time.sleep(0.05)
-    return value
-
-
-@contextlib.contextmanager
-def spawned_group(tmp_path: Path, *extra: str) -> Iterator[tuple[Any, Path]]:
-    """A Python upstream and a 2-worker proxy before it, stopped on exit; the caller reads its lines."""
-    keys = tmp_path / "keys.json"
-    keys.write_text(KeyRing.generate().to_json())
-    keys.chmod(0o600)
-    command, cwd = upstream_command("python", tmp_path / "record.jsonl")
-    upstream = spawn(command, tmp_path / "upstream.log", cwd)
-    proxy = None
-    try:
-        upstream_url = await_line(upstream, "READY ", tmp_path / "upstream.log")
-        log = tmp_path / "proxy.log"
-        proxy = spawn(
-            [sys.executable, "-m", "statecodec.cli", "proxy", "--upstream", upstream_url,
-             "--listen", "127.0.0.1:0", "--keys", f"file:{keys}", "--replay", f"sqlite:{tmp_path / 'r.db'}",
-             "--audience", "deploy", "--workers", "2", "--graceful-timeout", "5s", *extra],
-            log,
-        )  # fmt: skip
-        yield proxy, log
-    finally:
-        if proxy is not None:
-            stop(proxy)
-        stop(upstream)
 
 
 @pytest.fixture

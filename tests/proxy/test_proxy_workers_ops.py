@@ -20,7 +20,7 @@ import pytest
 from fixtures_proxy import TOOL, messages, modern_request
 from processes import await_line
 from prometheus_client.parser import text_string_to_metric_families
-from test_proxy_workers import spawned_group, until, workers_of
+from proxy_workers import spawned_group, until, workers_of
 
 pytestmark = pytest.mark.slow
 

@@ -103,6 +103,7 @@ def test_sentinel_failover_with_wait_accepts_no_token_twice(sentinels: ValkeySen
 
 
 # ---------------------------------------------------------------- Cluster
+@pytest.mark.usefixtures("redis_pipelines")
 def test_cluster_primary_killed_with_wait_accepts_no_token_twice(cluster: ValkeyCluster) -> None:
     def failover() -> None:
         victim = cluster.primaries()[0]

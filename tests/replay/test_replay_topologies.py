@@ -125,6 +125,7 @@ def test_a_cluster_url_spreads_keys_over_every_primary(valkey_cluster: ValkeyClu
     store.close()
 
 
+@pytest.mark.usefixtures("redis_pipelines")
 def test_a_cluster_store_takes_a_thousand_concurrent_calls_on_a_fresh_client(
     valkey_cluster: ValkeyCluster,
 ) -> None:
@@ -208,6 +209,7 @@ def test_check_refuses_what_cannot_serve(
 
 
 # ---------------------------------------------------------------- wait=N
+@pytest.mark.usefixtures("redis_pipelines")
 @pytest.mark.parametrize("form", ["redis+cluster", "redis+sentinel"])
 def test_wait_accepts_a_token_once_a_replica_holds_it(form: str, request: pytest.FixtureRequest) -> None:
     prefix = f"t-{uuid.uuid4().hex[:8]}:"
@@ -226,6 +228,7 @@ def test_wait_accepts_a_token_once_a_replica_holds_it(form: str, request: pytest
     store.close()
 
 
+@pytest.mark.usefixtures("redis_pipelines")
 def test_wait_fails_closed_without_a_replica_and_the_token_survives(
     valkey_primary_replica: tuple[ValkeyServer, ValkeyServer],
 ) -> None:
@@ -312,6 +315,7 @@ def test_unconfirmed_deletions_pile_up_bounded_and_each_token_redeems_later(
     store.close()
 
 
+@pytest.mark.usefixtures("redis_pipelines")
 @pytest.mark.parametrize("path", ["sync", "async"])
 def test_a_consume_cut_off_mid_wait_is_taken_back_before_the_retry(
     path: str, valkey_primary_replica: tuple[ValkeyServer, ValkeyServer]
