@@ -33,8 +33,7 @@ from loopback import Loopback, Quiet
 from processes import NODE_DIR, ROOT, await_line, node_or_skip, spawn, start_all, stop, wait_for_log
 from replicas import Replicas
 
-from statecodec import Binding, KeyRing
-from statecodec.adapters import jsonrpc
+from statecodec import Binding, KeyRing, boundary
 
 ISSUER = "https://idp.test"
 JWT_AUDIENCE = "https://deploy.test/mcp"
@@ -125,7 +124,7 @@ class JWKSServer:
 
 def principal(subject: str) -> str:
     """The principal string the proxy derives from a JWT minted by :class:`JWKSServer`."""
-    return jsonrpc.principal_string(CLIENT_ID, ISSUER, subject)
+    return boundary.principal_string(CLIENT_ID, ISSUER, subject)
 
 
 @pytest.fixture(scope="session")
@@ -199,7 +198,7 @@ class Service(Replicas[Proxy]):
 
     def binding(self, subject: str | None, version: str = "1.2.3") -> Binding:
         """What the proxies bind a deploy_production call of ``subject`` to."""
-        return jsonrpc.binding_for(
+        return boundary.binding_for(
             "tools/call",
             {"name": TOOL, "arguments": {"version": version}},
             principal=principal(subject) if subject else None,

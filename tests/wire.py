@@ -12,7 +12,7 @@ from typing import Any
 
 from mcp.shared.exceptions import MCPError
 
-from statecodec.adapters.jsonrpc import WIRE_ERROR_CODE, WIRE_ERROR_DATA, WIRE_ERROR_MESSAGE
+from statecodec.boundary import WIRE_ERROR_CODE, WIRE_ERROR_DATA, WIRE_ERROR_MESSAGE
 
 PREFIX = {"sign": "sc1s.", "encrypt": "sc1e."}
 

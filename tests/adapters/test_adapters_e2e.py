@@ -37,8 +37,7 @@ from mcp.shared.exceptions import MCPError
 from processes import NODE_DIR, node_or_skip
 from wire import PREFIX, assert_wire_error, payload_of, tamper
 
-from statecodec import KeyRing
-from statecodec.adapters import jsonrpc
+from statecodec import KeyRing, boundary
 
 
 def balancer(cluster: Cluster, pin: str | None = None) -> Balancer:
@@ -120,10 +119,10 @@ async def test_token_minted_offline_with_the_default_binding_is_accepted(deploy_
     """The default binding is exactly: principal [client, issuer, subject], audience = server
     name, method, tool name, argument digest. A token minted elsewhere with the shared keys
     and that binding deploys the plan it carries: so the servers use those fields."""
-    binding = jsonrpc.binding_for(
+    binding = boundary.binding_for(
         "tools/call",
         {"name": TOOL, "arguments": {"version": "3.1.4"}},
-        principal=jsonrpc.principal_string(CLIENT_ID, ISSUER, "alice"),
+        principal=boundary.principal_string(CLIENT_ID, ISSUER, "alice"),
         audience=AUDIENCE,
     )
     plan = {"version": "3.1.4", "plan_id": "offline1", "planned_on": "test", "steps": ["s"]}
@@ -157,10 +156,10 @@ async def test_bad_token_gets_the_uniform_error(deploy_cluster: Cluster, case: s
     if case == "tampered":
         state = tamper(state)
     elif case == "expired":
-        binding = jsonrpc.binding_for(
+        binding = boundary.binding_for(
             "tools/call",
             {"name": TOOL, "arguments": {"version": version}},
-            principal=jsonrpc.principal_string(CLIENT_ID, ISSUER, "alice"),
+            principal=boundary.principal_string(CLIENT_ID, ISSUER, "alice"),
             audience=AUDIENCE,
         )
         plan = json.dumps({"version": version, "plan_id": "old", "planned_on": "x", "steps": []}).encode()

@@ -1,4 +1,4 @@
-"""Flows on the one judging path (statecodec.adapters.jsonrpc): chaining, pacing, budgets, facts.
+"""Flows on the one judging path (statecodec.boundary): chaining, pacing, budgets, facts.
 
 A real codec, a real replay store and real time: a hold is an ``asyncio.sleep`` until the
 token's not-before time, so the tests assert lower bounds on elapsed time only (never
@@ -25,11 +25,10 @@ from fastmcp import FastMCP
 from mcp.client import Client
 from mcp.server.mcpserver import Context, MCPServer
 
-from statecodec import Binding, KeyRing, StateCodec, _format
+from statecodec import Binding, KeyRing, StateCodec, _format, boundary
 from statecodec.adapters import fastmcp as fastmcp_adapter
-from statecodec.adapters import jsonrpc
-from statecodec.adapters.jsonrpc import WireError
 from statecodec.adapters.mcp import protect
+from statecodec.boundary import WireError
 from statecodec.replay.memory import MemoryReplayStore
 
 MODES = ["sign", "encrypt"]
@@ -61,16 +60,16 @@ def _codec(mode: str, **kw: Any) -> StateCodec:
 
 
 def _bind() -> Binding:
-    return jsonrpc.binding_for("tools/call", PARAMS, principal="alice", audience="svc")
+    return boundary.binding_for("tools/call", PARAMS, principal="alice", audience="svc")
 
 
 async def _first(codec: StateCodec, result: dict[str, Any], retry_after: float | None = None) -> str:
-    judged = await jsonrpc.judge_request(codec, "tools/call", PARAMS, _bind)
-    return str(jsonrpc.seal_result(codec, judged, result, retry_after=retry_after)["requestState"])
+    judged = await boundary.judge_request(codec, "tools/call", PARAMS, _bind)
+    return str(boundary.seal_result(codec, judged, result, retry_after=retry_after)["requestState"])
 
 
-async def _retry(codec: StateCodec, token: str, **kw: Any) -> jsonrpc.Judged:
-    return await jsonrpc.judge_request(codec, "tools/call", {**PARAMS, "requestState": token}, _bind, **kw)
+async def _retry(codec: StateCodec, token: str, **kw: Any) -> boundary.Judged:
+    return await boundary.judge_request(codec, "tools/call", {**PARAMS, "requestState": token}, _bind, **kw)
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -79,7 +78,7 @@ async def test_a_round_that_came_with_a_state_seals_the_next_round_of_its_flow(m
     first = await _first(codec, ASKING)
     judged = await _retry(codec, first)
     assert judged.opened is not None and judged.opened.round == 1
-    second = jsonrpc.seal_result(codec, judged, ASKING)["requestState"]
+    second = boundary.seal_result(codec, judged, ASKING)["requestState"]
     header = _format.parse(second, 8192)
     assert header.round == 2 and header.flow_id.hex() == judged.opened.flow_id
     assert header.not_before_ms == 0  # a round with questions is never paced
@@ -92,9 +91,9 @@ async def test_only_requeststate_only_rounds_are_paced(mode: str) -> None:
     asking = await _first(codec, ASKING, retry_after=2)
     assert _format.parse(paced, 8192).not_before_ms >= 2000
     assert _format.parse(asking, 8192).not_before_ms == 0
-    assert jsonrpc.is_state_only(STATE_ONLY) and not jsonrpc.is_state_only(ASKING)
-    assert jsonrpc.is_state_only({**STATE_ONLY, "inputRequests": {}})
-    assert not jsonrpc.is_state_only({"resultType": "complete", "requestState": "x"})
+    assert boundary.is_state_only(STATE_ONLY) and not boundary.is_state_only(ASKING)
+    assert boundary.is_state_only({**STATE_ONLY, "inputRequests": {}})
+    assert not boundary.is_state_only({"resultType": "complete", "requestState": "x"})
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -138,7 +137,7 @@ async def test_concurrent_early_retries_are_held_and_only_one_runs(mode: str) ->
     outcomes = await asyncio.gather(
         *(_retry(codec, token, max_hold=5) for _ in range(20)), return_exceptions=True
     )
-    ran = [o for o in outcomes if isinstance(o, jsonrpc.Judged) and o.opened is not None]
+    ran = [o for o in outcomes if isinstance(o, boundary.Judged) and o.opened is not None]
     refused = [o for o in outcomes if isinstance(o, WireError)]
     assert len(ran) == 1 and len(refused) == 19  # single use holds for the held ones too
 
@@ -151,11 +150,11 @@ async def test_a_wrong_binding_is_refused_at_once_even_when_early(mode: str) -> 
     # With max_hold=0 an early token is answered with its state: a refusal instead shows
     # that the binding is judged before the pacing.
     with pytest.raises(WireError) as info:
-        await jsonrpc.judge_request(
+        await boundary.judge_request(
             codec,
             "tools/call",
             other,
-            lambda: jsonrpc.binding_for("tools/call", other, principal="alice", audience="svc"),
+            lambda: boundary.binding_for("tools/call", other, principal="alice", audience="svc"),
             max_hold=0,
         )
     assert info.value.reason == "binding_mismatch"
@@ -168,12 +167,12 @@ async def test_sealing_past_the_round_budget_is_an_internal_error_with_the_flow_
     codec = _codec(mode, max_rounds=2)
     token = await _first(codec, ASKING)
     judged = await _retry(codec, token)
-    token = jsonrpc.seal_result(codec, judged, ASKING)["requestState"]
+    token = boundary.seal_result(codec, judged, ASKING)["requestState"]
     judged = await _retry(codec, token)
     assert judged.opened is not None and judged.opened.round == 2
     with pytest.raises(WireError) as info:
-        jsonrpc.seal_result(codec, judged, ASKING)
-    assert info.value.code == jsonrpc.INTERNAL_ERROR_CODE and "round_limit" in info.value.reason
+        boundary.seal_result(codec, judged, ASKING)
+    assert info.value.code == boundary.INTERNAL_ERROR_CODE and "round_limit" in info.value.reason
     record = next(r for r in caplog.records if "could not seal" in r.getMessage())
     assert (getattr(record, "flow_id", None), getattr(record, "round", None)) == (
         judged.opened.flow_id[:8],
@@ -202,29 +201,29 @@ def test_pacing_settings_are_checked_when_the_server_is_assembled() -> None:
     codec = _codec("sign", ttl=60)
     for bad in (0, -1, 60, "1"):
         with pytest.raises(ValueError, match="retry_after"):
-            jsonrpc.check_pacing(codec, bad, 10)  # type: ignore[arg-type]
+            boundary.check_pacing(codec, bad, 10)  # type: ignore[arg-type]
     for hold in (-1, 301):
         with pytest.raises(ValueError, match="max_hold"):
-            jsonrpc.check_pacing(codec, 1, hold)
-    jsonrpc.check_pacing(codec, None, 0)
-    jsonrpc.check_pacing(codec, 59.5, 300)
+            boundary.check_pacing(codec, 1, hold)
+    boundary.check_pacing(codec, None, 0)
+    boundary.check_pacing(codec, 59.5, 300)
 
 
 _FLOW = """
     import asyncio
     from statecodec import KeyRing, StateCodec
-    from statecodec.adapters import jsonrpc
+    from statecodec import boundary
     from statecodec.replay.memory import MemoryReplayStore
 
     async def drive():
         codec = StateCodec(KeyRing.generate(), mode="sign", replay=MemoryReplayStore())
-        binding = jsonrpc.binding_for("tools/call", {"name": "t"}, principal=None, audience="a")
-        judged = jsonrpc.Judged("tools/call", {"name": "t"}, lambda: binding)
+        binding = boundary.binding_for("tools/call", {"name": "t"}, principal=None, audience="a")
+        judged = boundary.Judged("tools/call", {"name": "t"}, lambda: binding)
         for _ in range(3):  # three states, then the final answer
-            token = jsonrpc.seal_result(codec, judged, {"resultType": "input_required", "requestState": "s"})
+            token = boundary.seal_result(codec, judged, {"resultType": "input_required", "requestState": "s"})
             params = {"name": "t", "requestState": token["requestState"]}
-            judged = await jsonrpc.judge_request(codec, "tools/call", params, lambda: binding)
-        jsonrpc.seal_result(codec, judged, {"content": []})
+            judged = await boundary.judge_request(codec, "tools/call", params, lambda: binding)
+        boundary.seal_result(codec, judged, {"content": []})
 """
 
 

@@ -1,6 +1,6 @@
 """Held early retries: bounded per token and in total, cheap in memory, released when their client leaves.
 
-The hold is shared: :func:`statecodec.adapters.jsonrpc.judge_request` holds in place for
+The hold is shared: :func:`statecodec.boundary.judge_request` holds in place for
 ``protect()`` (an SDK cancellation ends it), and the ASGI middleware (and so the proxy)
 holds the retry itself, keeping only its raw body. Real codecs and replay stores; the ASGI
 application is called through its interface, as uvicorn calls it. The proxy's end-to-end
@@ -16,8 +16,7 @@ from typing import Any
 
 import pytest
 
-from statecodec import Binding, KeyRing, StateCodec
-from statecodec.adapters import jsonrpc
+from statecodec import Binding, KeyRing, StateCodec, boundary
 from statecodec.adapters.asgi import Message, RequestStateMiddleware, Scope
 from statecodec.replay.memory import MemoryReplayStore
 
@@ -37,17 +36,17 @@ def _params(arguments: dict[str, Any], token: str | None = None) -> dict[str, An
 
 
 def _binding(arguments: dict[str, Any]) -> Binding:
-    return jsonrpc.binding_for("tools/call", _params(arguments), principal=None, audience=AUDIENCE)
+    return boundary.binding_for("tools/call", _params(arguments), principal=None, audience=AUDIENCE)
 
 
 # ------------------------------------------------------------------ the shared rule (protect())
 async def test_a_cancelled_hold_consumes_nothing_and_leaves_its_place() -> None:
-    codec, holds = _codec(), jsonrpc.Holds(total=4, per_token=2)
+    codec, holds = _codec(), boundary.Holds(total=4, per_token=2)
     binding = _binding({})
     token = codec.seal(b"not ready", binding, retry_after=1)
     params = _params({}, token)
     held = asyncio.create_task(
-        jsonrpc.judge_request(codec, "tools/call", params, lambda: binding, max_hold=5, holds=holds)
+        boundary.judge_request(codec, "tools/call", params, lambda: binding, max_hold=5, holds=holds)
     )
     await asyncio.sleep(0.2)
     assert holds.held == 1
@@ -56,20 +55,20 @@ async def test_a_cancelled_hold_consumes_nothing_and_leaves_its_place() -> None:
         await held
     assert holds.held == 0
     await asyncio.sleep(1)
-    judged = await jsonrpc.judge_request(
+    judged = await boundary.judge_request(
         codec, "tools/call", params, lambda: binding, max_hold=5, holds=holds
     )
     assert judged.opened is not None and judged.params["requestState"] == "not ready"  # never consumed
 
 
 async def test_holds_are_bounded_per_token_and_in_total() -> None:
-    codec, holds = _codec(), jsonrpc.Holds(total=3, per_token=2)
+    codec, holds = _codec(), boundary.Holds(total=3, per_token=2)
     binding = _binding({})
     first, second = (codec.seal(b"wait", binding, retry_after=0.5) for _ in range(2))
 
     def judge(token: str) -> Any:
         params = _params({}, token)
-        return jsonrpc.judge_request(codec, "tools/call", params, lambda: binding, max_hold=5, holds=holds)
+        return boundary.judge_request(codec, "tools/call", params, lambda: binding, max_hold=5, holds=holds)
 
     tasks = [asyncio.create_task(judge(token)) for token in (first, first, first, second, second)]
     done, _ = await asyncio.wait(tasks, timeout=0.2)
@@ -87,7 +86,7 @@ async def test_holds_are_bounded_per_token_and_in_total() -> None:
 
 def test_hold_bounds_are_checked() -> None:
     with pytest.raises(ValueError, match="max_holds"):
-        jsonrpc.Holds(total=-1)
+        boundary.Holds(total=-1)
     with pytest.raises(ValueError, match="max_holds"):
         RequestStateMiddleware(_App(), _codec(), audience=AUDIENCE, max_holds_per_token=1.5)  # type: ignore[arg-type]
 

@@ -12,7 +12,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from statecodec.adapters import _json
-from statecodec.adapters.jsonrpc import state_aliases
+from statecodec.boundary import state_aliases
 
 scalars = (
     st.none()

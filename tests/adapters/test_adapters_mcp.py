@@ -24,9 +24,8 @@ from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.request_state import InvalidRequestState, RequestStateBoundary, RequestStateSecurity
 from mcp.shared.exceptions import MCPError
 
-from statecodec import KeyRing, StateCodec
+from statecodec import KeyRing, StateCodec, boundary
 from statecodec.adapters import fastmcp as fastmcp_adapter
-from statecodec.adapters import jsonrpc
 from statecodec.adapters.mcp import StateCodecMiddleware, protect, sdk_codec
 from statecodec.replay.memory import MemoryReplayStore
 
@@ -231,7 +230,7 @@ async def test_a_token_is_bound_to_its_method_target_and_arguments(caplog: pytes
             with pytest.raises(MCPError) as caught:
                 await call(client, method, token, variant=variant)
             assert (
-                caught.value.error.model_dump(exclude_none=True) == jsonrpc.WireError.invalid_state().error()
+                caught.value.error.model_dump(exclude_none=True) == boundary.WireError.invalid_state().error()
             )
         assert caplog.text.count("reason=binding_mismatch") == 2
         # Rejections never burn the token: the rightful request still redeems it, once.
@@ -453,7 +452,8 @@ async def test_sdk_codec_under_the_sdk_boundary() -> None:
         assert isinstance(done, types.CallToolResult)
         with pytest.raises(MCPError) as replayed:  # single use, which the SDK alone lacks
             await client.session.call_tool("deploy", {"version": "1"}, request_state=token)
-        assert replayed.value.error.model_dump(exclude_none=True) == jsonrpc.WireError.invalid_state().error()
+        refusal = boundary.WireError.invalid_state().error()
+        assert replayed.value.error.model_dump(exclude_none=True) == refusal
     assert seen == [None, "plan 1"]
 
 

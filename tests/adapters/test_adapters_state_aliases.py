@@ -20,8 +20,8 @@ from mcp.server.lowlevel import Server
 from mcp.shared.exceptions import MCPError
 
 import statecodec as sc
+from statecodec import boundary
 from statecodec.adapters import fastmcp as fastmcp_adapter
-from statecodec.adapters import jsonrpc
 from statecodec.adapters.asgi import RequestStateMiddleware
 from statecodec.adapters.mcp import protect
 from statecodec.replay import MemoryReplayStore
@@ -41,9 +41,9 @@ def _codec() -> sc.StateCodec:
 @pytest.mark.parametrize("alias", ["request_state", "Request_State", "request-state", "REQUESTSTATE"])
 def test_state_aliases_are_detected(alias: str) -> None:
     params = {"name": "t", alias: "x"}
-    assert jsonrpc.state_aliases(params) == [alias]
-    assert jsonrpc.carries_state(params)
-    assert not jsonrpc.carries_state({"name": "t", "requestState": None})
+    assert boundary.state_aliases(params) == [alias]
+    assert boundary.carries_state(params)
+    assert not boundary.carries_state({"name": "t", "requestState": None})
 
 
 @pytest.mark.parametrize("mode", ["legacy", "auto"])
@@ -65,7 +65,7 @@ async def test_fastmcp_snake_case_state_never_reaches_the_tool(
     async with Client(server._mcp_server, mode=mode) as client:
         with caplog.at_level(logging.WARNING, logger="statecodec"), pytest.raises(MCPError) as info:
             await client.session._dispatcher.send_raw_request("tools/call", forged, {})
-    assert info.value.error.code == jsonrpc.WIRE_ERROR_CODE
+    assert info.value.error.code == boundary.WIRE_ERROR_CODE
     assert seen == []  # the handler never ran, let alone with the forged state
     if mode == "legacy":  # 2026-07-28 sessions refuse the unknown key before any middleware
         assert "alias of requestState" in caplog.text
@@ -134,5 +134,5 @@ async def test_asgi_middleware_refuses_state_aliases_before_a_fastmcp_upstream(k
         transport = httpx.ASGITransport(app=app)
         async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1") as client:
             response = await client.post("/mcp", json=body, headers=headers)
-    assert response.json()["error"]["code"] == jsonrpc.WIRE_ERROR_CODE
+    assert response.json()["error"]["code"] == boundary.WIRE_ERROR_CODE
     assert seen == []

@@ -22,8 +22,7 @@ import httpx
 import pytest
 import uvicorn
 
-from statecodec import KeyRing, StateCodec, _format
-from statecodec.adapters import jsonrpc
+from statecodec import KeyRing, StateCodec, _format, boundary
 from statecodec.adapters.asgi import RequestStateMiddleware
 from statecodec.replay import MemoryReplayStore
 
@@ -301,7 +300,7 @@ async def test_a_principal_that_cannot_be_read_binds_nothing(codec: StateCodec) 
 
     app = App()
     token = codec.seal(
-        b"state", jsonrpc.binding_for("tools/call", call(1)["params"], principal=None, audience="svc")
+        b"state", boundary.binding_for("tools/call", call(1)["params"], principal=None, audience="svc")
     )
     async with client(protect(app, codec, principal=principal)) as http:
         bad = {"authorization": "Bearer forged"}
@@ -352,7 +351,7 @@ async def test_request_rejected_never_reaches_the_application(codec: StateCodec)
 async def test_lone_surrogates_are_forwarded_escaped_and_never_bound(codec: StateCodec) -> None:
     app = App()
     token = codec.seal(
-        b"plan", jsonrpc.binding_for("tools/call", call(1)["params"], principal=None, audience="svc")
+        b"plan", boundary.binding_for("tools/call", call(1)["params"], principal=None, audience="svc")
     )
     listing = b'{"jsonrpc":"2.0","id":"l","method":"tools/list","params":{"cursor":"\\ud800"}}'
     odd_arguments = b'{"jsonrpc":"2.0","id":"c","method":"tools/call","params":{"name":"deploy",'

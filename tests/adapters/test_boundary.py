@@ -1,4 +1,4 @@
-"""statecodec.adapters.jsonrpc: the framework-free MRTR rules, with a real codec and store."""
+"""statecodec.boundary: the framework-free MRTR rules, with a real codec and store."""
 
 from __future__ import annotations
 
@@ -11,17 +11,16 @@ from typing import Any
 
 import pytest
 
-from statecodec import Binding, KeyRing, StateCodec
+from statecodec import Binding, KeyRing, StateCodec, boundary
 from statecodec._errors import REASONS
-from statecodec.adapters import jsonrpc
-from statecodec.adapters.jsonrpc import WIRE_ERROR_CODE, WIRE_ERROR_DATA, WIRE_ERROR_MESSAGE, WireError
+from statecodec.boundary import WIRE_ERROR_CODE, WIRE_ERROR_DATA, WIRE_ERROR_MESSAGE, WireError
 from statecodec.replay.memory import MemoryReplayStore
 
 TOOL_PARAMS: dict[str, Any] = {
     "name": "deploy_production",
     "arguments": {"version": "1.2.3", "regions": [1, 2]},
 }
-ALICE = jsonrpc.principal_string("deploy-cli", "https://idp.example", "alice")
+ALICE = boundary.principal_string("deploy-cli", "https://idp.example", "alice")
 
 
 def make_codec(mode: str = "sign", **kwargs: Any) -> StateCodec:
@@ -32,38 +31,38 @@ def make_codec(mode: str = "sign", **kwargs: Any) -> StateCodec:
 def bind(
     method: str = "tools/call", params: dict[str, Any] | None = None, principal: str | None = ALICE
 ) -> Binding:
-    return jsonrpc.binding_for(
+    return boundary.binding_for(
         method, TOOL_PARAMS if params is None else params, principal=principal, audience="svc"
     )
 
 
 # ------------------------------------------------------------------ what is bound
 def test_the_three_mrtr_methods() -> None:
-    assert {"tools/call", "resources/read", "prompts/get"} == jsonrpc.MRTR_METHODS
-    assert jsonrpc.is_mrtr("prompts/get") and not jsonrpc.is_mrtr("tools/list")
+    assert {"tools/call", "resources/read", "prompts/get"} == boundary.MRTR_METHODS
+    assert boundary.is_mrtr("prompts/get") and not boundary.is_mrtr("tools/list")
 
 
 def test_targets() -> None:
-    assert jsonrpc.request_target("tools/call", TOOL_PARAMS) == "deploy_production"
-    assert jsonrpc.request_target("prompts/get", {"name": "p"}) == "p"
-    assert jsonrpc.request_target("resources/read", {"uri": "file:///x", "name": "ignored"}) == "file:///x"
+    assert boundary.request_target("tools/call", TOOL_PARAMS) == "deploy_production"
+    assert boundary.request_target("prompts/get", {"name": "p"}) == "p"
+    assert boundary.request_target("resources/read", {"uri": "file:///x", "name": "ignored"}) == "file:///x"
     for method, params in [
         ("tools/call", {}),
         ("tools/call", {"name": 5}),
         ("resources/read", {"name": "x"}),
     ]:
         with pytest.raises(ValueError, match="must be a string"):
-            jsonrpc.request_target(method, params)
+            boundary.request_target(method, params)
 
 
 def test_digested_arguments_are_an_allowlist() -> None:
-    assert jsonrpc.digested_arguments("tools/call", TOOL_PARAMS) == TOOL_PARAMS["arguments"]
-    assert jsonrpc.digested_arguments("prompts/get", {"name": "p", "arguments": {"a": "b"}}) == {"a": "b"}
-    assert jsonrpc.digested_arguments("tools/call", {"name": "t"}) == {}
-    assert jsonrpc.digested_arguments("tools/call", {"name": "t", "arguments": None}) == {}
-    assert jsonrpc.digested_arguments("resources/read", {"uri": "u", "arguments": {"a": 1}}) is None
+    assert boundary.digested_arguments("tools/call", TOOL_PARAMS) == TOOL_PARAMS["arguments"]
+    assert boundary.digested_arguments("prompts/get", {"name": "p", "arguments": {"a": "b"}}) == {"a": "b"}
+    assert boundary.digested_arguments("tools/call", {"name": "t"}) == {}
+    assert boundary.digested_arguments("tools/call", {"name": "t", "arguments": None}) == {}
+    assert boundary.digested_arguments("resources/read", {"uri": "u", "arguments": {"a": 1}}) is None
     with pytest.raises(ValueError, match="must be an object"):
-        jsonrpc.digested_arguments("tools/call", {"name": "t", "arguments": [1]})
+        boundary.digested_arguments("tools/call", {"name": "t", "arguments": [1]})
 
 
 def test_round_specific_fields_never_change_the_binding() -> None:
@@ -81,7 +80,7 @@ def test_round_specific_fields_never_change_the_binding() -> None:
         bind(params={**TOOL_PARAMS, "arguments": {"version": "1.2.4", "regions": [1, 2]}}),
         bind(params={**TOOL_PARAMS, "name": "other"}),
         bind(method="prompts/get"),
-        bind(principal=jsonrpc.principal_string("deploy-cli", "https://idp.example", "bob")),
+        bind(principal=boundary.principal_string("deploy-cli", "https://idp.example", "bob")),
         bind(principal=None),
     ]:
         assert changed != bind()
@@ -89,8 +88,8 @@ def test_round_specific_fields_never_change_the_binding() -> None:
 
 def test_principal_string_is_unambiguous() -> None:
     assert ALICE == '["deploy-cli","https://idp.example","alice"]'
-    assert jsonrpc.principal_string("c", None, None) == '["c",null,null]'
-    assert jsonrpc.principal_string("a,b", None, "c") != jsonrpc.principal_string("a", "b", "c")
+    assert boundary.principal_string("c", None, None) == '["c",null,null]'
+    assert boundary.principal_string("a,b", None, "c") != boundary.principal_string("a", "b", "c")
 
 
 def test_unbindable_arguments_raise() -> None:
@@ -99,28 +98,28 @@ def test_unbindable_arguments_raise() -> None:
 
 
 # ------------------------------------------------------------ judge and seal
-def binder(**overrides: Any) -> jsonrpc.Binder:
+def binder(**overrides: Any) -> boundary.Binder:
     return lambda: bind(**overrides)
 
 
-async def judge(codec: StateCodec, params: dict[str, Any], **overrides: Any) -> jsonrpc.Judged:
-    return await jsonrpc.judge_request(
+async def judge(codec: StateCodec, params: dict[str, Any], **overrides: Any) -> boundary.Judged:
+    return await boundary.judge_request(
         codec, overrides.pop("method", "tools/call"), params, binder(**overrides)
     )
 
 
 def asked(codec: StateCodec, state: object = "plan ✓", **overrides: Any) -> str:
     """A token as the adapters seal it for round 1 of a ``bind()`` request."""
-    round_one = jsonrpc.Judged("tools/call", TOOL_PARAMS, binder(**overrides))
+    round_one = boundary.Judged("tools/call", TOOL_PARAMS, binder(**overrides))
     result = {"resultType": "input_required", "inputRequests": {"k": {}}, "requestState": state}
-    return str(jsonrpc.seal_result(codec, round_one, result)["requestState"])
+    return str(boundary.seal_result(codec, round_one, result)["requestState"])
 
 
 @pytest.mark.parametrize("mode", ["sign", "encrypt"])
 async def test_round_trip(mode: str) -> None:
     codec = make_codec(mode)
     result = {"resultType": "input_required", "inputRequests": {"k": {}}, "requestState": "plan ✓"}
-    sealed = jsonrpc.seal_result(codec, jsonrpc.Judged("tools/call", TOOL_PARAMS, binder()), result)
+    sealed = boundary.seal_result(codec, boundary.Judged("tools/call", TOOL_PARAMS, binder()), result)
     token = sealed["requestState"]
     assert token.startswith(f"sc1{mode[0]}.") and sealed["inputRequests"] == {"k": {}}
     assert result["requestState"] == "plan ✓"  # the handler's dict is not mutated
@@ -130,7 +129,7 @@ async def test_round_trip(mode: str) -> None:
     assert params["requestState"] == token
     assert judged.opened is not None and judged.opened.payload == "plan ✓".encode()
     assert judged.binding() == bind()  # the next round is sealed to what this one was
-    again = jsonrpc.seal_result(codec, judged, {"resultType": "input_required", "requestState": "round 3"})
+    again = boundary.seal_result(codec, judged, {"resultType": "input_required", "requestState": "round 3"})
     assert (await judge(codec, {**params, "requestState": again["requestState"]})).params[
         "requestState"
     ] == "round 3"
@@ -145,36 +144,36 @@ async def test_params_without_state_are_not_judged() -> None:
         return bind()
 
     for params in (TOOL_PARAMS, {**TOOL_PARAMS, "requestState": None}, None):
-        judged = await jsonrpc.judge_request(codec, "tools/call", params, counting)
+        judged = await boundary.judge_request(codec, "tools/call", params, counting)
         assert judged.params == (params or {}) and judged.opened is None
     assert calls == []  # no binding (no argument digest) without a state to check
 
 
 def test_results_without_state_pass_through() -> None:
     codec = make_codec()
-    judged = jsonrpc.Judged("tools/call", TOOL_PARAMS, binder())
+    judged = boundary.Judged("tools/call", TOOL_PARAMS, binder())
     complete = {"resultType": "complete", "content": []}
-    assert jsonrpc.seal_result(codec, judged, complete) is complete
+    assert boundary.seal_result(codec, judged, complete) is complete
     only_requests = {"resultType": "input_required", "inputRequests": {"k": {}}}
-    assert jsonrpc.seal_result(codec, judged, only_requests) is only_requests
-    assert jsonrpc.seal_result(codec, None, complete) is complete
+    assert boundary.seal_result(codec, judged, only_requests) is only_requests
+    assert boundary.seal_result(codec, None, complete) is complete
 
 
 def test_every_state_is_sealed_or_refused() -> None:
     codec = make_codec()
-    judged = jsonrpc.Judged("tools/call", TOOL_PARAMS, binder())
+    judged = boundary.Judged("tools/call", TOOL_PARAMS, binder())
     # A state is sealed whatever resultType says: no plaintext state reaches a client.
-    complete = jsonrpc.seal_result(codec, judged, {"resultType": "complete", "requestState": "s"})
+    complete = boundary.seal_result(codec, judged, {"resultType": "complete", "requestState": "s"})
     assert codec.verify_unbound(complete["requestState"]).payload == b"s"
     for result in (
         {"resultType": "input_required", "request_state": "plain"},  # pydantic populate_by_name reads it
         {"resultType": "input_required", "requestState": "s", "RequestState": "plain"},
     ):
         with pytest.raises(WireError) as caught:
-            jsonrpc.seal_result(codec, judged, result)
+            boundary.seal_result(codec, judged, result)
         assert caught.value.error() == {"code": -32603, "message": "Internal error"}
     with pytest.raises(WireError, match="answers no MRTR request"):  # nothing to bind it to
-        jsonrpc.seal_result(codec, None, {"resultType": "input_required", "requestState": "plain"})
+        boundary.seal_result(codec, None, {"resultType": "input_required", "requestState": "plain"})
 
 
 async def test_rejections_log_one_precise_line(caplog: pytest.LogCaptureFixture) -> None:
@@ -188,7 +187,7 @@ async def test_rejections_log_one_precise_line(caplog: pytest.LogCaptureFixture)
         with pytest.raises(WireError) as replayed:
             await judge(codec, params)
     assert (wrong_user.value.reason, replayed.value.reason) == ("binding_mismatch", "replayed")
-    assert replayed.value.error() == jsonrpc.WireError.invalid_state().error()
+    assert replayed.value.error() == boundary.WireError.invalid_state().error()
     records = [
         r for r in caplog.records if r.name == "statecodec" and getattr(r, "event", None) == "token_rejected"
     ]
@@ -240,11 +239,11 @@ async def test_a_binder_that_raises_refuses_before_the_store(caplog: pytest.LogC
 
     params = {**TOOL_PARAMS, "requestState": token}
     with caplog.at_level(logging.WARNING, logger="statecodec"), pytest.raises(WireError) as caught:
-        await jsonrpc.judge_request(codec, "tools/call", params, broken)
+        await boundary.judge_request(codec, "tools/call", params, broken)
     assert caught.value.reason == "malformed" and "signature does not verify" in caplog.text
     assert (await judge(codec, params)).params["requestState"] == "plan ✓"  # not burnt
     with pytest.raises(WireError, match="cannot be bound"):  # nor sealed for no one on the way out
-        jsonrpc.seal_result(codec, jsonrpc.Judged("tools/call", TOOL_PARAMS, broken), {"requestState": "s"})
+        boundary.seal_result(codec, boundary.Judged("tools/call", TOOL_PARAMS, broken), {"requestState": "s"})
 
 
 async def test_a_payload_that_is_not_utf8_is_rejected() -> None:
@@ -270,9 +269,9 @@ def test_seal_failures_raise_and_log_no_plaintext(caplog: pytest.LogCaptureFixtu
 async def test_hostile_targets_stay_on_one_clipped_log_line(caplog: pytest.LogCaptureFixture) -> None:
     uri = "file:///x\nWARNING forged line" + "y" * 500
     params = {"uri": uri, "requestState": "garbage"}
-    binding = jsonrpc.binding_for("resources/read", params, principal=None, audience=None)
+    binding = boundary.binding_for("resources/read", params, principal=None, audience=None)
     with caplog.at_level(logging.WARNING, logger="statecodec"), pytest.raises(WireError):
-        await jsonrpc.judge_request(make_codec(), "resources/read", params, lambda: binding)
+        await boundary.judge_request(make_codec(), "resources/read", params, lambda: binding)
     message = caplog.records[-1].getMessage()
     assert "\n" not in message and "\\n" in message and len(message) < 500
 
@@ -315,18 +314,18 @@ async def test_judge_request_maps_a_full_store_to_retry_and_burns_nothing() -> N
     now = [0.0]
     store = MemoryReplayStore(max_entries=1, clock=lambda: now[0])
     codec = StateCodec(KeyRing.generate(), replay=store)
-    binding = jsonrpc.binding_for("tools/call", {"name": "t"}, principal=None, audience="svc")
+    binding = boundary.binding_for("tools/call", {"name": "t"}, principal=None, audience="svc")
     first, second = codec.seal(b"1", binding), codec.seal(b"2", binding)
-    await jsonrpc.judge_request(codec, "tools/call", {"name": "t", "requestState": first}, lambda: binding)
+    await boundary.judge_request(codec, "tools/call", {"name": "t", "requestState": first}, lambda: binding)
     params = {"name": "t", "requestState": second}
     with pytest.raises(WireError) as caught:
-        await jsonrpc.judge_request(codec, "tools/call", params, lambda: binding)
+        await boundary.judge_request(codec, "tools/call", params, lambda: binding)
     assert caught.value.code == -32603 and "retry the same request" in caught.value.message
     now[0] += codec.ttl + codec.max_skew + 1  # the first entry is forgotten: room again
-    judged = await jsonrpc.judge_request(codec, "tools/call", params, lambda: binding)
+    judged = await boundary.judge_request(codec, "tools/call", params, lambda: binding)
     assert judged.params["requestState"] == "2"  # the same request, retried, redeems
     with pytest.raises(WireError) as again:
-        await jsonrpc.judge_request(codec, "tools/call", params, lambda: binding)
+        await boundary.judge_request(codec, "tools/call", params, lambda: binding)
     assert again.value.code == -32602  # and only once
 
 
@@ -350,11 +349,11 @@ def _run(code: str) -> str:
     return proc.stdout
 
 
-def test_core_and_jsonrpc_import_neither_mcp_nor_fastmcp() -> None:
+def test_core_and_boundary_import_neither_mcp_nor_fastmcp() -> None:
     out = _run(
         """
         import sys
-        import statecodec, statecodec.adapters, statecodec.adapters.jsonrpc
+        import statecodec, statecodec.adapters, statecodec.boundary
         print(sorted(m for m in sys.modules if m.split(".")[0] in ("mcp", "fastmcp", "opentelemetry")))
         """
     )
@@ -364,20 +363,20 @@ def test_core_and_jsonrpc_import_neither_mcp_nor_fastmcp() -> None:
 _DRIVE = """
     import asyncio
     from statecodec import KeyRing, StateCodec
-    from statecodec.adapters import jsonrpc
+    from statecodec import boundary
     from statecodec.replay.memory import MemoryReplayStore
 
     async def drive():
         codec = StateCodec(KeyRing.generate(), mode="encrypt", replay=MemoryReplayStore())
-        binding = jsonrpc.binding_for("tools/call", {"name": "t"}, principal=None, audience="a")
-        judged = jsonrpc.Judged("tools/call", {"name": "t"}, lambda: binding)
-        token = jsonrpc.seal_result(codec, judged, {"resultType": "input_required", "requestState": "s"})
+        binding = boundary.binding_for("tools/call", {"name": "t"}, principal=None, audience="a")
+        judged = boundary.Judged("tools/call", {"name": "t"}, lambda: binding)
+        token = boundary.seal_result(codec, judged, {"resultType": "input_required", "requestState": "s"})
         params = {"name": "t", "requestState": token["requestState"]}
-        await jsonrpc.judge_request(codec, "tools/call", params, lambda: binding)
+        await boundary.judge_request(codec, "tools/call", params, lambda: binding)
         for _ in range(2):
             try:
-                await jsonrpc.judge_request(codec, "tools/call", params, lambda: binding)
-            except jsonrpc.WireError:
+                await boundary.judge_request(codec, "tools/call", params, lambda: binding)
+            except boundary.WireError:
                 pass
         return len(token["requestState"])
 """
@@ -442,8 +441,8 @@ def test_an_input_required_result_that_asks_nothing_is_replaced(
     # MCP 2026-07-28: it MUST carry inputRequests or requestState; the TypeScript SDK's guard
     # answers -32603, and so does the boundary, whether or not the request held a state.
     codec = make_codec()
-    for judged in (jsonrpc.Judged("tools/call", TOOL_PARAMS, binder()), None):
+    for judged in (boundary.Judged("tools/call", TOOL_PARAMS, binder()), None):
         with caplog.at_level(logging.ERROR, logger="statecodec"), pytest.raises(WireError) as caught:
-            jsonrpc.seal_result(codec, judged, result)
+            boundary.seal_result(codec, judged, result)
         assert caught.value.error() == {"code": -32603, "message": "Internal error"}
     assert [r.reason for r in caplog.records] == ["empty_input_required"] * 2  # type: ignore[attr-defined]

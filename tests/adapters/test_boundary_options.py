@@ -1,4 +1,4 @@
-"""The boundary's one options object, and its old module name kept for a release.
+"""The boundary's one options object.
 
 :class:`statecodec.boundary.BoundaryOptions` is validated once, when built, and every
 adapter takes it: the checks that used to follow each adapter's signature now run only
@@ -8,7 +8,6 @@ there, so a bad setting is refused the same way whichever adapter is assembled.
 from __future__ import annotations
 
 import dataclasses
-import importlib
 
 import pytest
 
@@ -24,13 +23,6 @@ def _codec() -> StateCodec:
 
 async def _app(scope: object, receive: object, send: object) -> None:  # never called here
     raise AssertionError("not reached")
-
-
-def test_old_module_name_re_exports_the_boundary() -> None:
-    jsonrpc = importlib.import_module("statecodec.adapters.jsonrpc")
-    assert jsonrpc.__all__ == boundary.__all__
-    for name in boundary.__all__:
-        assert getattr(jsonrpc, name) is getattr(boundary, name), name
 
 
 @pytest.mark.parametrize(

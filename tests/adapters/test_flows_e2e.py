@@ -40,8 +40,7 @@ from mcp.client.streamable_http import streamable_http_client
 from processes import await_line, spawn, start_all, stop, wait_for_log
 from wire import PREFIX
 
-from statecodec import Binding, KeyRing, StateCodec, _format
-from statecodec.adapters import jsonrpc
+from statecodec import Binding, KeyRing, StateCodec, _format, boundary
 
 RETRY_AFTER = 1.0
 HOLD = ("--max-hold", "5")
@@ -80,7 +79,7 @@ class FlowService:
         return StateCodec(ring, mode=self.mode, **kw)
 
     def binding(self, tool: str, arguments: dict[str, Any]) -> Binding:
-        return jsonrpc.binding_for(
+        return boundary.binding_for(
             "tools/call", {"name": tool, "arguments": arguments}, principal=None, audience=self.audience
         )
 
@@ -350,7 +349,7 @@ def test_the_eleventh_round_of_a_flow_is_refused(flows: FlowService) -> None:
                 inputResponses=responses,
             )
     assert rounds == 10  # ten states minted; sealing the eleventh is refused
-    assert message["error"]["code"] == jsonrpc.INTERNAL_ERROR_CODE, message
+    assert message["error"]["code"] == boundary.INTERNAL_ERROR_CODE, message
     assert "round_limit" in flows.wait_for_log("AB"[rounds % 2], "round_limit")
     # A token of round 11, minted by an instance with a looser budget: refused, not run.
     loose = flows.codec(max_rounds=20)
@@ -362,7 +361,7 @@ def test_the_eleventh_round_of_a_flow_is_refused(flows: FlowService) -> None:
     before = len(flows.runs("three_questions", topic=topic))
     with httpx.Client(timeout=30) as http:
         refused = _raw(http, flows.url("B"), "three_questions", arguments, token)
-    assert refused["error"]["code"] == jsonrpc.WIRE_ERROR_CODE
+    assert refused["error"]["code"] == boundary.WIRE_ERROR_CODE
     assert "reason=round_limit" in flows.wait_for_log("B", "reason=round_limit")
     assert len(flows.runs("three_questions", topic=topic)) == before
 
@@ -377,7 +376,7 @@ def test_a_flow_older_than_max_flow_age_is_refused_though_its_token_is_fresh(flo
     assert _header(fresh).issued_at >= int(time.time()) - 1
     with httpx.Client(timeout=30) as http:
         message = _raw(http, flows.url("A"), "wait_for_approval", arguments, fresh)
-    assert message["error"]["code"] == jsonrpc.WIRE_ERROR_CODE
+    assert message["error"]["code"] == boundary.WIRE_ERROR_CODE
     assert "reason=flow_expired" in flows.wait_for_log("A", "reason=flow_expired")
     assert flows.runs("wait_for_approval", ticket=arguments["ticket"]) == []
 
@@ -412,6 +411,6 @@ def test_a_state_cannot_be_grafted_onto_another_flow(flows: FlowService) -> None
             message = _raw(
                 http, flows.url("B"), "three_questions", arguments, chained[0][:5] + _format.b64encode(raw)
             )
-            assert message["error"]["code"] == jsonrpc.WIRE_ERROR_CODE
+            assert message["error"]["code"] == boundary.WIRE_ERROR_CODE
         assert len(flows.runs("three_questions", topic=arguments["topic"])) == before
         assert "reason=tampered" in flows.wait_for_log("B", "reason=tampered")

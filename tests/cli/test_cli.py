@@ -668,7 +668,7 @@ def test_schema_rejects_what_the_cli_must_not_print() -> None:
 def test_verify_principal_is_the_compact_json_the_adapters_bind(ring: KeyRing, keys: str) -> None:
     # A token sealed by protect() for an OAuth access token is bound to the compact JSON
     # [client_id, issuer, subject]; --help says so, and only that exact text verifies.
-    from statecodec.adapters.jsonrpc import binding_for, principal_string  # noqa: PLC0415
+    from statecodec.boundary import binding_for, principal_string  # noqa: PLC0415
 
     bound = principal_string("deploy-cli", "https://idp.example", "alice")
     assert bound == '["deploy-cli","https://idp.example","alice"]'

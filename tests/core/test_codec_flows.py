@@ -255,7 +255,7 @@ def test_a_replay_rejection_names_its_flow_and_round(mode: sc.Mode, caplog: pyte
     import asyncio  # noqa: PLC0415
     import logging  # noqa: PLC0415
 
-    from statecodec.adapters import jsonrpc  # noqa: PLC0415
+    from statecodec import boundary  # noqa: PLC0415
 
     codec = _codec(mode, replay=MemoryReplayStore())
     first = codec.unseal(codec.seal(b"r1", BOUND), BOUND)
@@ -264,8 +264,8 @@ def test_a_replay_rejection_names_its_flow_and_round(mode: sc.Mode, caplog: pyte
     exc = _reason(codec, second)
     assert (exc.reason, exc.flow_id, exc.round) == ("replayed", first.flow_id, 2)
     params = {"name": BOUND.target, "requestState": second}
-    with caplog.at_level(logging.WARNING, logger="statecodec"), pytest.raises(jsonrpc.WireError):
-        asyncio.run(jsonrpc.judge_request(codec, "tools/call", params, lambda: BOUND))
+    with caplog.at_level(logging.WARNING, logger="statecodec"), pytest.raises(boundary.WireError):
+        asyncio.run(boundary.judge_request(codec, "tools/call", params, lambda: BOUND))
     (record,) = [r for r in caplog.records if getattr(r, "reason", None) == "replayed"]
     assert f"flow={first.flow_id[:8]} round=2" in record.getMessage()
     assert record.flow_id == first.flow_id[:8] and record.round == 2  # 8 hex digits, as token ids

@@ -228,23 +228,23 @@ def test_control_and_nul_characters_in_arguments_are_data() -> None:
 
 
 # -------------------------------------------------------------------- on the wire
-async def test_jsonrpc_adapter_answers_hostile_request_state_with_the_uniform_error() -> None:
-    jsonrpc = pytest.importorskip("statecodec.adapters.jsonrpc", reason="adapters not installed")
+async def test_the_boundary_answers_hostile_request_state_with_the_uniform_error() -> None:
+    boundary = pytest.importorskip("statecodec.boundary", reason="adapters not installed")
     codec = StateCodec(RING, replay=MemoryReplayStore())
     params = {"name": "t", "arguments": {"a": 1}}
-    binding = jsonrpc.binding_for("tools/call", params, principal="alice", audience="aud")
+    binding = boundary.binding_for("tools/call", params, principal="alice", audience="aud")
     for state in ("sc1s." + "A" * MiB, "sc1s.\x00\r\n", 12, ["x"], {"a": "b"}, "sc1s.\udc80"):
-        with bounded(), pytest.raises(jsonrpc.WireError) as caught:
-            await jsonrpc.judge_request(
+        with bounded(), pytest.raises(boundary.WireError) as caught:
+            await boundary.judge_request(
                 codec, "tools/call", {**params, "requestState": state}, lambda: binding
             )
-        assert caught.value.error() == jsonrpc.WireError.invalid_state().error()
-    assert jsonrpc.WireError.invalid_state().error() == {
+        assert caught.value.error() == boundary.WireError.invalid_state().error()
+    assert boundary.WireError.invalid_state().error() == {
         "code": -32602,
         "message": "Invalid or expired requestState",
         "data": {"reason": "invalid_request_state"},
     }
     with bounded(), pytest.raises(ValueError, match="nested deeper"):
-        jsonrpc.binding_for(
+        boundary.binding_for(
             "tools/call", {"name": "t", "arguments": _nested(10_001)}, principal=None, audience=None
         )

@@ -24,7 +24,7 @@ from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.exceptions import MCPError
 from processes import spawn, stop
 
-from statecodec.adapters.jsonrpc import WIRE_ERROR_CODE, WIRE_ERROR_MESSAGE
+from statecodec.boundary import WIRE_ERROR_CODE, WIRE_ERROR_MESSAGE
 
 PAGE = ROOT / "docs" / "serving.md"
 CONFIRM = {"confirm": types.ElicitResult(action="accept", content={"confirm": True})}

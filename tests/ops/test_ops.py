@@ -31,9 +31,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from starlette.applications import Starlette
 from starlette.routing import Mount
 
-from statecodec import KeyRing, StateCodec, _telemetry, ops
+from statecodec import KeyRing, StateCodec, _telemetry, boundary, ops
 from statecodec._net import bind_socket
-from statecodec.adapters import jsonrpc
 from statecodec.kms import KeyManager
 from statecodec.replay import MemoryReplayStore, ReplayStore
 
@@ -274,14 +273,14 @@ def test_mounted_under_a_prefix_in_a_real_server(mounted: str) -> None:
 # ------------------------------------------------------------------ metrics
 async def test_unseal_outcomes_are_counted_with_fixed_labels_only() -> None:
     codec = StateCodec(KeyRing.generate("k1"), mode="sign", replay=MemoryReplayStore())
-    binding = jsonrpc.binding_for("tools/call", {"name": "t"}, principal=None, audience="a")
+    binding = boundary.binding_for("tools/call", {"name": "t"}, principal=None, audience="a")
     before, _ = ops.exposition(ops.Health(codec.keys))
     token = codec.seal(b"s", binding)
     params = {"name": "t", "requestState": token}
-    await jsonrpc.judge_request(codec, "tools/call", params, lambda: binding)
+    await boundary.judge_request(codec, "tools/call", params, lambda: binding)
     for _ in range(2):
-        with pytest.raises(jsonrpc.WireError):
-            await jsonrpc.judge_request(codec, "tools/call", params, lambda: binding)
+        with pytest.raises(boundary.WireError):
+            await boundary.judge_request(codec, "tools/call", params, lambda: binding)
     after, _ = ops.exposition(ops.Health(codec.keys))
     text_before, text_after = before.decode(), after.decode()
     for outcome, delta in (("ok", 1), ("replayed", 2), ("tampered", 0)):
@@ -336,19 +335,20 @@ def test_the_opentelemetry_instruments_translate_to_the_prometheus_names() -> No
         metrics.set_meter_provider(MeterProvider(metric_readers=[PrometheusMetricReader()]))
 
         from statecodec import KeyRing, StateCodec, _telemetry
-        from statecodec.adapters import jsonrpc
+        from statecodec import boundary
         from statecodec.replay import MemoryReplayStore
 
         async def accepted_then_replayed():
             codec = StateCodec(KeyRing.generate(), mode="encrypt", replay=MemoryReplayStore())
-            binding = jsonrpc.binding_for("tools/call", {"name": "t"}, principal=None, audience="a")
-            judged = jsonrpc.Judged("tools/call", {"name": "t"}, lambda: binding)
-            sealed = jsonrpc.seal_result(codec, judged, {"resultType": "input_required", "requestState": "s"})
+            binding = boundary.binding_for("tools/call", {"name": "t"}, principal=None, audience="a")
+            judged = boundary.Judged("tools/call", {"name": "t"}, lambda: binding)
+            asking = {"resultType": "input_required", "requestState": "s"}
+            sealed = boundary.seal_result(codec, judged, asking)
             params = {"name": "t", "requestState": sealed["requestState"]}
-            await jsonrpc.judge_request(codec, "tools/call", params, lambda: binding)
+            await boundary.judge_request(codec, "tools/call", params, lambda: binding)
             try:
-                await jsonrpc.judge_request(codec, "tools/call", params, lambda: binding)
-            except jsonrpc.WireError:
+                await boundary.judge_request(codec, "tools/call", params, lambda: binding)
+            except boundary.WireError:
                 pass
 
         asyncio.run(accepted_then_replayed())

@@ -20,7 +20,7 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import rsa
 from fixtures_proxy import CLIENT_ID, ISSUER, JWT_AUDIENCE, JWKSServer, principal
 
-from statecodec.adapters import jsonrpc
+from statecodec import boundary
 from statecodec.proxy import (
     BearerPrincipal,
     JWKSVerifier,
@@ -46,10 +46,10 @@ async def resolve(server: JWKSServer, token: str, **options: Any) -> str | None:
 
 async def test_a_verified_jwt_gives_client_issuer_and_subject(jwks_server: JWKSServer) -> None:
     assert await resolve(jwks_server, jwks_server.mint("alice")) == principal("alice")
-    assert principal("alice") == jsonrpc.principal_string(CLIENT_ID, ISSUER, "alice")
+    assert principal("alice") == boundary.principal_string(CLIENT_ID, ISSUER, "alice")
     # azp stands in for client_id, as OAuth access tokens from OpenID providers carry it.
     token = jwks_server.mint("carol", client_id=None, azp="web-app")
-    assert await resolve(jwks_server, token) == jsonrpc.principal_string("web-app", ISSUER, "carol")
+    assert await resolve(jwks_server, token) == boundary.principal_string("web-app", ISSUER, "carol")
 
 
 def _hs256_with_public_key(server: JWKSServer) -> str:
@@ -140,7 +140,8 @@ async def test_introspection_hooks_sync_and_async() -> None:
         return {"active": token == "good", "sub": "dave", "iss": ISSUER, "client_id": "cli"}
 
     hook = BearerPrincipal(introspect)
-    assert await hook({}, {"authorization": "Bearer good"}) == jsonrpc.principal_string("cli", ISSUER, "dave")
+    dave = boundary.principal_string("cli", ISSUER, "dave")
+    assert await hook({}, {"authorization": "Bearer good"}) == dave
     with pytest.raises(Unauthenticated):
         await hook({}, {"authorization": "Bearer bad"})  # active: false
     assert await hook({}, {}) is None  # no credentials: no principal, nothing to verify

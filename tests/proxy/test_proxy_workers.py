@@ -23,7 +23,7 @@ from processes import await_line
 from proxy_workers import spawned_group, until, workers_of
 
 from statecodec import KeyRing
-from statecodec.adapters.jsonrpc import WIRE_ERROR_CODE
+from statecodec.boundary import WIRE_ERROR_CODE
 from statecodec.cli import main
 
 
