@@ -14,6 +14,7 @@ import logging
 import os
 import re
 import signal
+import sqlite3
 import stat
 import subprocess
 import sys
@@ -29,6 +30,7 @@ from statecodec._demo._cluster import Instance, Setup
 from statecodec._demo._narration import Narrator
 from statecodec._demo._run import Answered, Mode, Rejection, RoundOne, RoundTwo
 from statecodec.cli import main
+from statecodec.replay import SQLiteReplayStore
 
 VALIDATOR = jsonschema.Draft202012Validator(
     json.loads((Path(__file__).resolve().parents[2] / "docs" / "cli-schema.json").read_text())
@@ -231,15 +233,29 @@ def test_without_the_mcp_extra_it_says_what_to_install(tmp_path: Path) -> None:
 
 
 def test_ctrl_c_stops_everything_and_exits_130(tmp_path: Path) -> None:
+    """SIGINT while the demo waits on its replay store, which the test holds locked.
+
+    The demo cannot finish before the signal: the test holds the SQLite store's write lock
+    from the start, so round 2's consume waits (busy_timeout, minutes) until the test lets
+    go, which it does only once the signal is sent. The marker, round 1, comes before any
+    consume; by then the servers are up and the client is connected.
+    """
     env = {**isolated_env(tmp_path), "STATECODEC_DATA_DIR": str(tmp_path / "data")}
+    store = tmp_path / "replay.sqlite3"
+    SQLiteReplayStore(store).close()  # the file in WAL mode and its table: opening it needs no lock
+    lock = sqlite3.connect(store, isolation_level=None)
+    lock.execute("BEGIN IMMEDIATE")  # the write lock every consume needs
     proc = subprocess.Popen(
-        [str(SCRIPT), "demo"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env
-    )
+        [str(SCRIPT), "demo", "--replay", f"sqlite:///{store}?busy_timeout=300"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+    )  # fmt: skip
     try:
         lines = _read_until(proc, "alice -> A")
-        proc.send_signal(signal.SIGINT)  # mid-flow: servers up, the client connected
-        out, err = proc.communicate(timeout=30)
+        proc.send_signal(signal.SIGINT)  # mid-flow: round 2 is yet to come, or waits for the lock
+        lock.rollback()  # the waiting consume ends, and the demo can shut its servers down
+        out, err = proc.communicate(timeout=60)
     finally:
+        lock.close()
         if proc.poll() is None:
             proc.kill()
             proc.wait()

@@ -14,6 +14,7 @@ import time
 import pytest
 import replay_outcomes
 from fixtures_valkey import ValkeyServer
+from processes import wait_until
 
 import statecodec as sc
 from statecodec.replay import RedisReplayStore
@@ -47,20 +48,26 @@ def test_server_stopped_mid_run_then_restarted(valkey_outage: ValkeyServer) -> N
                 refused.append(token)
             time.sleep(0.002)
 
+    def settled(name: str) -> None:
+        # Waits for calls made wholly in this phase, however slowly the machine runs them.
+        wait_until(lambda: sum(b == a == name for b, a, _ in results) >= 5, f"5 calls {name}")
+
     refused: list[str] = []
     runner = threading.Thread(target=traffic)
     runner.start()
-    time.sleep(0.3)
-    phase = "stopping"
-    valkey_outage.stop()
-    phase = "down"
-    time.sleep(0.3)
-    phase = "restarting"
-    valkey_outage.start()
-    phase = "back"
-    time.sleep(0.3)
-    stop.set()
-    runner.join()
+    try:
+        settled("up")
+        phase = "stopping"
+        valkey_outage.stop()
+        phase = "down"
+        settled("down")
+        phase = "restarting"
+        valkey_outage.start()
+        phase = "back"
+        settled("back")
+    finally:
+        stop.set()
+        runner.join()
 
     by_phase: dict[str, set[str]] = {}
     for before, after, outcome in results:
@@ -100,15 +107,19 @@ async def test_server_stopped_mid_run_then_restarted_async(valkey_outage: Valkey
 
 
 @pytest.mark.parametrize(
-    ("retries", "expected"),
+    ("retries", "after_restart"),
     [
-        (1, ["ok", "ok", "ok", "replayed", "ok"]),
-        # Without a retry the async client uses its dead pooled connection once and fails
-        # closed; that is why the default is one retry (safe: see RedisReplayStore).
-        (0, ["ok", "ok", "ok", "store_unavailable", "ok"]),
+        (1, {"replayed"}),
+        # Without a retry the async client may use its dead pooled connection once, and fail
+        # closed; whether it already knows that connection died when the call comes is a
+        # matter of timing, so both answers are right, and "ok" never is (that is why the
+        # default is one retry: safe, see RedisReplayStore).
+        (0, {"replayed", "store_unavailable"}),
     ],
 )
-def test_a_restart_between_two_calls(valkey_outage: ValkeyServer, retries: int, expected: list[str]) -> None:
+def test_a_restart_between_two_calls(
+    valkey_outage: ValkeyServer, retries: int, after_restart: set[str]
+) -> None:
     # Pooled connections die with the server. The sync client notices before using one.
     store = RedisReplayStore(valkey_outage.url, retries=retries)
     codec = sc.StateCodec(RING, replay=store)
@@ -124,4 +135,6 @@ def test_a_restart_between_two_calls(valkey_outage: ValkeyServer, retries: int, 
         await store.aclose()
         return outcomes
 
-    assert asyncio.run(scenario()) == expected
+    sync_up, async_up, sync_after, async_again, async_fresh = asyncio.run(scenario())
+    assert [sync_up, async_up, sync_after, async_fresh] == ["ok"] * 4
+    assert async_again in after_restart  # the token the sync call just redeemed: never accepted twice
