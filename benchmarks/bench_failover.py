@@ -35,6 +35,7 @@ sys.path.insert(0, str(ROOT / "tests"))  # for fixtures_valkey
 import redis  # noqa: E402
 import redis.crc  # noqa: E402
 from fixtures_valkey import ValkeyCluster  # noqa: E402
+from processes import running  # noqa: E402
 
 from statecodec import ReplayStoreError  # noqa: E402
 from statecodec.replay import RedisReplayStore  # noqa: E402
@@ -128,7 +129,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", type=Path)
     args = parser.parse_args(argv)
     results: dict[str, Any] = {"load_average": os.getloadavg()}
-    with ValkeyCluster() as cluster:
+    with running(ValkeyCluster) as cluster:
         for wait in (0, 1):
             runs = []
             for i in range(args.trials):

@@ -51,7 +51,7 @@ import _harness
 import httpx
 from _harness import ROOT, interleaved
 from fixtures_valkey import ValkeyServer
-from processes import await_line, spawn, stop
+from processes import await_line, spawn, started, stop
 
 from statecodec import KeyRing
 
@@ -348,7 +348,7 @@ def main() -> None:
         command, cwd = upstream_command(args.upstream)
         upstream, upstream_url = start(command, "READY ", tmp / "upstream.log", cwd)
         procs: list[subprocess.Popen[str]] = []
-        valkey = ValkeyServer().start() if args.replay == "redis" else None
+        valkey = started(ValkeyServer) if args.replay == "redis" else None
         try:
             proxies: dict[int | str, tuple[str, int]] = {}
             # One proxy per worker count, sharing keys and store; the baseline's from its tree.

@@ -53,8 +53,8 @@ import redis
 import redis.utils
 from _harness import interleaved, spread
 from fixtures_postgres import PostgresServer, bin_dir
-from fixtures_postgres import running as postgres_running
 from fixtures_valkey import ValkeyCluster, ValkeyServer
+from processes import running
 
 import statecodec as sc
 from statecodec.replay import (
@@ -390,12 +390,10 @@ def main(argv: list[str] | None = None) -> int:
         ("sqlite_1_full", lambda: bench_sqlite(max(3, repeats // 2), n(20_000), 1, "FULL")),
     ]
     durable = {"fsync": "on", "synchronous_commit": "on"}
-    postgres = (
-        postgres_running(lambda: PostgresServer(settings=durable)) if bin_dir() else contextlib.nullcontext()
-    )
+    postgres = running(lambda: PostgresServer(settings=durable)) if bin_dir() else contextlib.nullcontext()
     with (
-        ValkeyServer() as server,
-        ValkeyCluster() as cluster,
+        running(ValkeyServer) as server,
+        running(ValkeyCluster) as cluster,
         postgres as pg,
         tempfile.TemporaryDirectory() as tmp,
     ):

@@ -17,6 +17,7 @@ from collections.abc import Iterator
 
 import pytest
 from hypothesis import HealthCheck, settings
+from loopback import refusing_port
 
 settings.register_profile("ci", max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 settings.register_profile("dev", max_examples=50, deadline=None)
@@ -30,6 +31,13 @@ pytest_plugins: list[str] = [
     "fixtures_proxy",
     "fixtures_valkey",
 ]
+
+
+@pytest.fixture
+def refused_port() -> Iterator[int]:
+    """A loopback port that refuses every connection for the whole test (loopback.refusing_port)."""
+    with refusing_port() as port:
+        yield port
 
 
 @pytest.fixture(autouse=True)

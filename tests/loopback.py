@@ -3,16 +3,31 @@
 For what has no real server to start (an identity provider's JWKS, a Kubernetes
 TokenReview endpoint, an upstream that records or scripts its answers). ``with
 Loopback(Handler) as server`` serves until the block ends, then shuts down and joins
-its thread: nothing keeps listening after a test.
+its thread: nothing keeps listening after a test. And :func:`refusing_port`, a port where
+connections are refused for as long as a test needs one.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
+import socket
 import threading
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
+
+
+@contextlib.contextmanager
+def refusing_port() -> Iterator[int]:
+    """A loopback port that refuses every connection until the block ends: bound, never listening.
+
+    Held, not closed and reused: a number whose socket was closed is free for any server
+    that starts meanwhile, and the test would then talk to it.
+    """
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        yield int(sock.getsockname()[1])
 
 
 class Quiet(BaseHTTPRequestHandler):

@@ -3,12 +3,19 @@
 One place for spawning with a log file, waiting for the line a process prints once it
 listens (``READY <url>``, ``listening on <url>``), starting several at once (all stopped
 if one fails), polling for a condition with a bound, and stopping what was started.
+
+Ports: a server that can bind port 0 does, and reports the port it got. One that needs a
+number on its command line (Valkey, PostgreSQL, OpenBao) gets one from :func:`pick_port`,
+is held ready only once :func:`listens` shows that very process listening there, and is
+started again on new ports when it could not bind (:func:`started`). No port is probed by
+binding it and closing the socket: another process could take the number in between.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import random
 import shutil
 import signal
 import subprocess
@@ -23,6 +30,45 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 NODE_DIR = ROOT / "tests" / "node"
 START_TIMEOUT = 60.0
+
+
+def pick_port() -> int:
+    """A loopback port number for a server that takes one on its command line: picked, not probed.
+
+    It lies outside the kernel's ephemeral range, where every port-0 bind and every outgoing
+    connection's port lands, so the only servers that can hold it are others started on a
+    picked number; a start that finds it taken fails, and is made again on a new one.
+    """
+    try:
+        low, high = map(int, Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split())
+    except (OSError, ValueError):
+        low, high = 32768, 60999  # Linux's default
+    if low > 11_000:
+        return random.SystemRandom().randrange(10_000, low)
+    return random.SystemRandom().randrange(high + 1, 65_536)
+
+
+def listens(pid: int, port: int) -> bool:
+    """Whether process ``pid`` itself holds a listening TCP socket on loopback ``port``.
+
+    A server whose bind failed may answer a readiness check for a moment through whatever
+    else listens on that port; this tells them apart (Linux's /proc).
+    """
+    sockets = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with contextlib.suppress(OSError):
+            for row in Path(table).read_text().splitlines()[1:]:
+                fields = row.split()
+                if fields[3] == "0A" and int(fields[1].rsplit(":", 1)[1], 16) == port:  # 0A: LISTEN
+                    sockets.add(f"socket:[{fields[9]}]")
+    if not sockets:
+        return False
+    with contextlib.suppress(OSError):
+        for fd in Path(f"/proc/{pid}/fd").iterdir():
+            with contextlib.suppress(OSError):  # closed since it was listed
+                if os.readlink(fd) in sockets:
+                    return True
+    return False
 
 
 def spawn(command: Sequence[str], log_path: Path, cwd: Path = ROOT) -> subprocess.Popen[str]:
@@ -159,10 +205,10 @@ Made = TypeVar("Made", bound=Startable)
 
 
 def started(make: Callable[[], Made]) -> Made:
-    """A server made by ``make`` and started, on fresh ports if the one it picked was taken.
+    """A server made by ``make`` and started, on fresh ports if one it picked was taken.
 
-    A port picked free can be taken before the server binds it: such a start fails with
-    RuntimeError, and a new server (new ports) is tried, three times at most.
+    A picked port (:func:`pick_port`) may be held by another server: such a start fails
+    with RuntimeError, and a new server (new ports) is tried, three times at most.
     """
     for attempt in range(3):
         made = make()

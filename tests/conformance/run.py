@@ -46,7 +46,7 @@ ROOT = HERE.parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 
 from fixtures_valkey import ValkeyServer  # noqa: E402
-from processes import await_line, spawn, stop  # noqa: E402
+from processes import await_line, spawn, started, stop  # noqa: E402
 
 from statecodec import KeyRing  # noqa: E402
 
@@ -192,7 +192,7 @@ class Processes:
         if store == "sqlite":
             return f"sqlite:{self.work / f'replay-{self._count}.sqlite3'}"
         if self._valkey is None:
-            self._valkey = ValkeyServer().start()
+            self._valkey = started(ValkeyServer)
         return self._valkey.url.removesuffix("/0") + f"/{self._count % 16}"
 
     def start(self, label: str, command: list[str], prefix: str) -> str:

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import os
 import re
-import socket
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -138,16 +137,13 @@ def test_code_samples_run(path: Path, tmp_path: Path, docs_vault: OpenBao, docs_
         assert not Path(imported.group(1)).resolve().is_relative_to(ROOT), imported.group(1)
 
 
-def test_vault_samples_stop_at_unreachable_without_a_server(tmp_path: Path) -> None:
+def test_vault_samples_stop_at_unreachable_without_a_server(tmp_path: Path, refused_port: int) -> None:
     # The other half of the convention: a reader whose VAULT_ADDR answers nothing sees the
     # page stop with the source's own diagnosis, not a NameError or a hang.
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))  # bound, never listening: connections are refused
-        closed = f"http://127.0.0.1:{sock.getsockname()[1]}"
-        (tmp_path / "home").mkdir()
-        (tmp_path / "cwd").mkdir()
-        env = reader_env(tmp_path / "home", VAULT_ADDR=closed, VAULT_TOKEN="t")
-        done = run_page(ROOT / "docs" / "keys.md", tmp_path / "cwd", env)
+    (tmp_path / "home").mkdir()
+    (tmp_path / "cwd").mkdir()
+    env = reader_env(tmp_path / "home", VAULT_ADDR=f"http://127.0.0.1:{refused_port}", VAULT_TOKEN="t")
+    done = run_page(ROOT / "docs" / "keys.md", tmp_path / "cwd", env)
     assert done.returncode == 1, done.stderr
     last = done.stderr.strip().splitlines()[-1]
     assert re.search(

@@ -10,6 +10,7 @@ without being burnt. The server is stopped by its PID.
 
 from __future__ import annotations
 
+import re
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,7 +19,7 @@ import httpx2
 import mcp_types as types
 import pytest
 from doc_pages import ROOT, page_program
-from fixtures_valkey import free_port, wait_until
+from fixtures_valkey import wait_until
 from mcp.client import Client
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.exceptions import MCPError
@@ -33,17 +34,18 @@ CONFIRM = {"confirm": types.ElicitResult(action="accept", content={"confirm": Tr
 @pytest.fixture
 def served(tmp_path: Path) -> Iterator[str]:
     (tmp_path / "server.py").write_text(page_program(PAGE), encoding="utf-8")
-    port = free_port()
     log = tmp_path / "uvicorn.log"
-    proc = spawn(
-        [sys.executable, "-m", "uvicorn", "server:app", "--host", "127.0.0.1", "--port", str(port)],
+    proc = spawn(  # port 0: uvicorn binds a free port and logs the one it got
+        [sys.executable, "-m", "uvicorn", "server:app", "--host", "127.0.0.1", "--port", "0"],
         log,
         cwd=tmp_path,
     )
     try:
         wait_until(lambda: "Uvicorn running on" in log.read_text() or proc.poll() is not None, "uvicorn")
         assert proc.poll() is None, log.read_text()
-        yield f"http://127.0.0.1:{port}/mcp"
+        running = re.search(r"Uvicorn running on (http://127\.0\.0\.1:[1-9]\d*)", log.read_text())
+        assert running, log.read_text()
+        yield f"{running.group(1)}/mcp"
     finally:
         stop(proc)
     assert (tmp_path / "keys.json").stat().st_mode & 0o077 == 0  # the page's key file, mode 600

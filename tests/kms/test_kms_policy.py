@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import socket
 from pathlib import Path
 
 import pytest
@@ -17,12 +16,6 @@ TL = Timeline(refresh_interval=10, jitter=0.1, max_skew=5, max_ttl=300, stalenes
 DAY = 86400
 
 
-def _closed_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])  # closed again when the block ends: nothing listens
-
-
 def test_a_file_sources_own_rotate_hits_the_floor(tmp_path: Path) -> None:
     path = tmp_path / "ring.json"
     init_keys(f"file:{path}", clock=lambda: 0)
@@ -34,9 +27,9 @@ def test_a_file_sources_own_rotate_hits_the_floor(tmp_path: Path) -> None:
     assert path.read_bytes() == before
 
 
-def test_a_transit_sources_own_rotate_hits_the_floor_before_calling_vault() -> None:
+def test_a_transit_sources_own_rotate_hits_the_floor_before_calling_vault(refused_port: int) -> None:
     # Nothing listens on the port: reaching Vault would raise KeySourceError, not ValueError.
-    settings = VaultSettings(addr=f"http://127.0.0.1:{_closed_port()}", token="t", retries=0)
+    settings = VaultSettings(addr=f"http://127.0.0.1:{refused_port}", token="t", retries=0)
     source = TransitSource("transit", "k", settings)
     try:
         with pytest.raises(ValueError, match="too short"):

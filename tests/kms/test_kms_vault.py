@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import base64
 import json
-import socket
 import threading
 import time
 import uuid
@@ -141,12 +140,11 @@ def test_missing_address_and_credentials(
     assert len(source_from_url(f"vault-transit:transit/{name}").load()) == 1
 
 
-def test_unreachable_vault_retries_then_says_so(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+def test_unreachable_vault_retries_then_says_so(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, refused_port: int
+) -> None:
     clean_vault_env(monkeypatch, tmp_path)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]  # closed again: nothing listens there
-    monkeypatch.setenv("VAULT_ADDR", f"http://127.0.0.1:{port}")
+    monkeypatch.setenv("VAULT_ADDR", f"http://127.0.0.1:{refused_port}")
     monkeypatch.setenv("VAULT_TOKEN", "root")
     src = source_from_url("vault-kv:secret/x", retries=2, backoff=0.01)
     with pytest.raises(KeySourceError, match=r"cannot connect to Vault at .* \(connection refused\)") as info:

@@ -573,11 +573,8 @@ def test_a_server_the_probe_cannot_use_is_a_one_line_error(misbehaving: Misbehav
     assert human.exit_code == 8 and human.stdout == "" and message in human.stderr
 
 
-def test_an_unreachable_server_and_an_unknown_tool() -> None:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        closed = sock.getsockname()[1]  # bound, never listening: connections are refused
-        doc = run_json(f"http://127.0.0.1:{closed}/mcp", "--tool", "t", "--only", "readable")
+def test_an_unreachable_server_and_an_unknown_tool(refused_port: int) -> None:
+    doc = run_json(f"http://127.0.0.1:{refused_port}/mcp", "--tool", "t", "--only", "readable")
     assert doc["exit_code"] == 8 and doc["error"]["message"].startswith("cannot reach")
     server = Misbehaving("garbage")
     try:

@@ -82,11 +82,9 @@ def test_exit_codes_when_it_cannot_start(tmp_path: Path) -> None:
     assert code == 2 and "--introspection nope:fn" in err
 
 
-async def test_upstream_failures_and_graceful_shutdown(tmp_path: Path) -> None:
+async def test_upstream_failures_and_graceful_shutdown(tmp_path: Path, refused_port: int) -> None:
     """A closed port is a 502, a silent upstream a 504; SIGTERM ends the proxy with code 0."""
-    with socket.socket() as closed:
-        closed.bind(("127.0.0.1", 0))
-        dead = closed.getsockname()[1]  # nothing listens once the socket is closed
+    dead = refused_port
     silent = socket.socket()  # listens, accepts into the backlog, never answers
     silent.bind(("127.0.0.1", 0))
     silent.listen()

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -222,12 +221,6 @@ def test_readyz_turns_503_when_valkey_dies_and_200_when_it_is_back(watched: Watc
 
 
 # ------------------------------------------------------------------ start-up
-def _closed_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 def _start(args: list[str], tmp: Path, env: dict[str, str] | None = None) -> tuple[int, str, str]:
     proc = subprocess.run(
         [sys.executable, "-m", "statecodec.cli", "proxy", "--upstream", "http://127.0.0.1:9/mcp",
@@ -238,10 +231,12 @@ def _start(args: list[str], tmp: Path, env: dict[str, str] | None = None) -> tup
 
 
 @pytest.mark.parametrize("log_format", ["text", "json"])
-def test_it_exits_before_listening_when_it_cannot_start(tmp_path: Path, log_format: str) -> None:
+def test_it_exits_before_listening_when_it_cannot_start(
+    tmp_path: Path, log_format: str, refused_port: int
+) -> None:
     keys = f"file:{keys_file(tmp_path)}"
-    unreachable_store = f"redis://127.0.0.1:{_closed_port()}/0"
-    vault_down = {"VAULT_ADDR": f"http://127.0.0.1:{_closed_port()}", "VAULT_TOKEN": "s.test"}
+    unreachable_store = f"redis://127.0.0.1:{refused_port}/0"
+    vault_down = {"VAULT_ADDR": f"http://127.0.0.1:{refused_port}", "VAULT_TOKEN": "s.test"}
     cases = [
         (3, ["--keys", f"file:{tmp_path / 'missing.json'}", "--replay", "memory:"], None, "keys init"),
         (3, ["--keys", f"file:{tmp_path}", "--replay", "memory:"], None, "is a directory"),

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 from fixtures_valkey import ValkeyServer
+from processes import running
 from replay_outcomes import ticking
 
 import statecodec as sc
@@ -309,8 +310,9 @@ async def test_redis_down_async_is_store_unavailable_and_the_token_survives(
 
 def test_redis_with_persistence_remembers_across_restarts(tmp_path: Path) -> None:
     # Why docs/replay.md asks for appendonly: without it a restart forgets every entry.
-    server = ValkeyServer(extra_args=["--appendonly", "yes", "--appendfsync", "always"])
-    with server:
+    with running(
+        lambda: ValkeyServer(extra_args=["--appendonly", "yes", "--appendfsync", "always"])
+    ) as server:
         store = RedisReplayStore(server.url)
         codec = sc.StateCodec(RING, replay=store)
         token = codec.seal(b"t", ALICE)

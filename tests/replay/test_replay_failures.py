@@ -25,6 +25,7 @@ from pathlib import Path
 import pytest
 import redis
 from fixtures_valkey import ValkeyServer
+from processes import running
 
 from statecodec import Binding, InvalidState, KeyRing, StateCodec
 from statecodec.replay import RedisReplayStore, SQLiteReplayStore
@@ -46,11 +47,10 @@ def outcome(codec: StateCodec, token: str) -> str:
 @pytest.fixture
 def durable_valkey() -> Iterator[ValkeyServer]:
     """A Valkey of this test's own whose acknowledged writes survive SIGKILL (AOF, fsync always)."""
-    server = ValkeyServer(extra_args=["--appendonly", "yes", "--appendfsync", "always"])
-    try:
-        yield server.start()
-    finally:
-        server.cleanup()
+    with running(
+        lambda: ValkeyServer(extra_args=["--appendonly", "yes", "--appendfsync", "always"])
+    ) as server:
+        yield server
 
 
 def kill_hard(server: ValkeyServer) -> None:

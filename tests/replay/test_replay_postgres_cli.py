@@ -21,7 +21,7 @@ import httpx
 import jsonschema
 import pytest
 from click.testing import CliRunner
-from fixtures_postgres import APP_PASSWORD, DATABASE, SUPERUSER_PASSWORD, PostgresServer, free_port
+from fixtures_postgres import APP_PASSWORD, DATABASE, SUPERUSER_PASSWORD, PostgresServer
 from fixtures_proxy import ANSWERS, TOOL, Upstream, messages, modern_request, proxy_command, upstream_command
 from processes import await_line, spawn, stop
 from prometheus_client.parser import text_string_to_metric_families
@@ -54,8 +54,8 @@ def _keys(tmp: Path, ring: sc.KeyRing | None = None) -> Path:
     return keys
 
 
-def _unreachable() -> list[str]:
-    port = free_port()  # nothing listens there
+def _unreachable(port: int) -> list[str]:
+    """URLs of a server that refuses connections on ``port`` (the ``refused_port`` fixture)."""
     return [
         f"postgresql://statecodec_app:{quote(APP_PASSWORD, safe='')}@127.0.0.1:{port}/{DATABASE}?timeout=1",
         f"postgres://statecodec_app@127.0.0.1:{port}/{DATABASE}?password={QUERY_PW}&timeout=1",
@@ -63,7 +63,9 @@ def _unreachable() -> list[str]:
 
 
 # ---------------------------------------------------------------- verify --consume
-def test_verify_consume_redeems_once_in_postgres(postgres_server: PostgresServer, tmp_path: Path) -> None:
+def test_verify_consume_redeems_once_in_postgres(
+    postgres_server: PostgresServer, tmp_path: Path, refused_port: int
+) -> None:
     ring = sc.KeyRing.generate("k1")
     keys = _keys(tmp_path, ring)
     token = sc.StateCodec(ring).seal(b"x", None)
@@ -79,7 +81,7 @@ def test_verify_consume_redeems_once_in_postgres(postgres_server: PostgresServer
     VALIDATOR.validate(doc)
     assert doc["error"]["reason"] == "replayed"
     outputs = [first.stdout, first.stderr, second.stdout, second.stderr]
-    for bad in _unreachable():
+    for bad in _unreachable(refused_port):
         for extra in ([], ["--json"]):
             fresh = sc.StateCodec(ring).seal(b"y", None)
             result = runner.invoke(
@@ -103,7 +105,7 @@ def test_verify_consume_redeems_once_in_postgres(postgres_server: PostgresServer
 
 
 # ---------------------------------------------------------------- replay init
-def test_replay_init_prints_applies_and_grants(postgres_server: PostgresServer) -> None:
+def test_replay_init_prints_applies_and_grants(postgres_server: PostgresServer, refused_port: int) -> None:
     table = _table()
     owner_url = postgres_server.url(table=table)
     runner = CliRunner()
@@ -135,7 +137,7 @@ def test_replay_init_prints_applies_and_grants(postgres_server: PostgresServer) 
         store.check()
         assert store.consume("k", 60) is True
     # Errors: unreachable is exit 4, a store with no schema is a usage error.
-    for bad in _unreachable():
+    for bad in _unreachable(refused_port):
         failed = runner.invoke(main, ["replay", "init", "--replay", bad])
         assert failed.exit_code == ExitCode.STORE, failed.output
         assert_no_secret(failed.stdout, failed.stderr)
@@ -145,10 +147,10 @@ def test_replay_init_prints_applies_and_grants(postgres_server: PostgresServer) 
 
 
 # ---------------------------------------------------------------- secrets
-def test_reprs_errors_and_logs_show_no_password(caplog: pytest.LogCaptureFixture) -> None:
+def test_reprs_errors_and_logs_show_no_password(caplog: pytest.LogCaptureFixture, refused_port: int) -> None:
     caplog.set_level(logging.DEBUG)
     shown: list[str] = []
-    for url in _unreachable():
+    for url in _unreachable(refused_port):
         shown += shown_when_unavailable(url, BINDING)
     for bad in (
         f"postgresql://u:{quote(APP_PASSWORD, safe='')}@h/db?pool_size=x",
@@ -275,9 +277,11 @@ def test_proxy_with_a_postgres_store_readyz_metrics_and_an_outage(
     assert_no_secret(log)
 
 
-def test_proxy_exits_4_before_listening_when_postgres_is_unreachable(tmp_path: Path) -> None:
+def test_proxy_exits_4_before_listening_when_postgres_is_unreachable(
+    tmp_path: Path, refused_port: int
+) -> None:
     keys = _keys(tmp_path)
-    for url in _unreachable():
+    for url in _unreachable(refused_port):
         proc = subprocess.run(
             [sys.executable, "-m", "statecodec.cli", "proxy", "--upstream", "http://127.0.0.1:9/mcp",
              "--audience", "svc", "--listen", "127.0.0.1:0", "--keys", f"file:{keys}", "--replay", url],

@@ -24,9 +24,10 @@ from pathlib import Path
 import pytest
 import redis
 import redis.asyncio
-from fixtures_valkey import ValkeyServer, free_port
+from fixtures_valkey import ValkeyServer
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from processes import pick_port, running
 from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
 from redis.cluster import RedisCluster
 
@@ -586,9 +587,8 @@ def test_redis_error_replies_fail_only_their_own_call(valkey_server: ValkeyServe
     raw.close()
 
 
-def test_redis_errors_never_show_the_password() -> None:
-    port = _closed_port()
-    store = RedisReplayStore(f"redis://:hunter2@127.0.0.1:{port}/0", connect_timeout=0.5)
+def test_redis_errors_never_show_the_password(refused_port: int) -> None:
+    store = RedisReplayStore(f"redis://:hunter2@127.0.0.1:{refused_port}/0", connect_timeout=0.5)
     with pytest.raises(ReplayStoreError) as info:
         store.consume("k", 60)
     assert "hunter2" not in str(info.value) and "***" in str(info.value)
@@ -610,17 +610,15 @@ def test_redis_timeouts_are_store_errors(prefix: str) -> None:
 
 def test_redis_cluster_client(prefix: str, tmp_path: Path) -> None:
     """A one-node Redis Cluster (all 16384 slots on one real server) through RedisCluster."""
-    server = ValkeyServer(
-        extra_args=[
-            "--cluster-enabled",
-            "yes",
-            "--cluster-config-file",
-            str(tmp_path / "n.conf"),
-            "--cluster-port",
-            str(free_port()),
-        ]
-    )
-    with server:
+
+    def one_node() -> ValkeyServer:
+        config = tmp_path / f"{uuid.uuid4().hex}.conf"
+        return ValkeyServer(
+            extra_args=["--cluster-enabled", "yes", "--cluster-config-file", str(config),
+                        "--cluster-port", str(pick_port())]
+        )  # fmt: skip
+
+    with running(one_node) as server:
         admin = redis.Redis(port=server.port)
         admin.execute_command("CLUSTER", "ADDSLOTSRANGE", 0, 16383)
         deadline = time.monotonic() + 10
@@ -650,10 +648,3 @@ def test_redis_cluster_client(prefix: str, tmp_path: Path) -> None:
 def test_redis_rejects_bad_settings(retries: int) -> None:
     with pytest.raises(ValueError, match="retries"):
         RedisReplayStore("redis://127.0.0.1:6379/0", retries=retries)
-
-
-def _closed_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-    return port

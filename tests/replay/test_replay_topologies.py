@@ -29,7 +29,7 @@ import redis.cluster
 from click.testing import CliRunner
 from fixtures_mcp import Balancer, connect, round_one, round_two
 from fixtures_proxy import JWKSServer, proxy_command
-from fixtures_valkey import ValkeyCluster, ValkeySentinels, ValkeyServer, free_port, in_sync, wait_until
+from fixtures_valkey import ValkeyCluster, ValkeySentinels, ValkeyServer, in_sync, wait_until
 from mcp.shared.exceptions import MCPError
 from processes import ROOT, await_line, running, spawn, stop
 
@@ -188,9 +188,12 @@ def test_a_plain_url_on_a_sentinel_names_the_fix(valkey_sentinels: ValkeySentine
 
 
 def test_check_refuses_what_cannot_serve(
-    valkey_server: ValkeyServer, valkey_cluster: ValkeyCluster, valkey_sentinels: ValkeySentinels
+    valkey_server: ValkeyServer,
+    valkey_cluster: ValkeyCluster,
+    valkey_sentinels: ValkeySentinels,
+    refused_port: int,
 ) -> None:
-    closed = free_port()
+    closed = refused_port
     sentinel_seed = f"127.0.0.1:{valkey_sentinels.sentinels[0].port}"
     refused = {
         f"redis://127.0.0.1:{closed}/0?retries=0": "unreachable",
@@ -626,12 +629,12 @@ async def test_two_proxies_share_a_store_named_by_statecodec_replay(
 
 @pytest.mark.parametrize("which", ["unreachable", "cluster-node"])
 def test_the_proxy_exits_4_before_listening_when_the_store_cannot_serve(
-    which: str, valkey_cluster: ValkeyCluster, tmp_path: Path
+    which: str, valkey_cluster: ValkeyCluster, tmp_path: Path, refused_port: int
 ) -> None:
     keys = tmp_path / "keys.json"
     keys.write_text(sc.KeyRing.generate().to_json())
     keys.chmod(0o600)
-    port = free_port() if which == "unreachable" else valkey_cluster.primaries()[0]
+    port = refused_port if which == "unreachable" else valkey_cluster.primaries()[0]
     log = tmp_path / "proxy.log"
     proc = spawn(
         [sys.executable, "-m", "statecodec.cli", "proxy", "--upstream", "http://127.0.0.1:9/mcp",

@@ -18,8 +18,8 @@ from urllib.parse import quote
 
 import pytest
 from click.testing import CliRunner
-from fixtures_valkey import ValkeyServer, free_port
-from processes import await_line, spawn, stop
+from fixtures_valkey import ValkeyServer
+from processes import await_line, running, spawn, stop
 from replay_outcomes import assert_hidden, shown_when_unavailable
 
 import statecodec as sc
@@ -66,11 +66,12 @@ def test_redact_replaces_every_secret_and_keeps_the_rest() -> None:
     assert redact("redis://host/0#a-fragment") == "redis://host/0#***"
 
 
-def test_reprs_and_store_unavailable_details_and_warnings(caplog: pytest.LogCaptureFixture) -> None:
+def test_reprs_and_store_unavailable_details_and_warnings(
+    caplog: pytest.LogCaptureFixture, refused_port: int
+) -> None:
     caplog.set_level(logging.DEBUG)
-    port = free_port()  # nothing listens: every consume fails
     shown: list[str] = []
-    for url in urls(port):
+    for url in urls(refused_port):  # every consume fails
         shown += shown_when_unavailable(url, BINDING)
     shown += [record.getMessage() for record in caplog.records]
     assert any("store unavailable" in line for line in shown)  # the scan saw real messages
@@ -97,7 +98,7 @@ def test_url_errors(url: str) -> None:
     assert_no_secret(str(info.value))
 
 
-def test_cli_verify_output(tmp_path: Path) -> None:
+def test_cli_verify_output(tmp_path: Path, refused_port: int) -> None:
     ring = sc.KeyRing.generate("k1")
     keys = tmp_path / "keys.json"
     keys.write_text(ring.to_json())
@@ -105,9 +106,9 @@ def test_cli_verify_output(tmp_path: Path) -> None:
     token = sc.StateCodec(ring).seal(b"x", None)
     runner = CliRunner()
     outputs = []
-    with ValkeyServer(extra_args=["--requirepass", USER_PW]) as server:
+    with running(lambda: ValkeyServer(extra_args=["--requirepass", USER_PW])) as server:
         good = f"redis://:{quote(USER_PW, safe='')}@127.0.0.1:{server.port}/0?client_name=verify"
-        for url in [good, *urls(free_port())]:
+        for url in [good, *urls(refused_port)]:
             for extra in ([], ["--json"]):
                 result = runner.invoke(
                     main,
@@ -130,15 +131,15 @@ def test_cli_verify_output(tmp_path: Path) -> None:
     assert_no_secret(*outputs)
 
 
-def test_proxy_start_up_log_and_exit_message(tmp_path: Path) -> None:
+def test_proxy_start_up_log_and_exit_message(tmp_path: Path, refused_port: int) -> None:
     keys = tmp_path / "keys.json"
     keys.write_text(sc.KeyRing.generate().to_json())
     keys.chmod(0o600)
-    upstream = f"http://127.0.0.1:{free_port()}/mcp?token={UPSTREAM_PW}"  # (credentials are refused)
+    upstream = f"http://127.0.0.1:{refused_port}/mcp?token={UPSTREAM_PW}"  # (credentials are refused)
     base = [sys.executable, "-m", "statecodec.cli", "proxy", "--upstream", upstream, "--audience", "svc",
             "--keys", f"file:{keys}", "--listen", "127.0.0.1:0", "--log-level", "debug"]  # fmt: skip
     logs = []
-    with ValkeyServer(extra_args=["--requirepass", USER_PW]) as server:
+    with running(lambda: ValkeyServer(extra_args=["--requirepass", USER_PW])) as server:
         user = quote(USER_PW, safe="")
         log = tmp_path / "started.log"
         proc = spawn(
@@ -150,7 +151,7 @@ def test_proxy_start_up_log_and_exit_message(tmp_path: Path) -> None:
             stop(proc)
         logs.append(log.read_text())
         assert "replay=redis://default:***@127.0.0.1" in logs[-1] and "/mcp?token=***" in logs[-1]
-    for url in urls(free_port()):
+    for url in urls(refused_port):
         log = tmp_path / "refused.log"
         proc = spawn([*base, "--replay", url], log)
         try:
