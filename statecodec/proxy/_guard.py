@@ -28,6 +28,11 @@ Deadlines are checked by one sweeper task per server, twice a second by default:
 per-request work is a clock read and two dictionary updates. Each shed is one WARNING
 record (``event=connection_shed``, ``reason``, ``status``) and one increment of
 ``statecodec_shed_total{reason}``.
+
+uvicorn documents none of this protocol class: it is a private seam (docs/architecture.md),
+held by tests/core/test_seams.py and by the uvicorn range statecodec[proxy] allows.
+:func:`guarded_protocol` refuses to build the class, naming what is missing, on a uvicorn
+that no longer has what the guard extends and reads.
 """
 
 from __future__ import annotations
@@ -38,11 +43,19 @@ import resource
 from dataclasses import dataclass
 from typing import Any, Final
 
-from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+import uvicorn
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
 
 from .. import _telemetry
 
-__all__ = ["ClientLimits", "Guard", "default_max_connections", "guarded_protocol", "raise_open_file_limit"]
+__all__ = [
+    "ClientLimits",
+    "Guard",
+    "default_max_connections",
+    "guarded_protocol",
+    "missing_from_uvicorn",
+    "raise_open_file_limit",
+]
 
 logger = logging.getLogger("statecodec.proxy")
 
@@ -182,8 +195,47 @@ class Guard:
             self.sweep(loop.time())
 
 
+#: The protocol's callbacks the guard extends.
+_CALLBACKS: Final = ("connection_made", "connection_lost", "on_headers_complete", "on_message_complete",
+                     "on_response_complete")  # fmt: skip
+#: The attributes the guard reads: (class, the method of uvicorn's that sets them, their names).
+_ATTRIBUTES: Final = (
+    ("HttpToolsProtocol", "__init__", ("loop", "connections", "pipeline", "cycle")),
+    ("HttpToolsProtocol", "connection_made", ("transport", "client")),
+    ("RequestResponseCycle", "__init__", ("response_started",)),
+)
+
+
+def missing_from_uvicorn(protocol: type, cycle: type) -> list[str]:
+    """What the guard uses of uvicorn's httptools protocol that ``protocol`` and ``cycle`` lack.
+
+    A callback must be there; an attribute must be set by the method that sets it in the
+    uvicorn releases statecodec[proxy] allows (the names the method's code refers to).
+    """
+    classes = {"HttpToolsProtocol": protocol, "RequestResponseCycle": cycle}
+    missing = [
+        f"HttpToolsProtocol.{name}" for name in _CALLBACKS if not callable(getattr(protocol, name, None))
+    ]
+    for owner, method, names in _ATTRIBUTES:
+        code = getattr(getattr(classes[owner], method, None), "__code__", None)
+        missing += [
+            f"{owner}.{method} sets {name}" for name in names if code is None or name not in code.co_names
+        ]
+    return missing
+
+
 def guarded_protocol(guard: Guard) -> type[HttpToolsProtocol]:
-    """uvicorn's httptools protocol class, its connections kept by ``guard``."""
+    """uvicorn's httptools protocol class, its connections kept by ``guard``.
+
+    Raises ``RuntimeError`` when this uvicorn lacks what the guard extends and reads.
+    """
+    missing = missing_from_uvicorn(HttpToolsProtocol, RequestResponseCycle)
+    if missing:
+        more = f" and {len(missing) - 1} more" if len(missing) > 1 else ""
+        raise RuntimeError(  # the remedy first: the CLI shows the first 200 characters
+            f"pip install 'statecodec[proxy]' for a uvicorn it supports: {uvicorn.__version__} "
+            f"lacks what the proxy's connection guard builds on ({missing[0]}{more})"
+        )
 
     class GuardedProtocol(HttpToolsProtocol):
         def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]

@@ -4,7 +4,9 @@ statecodec reaches below one dependency's public API for speed (redis-py's
 connection-level calls, which the Redis store's batcher sends its pipelines with) and
 leans on two private handles of the MCP SDKs (fastmcp's ``server._mcp_server``; the
 SDK's default middleware, which lives in the private ``mcp.server._otel``) and on one
-provisional hook (``Server.middleware``). Each test here takes the seam away the way a
+provisional hook (``Server.middleware``); the proxy's connection guard extends uvicorn's
+undocumented httptools protocol (no public alternative: a clear failure at start-up
+instead, and uvicorn capped at the releases tested). Each test here takes the seam away the way a
 future release would, by monkeypatching the dependency's private attribute or module out
 of reach (the honest simulation of a release that does not exist yet), and shows that the
 public path gives the same verdicts, or that ``protect()`` refuses at once with an
@@ -18,19 +20,23 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import socket
 import sys
 import uuid
 from typing import Any
 
 import pytest
 import redis.asyncio.connection
+import uvicorn
 from fastmcp import FastMCP
 from fixtures_valkey import ValkeyServer
 from mcp.server.lowlevel import Server
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
 
 from statecodec import KeyRing, StateCodec
 from statecodec.adapters import fastmcp as fastmcp_adapter
 from statecodec.adapters import mcp as mcp_adapter
+from statecodec.proxy import _guard
 from statecodec.replay import RedisReplayStore
 from statecodec.replay import redis as redis_store
 from statecodec.replay.memory import MemoryReplayStore
@@ -79,6 +85,76 @@ def test_fastmcp_without_its_private_lowlevel_server_fails_at_protect() -> None:
     server._mcp_server = object()  # type: ignore[assignment]  # as if FastMCP kept it elsewhere
     with pytest.raises(RuntimeError, match=r"server\._mcp_server.*http_app"):
         fastmcp_adapter.protect(server, _codec())
+
+
+# ------------------------------------------------------------------ uvicorn
+# The proxy's connection guard (statecodec/proxy/_guard.py) extends uvicorn's httptools
+# protocol, which uvicorn does not document: its callbacks, and the attributes connections,
+# pipeline, cycle (its response_started), transport, client and loop.
+def test_this_uvicorn_has_all_the_guard_builds_on() -> None:
+    assert _guard.missing_from_uvicorn(HttpToolsProtocol, RequestResponseCycle) == []
+
+
+def test_the_guard_is_not_built_on_a_uvicorn_without_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    class Renamed(HttpToolsProtocol):  # as if a release set its state under other names
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+
+    monkeypatch.setattr(_guard, "HttpToolsProtocol", Renamed)
+    with pytest.raises(RuntimeError, match=r"statecodec\[proxy\].* lacks .*__init__ sets loop and 3 more"):
+        _guard.guarded_protocol(_guard.Guard(_guard.ClientLimits(), 8))
+    renamed = _guard.missing_from_uvicorn(Renamed, RequestResponseCycle)
+    assert "HttpToolsProtocol.__init__ sets pipeline" in renamed
+    no_callbacks = _guard.missing_from_uvicorn(object, RequestResponseCycle)
+    assert "HttpToolsProtocol.on_response_complete" in no_callbacks
+    assert _guard.missing_from_uvicorn(HttpToolsProtocol, object) == [
+        "RequestResponseCycle.__init__ sets response_started"
+    ]
+
+
+async def _served(scope: dict[str, Any], receive: Any, send: Any) -> None:
+    while (await receive()).get("more_body"):
+        pass  # the whole body, or the client gone
+    await send({"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"6")]})
+    await send({"type": "http.response.body", "body": b"served"})
+
+
+async def test_the_attributes_the_guard_reads_mean_what_it_takes_them_for() -> None:
+    """A real uvicorn server with the guarded protocol, one connection allowed."""
+    guard = _guard.Guard(_guard.ClientLimits(head_timeout=60, body_timeout=0.3), max_connections=1)
+    config = uvicorn.Config(
+        _served, http=_guard.guarded_protocol(guard), ws="none", lifespan="off", log_level="warning"
+    )
+    server = uvicorn.Server(config)
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+        serving = asyncio.create_task(server.serve(sockets=[sock]))
+        sweeping = asyncio.create_task(guard.run(0.05))
+        try:
+            await _until(lambda: server.started)
+            first = await asyncio.open_connection("127.0.0.1", port)
+            first[1].write(b"GET / HTTP/1.1\r\nhost: x\r\n\r\n")
+            assert (await asyncio.wait_for(first[0].readuntil(b"served"), 30)).startswith(b"HTTP/1.1 200")
+            await _until(lambda: len(guard.heads) == 1)  # pipeline empty: waiting for a head again
+            second = await asyncio.open_connection("127.0.0.1", port)
+            assert await asyncio.wait_for(first[0].read(), 30) == b""  # connections: the idle one gave way
+            second[1].write(b"POST / HTTP/1.1\r\nhost: x\r\ncontent-length: 10\r\n\r\nx")
+            answer = await asyncio.wait_for(second[0].read(), 30)  # cycle.response_started: nothing yet
+            assert answer.startswith(b"HTTP/1.1 408"), answer
+            for _, writer in (first, second):
+                writer.close()
+        finally:
+            sweeping.cancel()
+            server.should_exit = True
+            await asyncio.wait_for(serving, 30)
+
+
+async def _until(condition: Any, timeout: float = 30.0) -> None:
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not condition():
+        assert asyncio.get_running_loop().time() < deadline, "condition not reached in time"
+        await asyncio.sleep(0.01)
 
 
 # ------------------------------------------------------------------ redis-py
