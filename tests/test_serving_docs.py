@@ -10,6 +10,7 @@ without being burnt. The server is stopped by its PID.
 
 from __future__ import annotations
 
+import socket
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -97,3 +98,28 @@ async def test_the_page_serves_a_protected_flow_over_http(served: str) -> None:
             allow_input_required=True,
         )
         assert isinstance(honest, types.CallToolResult) and not honest.is_error, honest
+
+
+def test_the_page_stops_at_start_when_its_store_does_not_answer(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The page checks its replay store before it serves: a dead Redis shows at start-up,
+    # not at the first round 2. A bound socket that never listens refuses every connection.
+    (tmp_path / "server.py").write_text(page_program(PAGE), encoding="utf-8")
+    with socket.socket() as dead:
+        dead.bind(("127.0.0.1", 0))
+        port = dead.getsockname()[1]
+        monkeypatch.setenv("STATECODEC_REPLAY", f"redis://127.0.0.1:{port}/0")
+        log = tmp_path / "uvicorn.log"
+        proc = spawn(
+            [sys.executable, "-m", "uvicorn", "server:app", "--host", "127.0.0.1", "--port", "0"],
+            log,
+            cwd=tmp_path,
+        )
+        try:
+            proc.wait(timeout=120)
+        finally:
+            stop(proc)
+    text = log.read_text()
+    assert proc.returncode not in (0, None), text
+    assert "Uvicorn running on" not in text and f"127.0.0.1:{port}" in text, text
