@@ -1,6 +1,8 @@
-"""Durations for people: ``duration(252) == "4m12s"``."""
+"""Durations and instants for people: ``duration(252) == "4m12s"``, ``iso(0) == "1970-01-01T00:00:00Z"``."""
 
 from __future__ import annotations
+
+import datetime as dt
 
 
 def duration(seconds: float) -> str:
@@ -16,6 +18,11 @@ def duration(seconds: float) -> str:
         return f"{h}h{rem // 60:02d}m"
     d, rem = divmod(s, 86400)
     return f"{d}d{rem // 3600:02d}h"
+
+
+def iso(ts: float) -> str:
+    """A Unix time as ISO 8601 UTC, to the second."""
+    return dt.datetime.fromtimestamp(int(ts), dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def relative(delta: float) -> str:

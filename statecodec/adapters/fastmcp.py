@@ -13,9 +13,14 @@ from __future__ import annotations
 
 from typing import Any, Unpack
 
-from fastmcp import FastMCP
-from fastmcp.server.dependencies import get_access_token
-from mcp.server.lowlevel import Server
+from .._extras import missing_extra
+
+try:
+    from fastmcp import FastMCP
+    from fastmcp.server.dependencies import get_access_token
+    from mcp.server.lowlevel import Server
+except ModuleNotFoundError as _exc:
+    raise (missing_extra(_exc, "fastmcp", __name__) or _exc) from None
 
 from .. import boundary
 from .._codec import StateCodec

@@ -30,17 +30,22 @@ from dataclasses import fields, is_dataclass, replace
 from functools import partial
 from typing import Any, Final, TypeAlias, TypedDict, Unpack, cast
 
-import anyio
-from mcp.server.auth.middleware.auth_context import get_access_token
-from mcp.server.auth.provider import principal_components
-from mcp.server.context import CallNext, HandlerResult, ServerRequestContext
-from mcp.server.lowlevel import Server
-from mcp.server.mcpserver import MCPServer
-from mcp.server.request_state import InvalidRequestState, RequestStateBoundary
-from mcp.server.streamable_http import REQUEST_CANCELLED
-from mcp.shared.exceptions import MCPError
-from mcp.types import InputRequiredResult
-from pydantic import BaseModel
+from .._extras import missing_extra
+
+try:
+    import anyio
+    from mcp.server.auth.middleware.auth_context import get_access_token
+    from mcp.server.auth.provider import principal_components
+    from mcp.server.context import CallNext, HandlerResult, ServerRequestContext
+    from mcp.server.lowlevel import Server
+    from mcp.server.mcpserver import MCPServer
+    from mcp.server.request_state import InvalidRequestState, RequestStateBoundary
+    from mcp.server.streamable_http import REQUEST_CANCELLED
+    from mcp.shared.exceptions import MCPError
+    from mcp.types import InputRequiredResult
+    from pydantic import BaseModel
+except ModuleNotFoundError as _exc:
+    raise (missing_extra(_exc, "mcp", __name__) or _exc) from None
 
 from .. import _telemetry, boundary
 from .._binding import Binding

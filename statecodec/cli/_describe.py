@@ -7,13 +7,12 @@ print as text, not drive the operator's terminal (terminal-escape injection).
 
 from __future__ import annotations
 
-import datetime as dt
 import json
 from collections.abc import Mapping
 from typing import Any, Final
 
 from .._codec import DEFAULT_MAX_TOKEN_BYTES
-from .._humanize import duration, relative
+from .._humanize import duration, iso, relative
 
 _CONTROL_ESCAPES: Final = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
 
@@ -40,10 +39,6 @@ def scalar(value: Any) -> str:
     """A short value for a table cell: strings as they are (escaped), anything else as JSON."""
     text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False, default=str)
     return printable(text)
-
-
-def iso(ts: float) -> str:
-    return dt.datetime.fromtimestamp(int(ts), dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def moment(ts: float, now: float) -> dict[str, Any]:

@@ -9,9 +9,11 @@ printed by ``statecodec --help`` and docs/cli.md, both generated from :data:`EXI
 from __future__ import annotations
 
 import enum
-import sys
-from typing import Final
+from typing import IO, Any, Final
 
+import click
+
+from .._extras import missing_extra
 from .._humanize import one_line
 
 
@@ -39,7 +41,8 @@ EXIT_CODES: Final[dict[ExitCode, str]] = {
     ExitCode.INVALID: "token rejected or unreadable (the reason says why: expired, tampered...); "
     "probe: a check failed",
     ExitCode.USAGE: "usage error: bad option or value (printed by click, never as JSON)",
-    ExitCode.KEYS: "key or configuration error: no --keys, bad key ring, no primary, missing setting",
+    ExitCode.KEYS: "key or configuration error: no --keys, bad key ring, no primary, missing setting "
+    "or extra (the message names the pip install)",
     ExitCode.STORE: "replay store unavailable or bad store URL; the token was NOT consumed",
     ExitCode.REPLAYED: "token authentic but already redeemed (single use)",
     ExitCode.IO: "file or input error: output exists (use --force), unwritable, input too large",
@@ -67,17 +70,37 @@ class CliError(Exception):
         self.reason = reason
 
 
-def explain_missing_extra(exc: ModuleNotFoundError, command: str) -> None:
-    """Raise a one-line "install the extra" error if ``exc`` is a module the ``mcp`` extra brings.
+def explain_missing_extra(exc: ModuleNotFoundError, command: str, extra: str | None = "mcp") -> None:
+    """Raise the one-line "install the extra" error (exit 3) if ``exc`` is a module ``extra`` brings.
 
     ``exc`` comes from importing the command's code, whose every import ``scripts/deps``
     holds to the extra's packages in pyproject.toml: a missing module that is neither
-    statecodec's own nor the standard library's is one of them, or one they need. No list
-    of them here, which would drift from pyproject.toml's.
+    statecodec's own nor the standard library's is one of them, or one they need.
     """
-    top = (exc.name or "").partition(".")[0]
-    if top and top != "statecodec" and top not in sys.stdlib_module_names:
-        raise CliError(
-            ExitCode.KEYS,
-            f"statecodec {command} needs the MCP SDK ({exc.name} is missing): pip install 'statecodec[mcp]'",
-        ) from None
+    if (error := missing_extra_error(exc, command, extra)) is not None:
+        raise error from None
+
+
+def missing_extra_error(exc: ImportError, command: str, extra: str | None = None) -> CliError | None:
+    """The "install the extra" error for ``exc`` (exit 3), or ``None`` when no extra brings the module.
+
+    ``extra=None``: the extra that lists the missing module (:mod:`statecodec._extras`).
+    """
+    missing = missing_extra(exc, extra, f"statecodec {command}".rstrip())
+    return None if missing is None else CliError(ExitCode.KEYS, str(missing))
+
+
+class ExtraMissingWhileParsing(click.ClickException):
+    """A missing extra found while click parses a command's options: one line, exit 3.
+
+    Commands report their errors themselves; an option callback that must import the
+    command's code can only hand click an exception it prints and exits with.
+    """
+
+    exit_code = int(ExitCode.KEYS)
+
+    def __init__(self, error: CliError) -> None:
+        super().__init__(error.message)
+
+    def show(self, file: IO[Any] | None = None) -> None:
+        click.echo(f"statecodec: error: {self.message}", err=True, file=file)

@@ -106,7 +106,9 @@ timeline_options: Final = grouped(
 def list_command(out: Output, *, keys_spec: str | None, at: float | None, timeline: Timeline) -> Outcome:
     """List the keys at a source with their state: primary, verify-only, pending or retired.
 
-    Shows each key's id, state, creation, promotion and retirement times, never a secret.
+    The primary is the key services mint with now; a pending key mints (becomes primary)
+    from the time shown. Shows each key's id, state, creation, minting and retirement
+    times, never a secret (--json adds each key's promotion time).
     From transit it reads only the key's metadata, so the rotation job's policy suffices.
     """
     now = clock_at(at)()
@@ -126,7 +128,10 @@ def list_command(out: Output, *, keys_spec: str | None, at: float | None, timeli
 
 def _key_fields(key: dict[str, Any], now: float) -> dict[str, Any]:
     """A key's fields as the library names them (``KeyState.to_dict``), its times as moments."""
-    return {name: moment(v, now) if name.endswith("_at") and v is not None else v for name, v in key.items()}
+    return {name: moment(v, now) if name in _TIMES and v is not None else v for name, v in key.items()}
+
+
+_TIMES: Final = frozenset({"created_at", "promotes_at", "primary_from", "retires_at"})
 
 
 _STATE_STYLE: dict[str, dict[str, Any]] = {
@@ -137,22 +142,29 @@ _STATE_STYLE: dict[str, dict[str, Any]] = {
 
 
 def _list_lines(out: Output, fields: dict[str, Any]) -> list[str]:
+    """One line per key; MINTS says when each mints: the primary now, a pending key from its promotion."""
     keys = fields["keys"]
     width = max([3, *(len(k["kid"]) for k in keys)]) + 2
-    head = f"  {'KID':<{width}}{'STATE':<13}{'CREATED':<22}{'PROMOTES AT':<22}RETIRES AT"
-    lines = [
-        f"{fields['source']}: {len(keys)} key(s), primary {fields['primary']}, as of {fields['at']['iso']}",
-        out.style(head, bold=True),
-    ]
-    for k in keys:
+    rows = [(k, _mints(k)) for k in keys]
+    mints_width = max([5, *(len(text) for _, text in rows)]) + 2
+    head = f"  {'KID':<{width}}{'STATE':<13}{'CREATED':<22}{'MINTS':<{mints_width}}RETIRES AT"
+    summary = f"{len(keys)} key(s), minting with {fields['primary']}, as of {fields['at']['iso']}"
+    lines = [f"{fields['source']}: {summary}", out.style(head, bold=True)]
+    for k, mints in rows:
         state = out.style(f"{k['state']:<13}", **_STATE_STYLE.get(k["state"], {}))
         retires = k["retires_at"]
         retire_text = f"{retires['iso']} ({retires['relative']})" if retires else "-"
         lines.append(
-            f"  {k['kid']:<{width}}{state}{k['created_at']['iso']:<22}{k['promotes_at']['iso']:<22}"
-            f"{retire_text}"
+            f"  {k['kid']:<{width}}{state}{k['created_at']['iso']:<22}{mints:<{mints_width}}{retire_text}"
         )
     return lines
+
+
+def _mints(key: dict[str, Any]) -> str:
+    if key["state"] == "primary":
+        return "now"
+    start = key["primary_from"]
+    return f"from {start['iso']} ({start['relative']})" if start else "-"
 
 
 # ------------------------------------------------------------------- init
@@ -184,6 +196,9 @@ def init_command(out: Output, *, keys_spec: str | None, key_type: str) -> Outcom
     "--retire-after", None, "Retire a key once its successor is this old (e.g. 2h).", required=True
 )
 @click.option("--dry-run", is_flag=True, help="Say what would change; change nothing.")
+@click.option(
+    "--force", is_flag=True, help="Add a key even while the key of an earlier rotation is still pending."
+)
 @timeline_options
 @command("keys rotate", log_format=True)
 def rotate_command(
@@ -193,12 +208,15 @@ def rotate_command(
     min_age: int,
     retire_after: int,
     dry_run: bool,
+    force: bool,
     timeline: Timeline,
 ) -> Outcome:
     """Add a key when the newest is older than --min-age; retire keys past their window.
 
     Idempotent and safe to run from a scheduler (every hour with --min-age 24h rotates
-    daily); concurrent runs do not double-rotate file or KV sources.
+    daily); concurrent runs do not double-rotate file or KV sources. While the key of an
+    earlier rotation is still pending (not primary yet), it adds none and says which key
+    is pending and when it becomes primary (exit 0), unless --force.
     """
     try:
         report = rotate(
@@ -207,6 +225,7 @@ def rotate_command(
             retire_after=retire_after,
             dry_run=dry_run,
             timeline=timeline,
+            force=force,
         )
     except ValueError as exc:  # retire_after shorter than the timeline allows
         raise CliError(ExitCode.KEYS, f"rotation refused: {exc}") from None

@@ -25,7 +25,7 @@ import click
 
 from .._errors import InvalidState, KeyUnavailable, ReplayStoreError
 from .._humanize import one_line
-from ._exit import CliError, ExitCode
+from ._exit import CliError, ExitCode, missing_extra_error
 
 #: Bumped only on an incompatible change to the JSON documents (docs/cli-schema.json).
 SCHEMA_VERSION: Final = 1
@@ -175,10 +175,15 @@ def envelope(command: str, outcome: Outcome) -> dict[str, Any]:
     return doc
 
 
-def classify(exc: Exception) -> CliError:
-    """Map any exception to its failure class; unknown ones are internal errors (fail closed)."""
+def classify(exc: Exception, command: str = "") -> CliError:
+    """Map any exception to its failure class; unknown ones are internal errors (fail closed).
+
+    A missing optional module is a configuration error naming the extra that brings it.
+    """
     if isinstance(exc, CliError):
         return exc
+    if isinstance(exc, ModuleNotFoundError) and (missing := missing_extra_error(exc, command)) is not None:
+        return missing
     if isinstance(exc, InvalidState):
         return invalid_state_error(exc)
     if isinstance(exc, KeyUnavailable):
@@ -293,8 +298,10 @@ def command(name: str, *, log_format: bool = False) -> Callable[[F], F]:
                 with _library_logs(out.log_format):
                     outcome = fn(out, **params)
             except Exception as exc:
-                error = reported(exc)
+                error = reported(exc, functools.partial(classify, command=name))
                 outcome = Outcome({}, exit_code=error.code, error=error)
+                if out.log_format == "json" and not _json_logs_work():
+                    out.log_format = "text"  # the missing extra is JSON logging's: say so in plain text
             out.emit(name, outcome)
             click.get_current_context().exit(int(outcome.exit_code))
 
@@ -305,6 +312,16 @@ def command(name: str, *, log_format: bool = False) -> Callable[[F], F]:
         return wrapper  # type: ignore[return-value]
 
     return decorate
+
+
+def _json_logs_work() -> bool:
+    from ..ops import json_formatter  # noqa: PLC0415 - python-json-logger only when asked for
+
+    try:
+        json_formatter()
+    except ModuleNotFoundError:
+        return False
+    return True
 
 
 def log_format_option(text: str) -> Callable[[F], F]:

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Final
 
 import click
 
+from ._exit import ExtraMissingWhileParsing, missing_extra_error
 from ._params import grouped
 
 if TYPE_CHECKING:
@@ -30,7 +31,12 @@ def _principal(
     algorithms: tuple[str, ...],
     introspection: str | None,
 ) -> PrincipalSettings:
-    from ..proxy._settings import PrincipalSettings, ProxyConfigError  # noqa: PLC0415 - only for this command
+    try:
+        from ..proxy._settings import PrincipalSettings, ProxyConfigError  # noqa: PLC0415 - only for this command
+    except ModuleNotFoundError as exc:
+        if (error := missing_extra_error(exc, "proxy", "proxy")) is None:
+            raise
+        raise ExtraMissingWhileParsing(error) from None
 
     try:
         return PrincipalSettings(

@@ -22,7 +22,7 @@ from .. import _telemetry
 from .._codec import DEFAULT_TTL
 from ..adapters.asgi import DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_RESPONSE_BYTES
 from ..boundary import DEFAULT_MAX_HOLD, DEFAULT_MAX_HOLDS, DEFAULT_MAX_HOLDS_PER_TOKEN, MAX_HOLD_LIMIT
-from ._exit import CliError, ExitCode
+from ._exit import CliError, ExitCode, missing_extra_error
 from ._output import classify, echo, log_format_option, reported
 from ._params import (
     HOST_PORT,
@@ -217,7 +217,7 @@ def proxy_command(principal: PrincipalSettings, **params: Any) -> None:
 def _report(exc: Exception, log_format: str) -> NoReturn:
     """The one line a proxy that cannot start or serve prints, and its exit code."""
     error = reported(exc, _error)
-    if log_format == "json":  # the one line is a JSON object too
+    if log_format == "json" and not isinstance(exc, ModuleNotFoundError):  # the one line is a JSON object too
         logger.critical(
             "%s",
             error.message,  # one line (CliError)
@@ -229,7 +229,9 @@ def _report(exc: Exception, log_format: str) -> NoReturn:
 
 
 def _error(exc: Exception) -> CliError:
-    """:func:`~statecodec.cli._output.classify`, and the proxy's own usage errors (exit 2)."""
+    """:func:`~statecodec.cli._output.classify`, the proxy's own usage errors (exit 2) and its extra."""
+    if isinstance(exc, ModuleNotFoundError) and (missing := missing_extra_error(exc, "proxy", "proxy")):
+        return missing
     from ..proxy._settings import MissingSettingError, ProxyConfigError  # noqa: PLC0415
 
     if isinstance(exc, ProxyConfigError | click.ClickException):

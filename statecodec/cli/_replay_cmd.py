@@ -21,7 +21,11 @@ from ._params import OrderedGroup, replay_option
 
 @click.group("replay", cls=OrderedGroup)
 def replay_group() -> None:
-    """Set up a replay store: print or apply its schema."""
+    """Replay store setup: replay init creates its PostgreSQL table.
+
+    replay init creates (or, with --print, prints) a PostgreSQL store's table and
+    index; the other stores need no setup.
+    """
 
 
 @replay_group.command("init")

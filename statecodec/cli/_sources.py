@@ -11,6 +11,7 @@ import contextlib
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
+from .._extras import missing_extra
 from ..replay.base import ReplayStore
 from ._exit import CliError, ExitCode
 
@@ -39,13 +40,20 @@ def key_manager(spec: str, *, clock: Callable[[], float], **timeline: Any) -> It
 def open_store(url: str, *, check: bool = False) -> ReplayStore:
     """The replay store at ``url``; a bad URL or an unopenable store is a store failure (exit 4).
 
+    A store whose extra is not installed is a configuration error (exit 3) naming the extra.
+
     With ``check``, the store must also answer now (:meth:`ReplayStore.check`: for Redis a
     PING, a cluster's slot map, the replicas ``wait=N`` needs), before the command goes on.
     """
-    from ..replay._url import OPEN_ERRORS, checked, store_from_url  # noqa: PLC0415 - verify --replay, proxy
+    from ..replay._url import OPEN_ERRORS, checked, redact, store_from_url  # noqa: PLC0415 - only when used
 
     try:
         store = store_from_url(url)
+    except ModuleNotFoundError as exc:  # an extra to install, not a store to retry later
+        missing = missing_extra(exc, None, f"the replay store {redact(url)!r}")
+        if missing is None:
+            raise
+        raise CliError(ExitCode.KEYS, str(missing)) from None
     except OPEN_ERRORS as exc:
         raise CliError(ExitCode.STORE, f"cannot open the replay store: {exc}") from None
     try:

@@ -138,7 +138,8 @@ def _binders(option: str) -> list[str]:
     "--replay",
     "replay_url",
     metavar="URL",
-    help="Replay store: memory:, sqlite:PATH, redis://HOST:PORT/DB, redis+cluster://..., redis+sentinel://...",
+    help="Replay store: memory:, sqlite:PATH, redis://HOST:PORT/DB, redis+cluster://..., "
+    "redis+sentinel://..., postgresql://USER@HOST/DB.",
 )
 @click.option("--consume", is_flag=True, help="Redeem the token in the --replay store (single use).")
 @click.option(

@@ -34,9 +34,16 @@ class DocumentSource(KeySource):
         """
 
     def rotate(
-        self, *, min_age: float, retire_after: float, now: float, dry_run: bool, timeline: Timeline
+        self,
+        *,
+        min_age: float,
+        retire_after: float,
+        now: float,
+        dry_run: bool,
+        timeline: Timeline,
+        force: bool = False,
     ) -> RotationReport:
-        policy = RotationPolicy(min_age, retire_after, timeline)  # refuses an unsafe retire_after
+        policy = RotationPolicy(min_age, retire_after, timeline, force)  # refuses an unsafe retire_after
         reports: list[RotationReport] = []
 
         def change(ring: KeyRing) -> KeyRing | None:
@@ -113,6 +120,8 @@ def rotate_ring(
         retired=tuple(until),
         removed=decision.remove,
         dry_run=dry_run,
+        notes=tuple(note for note in (policy.held_back(decision, now),) if note),
+        held_back=policy.held_back(decision, now) is not None,
     )
     return (None if out == ring else out), report
 

@@ -17,13 +17,12 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from types import TracebackType
 from typing import Any, Unpack
 
 from .. import _telemetry
 from .._errors import KeyUnavailable
-from .._humanize import duration, relative
+from .._humanize import duration, iso, relative
 from .._keys import Key, KeyRing
 from ._errors import KeySourceError
 from ._source import KeySource
@@ -208,7 +207,7 @@ class KeyManager:
             with self._swap_lock:
                 old, self._view = self._view, view
             self._recovered(now)
-            self._log_changes(old, view)
+            self._log_changes(old, view, now)
             return view.ring
 
     def _failed(self, exc: KeySourceError) -> None:
@@ -288,43 +287,72 @@ class KeyManager:
         )
 
     # ---------------------------------------------------------------- logging
-    def _log_changes(self, old: _View | None, new: _View) -> None:
-        before = set(old.base.kids) if old else set()
+    def _log_changes(self, old: _View | None, new: _View, now: float) -> None:
+        source = self.source.describe()
+        if old is None:  # the first load: one line for the whole ring
+            self._log_loaded(new, now)
+            return
+        states = {s.kid: s for s in self.timeline.plan(new.base, now).states}
         for kid in new.base.kids:
-            if kid not in before:
-                key = new.base.require(kid)
-                when = datetime.fromtimestamp(self.timeline.promotes_at(key), UTC).isoformat(
-                    timespec="seconds"
-                )
-                logger.info(
-                    "key %s published by %s: verifies now, may mint from %s",
-                    kid,
-                    self.source.describe(),
-                    when,
-                    extra={
-                        **_telemetry.fields("key_published", kid=kid, source=self.source.describe()),
-                        "promotes_at": when,
-                    },
-                )
-        for kid in before - set(new.base.kids):
+            if kid in old.base.kids:
+                continue
+            state = states[kid]
+            if state.primary_from is not None:
+                mints = f"mints from {_at(state.primary_from, now)}"
+            else:
+                mints = "mints now" if state.state == "primary" else "does not mint"
+            logger.info(
+                "key %s published by %s: verifies now, %s",
+                kid,
+                source,
+                mints,
+                extra={
+                    **_telemetry.fields("key_published", kid=kid, source=source),
+                    "primary_from": state.primary_from,
+                },
+            )
+        for kid in set(old.base.kids) - set(new.base.kids):
             logger.info(
                 "key %s is gone from %s: it no longer verifies",
                 kid,
-                self.source.describe(),
-                extra=_telemetry.fields("key_removed", kid=kid, source=self.source.describe()),
+                source,
+                extra=_telemetry.fields("key_removed", kid=kid, source=source),
             )
-        self._log_primary(old.ring if old else None, new.ring)
+        self._log_primary(old.ring, new.ring)
+
+    def _log_loaded(self, view: _View, now: float) -> None:
+        """Which key mints now and which one next, in one line."""
+        source, primary = self.source.describe(), view.ring.primary_kid
+        upcoming = self.timeline.next_primary(view.base, now)
+        then = (
+            "; no other key is pending"
+            if upcoming is None
+            else (f"; {upcoming[0]} mints from {_at(upcoming[1], now)}")
+        )
+        logger.info(
+            "keys loaded from %s (%s): minting with %s now%s",
+            source,
+            ", ".join(view.base.kids),
+            primary,
+            then,
+            extra={
+                **_telemetry.fields("keys_loaded", kid=primary, source=source),
+                "kids": list(view.base.kids),
+                "next_kid": None if upcoming is None else upcoming[0],
+                "next_primary_at": None if upcoming is None else upcoming[1],
+            },
+        )
 
     @staticmethod
-    def _log_primary(old: KeyRing | None, new: KeyRing) -> None:
-        if old is None or old.primary_kid != new.primary_kid:
+    def _log_primary(old: KeyRing, new: KeyRing) -> None:
+        if old.primary_kid != new.primary_kid:
             logger.info(
                 "minting with key %s (was %s)",
                 new.primary_kid,
-                old.primary_kid if old else "none",
+                old.primary_kid,
                 extra={
                     **_telemetry.fields("primary_changed", kid=new.primary_kid),
-                    "previous_kid": old.primary_kid if old else None,
+                    "previous_kid": old.primary_kid,
                 },
             )
 
@@ -363,3 +391,8 @@ class KeyManager:
             "timeline": self.timeline.describe(),
             "keys": [] if view is None else [s.to_dict() for s in self.timeline.plan(view.base, now).states],
         }
+
+
+def _at(when: float, now: float) -> str:
+    """``2026-12-07T03:51:42Z (in 2m07s)``."""
+    return f"{iso(when)} ({relative(when - now)})"

@@ -17,7 +17,7 @@ from __future__ import annotations
 import itertools
 from dataclasses import dataclass
 
-from .._humanize import duration
+from .._humanize import duration, iso, relative
 from .._keys import Key, KeyRing
 from ._timeline import Timeline
 
@@ -32,6 +32,8 @@ class Decision:
     primary: str | None  # the key that mints at ``now``, which is never retired
     retire: tuple[tuple[str, int], ...]  # (kid, retires_at): its successor is retire_after old
     remove: tuple[str, ...]  # retired more than retire_after ago: the secret may leave for good
+    #: When the newest key, added by an earlier rotation and not promoted yet, becomes primary.
+    pending_until: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,6 +43,7 @@ class RotationPolicy:
     min_age: float
     retire_after: float
     timeline: Timeline
+    force: bool = False  # rotate even while the key of an earlier rotation is still pending
 
     def __post_init__(self) -> None:
         if self.min_age < 0:
@@ -56,8 +59,9 @@ class RotationPolicy:
             )
 
     def decide(self, ring: KeyRing, now: float) -> Decision:
-        """Rotate when the newest live key is ``min_age`` old; retire a key once its successor
-        is ``retire_after`` old (never the primary); drop tombstones ``retire_after`` later.
+        """Rotate when the newest live key is ``min_age`` old and no longer pending (or ``force``);
+        retire a key once its successor is ``retire_after`` old (never the primary); drop
+        tombstones ``retire_after`` later.
 
         A key stamped ``now`` changes neither the primary (it is not promoted yet) nor any
         retirement (its predecessor waits ``retire_after`` from now), so for a document the
@@ -67,7 +71,9 @@ class RotationPolicy:
         live = sorted((k for k in ring.keys if k.verifies_at(now)), key=lambda k: k.created_at)
         newest = live[-1] if live else None
         age = None if newest is None else now - newest.created_at
-        primary = self.timeline.plan(ring, now).ring.primary_kid if live else None
+        plan = self.timeline.plan(ring, now)
+        primary = plan.ring.primary_kid if live else None
+        newest_state = next((st for st in plan.states if newest is not None and st.kid == newest.kid), None)
         retire = tuple(
             (older.kid, successor.created_at + int(self.retire_after))
             for older, successor in itertools.pairwise(live)
@@ -83,11 +89,29 @@ class RotationPolicy:
             for k in ring.keys
             if (at := until.get(k.kid, k.retires_at)) is not None and at <= now - self.retire_after
         )
+        pending_until = None if newest_state is None else newest_state.primary_from
         return Decision(
-            rotate=age is None or age >= self.min_age,
+            rotate=(age is None or age >= self.min_age) and (self.force or pending_until is None),
             newest=newest,
             newest_age=age,
             primary=primary,
             retire=retire,
             remove=remove,
+            pending_until=pending_until,
+        )
+
+    def held_back(self, decision: Decision, now: float) -> str | None:
+        """Why no key is added although the newest is ``min_age`` old: an earlier rotation's key is pending.
+
+        A new key would promote right behind it and replace it moments after its own
+        promotion: two rotations for one. ``force`` adds it anyway.
+        """
+        due = decision.newest_age is None or decision.newest_age >= self.min_age
+        if not due or self.force or decision.pending_until is None or decision.newest is None:
+            return None
+        return (
+            f"no new key: {decision.newest.kid}, made by an earlier rotation "
+            f"{relative(-(decision.newest_age or 0))}, is still pending and becomes primary at "
+            f"{iso(decision.pending_until)} ({relative(decision.pending_until - now)}); "
+            "a new key now would replace it as soon as it is promoted (--force adds one anyway)"
         )

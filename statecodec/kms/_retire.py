@@ -89,16 +89,19 @@ class RetirementReport:
         if self.at_once:
             wait = duration(self.successor_in)
             made = f"{who} {'would be' if self.dry_run else 'was'} made" if self.new_key else self.successor
+            within = f"within at most {wait}" if self.dry_run else f"within {wait}"
             return (
                 f"{'mints' if self.dry_run else 'minted'}: cut at once (--now), without waiting for {made} "
                 f"to spread: honest rounds minted with {self.kid} meanwhile fail, and until it is promoted "
-                f"everywhere (within {wait}) an instance mints with an older key or not at all"
+                f"everywhere ({within}) an instance mints with an older key or not at all"
             )
         if self.dry_run:
             made = f"{self.successor} would take over"
             if self.new_key:
                 made = f"{who} would be made and take over"
-            return f"mints now: first {made}, once every instance mints with it (a wait of {wait})"
+            # At most: the wait runs from the successor's creation, whose timestamp is whole
+            # seconds, so the run waits up to a second less (and never more) than planned.
+            return f"mints now: first {made}, once every instance mints with it (a wait of at most {wait})"
         made = f"{who} was made and took over" if self.new_key else f"{self.successor} took over"
         return f"minted: first {made}, once every instance minted with it (waited {wait})"
 
@@ -277,7 +280,8 @@ def _scope(src: KeySource, ring: KeyRing, kid: str) -> tuple[tuple[str, ...], st
 
 
 def _log(src: KeySource, what: str, **fields: Any) -> None:
-    logger.warning(
+    # What the operator asked for, done: INFO (a warning is for what went wrong).
+    logger.info(
         "%s: %s",
         src.describe(),
         what,

@@ -24,6 +24,7 @@ def rotate(
     dry_run: bool = False,
     timeline: Timeline | None = None,
     clock: Callable[[], float] = time.time,
+    force: bool = False,
 ) -> RotationReport:
     """Rotate if the newest key is at least ``min_age`` old; retire keys past their window.
 
@@ -37,9 +38,13 @@ def rotate(
     :class:`Timeline`), or a replaced key could vanish while tokens minted with it live.
     The decision and that floor are :class:`~statecodec.kms._policy.RotationPolicy`'s,
     which every source's own ``rotate`` applies too.
+
+    While the key of an earlier rotation is still pending (a ``min_age`` shorter than the
+    promotion delay, or a rotation run twice by hand), no key is added, and a note says
+    which key is pending and when it becomes primary; ``force`` adds one anyway.
     """
     tl = timeline or Timeline()
-    RotationPolicy(min_age, retire_after, tl)  # refused before any source is opened
+    RotationPolicy(min_age, retire_after, tl, force)  # refused before any source is opened
     return with_source(
         source,
         lambda src: src.rotate(
@@ -48,6 +53,7 @@ def rotate(
             now=clock(),
             dry_run=dry_run,
             timeline=tl,
+            **({"force": True} if force else {}),  # sources written before force need not take it
         ),
     )
 

@@ -31,6 +31,7 @@ class RotationReport:
     removed: tuple[str, ...] = ()
     dry_run: bool = False
     notes: tuple[str, ...] = field(default_factory=tuple)
+    held_back: bool = False  # due, but the key of an earlier rotation is still pending (a note says so)
 
     @property
     def changed(self) -> bool:
@@ -58,7 +59,11 @@ class RotationReport:
                 f"  {would}create {self.new_kid or 'a new key'} (verifies at once, mints after promotion)"
             )
         else:
-            lines.append("  no rotation needed (the newest key is younger than min-age)")
+            lines.append(
+                "  no new key (see the note)"
+                if self.held_back
+                else "  no rotation needed (the newest key is younger than min-age)"
+            )
         if self.retired:
             lines.append(f"  {would}retire {', '.join(self.retired)}")
         if self.removed:
@@ -85,9 +90,17 @@ class KeySource(abc.ABC):
         """Every key with its times, or :class:`KeySourceError`."""
 
     def rotate(
-        self, *, min_age: float, retire_after: float, now: float, dry_run: bool, timeline: Timeline
+        self,
+        *,
+        min_age: float,
+        retire_after: float,
+        now: float,
+        dry_run: bool,
+        timeline: Timeline,
+        force: bool = False,
     ) -> RotationReport:
-        """Add a key if the newest is older than ``min_age``; retire keys past their window."""
+        """Add a key if the newest is older than ``min_age`` (and, unless ``force``, promoted);
+        retire keys past their window."""
         raise KeySourceError(
             "statecodec cannot rotate keys it does not store; rotate them where they are defined "
             "(for a keyring JSON: add a key, later retire the old one, see docs/keys.md)",

@@ -26,6 +26,7 @@ shorter ``retire_after``.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 from collections.abc import Sequence
@@ -63,6 +64,9 @@ class KeyState:
     created_at: int
     promotes_at: int
     retires_at: int | None
+    #: When a pending key becomes primary and mints (its promotion); ``None`` for the others.
+    #: The primary mints now, even before its own promotion when no key is promoted yet.
+    primary_from: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -70,6 +74,7 @@ class KeyState:
             "state": self.state,
             "created_at": self.created_at,
             "promotes_at": self.promotes_at,
+            "primary_from": self.primary_from,
             "retires_at": self.retires_at,
         }
 
@@ -198,10 +203,29 @@ class Timeline:
             return self._state(key, "retired", key.retires_at)
         if key.retires_at is not None or self.promotes_at(key) <= now:
             return self._state(key, "verify-only", key.retires_at)
-        return self._state(key, "pending", None)
+        # Newer keys promote later, and the newest promoted key is primary: this one takes over
+        # at its own promotion (unless it is marked for retirement before then).
+        return dataclasses.replace(self._state(key, "pending", None), primary_from=self.promotes_at(key))
 
     def _state(self, key: Key, state: State, retires_at: int | None) -> KeyState:
         return KeyState(key.kid, state, key.created_at, self.promotes_at(key), retires_at)
+
+    def next_primary(self, ring: KeyRing, now: float) -> tuple[str, int] | None:
+        """The key that mints next after the primary at ``now``, and from when; ``None`` if none will.
+
+        Follows the plan's own change points (promotions, a retiring primary's hand-over),
+        so it agrees with what :meth:`plan` says at that instant.
+        """
+        plan = self.plan(ring, now)
+        current, at = plan.ring.primary_kid, plan.next_promotion
+        for _ in range(len(ring.keys) + 1):  # each change point promotes or retires a key
+            if at is None:
+                return None
+            later = self.plan(ring, at)
+            if later.ring.primary_kid not in (None, current):
+                return later.ring.primary_kid, at
+            at = later.next_promotion
+        return None
 
     def describe(self) -> dict[str, float]:
         return {

@@ -177,14 +177,22 @@ class TransitSource(KeySource):
 
     # ---------------------------------------------------------------- rotate
     def rotate(
-        self, *, min_age: float, retire_after: float, now: float, dry_run: bool, timeline: Timeline
+        self,
+        *,
+        min_age: float,
+        retire_after: float,
+        now: float,
+        dry_run: bool,
+        timeline: Timeline,
+        force: bool = False,
     ) -> RotationReport:
-        policy = RotationPolicy(min_age, retire_after, timeline)  # refuses an unsafe retire_after
+        policy = RotationPolicy(min_age, retire_after, timeline, force)  # refuses an unsafe retire_after
         meta = self._metadata()
         latest = int(meta["latest_version"])
         decision = retiring = policy.decide(self._dated_ring(meta), now)
         new_kid: str | None = None
-        notes: list[str] = []
+        held_back = policy.held_back(decision, now)
+        notes: list[str] = [held_back] if held_back else []
         if decision.rotate:
             if dry_run:
                 new_kid = self.kid(latest + 1)
@@ -204,6 +212,7 @@ class TransitSource(KeySource):
             retired=tuple(retired),
             dry_run=dry_run,
             notes=tuple(notes),
+            held_back=held_back is not None,
         )
 
     def _dated_ring(self, meta: dict[str, Any]) -> KeyRing:
@@ -254,8 +263,10 @@ class TransitSource(KeySource):
         if version is None:
             return (), None  # not a live version: the caller reports it missing
         older = tuple(self.kid(v) for v in self._live_versions(meta) if v < version)
+        versions = f"version {older[0]} is" if len(older) == 1 else f"versions {', '.join(older)} are"
         why = (
-            f"transit retires by raising min_decryption_version, so {', '.join(older)} (older) go with {kid}"
+            f"transit retires {kid} by raising min_decryption_version, which cuts every older version: "
+            f"the older {versions} retired with it"
             if older
             else None
         )

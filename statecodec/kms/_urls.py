@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from .._extras import missing_extra
 from ._errors import KeySourceError
 from ._local import EnvSource, FileSource
 from ._settings import VaultSettings
@@ -42,14 +43,18 @@ def source_from_url(
             # The key name is the last segment; a mount may be nested (team/transit).
             mount, _, name = rest.rpartition("/")
             _check_path(url, mount, name)
-            from ._transit import TransitSource  # noqa: PLC0415 - hvac only when Vault is used
-
+            try:
+                from ._transit import TransitSource  # noqa: PLC0415 - hvac only when Vault is used
+            except ModuleNotFoundError as exc:
+                raise _without_vault(url, exc) from None
             return TransitSource(mount, name, settings, export=export)
         # A KV mount is the first segment; the document path may be nested.
         mount, _, path = rest.partition("/")
         _check_path(url, mount, path)
-        from ._kv import KVSource  # noqa: PLC0415
-
+        try:
+            from ._kv import KVSource  # noqa: PLC0415
+        except ModuleNotFoundError as exc:
+            raise _without_vault(url, exc) from None
         return KVSource(mount, path, settings)
     raise _bad(url, f"unknown scheme {scheme!r}")
 
@@ -57,6 +62,12 @@ def source_from_url(
 def _check_path(url: str, mount: str, rest: str) -> None:
     if not mount or not rest or "//" in f"{mount}/{rest}" or rest.endswith("/") or mount.startswith("/"):
         raise _bad(url, "expected MOUNT/NAME, e.g. vault-transit:transit/mcp-state")
+
+
+def _without_vault(url: str, exc: ModuleNotFoundError) -> Exception:
+    """A configuration error naming the vault extra, or ``exc`` itself if no extra is to blame."""
+    missing = missing_extra(exc, "vault", f"the key source {url!r}")
+    return exc if missing is None else KeySourceError(str(missing), kind="config")
 
 
 def _bad(url: str, why: str) -> KeySourceError:

@@ -167,7 +167,7 @@ def test_list_shows_states_and_never_secrets(tmp_path: Path) -> None:
     out = run("keys", "list", "--keys", spec, "--at", str(T0)).stdout
     for key in ring.keys:
         assert key.secret.hex() not in out and KeyRing([key]).to_dict()["keys"][0]["secret"] not in out
-    assert "primary current" in out and "pending" in out and "retired" in out
+    assert "minting with current" in out and "pending" in out and "retired" in out
     assert "secret" not in json.dumps(doc)
 
 

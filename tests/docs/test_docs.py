@@ -2,7 +2,9 @@
 
 A page's ``python`` blocks, in order, are one program: they are written to one file (each
 block at its own line of the page, so a traceback names the page's line) and run by a
-fresh interpreter from an empty directory, as ``python page.py`` would.
+fresh interpreter from an empty directory, as ``python page.py`` would. Each block also
+runs alone, as a reader who copies just that block runs it: every block carries its own
+imports and setup.
 
 - The interpreter is ``$STATECODEC_DOCS_PYTHON`` when set: scripts/check-package points it
   at a virtual environment holding only the built wheel (outside the tree), so the samples
@@ -135,6 +137,44 @@ def test_code_samples_run(path: Path, tmp_path: Path, docs_vault: OpenBao, docs_
     assert imported, where
     if ON_WHEEL:  # the wheel, never the tree
         assert not Path(imported.group(1)).resolve().is_relative_to(ROOT), imported.group(1)
+
+
+BLOCKS = [
+    (path, line, code) for path in DOCS_WITH_CODE for line, code, skip in python_blocks(path) if skip is None
+]
+
+
+@pytest.mark.parametrize(
+    ("path", "line", "code"), BLOCKS, ids=[f"{p.relative_to(ROOT)}:{line}" for p, line, _ in BLOCKS]
+)
+def test_each_block_runs_alone(
+    path: Path, line: int, code: str, tmp_path: Path, docs_vault: OpenBao, docs_valkey: ValkeyServer
+) -> None:
+    """A reader copies one block into a file of its own: it carries its imports and setup.
+
+    Run as the page's program is (same harness, same servers, an empty directory), with the
+    block at its own line of the page so that a traceback names it.
+    """
+    (tmp_path / "home").mkdir()
+    (tmp_path / "cwd").mkdir()
+    env = reader_env(
+        tmp_path / "home",
+        VAULT_ADDR=docs_vault.addr,
+        VAULT_TOKEN=docs_vault.token,
+        STATECODEC_REPLAY=docs_valkey.url,
+    )
+    program = tmp_path / f"{path.stem}_{line}.py"
+    program.write_text("\n" * (line - 1) + code, encoding="utf-8")
+    done = subprocess.run(
+        [PYTHON, "-c", _HARNESS, str(program)],
+        cwd=tmp_path / "cwd",
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=240,
+        check=False,
+    )
+    assert done.returncode == 0, f"{path.name}:{line} alone:\n{done.stdout[-2000:]}\n{done.stderr[-4000:]}"
 
 
 def test_vault_samples_stop_at_unreachable_without_a_server(tmp_path: Path, refused_port: int) -> None:

@@ -99,3 +99,25 @@ async def test_the_page_serves_a_protected_flow_over_http(served: str) -> None:
             allow_input_required=True,
         )
         assert isinstance(honest, types.CallToolResult) and not honest.is_error, honest
+
+
+def test_the_page_stops_at_start_when_its_store_does_not_answer(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, refused_port: int
+) -> None:
+    # The page checks its replay store before it serves: a dead Redis shows at start-up,
+    # not at the first round 2.
+    (tmp_path / "server.py").write_text(page_program(PAGE), encoding="utf-8")
+    monkeypatch.setenv("STATECODEC_REPLAY", f"redis://127.0.0.1:{refused_port}/0")
+    log = tmp_path / "uvicorn.log"
+    proc = spawn(
+        [sys.executable, "-m", "uvicorn", "server:app", "--host", "127.0.0.1", "--port", "0"],
+        log,
+        cwd=tmp_path,
+    )
+    try:
+        proc.wait(timeout=120)
+    finally:
+        stop(proc)
+    text = log.read_text()
+    assert proc.returncode not in (0, None), text
+    assert "Uvicorn running on" not in text and f"127.0.0.1:{refused_port}" in text, text

@@ -217,6 +217,7 @@ def test_concurrent_threads_with_readers_never_see_half_a_file(tmp_path: Path) -
             retire_after=TL.min_retire_after,
             clock=functools.partial(float, 1000 + i),  # rotation i happens at instant 1000+i
             timeline=TL,
+            force=True,  # one rotation a second, each while the last key is still pending
         )
     stop.set()
     for t in threads:

@@ -323,7 +323,7 @@ def test_two_workers_print_each_start_up_warning_once(tmp_path: Path) -> None:
     records = _json_records(log_path)
     events = [r.get("event") for r in records]
     assert events.count("key_file_exposed") == 1, events
-    started = [r for r in records if r.get("message", "").startswith("minting with key")]
+    started = [r for r in records if r.get("event") == "keys_loaded"]
     assert len(started) == 1, started
     assert events.count("proxy_started") == 1
     (stopped,) = [r for r in records if r.get("event") == "proxy_stopped"]
