@@ -270,6 +270,51 @@ def _state_keys(document: Any) -> str | None:
     return None
 
 
+def _stray_input_required(message: Mapping[str, Any]) -> str | None:
+    """Where ``message`` holds an ``input_required`` result other than its own ``result``, or None.
+
+    An ``input_required`` result is an object with a ``resultType`` member (in any case:
+    lenient clients fold it) whose value is the string ``"input_required"``. The one place
+    it may stand is a message's ``result`` member, which :func:`~statecodec.boundary.seal_result`
+    judges; anywhere else (an error's ``data``, a notification's or a server request's
+    ``params``, an object nested in a result) it is a protocol violation that may carry a
+    plaintext state no boundary seals. A member merely named ``requestState`` (a tool's own
+    content) is not one. No recursion: a document may be nested at any depth.
+    """
+    pending: list[tuple[str, Any]] = []
+    for key, value in message.items():
+        if key == "result" and type(value) is dict:
+            pending.extend((f"result.{inner}", item) for inner, item in value.items())
+        else:
+            pending.append((key, value))
+    while pending:
+        where, node = pending.pop()
+        if isinstance(node, dict):
+            for key, value in node.items():
+                if value == boundary.INPUT_REQUIRED and key.casefold() == "resulttype":
+                    return where
+                pending.append((f"{where}.{key}", value))
+        elif isinstance(node, list):
+            pending.extend((f"{where}[{index}]", item) for index, item in enumerate(node))
+    return None
+
+
+def _refuse_stray(message: Mapping[str, Any], where: str) -> dict[str, Any]:
+    """The error that replaces a message holding an ``input_required`` result at ``where``.
+
+    A response keeps its id; a notification or a server request, which the client answers
+    no error to, is replaced by an error without one.
+    """
+    logger.error(
+        "an input_required result at %s of an answer (it may carry a plaintext state); "
+        "the message was replaced by -32603",
+        where[:100],
+        extra=_telemetry.fields("answer_refused", reason="stray_input_required", detail=where[:100]),
+    )
+    request_id = None if "method" in message else message.get("id")
+    return _error(request_id, WireError.internal().error())
+
+
 @dataclass(frozen=True, slots=True)
 class _Request:
     """An MRTR request as parsed: the message, its method and params, whether it holds a state."""
@@ -892,6 +937,9 @@ class _Outbound:
     def _seal_message(self, message: Any) -> tuple[Any, bool]:
         if not isinstance(message, dict):
             return message, False
+        stray = _stray_input_required(message)
+        if stray is not None:
+            return _refuse_stray(message, stray), True
         sealed: dict[str, Any] | None = None
         for key, result in message.items():
             if type(result) is not dict or key.casefold() != "result":
