@@ -1,8 +1,8 @@
 """Assemble the proxy (middleware around the forwarder) and run it under uvicorn.
 
 Served by uvicorn on uvloop with httptools' parser when they are installed (the ``proxy``
-extra installs both): on the proxy benchmark they take about a third of the server's
-instructions per request off pure-Python asyncio. :func:`event_loop_factory` is what
+extra installs both): on the proxy benchmark they serve a request for much less than
+pure-Python asyncio does (docs/performance.md). :func:`event_loop_factory` is what
 the CLI runs its loop with; without uvloop it is asyncio's own.
 """
 
