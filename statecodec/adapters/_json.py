@@ -377,3 +377,72 @@ def _dump_deep(value: Any, *, ensure_ascii: bool, allow_nan: bool) -> str:
             parts.append(scalar(key) + ":")
         open_value(item)
     return "".join(parts)
+
+
+# ---------------------------------------------------------------- streams of messages
+# What may open, close or quote a JSON value: found with a compiled search (C), so text
+# between them (most of a document) is never looked at byte by byte here.
+_STRUCTURE: Final = re.compile(rb'["{}\[\]]')
+_SPACE: Final = frozenset(b" \t\r\n")
+
+
+def is_utf8(data: bytes) -> bool:
+    """Whether an answer starting with ``data`` reads as UTF-8 (with or without a BOM)."""
+    return _encoding(data) in ("utf-8", "utf-8-sig")
+
+
+class MessageEnds:
+    """Where each top-level JSON value of a UTF-8 stream ends (with the whitespace after it,
+    as far as it has arrived), found as the bytes arrive.
+
+    :meth:`scan` looks only at what was added since the last scan; :meth:`consumed` says
+    that the caller removed that many bytes from the front of its buffer. Only brackets and
+    quotes are followed (a string's escapes included), not the grammar: bytes that are not
+    JSON end up inside a value that fails to parse where it is judged, never unjudged.
+    """
+
+    __slots__ = ("_depth", "_in_string", "_pos")
+
+    def __init__(self) -> None:
+        self._pos = 0
+        self._depth = 0
+        self._in_string = False
+
+    def scan(self, buffer: bytes | bytearray) -> list[int]:
+        """The offsets in ``buffer`` just past each top-level value completed since the last scan."""
+        ends: list[int] = []
+        pos, depth, in_string, size = self._pos, self._depth, self._in_string, len(buffer)
+        while pos < size:
+            if in_string:
+                quote = buffer.find(b'"', pos)
+                if quote == -1:
+                    pos = size
+                    break
+                slashes = quote - 1
+                while buffer[slashes] == 0x5C:  # an odd run of backslashes escapes the quote
+                    slashes -= 1
+                in_string = (quote - 1 - slashes) % 2 == 1
+                pos = quote + 1
+                continue
+            found = _STRUCTURE.search(buffer, pos)
+            if found is None:
+                pos = size
+                break
+            pos = found.end()
+            char = buffer[pos - 1]
+            if char == 0x22:
+                in_string = True
+            elif char in (0x7B, 0x5B):
+                depth += 1
+            elif depth:
+                depth -= 1
+                if not depth:  # the whitespace after a value goes with it: a line ends with its LF
+                    while pos < size and buffer[pos] in _SPACE:
+                        pos += 1
+                    ends.append(pos)
+        self._pos, self._depth, self._in_string = pos, depth, in_string
+        return ends
+
+    def consumed(self, count: int) -> None:
+        """The caller dropped the first ``count`` bytes (never inside an unfinished value)."""
+        self._pos -= count

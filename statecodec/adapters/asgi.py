@@ -86,6 +86,7 @@ DEFAULT_MAX_BODY_BYTES: Final = 4 * 1024 * 1024
 DEFAULT_MAX_RESPONSE_BYTES: Final = 16 * 1024 * 1024
 
 _JSON_HEADERS: Final = [(b"content-type", b"application/json")]
+_JSON_SPACE: Final = b" \t\r\n"
 # Keys whose exact spelling decides what a server reads. A key equal to one of them
 # under Unicode case folding, but not identical, would be read by a case-insensitive
 # parser (Go's encoding/json also folds U+017F to "s" and U+212A to "k") and ignored here.
@@ -769,6 +770,8 @@ class _Outbound:
         self._start: Message = {}
         self._content_type: bytes | None = None
         self._body = bytearray()
+        self._ends: _json.MessageEnds | None = None  # a UTF-8 JSON answer that may be a stream
+        self._streaming = False  # its head is sent: its messages go out one by one
 
     async def send(self, message: Message) -> None:
         kind = message["type"]
@@ -807,6 +810,8 @@ class _Outbound:
             self._body += chunk
             if mode == "sniff":
                 await self._sniff(more)
+            elif self._ends is not None and (more or self._streaming):
+                await self._on_messages(more)
             elif len(self._body) > self.limit:
                 await self._fail_closed(
                     f"an answer exceeds {self.limit} bytes, the most that can be inspected"
@@ -831,6 +836,8 @@ class _Outbound:
             elif not more and len(body) <= self.limit:  # the whole answer (the usual one): no buffer again
                 await self._finish_json(body)
                 return
+            elif _json.is_utf8(body):
+                self._ends = _json.MessageEnds()  # it may go on message after message
         await self._on_body(body, more)
 
     async def _relay(self, body: bytes) -> None:
@@ -862,6 +869,82 @@ class _Outbound:
         headers.append((b"content-length", str(len(body)).encode("ascii")))
         await self._send({**self._start, "headers": headers})
         await self._send({"type": "http.response.body", "body": body, "more_body": False})
+
+    async def _on_messages(self, more: bool) -> None:
+        """A JSON answer that goes on: each message is relayed as soon as it is complete.
+
+        An answer of several messages (a ``subscriptions/listen`` answer written as
+        newline-separated JSON under ``application/json``, NDJSON) is never held whole: once
+        a message is complete before the end of the body, the head goes out (without a
+        length) and each message after it, judged on its own (:meth:`_judged`). A single
+        message whose body ends with it takes :meth:`_finish_json`, as before.
+        """
+        assert self._ends is not None
+        ends = self._ends.scan(self._body)
+        if not more:
+            ends.append(len(self._body))  # what is left: whitespace, or an unfinished message
+        starts = [0, *ends]
+        sizes = [end - start for start, end in zip(starts, ends, strict=False)]
+        if max(len(self._body) - starts[-1], *sizes, 0) > self.limit:
+            await self._too_large()
+            return
+        if ends and not self._streaming:
+            self._streaming = True
+            headers = _without(list(self._start.get("headers", ())), b"content-length")
+            await self._send({**self._start, "headers": headers})
+        out = []
+        for start, end in zip(starts, ends, strict=False):
+            raw = bytes(self._body[start:end])
+            judged = self._judged(raw)
+            if judged is not None:  # the whitespace around the message stays as it was
+                raw = (
+                    raw[: len(raw) - len(raw.lstrip(_JSON_SPACE))]
+                    + judged
+                    + raw[len(raw.rstrip(_JSON_SPACE)) :]
+                )
+            out.append(raw)
+        del self._body[: starts[-1]]
+        self._ends.consumed(starts[-1])
+        if out or not more:
+            await self._send({"type": "http.response.body", "body": b"".join(out), "more_body": more})
+        if not more:
+            self._mode = "done"
+
+    async def _too_large(self) -> None:
+        """A message of an answer over the limit: a 502, or the stream cut if it has begun."""
+        why = f"a message of an answer exceeds {self.limit} bytes, the most that can be inspected"
+        if not self._streaming:
+            await self._fail_closed(why)
+            return
+        logger.error(
+            "%s; the stream was cut", why, extra=_telemetry.fields("answer_refused", reason="too_large")
+        )
+        self._mode = "done"
+        await self._send({"type": "http.response.body", "body": b"", "more_body": False})
+
+    def _judged(self, data: bytes) -> bytes | None:
+        """One message as the client gets it: None when it goes out as written, else its new bytes.
+
+        A message that cannot hold a state and is not ``input_required`` is not parsed; one
+        that may is parsed as the most lenient client reads it and its states sealed (or it
+        is replaced by -32603); one that looks like JSON and does not parse is replaced.
+        """
+        text = _json.decode_answer(data)
+        if not _json.may_need_sealing(text):
+            return None
+        try:
+            document = _json.read_answer(text)
+        except ValueError as exc:
+            logger.error(
+                "a message that looks like JSON cannot be parsed (%s); replaced by -32603",
+                str(exc)[:100],
+                extra=_telemetry.fields("answer_refused", reason="unreadable_event", detail=str(exc)[:100]),
+            )
+            return dumps(_error(None, WireError.internal().error()))
+        document, changed = self._seal_document(document)
+        if not changed and not _json.has_duplicate_keys(text):
+            return None
+        return dumps(document, allow_nan=True)
 
     async def _start_stream(self) -> None:
         # Events are rewritten as they pass: the length is no longer known.
@@ -901,22 +984,8 @@ class _Outbound:
         data = event.data
         if not data or _json.classify(data, final=True) != "json":
             return event.raw  # priming events, keep-alives, comments, plain text
-        text = _json.decode_answer(data)
-        if not _json.may_need_sealing(text):
-            return event.raw
-        try:
-            document = _json.read_answer(text)
-        except ValueError as exc:
-            logger.error(
-                "an SSE event that looks like JSON cannot be parsed (%s); replaced by -32603",
-                str(exc)[:100],
-                extra=_telemetry.fields("answer_refused", reason="unreadable_event", detail=str(exc)[:100]),
-            )
-            return _sse.encode(dumps(_error(None, WireError.internal().error())))
-        document, changed = self._seal_document(document)
-        if not changed and not _json.has_duplicate_keys(text):
-            return event.raw
-        return event.with_data(dumps(document, allow_nan=True))
+        judged = self._judged(data)
+        return event.raw if judged is None else event.with_data(judged)
 
     async def _fail_closed(self, why: str) -> None:
         logger.error(

@@ -551,7 +551,13 @@ async def _relay(response: Response, receive: Receive, send: Send, upstream: str
             nonlocal complete
             more = chunk
             while more:
-                await send({"type": "http.response.body", "body": more, "more_body": True})
+                # The last bytes go out as the last message when they are known to be
+                # last: a JSON answer then ends with its last message, not after it.
+                last = response.at_eof
+                await send({"type": "http.response.body", "body": more, "more_body": not last})
+                if last:
+                    complete = True
+                    break
                 try:
                     more = await response.read()  # b"" at the end of the body
                 except _BROKEN as exc:
