@@ -177,6 +177,12 @@ logger = logging.getLogger("statecodec.proxy")
     "(default: off). Keep it private: clients never need it.",
 )
 @click.option(
+    "--ready-upstream",
+    is_flag=True,
+    help="/readyz also fails while the upstream does not answer (for an upstream per "
+    "instance, a sidecar). Off: readiness covers keys and the replay store only.",
+)
+@click.option(
     "--log-level", type=click.Choice(["debug", "info", "warning", "error"]), default="info", show_default=True
 )
 @log_format_option(

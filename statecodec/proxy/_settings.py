@@ -192,6 +192,8 @@ class ProxySettings:
     allowed_origins: tuple[str, ...]
     refresh_interval: int
     staleness_limit: int
+    #: ``/readyz`` also asks whether the upstream answers (``--ready-upstream``).
+    ready_upstream: bool = False
 
     @classmethod
     def of(cls, options: dict[str, Any], **rest: Any) -> ProxySettings:

@@ -78,6 +78,9 @@ def raw_upstream() -> Iterator[RawUpstream]:
 
     class Handler(socketserver.StreamRequestHandler):
         def handle(self) -> None:
+            if self.rfile.readline().startswith(b"OPTIONS"):  # the proxy asking whether it answers
+                self.wfile.write(b"HTTP/1.1 204 No Content\r\nConnection: close\r\n\r\n")
+                return
             length = 0
             while (header := self.rfile.readline()) not in (b"\r\n", b""):
                 name, _, value = header.partition(b":")
