@@ -24,6 +24,8 @@ as JSON, as a stream of server-sent events, or not at all.
 
 from __future__ import annotations
 
+import codecs
+import contextlib
 import json
 import math
 import re
@@ -55,7 +57,23 @@ _DELETED: Final = b"0123456789-"
 
 
 def _may_differ(fast: bytes) -> bool:
-    """Whether orjson's ``fast`` bytes may hold a float or a null: then json writes the value."""
+    """Whether orjson's ``fast`` bytes may hold a float or a null: then json writes the value.
+
+    A large document is looked at a piece at a time (pieces overlapping by a token's
+    length), so the check never holds a second copy of it.
+    """
+    if len(fast) <= _DECODE_PIECE:
+        return _shape_may_differ(fast)
+    # A piece that starts inside a number or a string may raise a false alarm (a leading
+    # "." or "null"), never miss a float: a false alarm costs the slow path.
+    view = memoryview(fast)
+    return any(
+        _shape_may_differ(bytes(view[at : at + _DECODE_PIECE + 16]))
+        for at in range(0, len(fast), _DECODE_PIECE)
+    )
+
+
+def _shape_may_differ(fast: bytes) -> bool:
     shape = fast.translate(_TOKENS, _DELETED)
     # find, not `in`: bytes.__contains__ raises and clears a TypeError before it searches.
     return shape.find(b":.") != -1 or shape.find(b":null") != -1 or shape.startswith((b".", b"null"))
@@ -94,6 +112,11 @@ _STRICT: Final = json.JSONDecoder(object_pairs_hook=_unique, parse_constant=_no_
 
 
 _MISS: Final = object()
+_DECODE_PIECE: Final = 1024 * 1024
+# orjson's parser reserves many times its input while it reads (over 12 times for a 15 MiB
+# answer of non-ASCII text), and json's a little over one: beyond this size an answer is
+# read by json, so the memory an answer takes stays a few times its size.
+_ORJSON_MAX_CHARS: Final = 256 * 1024
 
 
 def _exact(data: bytes) -> Any:
@@ -147,8 +170,19 @@ def _encoding(data: bytes) -> str:
 
 
 def decode_answer(data: bytes) -> str:
-    """``data`` as text the way the most lenient client reads it, byte-order marks removed."""
-    return data.decode(_encoding(data), "replace").lstrip(_LEADING)
+    """``data`` as text the way the most lenient client reads it, byte-order marks removed.
+
+    A large answer is decoded a piece at a time: decoded at once, text beyond Latin-1 goes
+    through a buffer of several times its size first.
+    """
+    encoding = _encoding(data)
+    if len(data) <= _DECODE_PIECE:
+        return data.decode(encoding, "replace").lstrip(_LEADING)
+    decoder = codecs.getincrementaldecoder(encoding)("replace")
+    view = memoryview(data)
+    pieces = [decoder.decode(view[at : at + _DECODE_PIECE]) for at in range(0, len(data), _DECODE_PIECE)]
+    pieces.append(decoder.decode(b"", final=True))
+    return "".join(pieces).lstrip(_LEADING)
 
 
 def may_hold_state(text: str) -> bool:
@@ -189,10 +223,10 @@ def read_answer(text: str) -> Any:
     read and the write back cost about 40% of json's read of the TypeScript SDK's answer;
     anything else (NaN, whitespace, escapes, big integers) is json's to read (issue 30).
     """
-    try:
-        value = _exact(text.encode("utf-8"))
-    except UnicodeEncodeError:  # a lone surrogate: json reads it
-        value = _MISS
+    value = _MISS
+    if len(text) <= _ORJSON_MAX_CHARS:
+        with contextlib.suppress(UnicodeEncodeError):  # a lone surrogate: json reads it
+            value = _exact(text.encode("utf-8"))
     if value is not _MISS:
         return value
     try:

@@ -46,12 +46,20 @@ from urllib.parse import quote, unquote_to_bytes
 from .. import _telemetry, boundary
 from .._binding import Binding
 from .._codec import OpenedState, StateCodec
-from ..boundary import HEADER_MISMATCH_CODE, INVALID_REQUEST_CODE, PARSE_ERROR_CODE, Judged, WireError
+from ..boundary import (
+    HEADER_MISMATCH_CODE,
+    INTERNAL_ERROR_CODE,
+    INVALID_REQUEST_CODE,
+    PARSE_ERROR_CODE,
+    Judged,
+    WireError,
+)
 from . import _json, _sse
 from ._json import dumps, loads_strict
 
 __all__ = [
     "DEFAULT_MAX_BODY_BYTES",
+    "DEFAULT_MAX_JUDGED_BYTES",
     "DEFAULT_MAX_RESPONSE_BYTES",
     "ASGIApp",
     "Message",
@@ -84,6 +92,8 @@ PrincipalFn: TypeAlias = Callable[[Scope, Mapping[str, str]], "str | Awaitable[s
 DEFAULT_MAX_BODY_BYTES: Final = 4 * 1024 * 1024
 #: The largest JSON answer or single SSE event inspected; larger ones fail closed.
 DEFAULT_MAX_RESPONSE_BYTES: Final = 16 * 1024 * 1024
+#: The most bytes of answers held for inspection at once, all requests together.
+DEFAULT_MAX_JUDGED_BYTES: Final = 256 * 1024 * 1024
 
 _JSON_HEADERS: Final = [(b"content-type", b"application/json")]
 _JSON_SPACE: Final = b" \t\r\n"
@@ -339,6 +349,9 @@ class RequestStateMiddleware:
     :param max_body_bytes: larger request bodies get 413 before more is read.
     :param max_response_bytes: the largest JSON answer (or SSE event) that can be
         inspected; a larger one fails closed.
+    :param max_judged_bytes: the most bytes of answers held for inspection at once, all
+        requests together (:class:`JudgedBytes`); an answer that would take more is
+        refused (HTTP 503, -32603, or its stream cut), never waits.
     :param passthrough_paths: exact paths (as sent, percent-encoded) whose requests are
         not judged as MCP, for example a form-encoded OAuth endpoint served by the same
         application. Never the MCP path, and never a bypass: a JSON body there that
@@ -364,6 +377,7 @@ class RequestStateMiddleware:
         principal: PrincipalFn | None = None,
         max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
         max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES,
+        max_judged_bytes: int = DEFAULT_MAX_JUDGED_BYTES,
         passthrough_paths: Collection[str] = (),
         retry_after: float | None = None,
         max_hold: float = boundary.DEFAULT_MAX_HOLD,
@@ -374,6 +388,7 @@ class RequestStateMiddleware:
             codec, audience, principal, None, retry_after, max_hold, max_holds, max_holds_per_token
         )
         self._adopt(app, options, max_body_bytes, max_response_bytes, passthrough_paths)
+        self.judged_bytes = JudgedBytes(max_judged_bytes)
 
     @classmethod
     def from_options(
@@ -383,12 +398,14 @@ class RequestStateMiddleware:
         *,
         max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
         max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES,
+        max_judged_bytes: int = DEFAULT_MAX_JUDGED_BYTES,
         passthrough_paths: Collection[str] = (),
     ) -> RequestStateMiddleware:
         """The middleware for ``options`` (a :class:`~statecodec.boundary.BoundaryOptions`, valid
         already), as the proxy builds it: the options object is kept as it is, not rebuilt."""
         middleware = cls.__new__(cls)
         middleware._adopt(app, options, max_body_bytes, max_response_bytes, passthrough_paths)
+        middleware.judged_bytes = JudgedBytes(max_judged_bytes)
         return middleware
 
     def _adopt(
@@ -469,7 +486,12 @@ class RequestStateMiddleware:
         if judged is not None and judged.opened is not None:
             _log_round(judged.method, judged.opened)
         outbound = _Outbound(self, send, judged, request_id)
-        await self.app(_forwarded(scope, headers, sent.index, body), _replay(body, receive), outbound.send)
+        try:
+            await self.app(
+                _forwarded(scope, headers, sent.index, body), _replay(body, receive), outbound.send
+            )
+        finally:
+            outbound.release()  # what an answer left unfinished held of the budget
         if judged is not None:  # an answer without a state is relayed unparsed: count its flow's end here
             judged.end_flow(self.codec)
 
@@ -740,6 +762,33 @@ async def _respond(send: Send, status: int, payload: Any) -> None:
 
 
 # ---------------------------------------------------------------- answers
+class JudgedBytes:
+    """The bytes of answers held for inspection, all requests together, within ``limit``.
+
+    Every answer that is buffered to be judged (a JSON body or message not complete yet,
+    an SSE event not ended yet) takes its bytes here as they arrive and gives them back
+    once judged; one that would take more than what is left is refused at once, so memory
+    stays bounded whatever the number of large answers in flight, and no answer waits.
+    """
+
+    __slots__ = ("held", "limit")
+
+    def __init__(self, limit: int) -> None:
+        if limit < 1:
+            raise ValueError("max_judged_bytes must be positive")
+        self.limit = limit
+        self.held = 0
+
+    def take(self, count: int) -> bool:
+        if self.held + count > self.limit:
+            return False
+        self.held += count
+        return True
+
+    def give(self, count: int) -> None:
+        self.held -= count
+
+
 class _Outbound:
     """Wraps ``send``: every answer is read as a client would read it, and its states sealed.
 
@@ -772,6 +821,9 @@ class _Outbound:
         self._body = bytearray()
         self._ends: _json.MessageEnds | None = None  # a UTF-8 JSON answer that may be a stream
         self._streaming = False  # its head is sent: its messages go out one by one
+        self.request_id = request_id
+        self._budget = middleware.judged_bytes
+        self._held = 0  # bytes of this answer counted in the budget
 
     async def send(self, message: Message) -> None:
         kind = message["type"]
@@ -795,8 +847,41 @@ class _Outbound:
         else:  # application/json, application/json-rpc, application/*+json, text/plain, none...
             self._mode = "sniff"
 
+    def _hold(self, pending: int) -> bool:
+        """Count ``pending`` bytes (what this answer buffers now) in the budget; False if over it."""
+        if pending > self._held and not self._budget.take(pending - self._held):
+            return False
+        if pending < self._held:
+            self._budget.give(self._held - pending)
+        self._held = pending
+        return True
+
+    def release(self) -> None:
+        """Give back what this answer holds of the budget (it is answered, or abandoned)."""
+        self._hold(0)
+
+    async def _over_budget(self) -> None:
+        budget = self._budget
+        logger.error(
+            "%d bytes of answers are held for inspection, at most %d; this answer was refused",
+            budget.held,
+            budget.limit,
+            extra=_telemetry.fields("answer_refused", reason="judged_bytes", status=503),
+        )
+        started = self._streaming or self._mode in ("sse", "raw")
+        self._mode = "done"
+        self.release()
+        if started:
+            await self._send({"type": "http.response.body", "body": b"", "more_body": False})
+        else:
+            busy = WireError(INTERNAL_ERROR_CODE, "Too many answers being inspected: retry", status=503)
+            await _respond(self._send, busy.status, _error(self.request_id, busy.error()))
+
     async def _on_body(self, chunk: bytes, more: bool) -> None:
         mode = self._mode
+        if mode in ("json", "sniff") and not self._hold(len(self._body) + len(chunk)):
+            await self._over_budget()
+            return
         if mode == "raw":
             await self._send({"type": "http.response.body", "body": chunk, "more_body": more})
         elif mode == "sse":
@@ -817,7 +902,7 @@ class _Outbound:
                     f"an answer exceeds {self.limit} bytes, the most that can be inspected"
                 )
             elif not more:
-                await self._finish_json(bytes(self._body))
+                await self._finish_json(self._drained())
         # done: a failed-closed answer; the application's remaining output is dropped
 
     async def _sniff(self, more: bool) -> None:
@@ -840,6 +925,11 @@ class _Outbound:
                 self._ends = _json.MessageEnds()  # it may go on message after message
         await self._on_body(body, more)
 
+    def _drained(self) -> bytes:
+        """The buffered body as bytes, the buffer emptied: the answer is held once, not twice."""
+        body, self._body = bytes(self._body), bytearray()
+        return body
+
     async def _relay(self, body: bytes) -> None:
         self._mode = "done"
         await self._send(self._start)
@@ -860,11 +950,16 @@ class _Outbound:
             await self._fail_closed(f"an answer that looks like JSON cannot be parsed ({str(exc)[:100]})")
             return
         document, changed = self._seal_document(document)
-        if not changed and not _json.has_duplicate_keys(text):  # a shadowed value may be a state
-            await self._relay(body)
-            return
+        if not changed:
+            del document  # the answer is held once as bytes and once as text while it is checked
+            if not _json.has_duplicate_keys(text):  # a shadowed value may be a state
+                await self._relay(body)
+                return
+            document, _ = self._seal_document(_json.read_answer(text))
+        del body, text  # the answer is held once, as the document, while it is written again
         self._mode = "done"
         body = dumps(document, allow_nan=True)
+        del document
         headers = _utf8(_without(list(self._start.get("headers", ())), b"content-length"), self._content_type)
         headers.append((b"content-length", str(len(body)).encode("ascii")))
         await self._send({**self._start, "headers": headers})
@@ -905,6 +1000,7 @@ class _Outbound:
             out.append(raw)
         del self._body[: starts[-1]]
         self._ends.consumed(starts[-1])
+        self._hold(len(self._body))
         if out or not more:
             await self._send({"type": "http.response.body", "body": b"".join(out), "more_body": more})
         if not more:
@@ -954,6 +1050,9 @@ class _Outbound:
         await self._send({**self._start, "headers": headers})
 
     async def _on_sse(self, chunk: bytes, more: bool) -> None:
+        if not self._hold(self._parser.pending + len(chunk)):
+            await self._over_budget()
+            return
         try:
             events = self._parser.feed(chunk)
             rest = b""
@@ -969,6 +1068,7 @@ class _Outbound:
             await self._send({"type": "http.response.body", "body": b"", "more_body": False})
             self._mode = "done"
             return
+        self._hold(self._parser.pending)
         out = b"".join(self._sse_event(event) for event in events)
         if rest:
             logger.warning(

@@ -21,6 +21,7 @@ import uvicorn
 from .._serving import quiet_config, serve_announcing
 from ..adapters.asgi import (
     DEFAULT_MAX_BODY_BYTES,
+    DEFAULT_MAX_JUDGED_BYTES,
     DEFAULT_MAX_RESPONSE_BYTES,
     ASGIApp,
     RequestStateMiddleware,
@@ -50,6 +51,7 @@ class ProxyOptions:
     boundary: BoundaryOptions
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES
+    max_judged_bytes: int = DEFAULT_MAX_JUDGED_BYTES
     timeouts: Timeouts = field(default_factory=Timeouts)
     max_connections: int = 100
     max_streams: int = 100
@@ -92,6 +94,7 @@ def build_proxy(options: ProxyOptions) -> ASGIApp:
         options.boundary,
         max_body_bytes=options.max_body_bytes,
         max_response_bytes=options.max_response_bytes,
+        max_judged_bytes=options.max_judged_bytes,
         passthrough_paths=options.passthrough_paths,
     )
     return MeteredApp(HostGuard(middleware, options.hosts))

@@ -35,6 +35,7 @@ FORWARDING_SETTINGS: Final = (
     "upstream",
     "max_body_bytes",
     "max_response_bytes",
+    "max_judged_bytes",
     "max_connections",
     "max_streams",
     "max_streams_per_client",
