@@ -310,6 +310,23 @@ def _stray_input_required(message: Mapping[str, Any]) -> str | None:
     return None
 
 
+def _strays_possible(messages: list[Any], text: str) -> bool:
+    """Whether ``messages`` (read from ``text``) may hold an ``input_required`` result where none
+    may stand: the walk of :func:`_stray_input_required` is skipped when the text names
+    ``"input_required"`` only as often as the messages' own results are one (without a
+    ``\\u`` escape the value can be written no other way)."""
+    if text.find("\\u") != -1:
+        return True
+    own = sum(
+        1
+        for message in messages
+        if isinstance(message, dict)
+        and type(message.get("result")) is dict
+        and message["result"].get("resultType") == boundary.INPUT_REQUIRED
+    )
+    return text.count('"input_required"') > own
+
+
 def _refuse_stray(message: Mapping[str, Any], where: str) -> dict[str, Any]:
     """The error that replaces a message holding an ``input_required`` result at ``where``.
 
@@ -949,13 +966,13 @@ class _Outbound:
         except ValueError as exc:
             await self._fail_closed(f"an answer that looks like JSON cannot be parsed ({str(exc)[:100]})")
             return
-        document, changed = self._seal_document(document)
+        document, changed = self._seal_document(document, text)
         if not changed:
             del document  # the answer is held once as bytes and once as text while it is checked
             if not _json.has_duplicate_keys(text):  # a shadowed value may be a state
                 await self._relay(body)
                 return
-            document, _ = self._seal_document(_json.read_answer(text))
+            document, _ = self._seal_document(_json.read_answer(text), text)
         del body, text  # the answer is held once, as the document, while it is written again
         self._mode = "done"
         body = dumps(document, allow_nan=True)
@@ -1037,7 +1054,7 @@ class _Outbound:
                 extra=_telemetry.fields("answer_refused", reason="unreadable_event", detail=str(exc)[:100]),
             )
             return dumps(_error(None, WireError.internal().error()))
-        document, changed = self._seal_document(document)
+        document, changed = self._seal_document(document, text)
         if not changed and not _json.has_duplicate_keys(text):
             return None
         return dumps(document, allow_nan=True)
@@ -1097,16 +1114,20 @@ class _Outbound:
         await _respond(self._send, 502, _error(None, WireError.internal().error()))
 
     # -------------------------------------------------------- sealing results
-    def _seal_document(self, document: Any) -> tuple[Any, bool]:
+    def _seal_document(self, document: Any, text: str) -> tuple[Any, bool]:
+        """``document`` (read from ``text``) with its states sealed, and whether anything changed."""
+        messages = document if isinstance(document, list) else [document]
+        strays = _strays_possible(messages, text)
+        sealed = [self._seal_message(message, strays) for message in messages]
+        changed = any(changed for _, changed in sealed)
         if isinstance(document, list):  # no client sends batches, but a server may answer with one
-            sealed = [self._seal_message(item) for item in document]
-            return [item for item, _ in sealed], any(changed for _, changed in sealed)
-        return self._seal_message(document)
+            return [message for message, _ in sealed], changed
+        return sealed[0][0], changed
 
-    def _seal_message(self, message: Any) -> tuple[Any, bool]:
+    def _seal_message(self, message: Any, strays: bool) -> tuple[Any, bool]:
         if not isinstance(message, dict):
             return message, False
-        stray = _stray_input_required(message)
+        stray = _stray_input_required(message) if strays else None
         if stray is not None:
             return _refuse_stray(message, stray), True
         sealed: dict[str, Any] | None = None
