@@ -70,6 +70,7 @@ LOG_FIELDS: Final = (
     "round",  # the round of that flow a token belongs to (1 for a first round)
     "wait",  # seconds until a paced round's token is redeemable
     "client",  # a client's address (HOST or HOST:PORT), on the proxy's shed records
+    "upstream",  # the proxy's upstream URL, on its upstream_error and upstream_framing records
 )
 _TEXT_MAX: Final = 120
 

@@ -24,6 +24,8 @@ as JSON, as a stream of server-sent events, or not at all.
 
 from __future__ import annotations
 
+import codecs
+import contextlib
 import json
 import math
 import re
@@ -55,7 +57,23 @@ _DELETED: Final = b"0123456789-"
 
 
 def _may_differ(fast: bytes) -> bool:
-    """Whether orjson's ``fast`` bytes may hold a float or a null: then json writes the value."""
+    """Whether orjson's ``fast`` bytes may hold a float or a null: then json writes the value.
+
+    A large document is looked at a piece at a time (pieces overlapping by a token's
+    length), so the check never holds a second copy of it.
+    """
+    if len(fast) <= _DECODE_PIECE:
+        return _shape_may_differ(fast)
+    # A piece that starts inside a number or a string may raise a false alarm (a leading
+    # "." or "null"), never miss a float: a false alarm costs the slow path.
+    view = memoryview(fast)
+    return any(
+        _shape_may_differ(bytes(view[at : at + _DECODE_PIECE + 16]))
+        for at in range(0, len(fast), _DECODE_PIECE)
+    )
+
+
+def _shape_may_differ(fast: bytes) -> bool:
     shape = fast.translate(_TOKENS, _DELETED)
     # find, not `in`: bytes.__contains__ raises and clears a TypeError before it searches.
     return shape.find(b":.") != -1 or shape.find(b":null") != -1 or shape.startswith((b".", b"null"))
@@ -94,6 +112,11 @@ _STRICT: Final = json.JSONDecoder(object_pairs_hook=_unique, parse_constant=_no_
 
 
 _MISS: Final = object()
+_DECODE_PIECE: Final = 1024 * 1024
+# orjson's parser reserves many times its input while it reads (over 12 times for a 15 MiB
+# answer of non-ASCII text), and json's a little over one: beyond this size an answer is
+# read by json, so the memory an answer takes stays a few times its size.
+_ORJSON_MAX_CHARS: Final = 256 * 1024
 
 
 def _exact(data: bytes) -> Any:
@@ -147,8 +170,19 @@ def _encoding(data: bytes) -> str:
 
 
 def decode_answer(data: bytes) -> str:
-    """``data`` as text the way the most lenient client reads it, byte-order marks removed."""
-    return data.decode(_encoding(data), "replace").lstrip(_LEADING)
+    """``data`` as text the way the most lenient client reads it, byte-order marks removed.
+
+    A large answer is decoded a piece at a time: decoded at once, text beyond Latin-1 goes
+    through a buffer of several times its size first.
+    """
+    encoding = _encoding(data)
+    if len(data) <= _DECODE_PIECE:
+        return data.decode(encoding, "replace").lstrip(_LEADING)
+    decoder = codecs.getincrementaldecoder(encoding)("replace")
+    view = memoryview(data)
+    pieces = [decoder.decode(view[at : at + _DECODE_PIECE]) for at in range(0, len(data), _DECODE_PIECE)]
+    pieces.append(decoder.decode(b"", final=True))
+    return "".join(pieces).lstrip(_LEADING)
 
 
 def may_hold_state(text: str) -> bool:
@@ -189,10 +223,10 @@ def read_answer(text: str) -> Any:
     read and the write back cost about 40% of json's read of the TypeScript SDK's answer;
     anything else (NaN, whitespace, escapes, big integers) is json's to read (issue 30).
     """
-    try:
-        value = _exact(text.encode("utf-8"))
-    except UnicodeEncodeError:  # a lone surrogate: json reads it
-        value = _MISS
+    value = _MISS
+    if len(text) <= _ORJSON_MAX_CHARS:
+        with contextlib.suppress(UnicodeEncodeError):  # a lone surrogate: json reads it
+            value = _exact(text.encode("utf-8"))
     if value is not _MISS:
         return value
     try:
@@ -377,3 +411,72 @@ def _dump_deep(value: Any, *, ensure_ascii: bool, allow_nan: bool) -> str:
             parts.append(scalar(key) + ":")
         open_value(item)
     return "".join(parts)
+
+
+# ---------------------------------------------------------------- streams of messages
+# What may open, close or quote a JSON value: found with a compiled search (C), so text
+# between them (most of a document) is never looked at byte by byte here.
+_STRUCTURE: Final = re.compile(rb'["{}\[\]]')
+_SPACE: Final = frozenset(b" \t\r\n")
+
+
+def is_utf8(data: bytes) -> bool:
+    """Whether an answer starting with ``data`` reads as UTF-8 (with or without a BOM)."""
+    return _encoding(data) in ("utf-8", "utf-8-sig")
+
+
+class MessageEnds:
+    """Where each top-level JSON value of a UTF-8 stream ends (with the whitespace after it,
+    as far as it has arrived), found as the bytes arrive.
+
+    :meth:`scan` looks only at what was added since the last scan; :meth:`consumed` says
+    that the caller removed that many bytes from the front of its buffer. Only brackets and
+    quotes are followed (a string's escapes included), not the grammar: bytes that are not
+    JSON end up inside a value that fails to parse where it is judged, never unjudged.
+    """
+
+    __slots__ = ("_depth", "_in_string", "_pos")
+
+    def __init__(self) -> None:
+        self._pos = 0
+        self._depth = 0
+        self._in_string = False
+
+    def scan(self, buffer: bytes | bytearray) -> list[int]:
+        """The offsets in ``buffer`` just past each top-level value completed since the last scan."""
+        ends: list[int] = []
+        pos, depth, in_string, size = self._pos, self._depth, self._in_string, len(buffer)
+        while pos < size:
+            if in_string:
+                quote = buffer.find(b'"', pos)
+                if quote == -1:
+                    pos = size
+                    break
+                slashes = quote - 1
+                while buffer[slashes] == 0x5C:  # an odd run of backslashes escapes the quote
+                    slashes -= 1
+                in_string = (quote - 1 - slashes) % 2 == 1
+                pos = quote + 1
+                continue
+            found = _STRUCTURE.search(buffer, pos)
+            if found is None:
+                pos = size
+                break
+            pos = found.end()
+            char = buffer[pos - 1]
+            if char == 0x22:
+                in_string = True
+            elif char in (0x7B, 0x5B):
+                depth += 1
+            elif depth:
+                depth -= 1
+                if not depth:  # the whitespace after a value goes with it: a line ends with its LF
+                    while pos < size and buffer[pos] in _SPACE:
+                        pos += 1
+                    ends.append(pos)
+        self._pos, self._depth, self._in_string = pos, depth, in_string
+        return ends
+
+    def consumed(self, count: int) -> None:
+        """The caller dropped the first ``count`` bytes (never inside an unfinished value)."""
+        self._pos -= count

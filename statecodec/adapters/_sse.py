@@ -100,6 +100,11 @@ class Parser:
             raise EventTooLargeError(f"an SSE event exceeds {self.max_event_bytes} bytes")
         return events
 
+    @property
+    def pending(self) -> int:
+        """The bytes held for the event not ended yet."""
+        return len(self._buf) + len(self._raw)
+
     def close(self) -> tuple[list[Event], bytes]:
         """At the end of the stream: the last complete events and the unfinished remainder.
 

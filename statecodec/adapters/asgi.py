@@ -46,12 +46,20 @@ from urllib.parse import quote, unquote_to_bytes
 from .. import _telemetry, boundary
 from .._binding import Binding
 from .._codec import OpenedState, StateCodec
-from ..boundary import HEADER_MISMATCH_CODE, INVALID_REQUEST_CODE, PARSE_ERROR_CODE, Judged, WireError
+from ..boundary import (
+    HEADER_MISMATCH_CODE,
+    INTERNAL_ERROR_CODE,
+    INVALID_REQUEST_CODE,
+    PARSE_ERROR_CODE,
+    Judged,
+    WireError,
+)
 from . import _json, _sse
 from ._json import dumps, loads_strict
 
 __all__ = [
     "DEFAULT_MAX_BODY_BYTES",
+    "DEFAULT_MAX_JUDGED_BYTES",
     "DEFAULT_MAX_RESPONSE_BYTES",
     "ASGIApp",
     "Message",
@@ -84,8 +92,11 @@ PrincipalFn: TypeAlias = Callable[[Scope, Mapping[str, str]], "str | Awaitable[s
 DEFAULT_MAX_BODY_BYTES: Final = 4 * 1024 * 1024
 #: The largest JSON answer or single SSE event inspected; larger ones fail closed.
 DEFAULT_MAX_RESPONSE_BYTES: Final = 16 * 1024 * 1024
+#: The most bytes of answers held for inspection at once, all requests together.
+DEFAULT_MAX_JUDGED_BYTES: Final = 256 * 1024 * 1024
 
 _JSON_HEADERS: Final = [(b"content-type", b"application/json")]
+_JSON_SPACE: Final = b" \t\r\n"
 # Keys whose exact spelling decides what a server reads. A key equal to one of them
 # under Unicode case folding, but not identical, would be read by a case-insensitive
 # parser (Go's encoding/json also folds U+017F to "s" and U+212A to "k") and ignored here.
@@ -270,6 +281,68 @@ def _state_keys(document: Any) -> str | None:
     return None
 
 
+def _stray_input_required(message: Mapping[str, Any]) -> str | None:
+    """Where ``message`` holds an ``input_required`` result other than its own ``result``, or None.
+
+    An ``input_required`` result is an object with a ``resultType`` member (in any case:
+    lenient clients fold it) whose value is the string ``"input_required"``. The one place
+    it may stand is a message's ``result`` member, which :func:`~statecodec.boundary.seal_result`
+    judges; anywhere else (an error's ``data``, a notification's or a server request's
+    ``params``, an object nested in a result) it is a protocol violation that may carry a
+    plaintext state no boundary seals. A member merely named ``requestState`` (a tool's own
+    content) is not one. No recursion: a document may be nested at any depth.
+    """
+    pending: list[tuple[str, Any]] = []
+    for key, value in message.items():
+        if key == "result" and type(value) is dict:
+            pending.extend((f"result.{inner}", item) for inner, item in value.items())
+        else:
+            pending.append((key, value))
+    while pending:
+        where, node = pending.pop()
+        if isinstance(node, dict):
+            for key, value in node.items():
+                if value == boundary.INPUT_REQUIRED and key.casefold() == "resulttype":
+                    return where
+                pending.append((f"{where}.{key}", value))
+        elif isinstance(node, list):
+            pending.extend((f"{where}[{index}]", item) for index, item in enumerate(node))
+    return None
+
+
+def _strays_possible(messages: list[Any], text: str) -> bool:
+    """Whether ``messages`` (read from ``text``) may hold an ``input_required`` result where none
+    may stand: the walk of :func:`_stray_input_required` is skipped when the text names
+    ``"input_required"`` only as often as the messages' own results are one (without a
+    ``\\u`` escape the value can be written no other way)."""
+    if text.find("\\u") != -1:
+        return True
+    own = sum(
+        1
+        for message in messages
+        if isinstance(message, dict)
+        and type(message.get("result")) is dict
+        and message["result"].get("resultType") == boundary.INPUT_REQUIRED
+    )
+    return text.count('"input_required"') > own
+
+
+def _refuse_stray(message: Mapping[str, Any], where: str) -> dict[str, Any]:
+    """The error that replaces a message holding an ``input_required`` result at ``where``.
+
+    A response keeps its id; a notification or a server request, which the client answers
+    no error to, is replaced by an error without one.
+    """
+    logger.error(
+        "an input_required result at %s of an answer (it may carry a plaintext state); "
+        "the message was replaced by -32603",
+        where[:100],
+        extra=_telemetry.fields("answer_refused", reason="stray_input_required", detail=where[:100]),
+    )
+    request_id = None if "method" in message else message.get("id")
+    return _error(request_id, WireError.internal().error())
+
+
 @dataclass(frozen=True, slots=True)
 class _Request:
     """An MRTR request as parsed: the message, its method and params, whether it holds a state."""
@@ -293,6 +366,9 @@ class RequestStateMiddleware:
     :param max_body_bytes: larger request bodies get 413 before more is read.
     :param max_response_bytes: the largest JSON answer (or SSE event) that can be
         inspected; a larger one fails closed.
+    :param max_judged_bytes: the most bytes of answers held for inspection at once, all
+        requests together (:class:`JudgedBytes`); an answer that would take more is
+        refused (HTTP 503, -32603, or its stream cut), never waits.
     :param passthrough_paths: exact paths (as sent, percent-encoded) whose requests are
         not judged as MCP, for example a form-encoded OAuth endpoint served by the same
         application. Never the MCP path, and never a bypass: a JSON body there that
@@ -318,6 +394,7 @@ class RequestStateMiddleware:
         principal: PrincipalFn | None = None,
         max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
         max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES,
+        max_judged_bytes: int = DEFAULT_MAX_JUDGED_BYTES,
         passthrough_paths: Collection[str] = (),
         retry_after: float | None = None,
         max_hold: float = boundary.DEFAULT_MAX_HOLD,
@@ -328,6 +405,7 @@ class RequestStateMiddleware:
             codec, audience, principal, None, retry_after, max_hold, max_holds, max_holds_per_token
         )
         self._adopt(app, options, max_body_bytes, max_response_bytes, passthrough_paths)
+        self.judged_bytes = JudgedBytes(max_judged_bytes)
 
     @classmethod
     def from_options(
@@ -337,12 +415,14 @@ class RequestStateMiddleware:
         *,
         max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
         max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES,
+        max_judged_bytes: int = DEFAULT_MAX_JUDGED_BYTES,
         passthrough_paths: Collection[str] = (),
     ) -> RequestStateMiddleware:
         """The middleware for ``options`` (a :class:`~statecodec.boundary.BoundaryOptions`, valid
         already), as the proxy builds it: the options object is kept as it is, not rebuilt."""
         middleware = cls.__new__(cls)
         middleware._adopt(app, options, max_body_bytes, max_response_bytes, passthrough_paths)
+        middleware.judged_bytes = JudgedBytes(max_judged_bytes)
         return middleware
 
     def _adopt(
@@ -423,7 +503,12 @@ class RequestStateMiddleware:
         if judged is not None and judged.opened is not None:
             _log_round(judged.method, judged.opened)
         outbound = _Outbound(self, send, judged, request_id)
-        await self.app(_forwarded(scope, headers, sent.index, body), _replay(body, receive), outbound.send)
+        try:
+            await self.app(
+                _forwarded(scope, headers, sent.index, body), _replay(body, receive), outbound.send
+            )
+        finally:
+            outbound.release()  # what an answer left unfinished held of the budget
         if judged is not None:  # an answer without a state is relayed unparsed: count its flow's end here
             judged.end_flow(self.codec)
 
@@ -694,6 +779,33 @@ async def _respond(send: Send, status: int, payload: Any) -> None:
 
 
 # ---------------------------------------------------------------- answers
+class JudgedBytes:
+    """The bytes of answers held for inspection, all requests together, within ``limit``.
+
+    Every answer that is buffered to be judged (a JSON body or message not complete yet,
+    an SSE event not ended yet) takes its bytes here as they arrive and gives them back
+    once judged; one that would take more than what is left is refused at once, so memory
+    stays bounded whatever the number of large answers in flight, and no answer waits.
+    """
+
+    __slots__ = ("held", "limit")
+
+    def __init__(self, limit: int) -> None:
+        if limit < 1:
+            raise ValueError("max_judged_bytes must be positive")
+        self.limit = limit
+        self.held = 0
+
+    def take(self, count: int) -> bool:
+        if self.held + count > self.limit:
+            return False
+        self.held += count
+        return True
+
+    def give(self, count: int) -> None:
+        self.held -= count
+
+
 class _Outbound:
     """Wraps ``send``: every answer is read as a client would read it, and its states sealed.
 
@@ -724,6 +836,11 @@ class _Outbound:
         self._start: Message = {}
         self._content_type: bytes | None = None
         self._body = bytearray()
+        self._ends: _json.MessageEnds | None = None  # a UTF-8 JSON answer that may be a stream
+        self._streaming = False  # its head is sent: its messages go out one by one
+        self.request_id = request_id
+        self._budget = middleware.judged_bytes
+        self._held = 0  # bytes of this answer counted in the budget
 
     async def send(self, message: Message) -> None:
         kind = message["type"]
@@ -747,8 +864,41 @@ class _Outbound:
         else:  # application/json, application/json-rpc, application/*+json, text/plain, none...
             self._mode = "sniff"
 
+    def _hold(self, pending: int) -> bool:
+        """Count ``pending`` bytes (what this answer buffers now) in the budget; False if over it."""
+        if pending > self._held and not self._budget.take(pending - self._held):
+            return False
+        if pending < self._held:
+            self._budget.give(self._held - pending)
+        self._held = pending
+        return True
+
+    def release(self) -> None:
+        """Give back what this answer holds of the budget (it is answered, or abandoned)."""
+        self._hold(0)
+
+    async def _over_budget(self) -> None:
+        budget = self._budget
+        logger.error(
+            "%d bytes of answers are held for inspection, at most %d; this answer was refused",
+            budget.held,
+            budget.limit,
+            extra=_telemetry.fields("answer_refused", reason="judged_bytes", status=503),
+        )
+        started = self._streaming or self._mode in ("sse", "raw")
+        self._mode = "done"
+        self.release()
+        if started:
+            await self._send({"type": "http.response.body", "body": b"", "more_body": False})
+        else:
+            busy = WireError(INTERNAL_ERROR_CODE, "Too many answers being inspected: retry", status=503)
+            await _respond(self._send, busy.status, _error(self.request_id, busy.error()))
+
     async def _on_body(self, chunk: bytes, more: bool) -> None:
         mode = self._mode
+        if mode in ("json", "sniff") and not self._hold(len(self._body) + len(chunk)):
+            await self._over_budget()
+            return
         if mode == "raw":
             await self._send({"type": "http.response.body", "body": chunk, "more_body": more})
         elif mode == "sse":
@@ -762,12 +912,14 @@ class _Outbound:
             self._body += chunk
             if mode == "sniff":
                 await self._sniff(more)
+            elif self._ends is not None and (more or self._streaming):
+                await self._on_messages(more)
             elif len(self._body) > self.limit:
                 await self._fail_closed(
                     f"an answer exceeds {self.limit} bytes, the most that can be inspected"
                 )
             elif not more:
-                await self._finish_json(bytes(self._body))
+                await self._finish_json(self._drained())
         # done: a failed-closed answer; the application's remaining output is dropped
 
     async def _sniff(self, more: bool) -> None:
@@ -786,7 +938,14 @@ class _Outbound:
             elif not more and len(body) <= self.limit:  # the whole answer (the usual one): no buffer again
                 await self._finish_json(body)
                 return
+            elif _json.is_utf8(body):
+                self._ends = _json.MessageEnds()  # it may go on message after message
         await self._on_body(body, more)
+
+    def _drained(self) -> bytes:
+        """The buffered body as bytes, the buffer emptied: the answer is held once, not twice."""
+        body, self._body = bytes(self._body), bytearray()
+        return body
 
     async def _relay(self, body: bytes) -> None:
         self._mode = "done"
@@ -807,16 +966,98 @@ class _Outbound:
         except ValueError as exc:
             await self._fail_closed(f"an answer that looks like JSON cannot be parsed ({str(exc)[:100]})")
             return
-        document, changed = self._seal_document(document)
-        if not changed and not _json.has_duplicate_keys(text):  # a shadowed value may be a state
-            await self._relay(body)
-            return
+        document, changed = self._seal_document(document, text)
+        if not changed:
+            del document  # the answer is held once as bytes and once as text while it is checked
+            if not _json.has_duplicate_keys(text):  # a shadowed value may be a state
+                await self._relay(body)
+                return
+            document, _ = self._seal_document(_json.read_answer(text), text)
+        del body, text  # the answer is held once, as the document, while it is written again
         self._mode = "done"
         body = dumps(document, allow_nan=True)
+        del document
         headers = _utf8(_without(list(self._start.get("headers", ())), b"content-length"), self._content_type)
         headers.append((b"content-length", str(len(body)).encode("ascii")))
         await self._send({**self._start, "headers": headers})
         await self._send({"type": "http.response.body", "body": body, "more_body": False})
+
+    async def _on_messages(self, more: bool) -> None:
+        """A JSON answer that goes on: each message is relayed as soon as it is complete.
+
+        An answer of several messages (a ``subscriptions/listen`` answer written as
+        newline-separated JSON under ``application/json``, NDJSON) is never held whole: once
+        a message is complete before the end of the body, the head goes out (without a
+        length) and each message after it, judged on its own (:meth:`_judged`). A single
+        message whose body ends with it takes :meth:`_finish_json`, as before.
+        """
+        assert self._ends is not None
+        ends = self._ends.scan(self._body)
+        if not more:
+            ends.append(len(self._body))  # what is left: whitespace, or an unfinished message
+        starts = [0, *ends]
+        sizes = [end - start for start, end in zip(starts, ends, strict=False)]
+        if max(len(self._body) - starts[-1], *sizes, 0) > self.limit:
+            await self._too_large()
+            return
+        if ends and not self._streaming:
+            self._streaming = True
+            headers = _without(list(self._start.get("headers", ())), b"content-length")
+            await self._send({**self._start, "headers": headers})
+        out = []
+        for start, end in zip(starts, ends, strict=False):
+            raw = bytes(self._body[start:end])
+            judged = self._judged(raw)
+            if judged is not None:  # the whitespace around the message stays as it was
+                raw = (
+                    raw[: len(raw) - len(raw.lstrip(_JSON_SPACE))]
+                    + judged
+                    + raw[len(raw.rstrip(_JSON_SPACE)) :]
+                )
+            out.append(raw)
+        del self._body[: starts[-1]]
+        self._ends.consumed(starts[-1])
+        self._hold(len(self._body))
+        if out or not more:
+            await self._send({"type": "http.response.body", "body": b"".join(out), "more_body": more})
+        if not more:
+            self._mode = "done"
+
+    async def _too_large(self) -> None:
+        """A message of an answer over the limit: a 502, or the stream cut if it has begun."""
+        why = f"a message of an answer exceeds {self.limit} bytes, the most that can be inspected"
+        if not self._streaming:
+            await self._fail_closed(why)
+            return
+        logger.error(
+            "%s; the stream was cut", why, extra=_telemetry.fields("answer_refused", reason="too_large")
+        )
+        self._mode = "done"
+        await self._send({"type": "http.response.body", "body": b"", "more_body": False})
+
+    def _judged(self, data: bytes) -> bytes | None:
+        """One message as the client gets it: None when it goes out as written, else its new bytes.
+
+        A message that cannot hold a state and is not ``input_required`` is not parsed; one
+        that may is parsed as the most lenient client reads it and its states sealed (or it
+        is replaced by -32603); one that looks like JSON and does not parse is replaced.
+        """
+        text = _json.decode_answer(data)
+        if not _json.may_need_sealing(text):
+            return None
+        try:
+            document = _json.read_answer(text)
+        except ValueError as exc:
+            logger.error(
+                "a message that looks like JSON cannot be parsed (%s); replaced by -32603",
+                str(exc)[:100],
+                extra=_telemetry.fields("answer_refused", reason="unreadable_event", detail=str(exc)[:100]),
+            )
+            return dumps(_error(None, WireError.internal().error()))
+        document, changed = self._seal_document(document, text)
+        if not changed and not _json.has_duplicate_keys(text):
+            return None
+        return dumps(document, allow_nan=True)
 
     async def _start_stream(self) -> None:
         # Events are rewritten as they pass: the length is no longer known.
@@ -826,6 +1067,9 @@ class _Outbound:
         await self._send({**self._start, "headers": headers})
 
     async def _on_sse(self, chunk: bytes, more: bool) -> None:
+        if not self._hold(self._parser.pending + len(chunk)):
+            await self._over_budget()
+            return
         try:
             events = self._parser.feed(chunk)
             rest = b""
@@ -841,6 +1085,7 @@ class _Outbound:
             await self._send({"type": "http.response.body", "body": b"", "more_body": False})
             self._mode = "done"
             return
+        self._hold(self._parser.pending)
         out = b"".join(self._sse_event(event) for event in events)
         if rest:
             logger.warning(
@@ -856,22 +1101,8 @@ class _Outbound:
         data = event.data
         if not data or _json.classify(data, final=True) != "json":
             return event.raw  # priming events, keep-alives, comments, plain text
-        text = _json.decode_answer(data)
-        if not _json.may_need_sealing(text):
-            return event.raw
-        try:
-            document = _json.read_answer(text)
-        except ValueError as exc:
-            logger.error(
-                "an SSE event that looks like JSON cannot be parsed (%s); replaced by -32603",
-                str(exc)[:100],
-                extra=_telemetry.fields("answer_refused", reason="unreadable_event", detail=str(exc)[:100]),
-            )
-            return _sse.encode(dumps(_error(None, WireError.internal().error())))
-        document, changed = self._seal_document(document)
-        if not changed and not _json.has_duplicate_keys(text):
-            return event.raw
-        return event.with_data(dumps(document, allow_nan=True))
+        judged = self._judged(data)
+        return event.raw if judged is None else event.with_data(judged)
 
     async def _fail_closed(self, why: str) -> None:
         logger.error(
@@ -883,15 +1114,22 @@ class _Outbound:
         await _respond(self._send, 502, _error(None, WireError.internal().error()))
 
     # -------------------------------------------------------- sealing results
-    def _seal_document(self, document: Any) -> tuple[Any, bool]:
+    def _seal_document(self, document: Any, text: str) -> tuple[Any, bool]:
+        """``document`` (read from ``text``) with its states sealed, and whether anything changed."""
+        messages = document if isinstance(document, list) else [document]
+        strays = _strays_possible(messages, text)
+        sealed = [self._seal_message(message, strays) for message in messages]
+        changed = any(changed for _, changed in sealed)
         if isinstance(document, list):  # no client sends batches, but a server may answer with one
-            sealed = [self._seal_message(item) for item in document]
-            return [item for item, _ in sealed], any(changed for _, changed in sealed)
-        return self._seal_message(document)
+            return [message for message, _ in sealed], changed
+        return sealed[0][0], changed
 
-    def _seal_message(self, message: Any) -> tuple[Any, bool]:
+    def _seal_message(self, message: Any, strays: bool) -> tuple[Any, bool]:
         if not isinstance(message, dict):
             return message, False
+        stray = _stray_input_required(message) if strays else None
+        if stray is not None:
+            return _refuse_stray(message, stray), True
         sealed: dict[str, Any] | None = None
         for key, result in message.items():
             if type(result) is not dict or key.casefold() != "result":

@@ -20,7 +20,7 @@ import click
 
 from .. import _telemetry
 from .._codec import DEFAULT_TTL
-from ..adapters.asgi import DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_RESPONSE_BYTES
+from ..adapters.asgi import DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_JUDGED_BYTES, DEFAULT_MAX_RESPONSE_BYTES
 from ..boundary import DEFAULT_MAX_HOLD, DEFAULT_MAX_HOLDS, DEFAULT_MAX_HOLDS_PER_TOKEN, MAX_HOLD_LIMIT
 from ._exit import CliError, ExitCode, missing_extra_error
 from ._output import classify, echo, log_format_option, reported
@@ -94,6 +94,12 @@ logger = logging.getLogger("statecodec.proxy")
 @count_option("--max-body-bytes", DEFAULT_MAX_BODY_BYTES, "Larger request bodies get 413.")
 @count_option(
     "--max-response-bytes", DEFAULT_MAX_RESPONSE_BYTES, "Largest inspected JSON response or SSE event."
+)
+@count_option(
+    "--max-judged-bytes",
+    DEFAULT_MAX_JUDGED_BYTES,
+    "Bytes of answers held for inspection at once, all requests of a process together; "
+    "an answer that would take more gets 503.",
 )
 @duration_option("--connect-timeout", "10s", "Connecting to the upstream.")
 @duration_option("--read-timeout", "5m", "Silence allowed between two upstream chunks.")
@@ -175,6 +181,12 @@ logger = logging.getLogger("statecodec.proxy")
     type=HOST_PORT,
     help="Serve /livez, /readyz and /metrics (Prometheus) on this separate address "
     "(default: off). Keep it private: clients never need it.",
+)
+@click.option(
+    "--ready-upstream",
+    is_flag=True,
+    help="/readyz also fails while the upstream does not answer (for an upstream per "
+    "instance, a sidecar). Off: readiness covers keys and the replay store only.",
 )
 @click.option(
     "--log-level", type=click.Choice(["debug", "info", "warning", "error"]), default="info", show_default=True

@@ -27,11 +27,15 @@ proxy:
   (or ``Transfer-Encoding: chunked``) and ``X-Forwarded-*`` (and ``Host`` when the client
   sent none);
 - long-lived streams never take the connections request/response traffic needs: a
-  ``GET`` (in MCP, the server's SSE stream) or a ``subscriptions/listen`` request goes
+  ``GET`` (in MCP, the server's SSE stream) or a ``subscriptions/listen`` request (its
+  method read from the body, whatever its headers say: :func:`_opens_stream`) goes
   through a pool of its own, ``max_streams`` connections, and one client address holds
   at most ``max_streams_per_client`` of them (:class:`_Streams`). A stream over either
   bound is refused at once (503, or 429 for a client over its share), logged and counted,
-  and never waits: a POST never queues behind a stream, nor a stream behind a POST.
+  and never waits: a POST never queues behind a stream, nor a stream behind a POST;
+- every error it answers itself is a JSON-RPC error carrying the id of the request it
+  read (``null`` only when there is none to read), and every upstream failure is logged
+  with the upstream's URL.
 """
 
 from __future__ import annotations
@@ -40,14 +44,17 @@ import logging
 import ssl
 from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass
-from typing import Final
+from typing import Any, Final
 from urllib.parse import urlsplit
 
 import anyio
 
 from .. import _telemetry
-from ..adapters.asgi import Message, Receive, Scope, Send, dumps, request_path
+from ..adapters import _json
+from ..adapters.asgi import Message, Receive, Scope, Send, request_path
+from ..boundary import INTERNAL_ERROR_CODE, WireError
 from ._upstream import Pool, Response, UpstreamError, check_fields
+from ._wire import respond_error
 
 logger = logging.getLogger("statecodec.proxy")
 
@@ -80,9 +87,8 @@ _REPLACED_REQUEST: Final = frozenset(
     }
 )
 _DROPPED_REQUEST: Final = HOP_BY_HOP | _REPLACED_REQUEST
-# The requests that open a long-lived stream: MCP's GET stream and SEP-2575's listen
-# request (named by its ``Mcp-Method`` header, which the middleware checks against the body).
-_LISTEN: Final = b"subscriptions/listen"
+# SEP-2575's listen request opens a long-lived stream, as MCP's GET does.
+_LISTEN: Final = "subscriptions/listen"
 # Methods that define no meaning for a body: no ``Content-Length: 0`` when there is none.
 _BODILESS: Final = frozenset({b"GET", b"HEAD", b"OPTIONS", b"TRACE", b"DELETE", b"CONNECT"})
 # Below Node's default keep-alive timeout (5 s): an idle connection is dropped here before
@@ -154,25 +160,21 @@ class _RequestHeaders:
     """The client's headers as sent upstream, with what this proxy sets itself taken out.
 
     One pass: hop-by-hop headers (and those ``Connection`` names) and the ones this proxy
-    replaces are dropped, the rest kept in order, as bytes; ``listen`` says whether an
-    ``Mcp-Method`` header names ``subscriptions/listen`` (a long-lived stream).
+    replaces are dropped, the rest kept in order, as bytes.
     """
 
-    __slots__ = ("chain", "host", "kept", "length", "listen")
+    __slots__ = ("chain", "host", "kept", "length")
 
     def __init__(self, headers: Iterable[tuple[bytes, bytes]]) -> None:
         self.kept: list[tuple[bytes, bytes]] = []
         self.host: bytes | None = None
         self.length: bytes | None = None
-        self.listen = False
         chain: list[bytes] = []
         named: set[bytes] | None = None
         for name, value in headers:
             lower = name.lower()
             if lower not in _DROPPED_REQUEST:
                 self.kept.append((name, value))
-                if lower == b"mcp-method" and value.strip() == _LISTEN:
-                    self.listen = True
             elif lower == b"host":
                 self.host = self.host or value
             elif lower == b"x-forwarded-for":
@@ -214,11 +216,48 @@ def _response_headers(headers: list[tuple[bytes, bytes]]) -> list[tuple[bytes, b
     return kept
 
 
-async def _error(send: Send, status: int, message: str) -> None:
-    body = dumps({"jsonrpc": "2.0", "id": None, "error": {"code": -32603, "message": message}})
-    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode("ascii"))]
-    await send({"type": "http.response.start", "status": status, "headers": headers})
-    await send({"type": "http.response.body", "body": body, "more_body": False})
+def _opens_stream(method: str, body: bytes | AsyncIterator[bytes]) -> bool:
+    """Whether a request opens a long-lived stream: a ``GET``, or a ``subscriptions/listen`` POST.
+
+    The method is the body's: a header may say anything (the middleware refuses an
+    ``Mcp-Method`` that disagrees with the body, and no header is needed at all). Only a
+    body that may name the method is parsed: one holding ``listen`` or a ``\\u`` escape
+    (``subscriptions\\/listen`` and ``\\u006c`` spell it too). A body that comes in pieces
+    is not read ahead: behind the middleware a body always comes whole.
+    """
+    if method == "GET":
+        return True
+    if method != "POST" or not isinstance(body, bytes):
+        return False
+    if body.find(b"listen") == -1 and body.find(b"\\u") == -1:  # find: `in` tries an int first
+        return False
+    message = _message(body)
+    items = message if isinstance(message, list) else [message]
+    return any(isinstance(item, dict) and item.get("method") == _LISTEN for item in items)
+
+
+def _message(body: bytes) -> Any:
+    """The JSON in a request body as the most lenient server reads it, or None."""
+    try:
+        return _json.read_answer(_json.decode_answer(body))
+    except ValueError:
+        return None  # no server reads a method in it either
+
+
+def _request_id(body: bytes | AsyncIterator[bytes] | None) -> object:
+    """The JSON-RPC id of the request in ``body``, for the errors this proxy answers; None if none."""
+    if not isinstance(body, bytes) or not body:
+        return None
+    message = _message(body)
+    request_id = message.get("id") if isinstance(message, dict) else None
+    if isinstance(request_id, bool) or not isinstance(request_id, str | int | float):
+        return None  # not an id JSON-RPC allows: answered as a request without one
+    return request_id
+
+
+async def _error(send: Send, status: int, message: str, body: bytes | AsyncIterator[bytes] | None) -> None:
+    error = WireError(INTERNAL_ERROR_CODE, message, status=status)
+    await respond_error(send, _request_id(body), error)
 
 
 class UpstreamApp:
@@ -290,6 +329,7 @@ class UpstreamApp:
             limit=limit,
             keepalive=_KEEPALIVE_SECONDS,
             read_timeout=self.timeouts.read,
+            name=self.upstream,
         )
 
     async def aclose(self) -> None:
@@ -302,11 +342,13 @@ class UpstreamApp:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http":
             headers = _RequestHeaders(scope.get("headers", ()))
-            method = scope["method"]
-            if method == "GET" or (method == "POST" and headers.listen):
-                await self._stream(scope, headers, receive, send)
+            body = await _Body.read(receive)
+            if body is None:
+                return  # the client went away while sending
+            if _opens_stream(scope["method"], body.data):
+                await self._stream(scope, headers, body, receive, send)
             else:
-                await self._forward(scope, headers, receive, send, self.pool)
+                await self._forward(scope, headers, body, receive, send, pool=self.pool)
         elif scope["type"] == "lifespan":
             await self._lifespan(receive, send)
         elif scope["type"] == "websocket":
@@ -353,7 +395,9 @@ class UpstreamApp:
         lines.append(b"\r\n")
         return b"".join(lines)
 
-    async def _stream(self, scope: Scope, headers: _RequestHeaders, receive: Receive, send: Send) -> None:
+    async def _stream(
+        self, scope: Scope, headers: _RequestHeaders, body: _Body, receive: Receive, send: Send
+    ) -> None:
         """A long-lived stream: forwarded on :attr:`stream_pool` if it gets a slot, else refused."""
         client = scope.get("client")
         address = str(client[0]) if client else "-"
@@ -373,19 +417,16 @@ class UpstreamApp:
                     "client": address,
                 },
             )
-            await _error(send, status, "Too many streams")
+            await _error(send, status, "Too many streams", body.data)
             return
         try:
-            await self._forward(scope, headers, receive, send, self.stream_pool)
+            await self._forward(scope, headers, body, receive, send, pool=self.stream_pool)
         finally:
             self.streams.give(address)
 
     async def _forward(
-        self, scope: Scope, headers: _RequestHeaders, receive: Receive, send: Send, pool: Pool
+        self, scope: Scope, headers: _RequestHeaders, body: _Body, receive: Receive, send: Send, *, pool: Pool
     ) -> None:
-        body = await _Body.read(receive)
-        if body is None:
-            return  # the client went away while sending
         try:
             head = self._head(scope, headers, body.data)
         except (ValueError, UnicodeError):
@@ -393,7 +434,7 @@ class UpstreamApp:
                 "a request that would not frame as HTTP/1.1 was refused",
                 extra=_telemetry.fields("request_refused", status=400, detail="unframable"),
             )
-            await _error(send, 400, "Bad request")
+            await _error(send, 400, "Bad request", body.data)
             return
         timeouts = self.timeouts
         try:
@@ -411,23 +452,31 @@ class UpstreamApp:
         except TimeoutError as exc:
             _telemetry.record_upstream_error("timeout")
             logger.warning(
-                "upstream timed out (%s)",
+                "upstream %s timed out (%s)",
+                self.upstream,
                 type(exc).__name__,
-                extra=_telemetry.fields("upstream_error", kind="timeout", status=504),
+                extra={
+                    **_telemetry.fields("upstream_error", kind="timeout", status=504),
+                    "upstream": self.upstream,
+                },
             )
-            await _error(send, 504, "Upstream timed out")
+            await _error(send, 504, "Upstream timed out", body.data)
             return
         except (UpstreamError, OSError) as exc:
             _telemetry.record_upstream_error("unreachable")
             logger.warning(
-                "upstream unavailable (%s: %s)",
+                "upstream %s unavailable (%s: %s)",
+                self.upstream,
                 type(exc).__name__,
                 exc,
-                extra=_telemetry.fields(
-                    "upstream_error", kind="unreachable", status=502, detail=type(exc).__name__
-                ),
+                extra={
+                    **_telemetry.fields(
+                        "upstream_error", kind="unreachable", status=502, detail=type(exc).__name__
+                    ),
+                    "upstream": self.upstream,
+                },
             )
-            await _error(send, 502, "Upstream unavailable")
+            await _error(send, 502, "Upstream unavailable", body.data)
             return
         complete = False
         try:
@@ -438,7 +487,7 @@ class UpstreamApp:
                     "headers": _response_headers(response.headers),
                 }
             )
-            complete = await _relay(response, receive, send)
+            complete = await _relay(response, receive, send, self.upstream)
         finally:
             if complete:
                 response.release()  # the connection goes back to the pool
@@ -480,7 +529,7 @@ async def _stream(first: bytes, receive: Receive) -> AsyncIterator[bytes]:
             return
 
 
-async def _relay(response: Response, receive: Receive, send: Send) -> bool:
+async def _relay(response: Response, receive: Receive, send: Send, upstream: str) -> bool:
     """Relay the body; True when it was relayed whole.
 
     An answer that is complete in its first read (a JSON answer) is sent as it is; one
@@ -490,7 +539,7 @@ async def _relay(response: Response, receive: Receive, send: Send) -> bool:
     try:
         chunk = await response.read()
     except _BROKEN as exc:
-        _broke_off(exc)
+        _broke_off(exc, upstream)
         return False
     if response.at_eof:
         await send({"type": "http.response.body", "body": chunk, "more_body": False})
@@ -502,11 +551,17 @@ async def _relay(response: Response, receive: Receive, send: Send) -> bool:
             nonlocal complete
             more = chunk
             while more:
-                await send({"type": "http.response.body", "body": more, "more_body": True})
+                # The last bytes go out as the last message when they are known to be
+                # last: a JSON answer then ends with its last message, not after it.
+                last = response.at_eof
+                await send({"type": "http.response.body", "body": more, "more_body": not last})
+                if last:
+                    complete = True
+                    break
                 try:
                     more = await response.read()  # b"" at the end of the body
                 except _BROKEN as exc:
-                    _broke_off(exc)
+                    _broke_off(exc, upstream)
                     break
             else:
                 await send({"type": "http.response.body", "body": b"", "more_body": False})
@@ -525,12 +580,16 @@ async def _relay(response: Response, receive: Receive, send: Send) -> bool:
     return complete
 
 
-def _broke_off(exc: BaseException) -> None:
+def _broke_off(exc: BaseException, upstream: str) -> None:
     # The response is left unfinished: the server then drops the connection, and the
     # client sees a truncated response instead of a complete-looking one.
     _telemetry.record_upstream_error("broken")
     logger.warning(
-        "upstream stream broke off (%s)",
+        "upstream %s broke off its answer (%s)",
+        upstream,
         type(exc).__name__,
-        extra=_telemetry.fields("upstream_error", kind="broken", detail=type(exc).__name__),
+        extra={
+            **_telemetry.fields("upstream_error", kind="broken", detail=type(exc).__name__),
+            "upstream": upstream,
+        },
     )

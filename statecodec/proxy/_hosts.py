@@ -35,8 +35,9 @@ from typing import Final
 from urllib.parse import urlsplit
 
 from .. import _telemetry
-from ..adapters.asgi import ASGIApp, Receive, Scope, Send, dumps
-from ..boundary import INVALID_REQUEST_CODE
+from ..adapters.asgi import ASGIApp, Receive, Scope, Send
+from ..boundary import INVALID_REQUEST_CODE, WireError
+from ._wire import respond_error
 
 logger = logging.getLogger("statecodec.proxy")
 
@@ -174,8 +175,8 @@ class HostGuard:
     The verdict is a function of the two header values alone, so a pair once accepted is
     remembered (as the bytes sent, at most :data:`_ALLOWED_CACHED` pairs of at most
     :data:`_CACHED_BYTES`) instead of being
-    parsed again on every request: parsing the authority and the origin was about 10,000
-    instructions a request (docs/performance.md, "The forwarder (issue 30)").
+    parsed again on every request: parsing the authority and the origin cost more than the
+    rest of the guard (docs/performance.md, "The forwarder").
     """
 
     __slots__ = ("_allowed", "app", "policy")
@@ -225,9 +226,5 @@ class HostGuard:
             sent,
             extra=_telemetry.fields("request_refused", reason=reason, status=status, detail=sent),
         )
-        error = {"code": INVALID_REQUEST_CODE, "message": _MESSAGES[reason]}
-        body = dumps({"jsonrpc": "2.0", "id": None, "error": error})
-        length = str(len(body)).encode("ascii")
-        headers = [(b"content-type", b"application/json"), (b"content-length", length)]
-        await send({"type": "http.response.start", "status": status, "headers": headers})
-        await send({"type": "http.response.body", "body": body, "more_body": False})
+        # Refused before the body is read: there is no id to answer with.
+        await respond_error(send, None, WireError(INVALID_REQUEST_CODE, _MESSAGES[reason], status=status))

@@ -241,6 +241,7 @@ def built(
     from ..kms import KeyManager  # noqa: PLC0415 - loaded only for this command
     from ._forward import Timeouts  # noqa: PLC0415
     from ._hosts import HostPolicy  # noqa: PLC0415
+    from ._readiness import UpstreamHealth  # noqa: PLC0415
     from ._server import ProxyOptions, build_proxy  # noqa: PLC0415
 
     principal, closer = settings.principal.build()
@@ -268,7 +269,12 @@ def built(
                 app = build_proxy(options)
             except ValueError as exc:
                 raise ProxyConfigError(str(exc)) from None
-            health = ops.Health(manager, store)
+            _warn_if_upstream_silent(settings.forwarding["upstream"])
+            health = (
+                UpstreamHealth(manager, store, settings.forwarding["upstream"])
+                if settings.ready_upstream
+                else ops.Health(manager, store)
+            )
             try:
                 yield app, closer, health
             finally:
@@ -277,6 +283,22 @@ def built(
             store.close()
     finally:
         manager.stop()
+
+
+def _warn_if_upstream_silent(upstream: str) -> None:
+    """A warning before the proxy listens when its upstream does not answer (it starts anyway:
+    the upstream may come up after it, and until then clients get 502 naming no secret)."""
+    from ..replay._url import redact  # noqa: PLC0415
+    from ._readiness import probe_upstream  # noqa: PLC0415
+
+    why = probe_upstream(upstream)
+    if why is not None:
+        logger.warning(
+            "the upstream %s does not answer (%s); serving anyway: requests get HTTP 502 until it does",
+            redact(upstream),
+            why,
+            extra={**_telemetry.fields("upstream_silent", detail=why), "upstream": redact(upstream)},
+        )
 
 
 def serve_on(

@@ -1,8 +1,8 @@
 """Assemble the proxy (middleware around the forwarder) and run it under uvicorn.
 
 Served by uvicorn on uvloop with httptools' parser when they are installed (the ``proxy``
-extra installs both): on the proxy benchmark they take about a third of the server's
-instructions per request off pure-Python asyncio. :func:`event_loop_factory` is what
+extra installs both): on the proxy benchmark they serve a request for much less than
+pure-Python asyncio does (docs/performance.md). :func:`event_loop_factory` is what
 the CLI runs its loop with; without uvloop it is asyncio's own.
 """
 
@@ -21,6 +21,7 @@ import uvicorn
 from .._serving import quiet_config, serve_announcing
 from ..adapters.asgi import (
     DEFAULT_MAX_BODY_BYTES,
+    DEFAULT_MAX_JUDGED_BYTES,
     DEFAULT_MAX_RESPONSE_BYTES,
     ASGIApp,
     RequestStateMiddleware,
@@ -50,6 +51,7 @@ class ProxyOptions:
     boundary: BoundaryOptions
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES
+    max_judged_bytes: int = DEFAULT_MAX_JUDGED_BYTES
     timeouts: Timeouts = field(default_factory=Timeouts)
     max_connections: int = 100
     max_streams: int = 100
@@ -92,6 +94,7 @@ def build_proxy(options: ProxyOptions) -> ASGIApp:
         options.boundary,
         max_body_bytes=options.max_body_bytes,
         max_response_bytes=options.max_response_bytes,
+        max_judged_bytes=options.max_judged_bytes,
         passthrough_paths=options.passthrough_paths,
     )
     return MeteredApp(HostGuard(middleware, options.hosts))

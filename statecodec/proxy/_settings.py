@@ -35,6 +35,7 @@ FORWARDING_SETTINGS: Final = (
     "upstream",
     "max_body_bytes",
     "max_response_bytes",
+    "max_judged_bytes",
     "max_connections",
     "max_streams",
     "max_streams_per_client",
@@ -192,6 +193,8 @@ class ProxySettings:
     allowed_origins: tuple[str, ...]
     refresh_interval: int
     staleness_limit: int
+    #: ``/readyz`` also asks whether the upstream answers (``--ready-upstream``).
+    ready_upstream: bool = False
 
     @classmethod
     def of(cls, options: dict[str, Any], **rest: Any) -> ProxySettings:

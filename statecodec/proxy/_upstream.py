@@ -3,11 +3,10 @@
 The proxy talks to exactly one origin, with requests it has already framed and headers
 it has already filtered, and relays every answer as bytes. A general client does much
 more per request (URL objects, case-insensitive header maps, cookie and redirect logic,
-tracing hooks): on the proxy benchmark aiohttp's client cost 0.35 ms of CPU per request,
-this one under 0.1 ms, and h11 in its place 2.8 times this client's instructions per
-round (docs/performance.md). The HTTP parsing is llhttp's, through httptools
-(the parser uvicorn uses), in its strict mode; what is written here is the framing of a
-request and the bookkeeping of a connection.
+tracing hooks), and on the proxy benchmark a general client (aiohttp's, or h11) cost
+several times what this one does (docs/performance.md, "The forwarder"). The HTTP
+parsing is llhttp's, through httptools (the parser uvicorn uses), in its strict mode;
+what is written here is the framing of a request and the bookkeeping of a connection.
 
 An answer ends exactly where its framing says (RFC 9112 section 6.3), and what the
 upstream writes past that end is never read as anything: a connection that was out of
@@ -62,8 +61,8 @@ logger = logging.getLogger("statecodec.proxy")
 # has taken them: a fast upstream cannot fill the proxy's memory behind a slow client.
 _HIGH_WATER: Final = 256 * 1024
 # RFC 9110 token characters: what a field name (and a method) may be made of. Checked
-# with ``bytes.translate`` (what is left once they are deleted must be nothing): a regular
-# expression's character class cost the forwarder 4% of its instructions per round.
+# with ``bytes.translate`` (what is left once they are deleted must be nothing), which
+# costs far less than a regular expression's character class (docs/performance.md).
 _TOKEN: Final = b"!#$%&'*+-.^_`|~0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
 # The most bytes read without a byte of body: a head (with its interim answers) or the
 # trailers. httptools gathers a field before handing it over, so this is what bounds the
@@ -92,8 +91,9 @@ class _PastTheEnd(Exception):  # noqa: N818 - control flow, never raised past th
 class _Connection(asyncio.Protocol):
     """One connection, answering one request at a time."""
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, read_timeout: float) -> None:
+    def __init__(self, loop: asyncio.AbstractEventLoop, read_timeout: float, upstream: str) -> None:
         self._loop = loop
+        self._upstream = upstream  # named in its log records
         self._read_timeout = read_timeout
         self._parser = httptools.HttpResponseParser(self)
         self.transport: asyncio.Transport | None = None
@@ -259,10 +259,14 @@ class _Connection(asyncio.Protocol):
     def _past_the_end(self) -> None:
         """Bytes past the end of the answer: the answer stands, the connection is closed."""
         logger.warning(
-            "the upstream wrote past the end of its answer; its connection is closed",
-            extra=_telemetry.fields(
-                "upstream_framing", reason="bytes_after_answer", status=self._status or None
-            ),
+            "the upstream %s wrote past the end of its answer; its connection is closed",
+            self._upstream,
+            extra={
+                **_telemetry.fields(
+                    "upstream_framing", reason="bytes_after_answer", status=self._status or None
+                ),
+                "upstream": self._upstream,
+            },
         )
         if self._head_ready is None:  # idle: no answer to stand
             self._fail(UpstreamError("the upstream sent data nobody asked for"))
@@ -271,9 +275,13 @@ class _Connection(asyncio.Protocol):
 
     def _malformed(self, reason: str, detail: str) -> None:
         logger.warning(
-            "the upstream's answer breaks HTTP/1.1 framing (%s); its connection is closed",
+            "the answer of the upstream %s breaks HTTP/1.1 framing (%s); its connection is closed",
+            self._upstream,
             detail,
-            extra=_telemetry.fields("upstream_framing", reason=reason, detail=detail),
+            extra={
+                **_telemetry.fields("upstream_framing", reason=reason, detail=detail),
+                "upstream": self._upstream,
+            },
         )
         self._fail(UpstreamError(f"the upstream's answer is not valid HTTP/1.1: {detail}"))
 
@@ -383,8 +391,8 @@ class _Connection(asyncio.Protocol):
         """Await ``future``; ``TimeoutError`` after ``read_timeout`` seconds without it.
 
         One timer per connection rather than one per wait (this runs once or twice per
-        request; a timer handle made and cancelled each time was 3% of the forwarder's
-        instructions, ``asyncio.timeout()`` several times more): a wait notes what it
+        request, and a timer handle made and cancelled each time, or ``asyncio.timeout()``,
+        showed in the forwarder's profile: docs/performance.md): a wait notes what it
         awaits and since when, and the timer, when it fires, fails the wait that has gone
         on for ``read_timeout`` or sets itself again for the end of the current one.
         """
@@ -471,7 +479,8 @@ class Pool:
     """At most ``limit`` connections to ``host:port`` (TLS when ``tls`` is set).
 
     ``read_timeout`` bounds the silence between two chunks of an answer's body;
-    ``keepalive`` how long an idle connection is kept.
+    ``keepalive`` how long an idle connection is kept; ``name`` (the upstream's URL) is
+    what log records call it.
     """
 
     def __init__(
@@ -483,9 +492,11 @@ class Pool:
         limit: int,
         keepalive: float,
         read_timeout: float,
+        name: str = "",
     ) -> None:
         self.host = host
         self.port = port
+        self.name = name or f"{host}:{port}"
         self.tls = tls
         self.keepalive = keepalive
         self.read_timeout = read_timeout
@@ -549,7 +560,7 @@ class Pool:
         if self._closed:
             raise UpstreamError("the upstream pool is closed")
         _, conn = await loop.create_connection(
-            lambda: _Connection(loop, self.read_timeout),
+            lambda: _Connection(loop, self.read_timeout, self.name),
             self.host,
             self.port,
             ssl=self.tls,
@@ -579,7 +590,7 @@ def check_fields(method: bytes, target: bytes, headers: list[tuple[bytes, bytes]
     # A byte that would end a header line or the request line early.
     text = b"".join([value for _, value in headers]) + target + method
     # find, not `in`: CPython's bytes.__contains__ first tries its operand as an integer and
-    # raises and clears a TypeError before it searches (~2,100 instructions a test; issue 30).
+    # raises and clears a TypeError before it searches.
     if (
         names.translate(None, _TOKEN)
         or text.find(b"\r") != -1

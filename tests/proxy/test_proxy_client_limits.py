@@ -40,7 +40,7 @@ PACED_TOOL = "slow_report"
 class TinyUpstream:
     url: str = ""
     calls: list[str] = field(default_factory=list)  # "method" or "tools/call:NAME[+state]"
-    streams: int = 0  # GET streams open now
+    streams: int = 0  # streams open now (GET and subscriptions/listen)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def handled(self) -> list[str]:
@@ -58,6 +58,9 @@ def upstream() -> Iterator[TinyUpstream]:
         def do_POST(self) -> None:
             body = json.loads(self.rfile.read(int(self.headers.get("content-length") or 0)) or b"{}")
             method, params = body.get("method", ""), body.get("params") or {}
+            if method == "subscriptions/listen":
+                self.do_GET()  # a listen request's answer: a stream that stays open
+                return
             result: dict[str, Any] = {"content": [{"type": "text", "text": "ok"}]}
             name = f"{method}:{params.get('name')}" if method == "tools/call" else method
             if method == "tools/call" and params.get("name") == PACED_TOOL:
@@ -298,6 +301,46 @@ def test_one_client_holding_every_stream_slot_does_not_stall_another_clients_pos
         metrics = httpx.get(f"{started.admin}/metrics", timeout=10).text
         assert 'statecodec_shed_total{reason="stream_limit"} 1.0' in metrics
         assert upstream.handled().count("tools/call:echo") == 3
+    finally:
+        stop(started.proxy.proc)
+
+
+def open_listen(stack: contextlib.ExitStack, client: httpx.Client, base: str) -> httpx.Response:
+    """A ``subscriptions/listen`` POST with no ``Mcp-Method`` header: only its body says it is a stream."""
+    body, headers = modern_request("subscriptions/listen", {})
+    del headers["mcp-method"]
+    response = stack.enter_context(client.stream("POST", base + "/mcp", content=body, headers=headers))
+    if response.status_code == 200:
+        chunks = response.iter_raw()
+        next(chunks)  # the first keep-alive: the stream is open end to end
+        stack.callback(chunks.close)
+    return response
+
+
+def test_header_less_listen_requests_count_as_streams_and_do_not_starve_another_clients_ping(
+    tmp_path: Path, upstream: TinyUpstream, keys: Path
+) -> None:
+    # Two request connections: listen requests taken for plain POSTs would hold both, and
+    # the other client's ping would wait for the pool and get 504.
+    limits = ["--max-connections", "2", "--max-streams", "8", "--max-streams-per-client", "3"]
+    started = start(tmp_path, upstream.url, keys, limits)
+    base = started.proxy.base
+    try:
+        with contextlib.ExitStack() as stack:
+            greedy = stack.enter_context(client_from("127.0.0.1"))
+            other = stack.enter_context(client_from("127.0.0.2"))
+            listens = [open_listen(stack, greedy, base) for _ in range(6)]
+            assert [listen.status_code for listen in listens] == [200, 200, 200, 429, 429, 429]
+            assert listens[3].read() and listens[3].json()["id"] == 1  # the request's id, kept
+            assert upstream.streams == 3
+            for round_ in range(3):  # more POSTs than request connections
+                body, headers = modern_request("ping", {}, request_id=10 + round_)
+                answer = other.post(base + "/mcp", content=body, headers=headers)
+                assert answer.status_code == 200, answer.text
+                assert answer.json()["id"] == 10 + round_
+        started.proxy.wait_for_log('"stream_client_limit"')
+        reasons = [r["reason"] for r in started.proxy.records() if r.get("event") == "stream_refused"]
+        assert reasons == ["stream_client_limit"] * 3
     finally:
         stop(started.proxy.proc)
 

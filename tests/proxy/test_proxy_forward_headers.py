@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from statecodec.proxy._forward import _RequestHeaders, _response_headers
+import pytest
+
+from statecodec.proxy._forward import _opens_stream, _RequestHeaders, _response_headers
 
 
 def test_an_answer_keeps_its_headers_in_order_without_the_hop_by_hop_ones() -> None:
@@ -28,7 +30,7 @@ def test_what_an_answers_connection_headers_name_is_dropped_wherever_it_stands()
     assert _response_headers(headers) == [(b"Set-Cookie", b"a=1")]
 
 
-def test_a_request_drops_what_its_connection_header_names_and_sees_a_listen_request() -> None:
+def test_a_request_drops_what_its_connection_header_names() -> None:
     headers = _RequestHeaders(
         [
             (b"x-hop", b"1"),
@@ -46,5 +48,32 @@ def test_a_request_drops_what_its_connection_header_names_and_sees_a_listen_requ
     assert headers.host == b"localhost:8000"
     assert headers.chain == b"192.0.2.1, 192.0.2.2"
     assert headers.length == b"2"
-    assert headers.listen
-    assert not _RequestHeaders([(b"mcp-method", b"tools/call")]).listen
+
+
+LISTEN = b'{"jsonrpc":"2.0","id":1,"method":"subscriptions/listen","params":{}}'
+
+
+@pytest.mark.parametrize(
+    ("method", "body", "stream"),
+    [
+        ("GET", b"", True),
+        ("POST", LISTEN, True),  # whatever the headers say: none are read
+        ("POST", LISTEN.replace(b"/", b"\\/"), True),  # an escaped slash spells it too
+        ("POST", LISTEN.replace(b"listen", b"\\u006cisten"), True),
+        ("POST", b"\xef\xbb\xbf" + LISTEN, True),  # as a lenient server reads it
+        ("POST", b"[" + LISTEN + b"]", True),
+        ("POST", b'{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"listen"}}', False),
+        ("POST", b'{"method":"subscriptions/listen"', False),  # no server reads a method in it
+        ("POST", b"", False),
+        ("DELETE", LISTEN, False),
+    ],
+)
+def test_a_stream_is_known_by_its_method_in_the_body(method: str, body: bytes, stream: bool) -> None:
+    assert _opens_stream(method, body) is stream
+
+
+async def test_a_body_in_pieces_is_not_read_ahead() -> None:
+    async def pieces():  # type: ignore[no-untyped-def]
+        yield LISTEN
+
+    assert not _opens_stream("POST", pieces())

@@ -217,16 +217,16 @@ class Upstream:
     relayed: asyncio.Event = field(default_factory=asyncio.Event)  # the client has had body bytes
 
 
-async def _read_request(reader: asyncio.StreamReader) -> bool:
-    """Read one request (these carry a length or no body); False at the end of the connection."""
+async def _read_request(reader: asyncio.StreamReader) -> bytes | None:
+    """Read one request (these carry a length or no body): its head, None at the end of the connection."""
     try:
         head = await reader.readuntil(b"\r\n\r\n")
     except (asyncio.IncompleteReadError, ConnectionError):
-        return False
+        return None
     for line in head.split(b"\r\n"):
         if line.lower().startswith(b"content-length:"):
             await reader.readexactly(int(line.split(b":", 1)[1]))
-    return True
+    return head
 
 
 @pytest.fixture
@@ -237,11 +237,16 @@ async def upstream() -> AsyncIterator[Callable[[Case], Any]]:
         script = Upstream(case)
 
         async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            head = await _read_request(reader)
+            if head is not None and head.startswith(b"OPTIONS *"):  # a proxy asking if it answers
+                writer.write(b"HTTP/1.1 204 No Content\r\nConnection: close\r\n\r\n")
+                writer.close()
+                return
             script.connections += 1
             number = script.connections
             script.ended[number] = ended = asyncio.Event()
             try:
-                while await _read_request(reader):
+                while head is not None:
                     first = not script.requests
                     script.requests.append(number)
                     for n, data in enumerate(case.writes if first else (NEXT_ANSWER,)):
@@ -249,6 +254,7 @@ async def upstream() -> AsyncIterator[Callable[[Case], Any]]:
                             await asyncio.wait_for(script.relayed.wait(), 5)
                         writer.write(data)
                         await writer.drain()
+                    head = await _read_request(reader)
                 ended.set()  # the proxy closed the connection (it read to its end)
             except ConnectionError:
                 ended.set()

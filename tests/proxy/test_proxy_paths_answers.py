@@ -281,6 +281,21 @@ def deep(request_id: Any = 1, depth: int = 3000) -> bytes:
     return result.replace(b'"NESTED"', nested.encode())
 
 
+COMPLETE: dict[str, Any] = {"resultType": "complete", "content": []}
+
+
+def stray(where: str, result: dict[str, Any]) -> bytes:
+    """A message carrying ``result`` where no result may stand: an error's data, a notification's
+    or a server request's params."""
+    if where == "error":
+        message: dict[str, Any] = {"id": 1, "error": {"code": -32000, "message": "no", "data": result}}
+    elif where == "notification":
+        message = {"method": "notifications/message", "params": {"level": "info", "data": result}}
+    else:
+        message = {"id": 5, "method": "elicitation/create", "params": {"mode": "form", "prior": result}}
+    return json.dumps({"jsonrpc": "2.0", **message}).encode()
+
+
 def event(data: bytes, newline: bytes = b"\n") -> bytes:
     return b"event: message" + newline + b"data: " + data + newline + newline
 
@@ -296,8 +311,8 @@ class Shape:
 
     ``kind`` is the request the client sends (an MRTR ``call``, ``list``, a notification,
     a client ``response`` or a ``get`` stream); ``outcome`` is ``sealed`` (a token that
-    opens to the upstream's plaintext), ``replaced`` (-32603, no token) or ``hidden``
-    (only: no plaintext).
+    opens to the upstream's plaintext), ``replaced`` (-32603, no token), ``hidden``
+    (only: no plaintext) or ``untouched`` (relayed byte for byte).
     """
 
     kind: str
@@ -400,6 +415,44 @@ SHAPES: dict[str, Shape] = {
     "notification_answer": Shape("notify", "replaced", "application/json", lambda: wire(None)),
     "client_response_answer": Shape("response", "replaced", SSE, lambda: event(wire(1))),
     "get_stream": Shape("get", "replaced", SSE, lambda: event(wire(1))),
+    # An input_required result anywhere but a message's own result: a protocol violation
+    # that would carry plaintext state, replaced whatever request it answers.
+    "error_data": Shape("call", "replaced", "application/json", lambda: stray("error", asking())),
+    "nested_in_result": Shape(
+        "call", "replaced", "application/json", lambda: wire(1, {**COMPLETE, "structuredContent": asking()})
+    ),
+    "nested_case": Shape(
+        "call",
+        "replaced",
+        "application/json",
+        lambda: wire(
+            1,
+            {
+                **COMPLETE,
+                "structuredContent": {
+                    "x": [{**asking(), "resultType": None, "ResultType": "input_required"}]
+                },
+            },
+        ),
+    ),
+    "sse_notification": Shape(
+        "call", "replaced", SSE, lambda: event(stray("notification", asking())) + event(wire(1, COMPLETE))
+    ),
+    "sse_server_request": Shape("call", "replaced", SSE, lambda: event(stray("request", asking()))),
+    "get_stream_notification": Shape("get", "replaced", SSE, lambda: event(stray("notification", asking()))),
+    # A tool's own content may hold a member named requestState: relayed as written.
+    "own_request_state": Shape(
+        "call",
+        "untouched",
+        "application/json",
+        lambda: wire(1, {**COMPLETE, "structuredContent": {"requestState": "the tool's own", "n": 1}}),
+    ),
+    "own_request_state_sse": Shape(
+        "call",
+        "untouched",
+        SSE,
+        lambda: event(wire(1, {**COMPLETE, "structuredContent": {"requestState": "é", "n": 1}})),
+    ),
 }
 
 
@@ -503,3 +556,17 @@ async def test_no_plaintext_state_ever_reaches_the_client(crafted: tuple[Fleet, 
         assert not tokens
         assert b'"code":-32603' in response.content
         assert " ERROR statecodec: " in fleet.proxy.wait_for_log(" ERROR statecodec: ")  # and logged why
+    elif shape.outcome == "untouched":
+        assert response.content == shape.build()
+
+
+async def test_a_stray_input_required_keeps_the_id_and_is_logged_where(
+    crafted: tuple[Fleet, Crafted],
+) -> None:
+    fleet, _ = crafted
+    response = await ask(fleet, "error_data", "call")
+    (message,) = messages(response)
+    assert message == {"jsonrpc": "2.0", "id": 1, "error": {"code": -32603, "message": "Internal error"}}
+    assert "an input_required result at error.data" in fleet.proxy.wait_for_log("at error.data")
+    response = await ask(fleet, "sse_server_request", "call")
+    assert [message.get("id") for message in messages(response)] == [None]  # not the server request's 5

@@ -10,6 +10,9 @@ are real bytes on a real socket. tests/proxy/test_proxy_forward.py covers the co
 from __future__ import annotations
 
 import asyncio
+import json
+import logging
+import socket
 import ssl
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
@@ -213,6 +216,30 @@ async def test_an_upstream_that_answers_no_valid_http_is_a_502(
     assert b"Upstream unavailable" in body_of(messages)
 
 
+async def test_a_dead_upstream_is_a_502_carrying_the_requests_id_and_logged_with_its_url(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    with socket.socket() as sock:  # bound, never listening: connections to it are refused
+        sock.bind(("127.0.0.1", 0))
+        url = f"http://127.0.0.1:{sock.getsockname()[1]}/mcp"
+        app = UpstreamApp(url)
+        request = b'{"jsonrpc":"2.0","id":7,"method":"tools/list"}'
+        try:
+            with caplog.at_level(logging.WARNING, logger="statecodec.proxy"):
+                status, messages = await call(app, scope(), [request])
+        finally:
+            await app.aclose()
+    assert status == 502
+    assert json.loads(body_of(messages)) == {
+        "jsonrpc": "2.0",
+        "id": 7,
+        "error": {"code": -32603, "message": "Upstream unavailable"},
+    }
+    (record,) = [r for r in caplog.records if getattr(r, "event", None) == "upstream_error"]
+    assert record.upstream == url  # type: ignore[attr-defined]
+    assert url in record.getMessage()
+
+
 async def test_a_silent_upstream_is_a_504(scripted: Callable[..., Any]) -> None:
     upstream = await scripted([b""])  # reads the request, never answers, keeps the connection
     app = UpstreamApp(upstream.url, timeouts=Timeouts(read=0.2))
@@ -222,6 +249,7 @@ async def test_a_silent_upstream_is_a_504(scripted: Callable[..., Any]) -> None:
         await app.aclose()
     assert status == 504
     assert b"Upstream timed out" in body_of(messages)
+    assert b'"id":null' in body_of(messages)  # the request "{}" has no id
 
 
 async def test_a_streamed_body_without_a_length_goes_chunked(scripted: Callable[..., Any]) -> None:
