@@ -88,6 +88,15 @@ class MemoryReplayStore(ReplayStore):
         # No I/O: the lock is held for microseconds, so no worker thread is needed.
         return self.consume(key, retention)
 
+    def is_consumed(self, key: str) -> bool:
+        """Whether ``key`` holds a live entry; reads only (a consume is settled when it returns)."""
+        with self._lock:
+            expires_at = self._entries.get(key)
+            return expires_at is not None and expires_at > self._clock()
+
+    async def ais_consumed(self, key: str) -> bool:
+        return self.is_consumed(key)
+
     def purge(self) -> int:
         """Drop expired entries now; returns how many were dropped."""
         with self._lock:

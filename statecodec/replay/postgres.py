@@ -151,6 +151,7 @@ class _Statements:
     take_over: sql.Composed
     take_back: sql.Composed
     purge: sql.Composed
+    live: sql.Composed
     exists: str
     privileges: sql.Composed
     count: sql.Composed
@@ -176,6 +177,7 @@ class _Statements:
                 "DELETE FROM {0} WHERE key IN "
                 "(SELECT key FROM {0} WHERE expires_at <= now() ORDER BY expires_at LIMIT %s)"
             ).format(t),
+            live=sql.SQL("SELECT nonce FROM {} WHERE key = %s AND expires_at > now()").format(t),
             exists="SELECT to_regclass(%s) IS NOT NULL",
             privileges=sql.SQL(
                 "SELECT has_table_privilege({0}, 'SELECT'), has_table_privilege({0}, 'INSERT'), "
@@ -260,6 +262,29 @@ class PostgresReplayStore(ReplayStore):
         if not 0.0 < retention < math.inf:
             raise invalid_retention(retention)
         return await self._consume(key, retention)
+
+    def is_consumed(self, key: str) -> bool:
+        """Whether ``key`` holds a settled row: one SELECT, nothing written (ReplayStore.is_consumed)."""
+        return self._sync(lambda: self.ais_consumed(key))
+
+    async def ais_consumed(self, key: str) -> bool:
+        async def go(conn: psycopg.AsyncConnection[Any]) -> str | None:
+            row = await (await conn.execute(self._sql.live, (key,))).fetchone()
+            return str(row[0]) if row else None
+
+        try:  # a read only: a missing table is not created (it is an error, as for a consume)
+            nonce = await self._with_connection(go, retry=True, schema=False)
+        except psycopg.errors.UndefinedTable:
+            raise self._error(ReplayStoreError(self._missing_table())) from None
+        except Exception as exc:
+            raise self._error(exc) from None
+        if nonce is None:
+            return False
+        if nonce in self._unsettled.nonces(key):
+            raise self._error(
+                ReplayStoreError("its row was written by a call that failed closed and is not taken back yet")
+            )
+        return True
 
     def check(self) -> None:
         """Connect now; make sure the table exists (creating it if allowed) and may be used.
@@ -395,7 +420,11 @@ class PostgresReplayStore(ReplayStore):
         self._unsettled.settle(pending, deleted)
 
     async def _with_connection(
-        self, work: Callable[[psycopg.AsyncConnection[Any]], Awaitable[T]], *, retry: bool = False
+        self,
+        work: Callable[[psycopg.AsyncConnection[Any]], Awaitable[T]],
+        *,
+        retry: bool = False,
+        schema: bool = True,
     ) -> T:
         """``work`` on a pooled connection, within one deadline of ``timeout`` seconds.
 
@@ -406,7 +435,8 @@ class PostgresReplayStore(ReplayStore):
         query on a server that does not answer): the late work finishes in the background.
         """
         lane = await self._lane()
-        await self._ensure_schema(lane)
+        if schema:
+            await self._ensure_schema(lane)
         deadline = time.monotonic() + self.timeout
         for attempt in range(2 if retry else 1):
             try:

@@ -227,6 +227,36 @@ class RedisReplayStore(ReplayStore):
             raise self._error(exc) from None
         return _first(previous, nonce)
 
+    def is_consumed(self, key: str) -> bool:
+        """Whether ``key`` holds a settled entry: one GET, nothing written (ReplayStore.is_consumed)."""
+        name = self.prefix + key
+        try:
+            value = self._sync_client().get(name)
+        except Exception as exc:
+            raise self._error(exc) from None
+        return self._settled(name, value)
+
+    async def ais_consumed(self, key: str) -> bool:
+        try:
+            sender = self._async_sender()
+        except Exception as exc:
+            raise self._error(exc) from None
+        if sender is None:
+            return await super().ais_consumed(key)
+        name = self.prefix + key
+        try:
+            value = await sender.client.get(name)
+        except Exception as exc:
+            raise self._error(exc) from None
+        return self._settled(name, value)
+
+    def _settled(self, name: str, value: object) -> bool:
+        if value is None:
+            return False
+        if self._unsettled.holds(name, value):
+            raise self._error(ReplayStoreError("its entry is a failed-closed call's, not taken back yet"))
+        return True
+
     def check(self) -> None:
         """Connect now and make sure the store can serve; raise :class:`ReplayStoreError` if not.
 
@@ -822,6 +852,14 @@ class _Unsettled:
             for name in names:
                 chosen.update(dict.fromkeys((name, nonce) for nonce in self._nonces.get(name, ())))
             return [_Entry(name, nonce, self._entries[name, nonce]) for name, nonce in chosen]
+
+    def holds(self, name: str, value: object) -> bool:
+        """Whether ``value`` is the nonce of a listed entry of ``name`` (a failed-closed call's)."""
+        if not self._entries:
+            return False
+        text = value.decode("ascii", "replace") if isinstance(value, bytes) else str(value)
+        with self._lock:
+            return text in self._nonces.get(name, ())
 
     def settle(self, entries: Iterable[_Entry]) -> None:
         """Entries surely taken back (or refused for good): forget them."""
