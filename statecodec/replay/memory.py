@@ -19,8 +19,8 @@ _INFINITY: Final = math.inf
 class MemoryReplayStore(ReplayStore):
     """Consumed keys in a dict, grouped by the whole second in which they expire.
 
-    Inserting costs one dict write and one list append (a per-entry heap was twice as
-    slow, and this runs on every unseal). Purging pops whole one-second buckets from a
+    Inserting costs one dict write and one list append (a per-entry heap cost more, see
+    docs/performance.md, and this runs on every unseal). Purging pops whole one-second buckets from a
     min-heap, so its cost is proportional to what it drops; it runs when a new expiry
     second first appears (about once a second under load) and when the store is full.
 
@@ -58,7 +58,7 @@ class MemoryReplayStore(ReplayStore):
         if not 0.0 < retention < _INFINITY:  # also false for NaN
             raise invalid_retention(retention)
         # acquire/release rather than ``with``: this is the hot path of every unseal and
-        # the context-manager protocol costs a measurable tenth of a microsecond.
+        # the context-manager protocol costs measurably more (docs/performance.md).
         self._lock.acquire()
         try:
             now = self._clock()

@@ -543,6 +543,22 @@ def _parameters(*functions: Callable[..., object]) -> set[str]:
     return names
 
 
+# A declared private seam (docs/architecture.md): no public redis-py API lists the options a
+# connection or a cluster client accepts, and both pass unknown ones on or drop them. These
+# undocumented tables are read here only; a release without them fails here, naming the fix
+# (tests/test_seams.py forces it), and pyproject caps redis at the versions tested.
+def _redis_py_table(module: object, name: str) -> Any:
+    table = getattr(module, name, None)
+    if table is None:
+        raise ImportError(
+            f"this redis-py ({redis.__version__}) has no {getattr(module, '__name__', module)}.{name}, which "
+            "statecodec reads to refuse unknown URL options: install a tested redis-py (pip install "
+            "'statecodec[redis]') or a statecodec release that supports it",
+            name="redis",
+        )
+    return table
+
+
 def _connection_options(scheme: str) -> set[str]:
     cls = {
         "rediss": redis.connection.SSLConnection,
@@ -550,13 +566,14 @@ def _connection_options(scheme: str) -> set[str]:
     }.get(scheme, redis.connection.Connection)
     inits = [vars(klass)["__init__"] for klass in cls.__mro__ if "__init__" in vars(klass)]
     return _parameters(*inits, redis.connection.ConnectionPool.__init__) | set(
-        redis.connection.URL_QUERY_ARGUMENT_PARSERS
+        _redis_py_table(redis.connection, "URL_QUERY_ARGUMENT_PARSERS")
     )
 
 
 def _cluster_options() -> set[str]:
     # The sync client keeps only REDIS_ALLOWED_KEYS; the async one takes only its parameters.
-    return set(redis.cluster.REDIS_ALLOWED_KEYS) & _parameters(redis.asyncio.cluster.RedisCluster.__init__)
+    allowed = _redis_py_table(redis.cluster, "REDIS_ALLOWED_KEYS")
+    return set(allowed) & _parameters(redis.asyncio.cluster.RedisCluster.__init__)
 
 
 def _check_settings(

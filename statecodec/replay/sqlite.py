@@ -162,7 +162,7 @@ class SQLiteReplayStore(ReplayStore):
             cursor: sqlite3.Cursor = self._local.cursor
         except AttributeError:
             cursor = self._connection().cursor()
-            self._local.cursor = cursor  # reused: a fresh cursor per call costs ~10%
+            self._local.cursor = cursor  # reused: a fresh cursor per call costs more (docs/performance.md)
         try:
             first = cursor.execute(_CONSUME, (key, now + retention, now)).rowcount == 1
         except sqlite3.Error as exc:
