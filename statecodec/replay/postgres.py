@@ -44,6 +44,15 @@ another instance first meets the row until this one takes it back (at its first 
 a second or more later); it holds 10,000 entries at most (past that the oldest row stays
 until it expires); and a process that exits leaves its listed rows until they expire.
 
+Undecided rows. An insert in flight is no replay risk here: a concurrent insert of the
+same key waits for its transaction and sees the row only once it committed. What remains is
+a row whose call failed closed and which committed anyway (an insert cancelled while it
+waited for a synchronous standby commits locally): until this process takes it back, a
+retry reaching another instance reads "replayed". Unlike Redis's WAIT window, the age of
+such a row does not tell it apart: it may become visible long after it was written (the
+standby's wait has no bound), and PostgreSQL keeps no commit time unless
+``track_commit_timestamp`` is on; so this store does not guess (docs/replay.md).
+
 Replication: with a synchronous standby (``synchronous_standby_names`` and
 ``synchronous_commit`` ``on`` or ``remote_apply``) a consume the primary acknowledged is on
 the standby, so a promoted standby never accepts it again; with asynchronous replication
