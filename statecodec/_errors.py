@@ -15,6 +15,7 @@ Every exception a user can catch derives from :class:`StateCodecError`, so one
     ├── FlowBudgetExceeded      sealing the next round refused (also a ValueError)
     ├── KeyUnavailable          no key can mint right now
     ├── ReplayStoreError        a replay store could not answer; unseal fails closed
+    │   └── ReplayCheckUnsupported   the store cannot tell "consumed?" without consuming
     ├── KeySourceError          statecodec.kms: a key source failed (``kind`` in kms.KINDS)
     ├── WireError               statecodec.boundary: a request the boundary refuses
     ├── ProbeError              statecodec.probe: the probe could not run
@@ -123,3 +124,7 @@ class KeyUnavailable(StateCodecError):  # noqa: N818
 
 class ReplayStoreError(StateCodecError):
     """A replay store could not answer (unreachable, locked, full). Unseal fails closed."""
+
+
+class ReplayCheckUnsupported(ReplayStoreError):  # noqa: N818 - says what happened
+    """The store has no read-only check (:meth:`ReplayStore.is_consumed`): a third-party store's default."""

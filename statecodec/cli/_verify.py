@@ -4,6 +4,8 @@ Without binding options the command can only check the tag and the times, and it
 in the verdict: "VALID" alone would tempt an operator to conclude the token is fine for a
 user it was never issued to. It never consumes a token unless ``--consume`` is given, and
 ``--consume`` demands a full check, so debugging can never burn a user's pending round.
+``--replay URL`` alone asks the store whether the token was redeemed, reading only
+(:meth:`~statecodec.replay.ReplayStore.is_consumed`).
 """
 
 from __future__ import annotations
@@ -20,12 +22,13 @@ from .._codec import (
     DEFAULT_NAMESPACE,
     StateCodec,
 )
-from .._errors import InvalidState
+from .._errors import InvalidState, ReplayCheckUnsupported
 from .._keys import KeyProvider
 from ..compat import FORMATS as COMPAT_FORMATS
 from ..compat import VerifyOptions, detect, format_for, mode_of, verify_detected
 from ..compat import verify as compat_verify
 from ..replay._url import redact
+from ..replay.base import ReplayStore
 from . import _sources
 from ._describe import expiry_phrase, moment, payload_fields, table, token_fields, token_rows
 from ._output import Outcome, Output, command, invalid_state_error
@@ -138,8 +141,9 @@ def _binders(option: str) -> list[str]:
     "--replay",
     "replay_url",
     metavar="URL",
-    help="Replay store: memory:, sqlite:PATH, redis://HOST:PORT/DB, redis+cluster://..., "
-    "redis+sentinel://..., postgresql://USER@HOST/DB.",
+    help="Replay store (memory:, sqlite:PATH, redis://HOST:PORT/DB, redis+cluster://..., "
+    "redis+sentinel://..., postgresql://USER@HOST/DB): say whether the token was already redeemed there, "
+    "without consuming it.",
 )
 @click.option("--consume", is_flag=True, help="Redeem the token in the --replay store (single use).")
 @click.option(
@@ -237,12 +241,15 @@ def _verify_sc1(
         "binding": bound.describe() if bound else None,
     }
     store = _sources.open_store(opts.replay_url, check=opts.consume) if opts.replay_url else None
+    replay = "consumed" if opts.consume else "not_checked"
     try:
         codec = StateCodec(keys, mode=mode, replay=store, clock=clock, **opts.codec)
         if check_binding:
             opened = codec.unseal(token, bound, consume=opts.consume)
         else:
             opened = codec.verify_unbound(token)
+        if store is not None and not opts.consume:
+            replay = _redeemed(store, f"{codec.namespace}:{opened.token_id}")
     except InvalidState as exc:
         return _invalid(out, base, exc)
     finally:
@@ -251,21 +258,37 @@ def _verify_sc1(
     fields = {
         **base,
         "valid": True,
-        "replay": "consumed" if opts.consume else "not_checked",
+        "replay": replay,
         "claims": {**token_fields(opened, now, opened._asdict()), "payload": payload_fields(opened.payload)},
     }
     names = ", ".join(binding.names()) or "the token carries no binding"
     checked = f"checked ({names})" if check_binding else None
     summary = f"statecodec sc1 {opened.mode.value.upper()} token, key {opened.kid}"
-    return _valid(out, fields, summary, now, "sc1", checked=checked, replay=_replay_line(opts))
+    return _valid(out, fields, summary, now, "sc1", checked=checked, replay=_replay_line(opts, replay))
 
 
-def _replay_line(opts: _Sc1Options) -> str:
-    if opts.consume:
-        return f"consumed now in {redact(opts.replay_url or '')} (a second redemption fails)"
-    if opts.replay_url:
-        return "not checked: asking the store would consume the token; add --consume to redeem it"
-    return "not checked (add --replay URL --consume to redeem the token)"
+def _redeemed(store: ReplayStore, key: str) -> str:
+    """``"not_redeemed"``, ``"unsupported"``, or InvalidState (replayed, store_unavailable): read only."""
+    try:
+        consumed = store.is_consumed(key)
+    except ReplayCheckUnsupported:
+        return "unsupported"
+    except Exception as exc:  # whatever a store raises: no answer
+        raise InvalidState("store_unavailable", f"the replay store could not answer: {exc}") from None
+    if consumed:
+        raise InvalidState("replayed", "already redeemed (checked without consuming anything)")
+    return "not_redeemed"
+
+
+def _replay_line(opts: _Sc1Options, replay: str) -> str:
+    where = redact(opts.replay_url or "")
+    if replay == "consumed":
+        return f"consumed now in {where} (a second redemption fails)"
+    if replay == "not_redeemed":
+        return f"not yet redeemed in {where} (checked without consuming; --consume redeems it)"
+    if replay == "unsupported":
+        return "not checked: this store cannot answer without consuming; add --consume to redeem it"
+    return "not checked (add --replay URL to ask the store, --consume to redeem the token)"
 
 
 # ------------------------------------------------------------------- other SDKs

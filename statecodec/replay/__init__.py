@@ -19,7 +19,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from ._url import store_from_url
-from .base import ReplayStore
+from .base import ReplayCheckUnsupported, ReplayStore
 from .memory import MemoryReplayStore
 from .sqlite import SQLiteReplayStore
 
@@ -31,6 +31,7 @@ __all__ = [
     "MemoryReplayStore",
     "PostgresReplayStore",
     "RedisReplayStore",
+    "ReplayCheckUnsupported",
     "ReplayStore",
     "SQLiteReplayStore",
     "store_from_url",

@@ -11,7 +11,17 @@ from dataclasses import dataclass
 from typing import Any, Final
 from urllib.parse import unquote_plus
 
-from ._url_text import StoreOption, _bad, _convert, _positive_seconds, redact, url_secrets
+from ._url_text import (
+    LIBPQ_SCHEMES,
+    StoreOption,
+    _bad,
+    _convert,
+    _libpq_userinfo_end,
+    _positive_seconds,
+    libpq_misreading,
+    redact,
+    url_secrets,
+)
 
 
 def _positive_int(value: str) -> int:
@@ -21,7 +31,7 @@ def _positive_int(value: str) -> int:
     return number
 
 
-POSTGRES_SCHEMES: Final = ("postgresql", "postgres")
+POSTGRES_SCHEMES: Final = LIBPQ_SCHEMES
 #: statecodec's own options in a PostgreSQL URL and their defaults, which are the store's
 #: too; every other query option is libpq's, passed on as written.
 POSTGRES_STORE_OPTIONS: Final[dict[str, StoreOption]] = {
@@ -58,7 +68,14 @@ def parse_postgres_url(url: str) -> PostgresTarget:
     rest, hash_sign, _ = rest.partition("#")
     if hash_sign:
         raise _bad(url, "a PostgreSQL URL has no '#fragment'; write a '#' in a password as %23")
-    location, _, query = rest.partition("?")
+    misreading = libpq_misreading(url)
+    if misreading is not None:
+        raise _bad(url, misreading)
+    # The query starts at the first '?' after libpq's userinfo: a '?' in a password is libpq's too.
+    at = _libpq_userinfo_end(rest)
+    userinfo = rest[: at + 1] if at is not None else ""
+    location, _, query = rest[len(userinfo) :].partition("?")
+    location = userinfo + location
     theirs: list[str] = []
     ours: dict[str, Any] = {}
     keys: set[str] = set()

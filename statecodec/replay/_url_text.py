@@ -75,27 +75,75 @@ _SECRET_WORDS: Final = ("password", "passwd", "pwd", "secret", "token", "credent
 REDACTED: Final = "***"
 
 
+#: Query options that are secret by name alone: libpq's ``options`` carries ``-c`` settings,
+#: which is where ``-c app.password=...`` or a key for an extension ends up.
+_SECRET_NAMES: Final = ("options",)
+#: The schemes whose URL libpq reads (not urllib): their userinfo ends at the FIRST '@'.
+LIBPQ_SCHEMES: Final = ("postgresql", "postgres")
+
+
 def _is_secret_name(name: str) -> bool:
     lowered = unquote_plus(name).lower()
-    return any(word in lowered for word in _SECRET_WORDS)
+    return lowered in _SECRET_NAMES or any(word in lowered for word in _SECRET_WORDS)
 
 
 def _userinfo_split(url: str) -> tuple[str, str, str] | None:
     """(before the password, the password, from the '@' on) or None without a password.
 
-    Conservative on purpose: the userinfo ends at the LAST '@' of the URL, so a password
-    holding an unencoded '/', '?' or '#' is still recognised as one.
+    A URL that libpq reads and would read as written (:func:`libpq_misreading` finds
+    nothing) is split as libpq splits it; any other is split conservatively on purpose:
+    the userinfo ends at the LAST '@' of the URL, so a password holding an unencoded
+    '@', '/', '?' or '#' is still hidden whole.
     """
     scheme, sep, rest = url.partition("://")
     if not sep:
         return None
-    userinfo, at, after = rest.rpartition("@")
-    if not at:
-        return None
+    if scheme.lower() in LIBPQ_SCHEMES and libpq_misreading(url) is None:
+        at = _libpq_userinfo_end(rest)
+        userinfo, after = (rest[:at], rest[at:]) if at is not None else ("", "")
+    else:
+        userinfo, at_sign, tail = rest.rpartition("@")
+        userinfo, after = (userinfo, f"@{tail}") if at_sign else ("", "")
     user, colon, password = userinfo.partition(":")
     if not colon:
         return None
-    return f"{scheme}://{user}:", password, f"@{after}"
+    return f"{scheme}://{user}:", password, after
+
+
+def _libpq_userinfo_end(rest: str) -> int | None:
+    """Where libpq's userinfo ends in a URL's text after ``://``: its first '@' before any '/'."""
+    for index, char in enumerate(rest):
+        if char == "/":
+            return None
+        if char == "@":
+            return index
+    return None
+
+
+def libpq_misreading(url: str) -> str | None:
+    """Why libpq would not read a PostgreSQL URL as its author meant, or None.
+
+    libpq ends the userinfo at the first '@' (before any '/'), where a browser or urllib
+    ends it at the last: with an unencoded '@' in the password, libpq takes the rest of
+    the password for a host name and its errors (which psycopg's pool logs on every
+    retry) show it; with an unencoded '/', the user name becomes a host and the password
+    a port. Both are refused with the fix, rather than sent to the server half-read.
+    """
+    rest = url.partition("://")[2]
+    at = _libpq_userinfo_end(rest)
+    after = rest[at + 1 :] if at is not None else rest
+    location, _, query = after.partition("?")
+    hosts = location.partition("/")[0]
+    fix = "percent-encode '@' as %40 and '/' as %2F in the user name and password"
+    if "@" in location:
+        return f"an unencoded '@' in the user name, password or database name; {fix}"
+    for host in hosts.split(","):
+        port = host.rpartition("]")[2].partition(":")[2] if host.startswith("[") else host.partition(":")[2]
+        if port and not port.isdigit():
+            return f"a port must be a number (a user name and password without their '@'?); {fix}"
+    if any("@" in piece.partition("=")[0] for piece in query.split("&") if query):
+        return f"an unencoded '@' before the query's '='; {fix}"
+    return None
 
 
 def redact(url: str) -> str:

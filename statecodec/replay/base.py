@@ -20,6 +20,10 @@ Write your own store by subclassing :class:`ReplayStore` and implementing
 runs :meth:`consume` in a worker thread so the event loop never blocks on I/O).
 Raise any exception when the answer is unknown: the codec fails closed with reason
 ``store_unavailable`` and leaves the token unconsumed.
+
+A store may also answer "was this key consumed?" without consuming it
+(:meth:`ReplayStore.is_consumed`, for ``statecodec verify --replay``); one that cannot
+keeps the default, which raises :class:`ReplayCheckUnsupported`.
 """
 
 from __future__ import annotations
@@ -29,7 +33,9 @@ import asyncio
 from collections.abc import Mapping
 from typing import Any, Self
 
-from .._errors import ReplayStoreError
+from .._errors import ReplayCheckUnsupported, ReplayStoreError
+
+__all__ = ["ReplayCheckUnsupported", "ReplayStore", "ReplayStoreError", "invalid_retention", "store_settings"]
 
 
 class ReplayStore(abc.ABC):
@@ -52,6 +58,26 @@ class ReplayStore(abc.ABC):
     async def aconsume(self, key: str, retention: float) -> bool:
         """Async :meth:`consume`; by default in a worker thread."""
         return await asyncio.to_thread(self.consume, key, retention)
+
+    def is_consumed(self, key: str) -> bool:
+        """Whether ``key`` holds a settled entry now, read without writing anything.
+
+        True: a consume of ``key`` now would find it (``replayed``). False: it holds no
+        live entry (a consume now would record it, unless another one comes first). Raises
+        :class:`ReplayStoreError` when the store cannot answer, or when the entry is not
+        settled yet (a redemption in flight, or one that failed closed and is not taken
+        back yet): a consume then fails closed too. Optional: this default raises
+        :class:`ReplayCheckUnsupported`, so a store written before it existed says so
+        rather than guess.
+        """
+        raise ReplayCheckUnsupported(
+            f"the {self.kind} replay store has no read-only check (ReplayStore.is_consumed); "
+            "only a consume can tell, and it would redeem the token"
+        )
+
+    async def ais_consumed(self, key: str) -> bool:
+        """Async :meth:`is_consumed`; by default in a worker thread."""
+        return await asyncio.to_thread(self.is_consumed, key)
 
     def check(self) -> None:  # noqa: B027 - optional hook, empty by default
         """Make sure, at start-up, that the store can answer; raise :class:`ReplayStoreError` if not.

@@ -19,8 +19,8 @@ _INFINITY: Final = math.inf
 class MemoryReplayStore(ReplayStore):
     """Consumed keys in a dict, grouped by the whole second in which they expire.
 
-    Inserting costs one dict write and one list append (a per-entry heap was twice as
-    slow, and this runs on every unseal). Purging pops whole one-second buckets from a
+    Inserting costs one dict write and one list append (a per-entry heap cost more, see
+    docs/performance.md, and this runs on every unseal). Purging pops whole one-second buckets from a
     min-heap, so its cost is proportional to what it drops; it runs when a new expiry
     second first appears (about once a second under load) and when the store is full.
 
@@ -58,7 +58,7 @@ class MemoryReplayStore(ReplayStore):
         if not 0.0 < retention < _INFINITY:  # also false for NaN
             raise invalid_retention(retention)
         # acquire/release rather than ``with``: this is the hot path of every unseal and
-        # the context-manager protocol costs a measurable tenth of a microsecond.
+        # the context-manager protocol costs measurably more (docs/performance.md).
         self._lock.acquire()
         try:
             now = self._clock()
@@ -87,6 +87,15 @@ class MemoryReplayStore(ReplayStore):
     async def aconsume(self, key: str, retention: float) -> bool:
         # No I/O: the lock is held for microseconds, so no worker thread is needed.
         return self.consume(key, retention)
+
+    def is_consumed(self, key: str) -> bool:
+        """Whether ``key`` holds a live entry; reads only (a consume is settled when it returns)."""
+        with self._lock:
+            expires_at = self._entries.get(key)
+            return expires_at is not None and expires_at > self._clock()
+
+    async def ais_consumed(self, key: str) -> bool:
+        return self.is_consumed(key)
 
     def purge(self) -> int:
         """Drop expired entries now; returns how many were dropped."""

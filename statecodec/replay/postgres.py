@@ -44,6 +44,15 @@ another instance first meets the row until this one takes it back (at its first 
 a second or more later); it holds 10,000 entries at most (past that the oldest row stays
 until it expires); and a process that exits leaves its listed rows until they expire.
 
+Undecided rows. An insert in flight is no replay risk here: a concurrent insert of the
+same key waits for its transaction and sees the row only once it committed. What remains is
+a row whose call failed closed and which committed anyway (an insert cancelled while it
+waited for a synchronous standby commits locally): until this process takes it back, a
+retry reaching another instance reads "replayed". Unlike Redis's WAIT window, the age of
+such a row does not tell it apart: it may become visible long after it was written (the
+standby's wait has no bound), and PostgreSQL keeps no commit time unless
+``track_commit_timestamp`` is on; so this store does not guess (docs/replay.md).
+
 Replication: with a synchronous standby (``synchronous_standby_names`` and
 ``synchronous_commit`` ``on`` or ``remote_apply``) a consume the primary acknowledged is on
 the standby, so a promoted standby never accepts it again; with asynchronous replication
@@ -151,6 +160,7 @@ class _Statements:
     take_over: sql.Composed
     take_back: sql.Composed
     purge: sql.Composed
+    live: sql.Composed
     exists: str
     privileges: sql.Composed
     count: sql.Composed
@@ -176,6 +186,7 @@ class _Statements:
                 "DELETE FROM {0} WHERE key IN "
                 "(SELECT key FROM {0} WHERE expires_at <= now() ORDER BY expires_at LIMIT %s)"
             ).format(t),
+            live=sql.SQL("SELECT nonce FROM {} WHERE key = %s AND expires_at > now()").format(t),
             exists="SELECT to_regclass(%s) IS NOT NULL",
             privileges=sql.SQL(
                 "SELECT has_table_privilege({0}, 'SELECT'), has_table_privilege({0}, 'INSERT'), "
@@ -260,6 +271,29 @@ class PostgresReplayStore(ReplayStore):
         if not 0.0 < retention < math.inf:
             raise invalid_retention(retention)
         return await self._consume(key, retention)
+
+    def is_consumed(self, key: str) -> bool:
+        """Whether ``key`` holds a settled row: one SELECT, nothing written (ReplayStore.is_consumed)."""
+        return self._sync(lambda: self.ais_consumed(key))
+
+    async def ais_consumed(self, key: str) -> bool:
+        async def go(conn: psycopg.AsyncConnection[Any]) -> str | None:
+            row = await (await conn.execute(self._sql.live, (key,))).fetchone()
+            return str(row[0]) if row else None
+
+        try:  # a read only: a missing table is not created (it is an error, as for a consume)
+            nonce = await self._with_connection(go, retry=True, schema=False)
+        except psycopg.errors.UndefinedTable:
+            raise self._error(ReplayStoreError(self._missing_table())) from None
+        except Exception as exc:
+            raise self._error(exc) from None
+        if nonce is None:
+            return False
+        if nonce in self._unsettled.nonces(key):
+            raise self._error(
+                ReplayStoreError("its row was written by a call that failed closed and is not taken back yet")
+            )
+        return True
 
     def check(self) -> None:
         """Connect now; make sure the table exists (creating it if allowed) and may be used.
@@ -395,7 +429,11 @@ class PostgresReplayStore(ReplayStore):
         self._unsettled.settle(pending, deleted)
 
     async def _with_connection(
-        self, work: Callable[[psycopg.AsyncConnection[Any]], Awaitable[T]], *, retry: bool = False
+        self,
+        work: Callable[[psycopg.AsyncConnection[Any]], Awaitable[T]],
+        *,
+        retry: bool = False,
+        schema: bool = True,
     ) -> T:
         """``work`` on a pooled connection, within one deadline of ``timeout`` seconds.
 
@@ -406,7 +444,8 @@ class PostgresReplayStore(ReplayStore):
         query on a server that does not answer): the late work finishes in the background.
         """
         lane = await self._lane()
-        await self._ensure_schema(lane)
+        if schema:
+            await self._ensure_schema(lane)
         deadline = time.monotonic() + self.timeout
         for attempt in range(2 if retry else 1):
             try:

@@ -34,6 +34,22 @@ store takes that entry back, with the same compare-and-delete, before its next c
 "replayed". Deleting an entry that only this call wrote is always safe: nobody accepted
 the token on the strength of it.
 
+No false replays. With ``wait=N`` an entry exists from its ``SET`` on, while its writer
+may still be undecided: its ``WAIT`` running, or fallen short with the take-back on its
+way. Another consume that finds it must not say "replayed" (the client would abandon a
+flow nobody redeemed) and must not accept it either. So a ``wait=N`` consume writes its
+nonce and its retention (``<nonce>/<ms>``), and whoever finds such an entry of someone
+else asks its ``PTTL`` (one more round trip, on this rare path only): retention minus
+time left is the entry's age on the server's clock, one clock for every writer and
+reader. Younger than the settle window (``wait_timeout + socket_timeout x (retries +
+1)``: the writer's WAIT has answered, its retries are over and its take-back sent), the
+consume fails closed (``store_unavailable``, retry); older, it is settled: a replay. The
+entry itself is never touched, so no second consume is accepted meanwhile, and a writer
+that died undecided blocks the token for one window at most, then its entry reads
+"replayed" (it may have accepted: the safe side). Keys this store object accepted are
+settled at once (:class:`._settle._Recent`). With ``wait=0`` a consume is decided when
+the server runs its ``SET``: the value is the bare nonce, and nothing changes.
+
 ``aconsume`` sends the commands of concurrent callers in batches (see :class:`_Sender`);
 each stays a separate atomic command.
 
@@ -81,6 +97,7 @@ from redis.retry import Retry
 
 from .._errors import ReplayStoreError
 from ._redis_url import REDIS_STORE_OPTIONS, RedisTarget, parse_redis_url
+from ._settle import _Recent
 from ._url_text import option_defaults, scrub
 from .base import ReplayStore, invalid_retention, store_settings
 
@@ -162,6 +179,12 @@ class RedisReplayStore(ReplayStore):
         _check_settings(self.prefix, self._retries, self.wait, self.wait_timeout, settings["socket_timeout"])
         self._async_given = async_client
         self._unsettled = _Unsettled()
+        #: With wait=N: how long after its SET (on the server's clock) an entry may still be
+        #: undecided (its WAIT, the retries of its pipeline, its take-back); see _Recent.
+        self._settle_ms = math.ceil(
+            (self.wait_timeout + settings["socket_timeout"] * (self._retries + 1)) * 1000
+        )
+        self._accepted = _Recent(self._settle_ms / 1000)
         self._senders: dict[asyncio.AbstractEventLoop, _Sender] = {}
         self._lock = threading.Lock()
         self._target = target
@@ -198,13 +221,27 @@ class RedisReplayStore(ReplayStore):
     # ------------------------------------------------------------------ the contract
     def consume(self, key: str, retention: float) -> bool:
         px = _ms(retention)
-        name, nonce = self.prefix + key, _nonce()
+        name, nonce = self.prefix + key, self._value(px)
         try:
             previous = self._set(self._sync_client(), name, nonce, px)
         except Exception as exc:  # deny on error, with the reason and no secret
             self._unsettled.note(name, nonce, px, exc)
             raise self._error(exc) from None
-        return _first(previous, nonce)
+        if _first(previous, nonce):
+            return self._accept(name, px)
+        if self._undecided(name, previous):  # the rare path: one more round trip
+            self._judge_undecided(previous, self._time_left(name))
+        return False
+
+    def _time_left(self, name: str) -> int | None:
+        """The entry's PTTL, or None when the server refuses it (an ACL without +pttl: judged as settled)."""
+        try:
+            left: int = self._sync_client().pttl(name)
+        except redis.ResponseError:
+            return None
+        except Exception as exc:
+            raise self._error(exc) from None
+        return left
 
     async def aconsume(self, key: str, retention: float) -> bool:
         px = _ms(retention)
@@ -214,7 +251,7 @@ class RedisReplayStore(ReplayStore):
             raise self._error(exc) from None
         if sender is None:
             return await super().aconsume(key, retention)
-        name, nonce = self.prefix + key, _nonce()
+        name, nonce = self.prefix + key, self._value(px)
         try:
             previous = await sender.consume(name, nonce, px)
         except asyncio.CancelledError as exc:
@@ -225,7 +262,95 @@ class RedisReplayStore(ReplayStore):
         except Exception as exc:
             self._unsettled.note(name, nonce, px, exc)
             raise self._error(exc) from None
-        return _first(previous, nonce)
+        if _first(previous, nonce):
+            return self._accept(name, px)
+        if self._undecided(name, previous):  # the rare path: one more round trip
+            self._judge_undecided(previous, await self._atime_left(sender, name))
+        return False
+
+    async def _atime_left(self, sender: _Sender, name: str) -> int | None:
+        """Async :meth:`_time_left`."""
+        try:
+            left: int = await sender.client.pttl(name)
+        except redis.ResponseError:
+            return None
+        except Exception as exc:
+            raise self._error(exc) from None
+        return left
+
+    # -- what a reply means (one place for the sync and async APIs)
+    def _value(self, px: int) -> str:
+        """What a consume writes: its nonce, and with wait=N the retention it was written with.
+
+        The retention lets anyone who finds the entry tell its age on the server's clock
+        (``px - PTTL``): see :meth:`_judge_undecided`.
+        """
+        return f"{_nonce()}{_PENDING}{px}" if self.wait else _nonce()
+
+    def _accept(self, name: str, px: int) -> bool:
+        if self.wait:
+            self._accepted.add(name, px / 1000)
+        return True
+
+    def _undecided(self, name: str, previous: object) -> bool:
+        """Whether someone else's entry may still be undecided: written with wait=N, not accepted here."""
+        return _written_px(previous) is not None and name not in self._accepted
+
+    def _judge_undecided(self, previous: object, left: object) -> None:
+        """Return if the entry is settled (a replay); raise if its writer may not have decided yet.
+
+        ``left`` is the entry's PTTL. Its writer's SET ran ``px - left`` ms ago on the server's
+        clock; younger than the settle window, its WAIT may still be running, or may have
+        fallen short with the take-back on its way: nobody may have accepted the token, so
+        this is no replay yet, and the caller fails closed (``store_unavailable``) like in an
+        outage. Never the other way round: the entry stays, so no second consume is accepted.
+        """
+        px = _written_px(previous)
+        if px is None or not isinstance(left, int) or left == -1:
+            return  # no retention, no TTL, or its PTTL refused: judged settled, as before
+        if left == -2:  # gone meanwhile: taken back, so the token is free again
+            raise self._error(ReplayStoreError("the entry was taken back meanwhile; retry"))
+        age = px - left
+        if age < self._settle_ms:
+            raise self._error(
+                ReplayStoreError(
+                    f"an earlier redemption of this token is not settled yet (written {max(age, 0)} ms ago, "
+                    f"its replicas' confirmation may still be pending): retry"
+                )
+            )
+
+    def is_consumed(self, key: str) -> bool:
+        """Whether ``key`` holds a settled entry: a GET (and a PTTL if undecided), nothing written."""
+        name = self.prefix + key
+        try:
+            value = self._sync_client().get(name)
+        except Exception as exc:
+            raise self._error(exc) from None
+        left = self._time_left(name) if self._undecided(name, value) else None
+        return self._settled(name, value, left)
+
+    async def ais_consumed(self, key: str) -> bool:
+        try:
+            sender = self._async_sender()
+        except Exception as exc:
+            raise self._error(exc) from None
+        if sender is None:
+            return await super().ais_consumed(key)
+        name = self.prefix + key
+        try:
+            value = await sender.client.get(name)
+        except Exception as exc:
+            raise self._error(exc) from None
+        left = await self._atime_left(sender, name) if self._undecided(name, value) else None
+        return self._settled(name, value, left)
+
+    def _settled(self, name: str, value: object, left: object) -> bool:
+        if value is None:
+            return False
+        self._judge_undecided(value, left)
+        if self._unsettled.holds(name, value):
+            raise self._error(ReplayStoreError("its entry is a failed-closed call's, not taken back yet"))
+        return True
 
     def check(self) -> None:
         """Connect now and make sure the store can serve; raise :class:`ReplayStoreError` if not.
@@ -513,6 +638,22 @@ def _parameters(*functions: Callable[..., object]) -> set[str]:
     return names
 
 
+# A declared private seam (docs/architecture.md): no public redis-py API lists the options a
+# connection or a cluster client accepts, and both pass unknown ones on or drop them. These
+# undocumented tables are read here only; a release without them fails here, naming the fix
+# (tests/test_seams.py forces it), and pyproject caps redis at the versions tested.
+def _redis_py_table(module: object, name: str) -> Any:
+    table = getattr(module, name, None)
+    if table is None:
+        raise ImportError(
+            f"this redis-py ({redis.__version__}) has no {getattr(module, '__name__', module)}.{name}, which "
+            "statecodec reads to refuse unknown URL options: install a tested redis-py (pip install "
+            "'statecodec[redis]') or a statecodec release that supports it",
+            name="redis",
+        )
+    return table
+
+
 def _connection_options(scheme: str) -> set[str]:
     cls = {
         "rediss": redis.connection.SSLConnection,
@@ -520,13 +661,14 @@ def _connection_options(scheme: str) -> set[str]:
     }.get(scheme, redis.connection.Connection)
     inits = [vars(klass)["__init__"] for klass in cls.__mro__ if "__init__" in vars(klass)]
     return _parameters(*inits, redis.connection.ConnectionPool.__init__) | set(
-        redis.connection.URL_QUERY_ARGUMENT_PARSERS
+        _redis_py_table(redis.connection, "URL_QUERY_ARGUMENT_PARSERS")
     )
 
 
 def _cluster_options() -> set[str]:
     # The sync client keeps only REDIS_ALLOWED_KEYS; the async one takes only its parameters.
-    return set(redis.cluster.REDIS_ALLOWED_KEYS) & _parameters(redis.asyncio.cluster.RedisCluster.__init__)
+    allowed = _redis_py_table(redis.cluster, "REDIS_ALLOWED_KEYS")
+    return set(allowed) & _parameters(redis.asyncio.cluster.RedisCluster.__init__)
 
 
 def _check_settings(
@@ -748,6 +890,20 @@ def _is_own(previous: object, nonce: str) -> bool:
     return previous == nonce
 
 
+#: Between a wait=N entry's nonce and the retention (ms) it was written with.
+_PENDING: Final = "/"
+
+
+def _written_px(previous: object) -> int | None:
+    """The retention a wait=N consume wrote into its entry, or None (wait=0, another writer)."""
+    if isinstance(previous, bytes):
+        previous = previous.decode("ascii", "replace")
+    if not isinstance(previous, str):
+        return None
+    _, sep, px = previous.rpartition(_PENDING)
+    return int(px) if sep and px.isdigit() else None
+
+
 def _first(previous: object, nonce: str) -> bool:
     # None: the key did not exist and this call created it. Our own nonce: an earlier
     # attempt of this very call created it and only the reply was lost.
@@ -822,6 +978,14 @@ class _Unsettled:
             for name in names:
                 chosen.update(dict.fromkeys((name, nonce) for nonce in self._nonces.get(name, ())))
             return [_Entry(name, nonce, self._entries[name, nonce]) for name, nonce in chosen]
+
+    def holds(self, name: str, value: object) -> bool:
+        """Whether ``value`` is the nonce of a listed entry of ``name`` (a failed-closed call's)."""
+        if not self._entries:
+            return False
+        text = value.decode("ascii", "replace") if isinstance(value, bytes) else str(value)
+        with self._lock:
+            return text in self._nonces.get(name, ())
 
     def settle(self, entries: Iterable[_Entry]) -> None:
         """Entries surely taken back (or refused for good): forget them."""

@@ -75,6 +75,8 @@ _PURGE: Final = (
     "(SELECT key FROM statecodec_replay WHERE expires_at <= ? LIMIT ?)"
 )
 _COUNT: Final = "SELECT count(*) FROM statecodec_replay"
+# A read: an expired row that the purge has not reached counts as absent, as in _CONSUME.
+_LIVE: Final = "SELECT 1 FROM statecodec_replay WHERE key = ? AND expires_at > ?"
 _PURGE_BATCH: Final = 2000
 # Loop-side commits between two checkpoints run from a worker thread (SQLite's own
 # automatic checkpoint comes after about 1,000 pages).
@@ -160,7 +162,7 @@ class SQLiteReplayStore(ReplayStore):
             cursor: sqlite3.Cursor = self._local.cursor
         except AttributeError:
             cursor = self._connection().cursor()
-            self._local.cursor = cursor  # reused: a fresh cursor per call costs ~10%
+            self._local.cursor = cursor  # reused: a fresh cursor per call costs more (docs/performance.md)
         try:
             first = cursor.execute(_CONSUME, (key, now + retention, now)).rowcount == 1
         except sqlite3.Error as exc:
@@ -235,6 +237,16 @@ class SQLiteReplayStore(ReplayStore):
                 extra=_telemetry.fields("checkpoint_failed", store=self.kind, detail=str(exc)),
             )
         return first
+
+    def is_consumed(self, key: str) -> bool:
+        """Whether ``key`` holds a live row; one read, no write (a consume is settled when it commits)."""
+        try:
+            return self._connection().execute(_LIVE, (key, self._clock())).fetchone() is not None
+        except sqlite3.Error as exc:
+            raise self._error(exc) from None
+
+    async def ais_consumed(self, key: str) -> bool:
+        return await asyncio.to_thread(self.is_consumed, key)
 
     def purge(self) -> int:
         """Delete expired rows now; returns how many were deleted."""

@@ -425,14 +425,16 @@ def test_verify_never_consumes_without_consume(tmp_path: Path, keys: str) -> Non
     token = run("mint", "--keys", keys, "--principal", "alice", "{}").stdout.strip()
     store = f"sqlite:{tmp_path / 'replay.db'}"
     bind = ["--principal", "alice"]
-    for _ in range(3):
+    for _ in range(3):  # asked read-only: not yet redeemed, and still not after asking
         doc = run_json("verify", token, "--keys", keys, *bind, "--replay", store)
-        assert doc["valid"] and doc["replay"] == "not_checked"
+        assert doc["valid"] and doc["replay"] == "not_redeemed"
     first = run_json("verify", token, "--keys", keys, *bind, "--replay", store, "--consume")
     assert first["valid"] and first["replay"] == "consumed"
     second = run_json("verify", token, "--keys", keys, *bind, "--replay", store, "--consume")
     assert second["exit_code"] == ExitCode.REPLAYED and second["error"]["reason"] == "replayed"
     assert second["error"]["class"] == "replayed"
+    asked = run_json("verify", token, "--keys", keys, *bind, "--replay", store)  # read-only, once redeemed
+    assert asked["exit_code"] == ExitCode.REPLAYED and asked["error"]["reason"] == "replayed"
 
 
 def test_verify_consume_in_another_namespace_is_independent(tmp_path: Path, keys: str) -> None:

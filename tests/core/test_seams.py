@@ -27,6 +27,8 @@ from typing import Any
 
 import pytest
 import redis.asyncio.connection
+import redis.cluster
+import redis.connection
 import uvicorn
 from fastmcp import FastMCP
 from fixtures_valkey import ValkeyServer
@@ -181,3 +183,24 @@ async def test_the_public_pipelines_consume_each_key_once(
         assert sender._direct is False  # the public path served
     finally:
         await store.aclose()
+
+
+# ------------------------------------------------------------------ redis-py's option tables
+@pytest.mark.parametrize(
+    ("module", "table", "url"),
+    [
+        (redis.connection, "URL_QUERY_ARGUMENT_PARSERS", "redis://127.0.0.1:6379/0"),
+        (redis.cluster, "REDIS_ALLOWED_KEYS", "redis+cluster://127.0.0.1:7000,127.0.0.1:7001"),
+    ],
+)
+def test_the_option_check_fails_clearly_without_redis_pys_tables(
+    monkeypatch: pytest.MonkeyPatch, module: object, table: str, url: str
+) -> None:
+    """A redis-py without the table the option check reads: the store refuses to open, naming the fix."""
+    from statecodec.replay import store_from_url  # noqa: PLC0415
+
+    assert isinstance(getattr(module, table), dict | set | frozenset | list | tuple)  # this redis-py has it
+    store_from_url(url).close()  # and opens the store (no connection yet)
+    monkeypatch.delattr(module, table)
+    with pytest.raises(ImportError, match=f"has no .*{table}.*install a tested redis-py"):
+        store_from_url(url)

@@ -26,7 +26,7 @@ from statecodec.replay import store_from_url
 
 PREFIX = "statecodec:replay:"
 #: docs/replay.md, "Minimal ACL"; kept in step by test_the_documented_acl_is_the_tested_one.
-COMMON = ["~statecodec:replay:*", "+set", "+wait", "+eval", "+get", "+del", "+ping"]
+COMMON = ["~statecodec:replay:*", "+set", "+wait", "+eval", "+get", "+pttl", "+del", "+ping"]
 SERVER = [*COMMON, "+select"]  # HELLO needs no right: every user may run it
 CLUSTER = [*COMMON, "+cluster|slots", "+command"]
 #: redis-py sends CLIENT SETINFO on connect and ignores a refusal; statecodec needs no right for it.
@@ -85,7 +85,7 @@ def stopped(pid: int | None) -> Iterator[None]:
 
 
 def every_operation(url: str, unreplicated_key: str, stop_replica: AbstractContextManager[None]) -> None:
-    """check, consume (first and replay), a burst of aconsume, wait=1 accepted and taken back."""
+    """check, consume (first and replay), a burst of aconsume, wait=1 accepted, undecided and taken back."""
     store = store_from_url(url)
     store.check()
     key = uuid.uuid4().hex
@@ -101,7 +101,12 @@ def every_operation(url: str, unreplicated_key: str, stop_replica: AbstractConte
     store.close()
     waiting = store_from_url(f"{url}{'&' if '?' in url else '?'}wait=1&wait_timeout=0.2")
     waiting.check()
-    assert waiting.consume(uuid.uuid4().hex, 60) is True
+    accepted = uuid.uuid4().hex
+    assert waiting.consume(accepted, 60) is True
+    other = store_from_url(f"{url}{'&' if '?' in url else '?'}wait=1&wait_timeout=0.2")
+    with pytest.raises(ReplayStoreError, match="not settled yet"):  # PTTL allowed: its age is known
+        other.consume(accepted, 60)
+    other.close()
     with stop_replica, pytest.raises(ReplayStoreError, match="deleted on the primary"):  # EVAL allowed
         waiting.consume(unreplicated_key, 60)
     waiting.close()

@@ -161,3 +161,54 @@ def test_proxy_start_up_log_and_exit_message(tmp_path: Path, refused_port: int) 
         logs.append(log.read_text())
         assert "statecodec: error:" in logs[-1]
     assert_no_secret(*logs)
+
+
+# PostgreSQL URLs are read by libpq, which ends the userinfo at the FIRST '@' (urllib and
+# Redis at the last): an unencoded '@' would leave the password's tail in a host name,
+# which libpq's errors and psycopg's pool logs repeat on every retry.
+PG_PW = "pa@ss9X"
+PG_OPTIONS_PW = "Opt10ns-Pa55"
+PG_SECRETS = [PG_PW, PG_PW.partition("@")[2], PG_OPTIONS_PW]
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        f"postgresql://app:{PG_PW}@127.0.0.1:5432/db",
+        f"postgres://app:{PG_PW}@h1:5432,h2:5432/db?target_session_attrs=read-write",
+        "postgresql://app:pa/ss9X@127.0.0.1/db",  # libpq: host 'app', port 'pa'
+        "postgresql://app:pa/s?s9X@127.0.0.1",
+    ],
+)
+def test_postgres_url_libpq_would_misread_is_refused_naming_the_fix(url: str) -> None:
+    with pytest.raises(ValueError) as info:
+        store_from_url(url)
+    message = str(info.value)
+    assert "percent-encode '@' as %40" in message
+    assert_hidden([*PG_SECRETS, "pa/ss9X", "pa/s?s9X", "ss9X"], message)
+
+
+@pytest.mark.parametrize("password", ["p%40ss9X", "pa?ss9X", "plain9X", "p%2Fss9X"])
+def test_postgres_redaction_hides_what_libpq_reads_as_the_password(password: str) -> None:
+    from psycopg.conninfo import conninfo_to_dict  # noqa: PLC0415 - the postgres extra
+
+    options = quote(f"-c app.password={PG_OPTIONS_PW}", safe="")
+    url = f"postgresql://app:{password}@127.0.0.1:5432/db?application_name=a@b&options={options}"
+    read = conninfo_to_dict(url)  # libpq's own reading
+    shown = redact(url)
+    assert shown == "postgresql://app:***@127.0.0.1:5432/db?application_name=a@b&options=***"
+    assert_hidden([read["password"], PG_OPTIONS_PW], shown, repr(store_from_url(url)))
+
+
+def test_postgres_options_secret_hidden_in_errors_and_logs(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.DEBUG)
+    options = quote(f"-c app.password={PG_OPTIONS_PW}", safe="")
+    url = f"postgresql://app:{quote(USER_PW, safe='')}@127.0.0.1:{free_port()}/db?options={options}&timeout=1"
+    shown = shown_when_unavailable(url, BINDING)
+    shown += [record.getMessage() for record in caplog.records]
+    assert any("unavailable" in line for line in shown)  # the scan saw real messages
+    assert_hidden([USER_PW, PG_OPTIONS_PW], *shown)
+    with pytest.raises(ValueError) as info:
+        store_from_url(f"postgresql://app@127.0.0.1/db?options={options}&timeout=never")
+    assert "options=***" in str(info.value)
+    assert_hidden([PG_OPTIONS_PW], str(info.value))
