@@ -40,6 +40,7 @@ class Verdict:
     attempts: int = 0
     tokens: int = 0
     outcomes: dict[str, int] = field(default_factory=dict)
+    accepted_by: dict[str, int] = field(default_factory=dict)
     errors: dict[str, int] = field(default_factory=dict)
     accepted_twice: list[str] = field(default_factory=list)
     false_replays: list[dict[str, Any]] = field(default_factory=list)
@@ -70,6 +71,7 @@ class Verdict:
         latency = self.fail_closed_latency
         lines = [
             f"attempts {self.attempts}, tokens {self.tokens}, outcomes {dict(sorted(self.outcomes.items()))}",
+            f"accepted by role: {dict(sorted(self.accepted_by.items()))}",
             f"accepted twice: {len(self.accepted_twice)}",
             f"false replays (honest): {len(self.false_replays)}; "
             f"told to attackers: {self.attacker_false_replays}",
@@ -115,7 +117,7 @@ def check(records: Iterable[dict[str, Any]]) -> Verdict:
         elif kind == "event":
             if record.get("kind") == "kill":
                 killed.add(int(record["pid"]))
-            if record.get("kind") == "fault":
+            if record.get("kind") == "fault" and record.get("phase") == "start":
                 faults[str(record.get("fault"))] += 1
     verdict.faults = dict(faults)
 
@@ -132,6 +134,7 @@ def check(records: Iterable[dict[str, Any]]) -> Verdict:
 
     outcomes: Counter[str] = Counter()
     errors: Counter[str] = Counter()
+    accepted_by: Counter[str] = Counter()
     latencies: list[float] = []
     for token in sorted(set(attempts) | set(lost)):
         tried = attempts.get(token, [])
@@ -139,6 +142,8 @@ def check(records: Iterable[dict[str, Any]]) -> Verdict:
         replayed = [a for a in tried if a["outcome"] == "replayed"]
         for a in tried:
             outcomes[a["outcome"]] += 1
+            if a["outcome"] == "accepted":
+                accepted_by[a["role"]] += 1
             if a["outcome"] == "error":
                 errors[a.get("reason") or "unknown"] += 1
             if a["outcome"] == "store_unavailable":
@@ -163,6 +168,7 @@ def check(records: Iterable[dict[str, Any]]) -> Verdict:
     verdict.tokens = len(set(attempts) | set(lost))
     verdict.outcomes = dict(outcomes)
     verdict.errors = dict(errors)
+    verdict.accepted_by = dict(accepted_by)
     verdict.failed_closed = outcomes["store_unavailable"]
     if latencies:
         verdict.fail_closed_latency = {
