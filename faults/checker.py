@@ -53,6 +53,7 @@ class Verdict:
     fail_closed_latency: dict[str, float] = field(default_factory=dict)
     faults: dict[str, int] = field(default_factory=dict)
     never_resolved: int = 0
+    fault_errors: list[str] = field(default_factory=list)
 
     def broken(self) -> list[str]:
         """The promises this history breaks, one sentence each (empty: none)."""
@@ -84,6 +85,8 @@ class Verdict:
             lines.append(f"other errors: {dict(sorted(self.errors.items()))}")
         if self.faults:
             lines.append(f"faults: {dict(sorted(self.faults.items()))}")
+        if self.fault_errors:
+            lines.append(f"faults that could not be injected: {self.fault_errors}")
         broken = self.broken()
         lines.append("VERDICT: " + ("BROKEN: " + "; ".join(broken) if broken else "ok"))
         return "\n".join(lines)
@@ -117,6 +120,8 @@ def check(records: Iterable[dict[str, Any]]) -> Verdict:
         elif kind == "event":
             if record.get("kind") == "kill":
                 killed.add(int(record["pid"]))
+            if record.get("kind") == "fault_error":
+                verdict.fault_errors.append(f"{record.get('fault')}: {record.get('error')}")
             if record.get("kind") == "fault" and record.get("phase") == "start":
                 faults[str(record.get("fault"))] += 1
     verdict.faults = dict(faults)

@@ -17,6 +17,7 @@ import os
 import random
 import signal
 import sys
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -59,6 +60,9 @@ class Store:
         self.workdir, self.events, self.wait = workdir, events, wait
         self.proxies = ProxyHost()
         self.paused: set[int] = set()
+        # Held while a fault changes which server is primary: an overlapping fault picks
+        # its target after the change, not a server being killed or rebuilt.
+        self.changing = threading.RLock()
 
     def start(self) -> None:
         """Start the servers; ``url`` is valid afterwards."""
@@ -79,8 +83,9 @@ class Store:
     def note(self, what: str, **fields: Any) -> None:
         self.events.event("note", what=what, **fields)
 
-    def pause(self, pids: list[int], duration: float) -> None:
-        """SIGSTOP ``pids`` for ``duration`` seconds, then SIGCONT."""
+    def pause(self, given: list[int | None], duration: float) -> None:
+        """SIGSTOP ``given`` (None: a server not running) for ``duration`` seconds, then SIGCONT."""
+        pids = [pid for pid in given if pid is not None]
         self.paused.update(pids)
         for pid in pids:
             signal_pid(pid, signal.SIGSTOP)
@@ -168,6 +173,10 @@ class Sentinel(Store):
                 return next(i for i, p in enumerate(self.front) if p.port == port)
         raise RuntimeError("no sentinel names a primary")
 
+    def primary_proxy(self) -> FaultProxy:
+        with self.changing:
+            return self.front[self.primary_index()]
+
     def healthy(self) -> bool:
         primary = self.primary_index()
         for i, server in enumerate(self.servers):
@@ -191,6 +200,10 @@ class Sentinel(Store):
 
     def fault_kill_primary(self, rng: random.Random, duration: float) -> None:
         """SIGKILL the primary; start it again (as a replica) once another was promoted."""
+        with self.changing:
+            self._kill_primary(duration)
+
+    def _kill_primary(self, duration: float) -> None:
         primary = self.primary_index()
         server = self.servers[primary]
         self.note("kill primary", port=server.port)
@@ -208,25 +221,25 @@ class Sentinel(Store):
 
     def fault_pause_primary(self, rng: random.Random, duration: float) -> None:
         """SIGSTOP the primary past down-after and the clients' timeouts: a zombie primary comes back."""
-        server = self.servers[self.primary_index()]
-        assert server.pid is not None
-        self.pause([server.pid], max(duration, 2 * self.DOWN_AFTER_MS / 1000 + 1))
+        with self.changing:
+            pid = self.servers[self.primary_index()].pid
+        self.pause([pid], max(duration, 2 * self.DOWN_AFTER_MS / 1000 + 1))
 
     def fault_partition_clients(self, rng: random.Random, duration: float) -> None:
         """Clients cannot reach the primary (sentinels and replicas still can)."""
-        self.hold(self.front[self.primary_index()], ("client",), duration)
+        self.hold(self.primary_proxy(), ("client",), duration)
 
     def fault_partition_replicas(self, rng: random.Random, duration: float) -> None:
         """The primary's replicas lose it (clients and sentinels still reach it): WAIT falls short."""
-        self.hold(self.front[self.primary_index()], ("replication",), duration)
+        self.hold(self.primary_proxy(), ("replication",), duration)
 
     def fault_isolate_primary(self, rng: random.Random, duration: float) -> None:
         """Nobody reaches the primary: after down-after the sentinels promote a replica."""
-        self.hold(self.front[self.primary_index()], ("client", "replication", "sentinel"), duration)
+        self.hold(self.primary_proxy(), ("client", "replication", "sentinel"), duration)
 
     def fault_takeback_failover(self, rng: random.Random, duration: float) -> None:
         """Replication cut (consumes fall short of WAIT and are taken back), then SENTINEL FAILOVER."""
-        proxy = self.front[self.primary_index()]
+        proxy = self.primary_proxy()
         proxy.set("hold", ("replication",))
         time.sleep(1.0)
         with contextlib.suppress(Exception):
@@ -261,6 +274,10 @@ class Cluster(Store):
 
     def fault_kill_primary(self, rng: random.Random, duration: float) -> None:
         """SIGKILL a primary; start it again (it rejoins as a replica) once its replica took over."""
+        with self.changing:
+            self._kill_primary(rng, duration)
+
+    def _kill_primary(self, rng: random.Random, duration: float) -> None:
         port = rng.choice(self.cluster.primaries())
         node = self.cluster.node(port)
         self.note("kill primary", port=port)
@@ -271,9 +288,9 @@ class Cluster(Store):
 
     def fault_pause_primary(self, rng: random.Random, duration: float) -> None:
         """SIGSTOP a primary past the node timeout: its replica takes over, then it comes back."""
-        node = self.cluster.node(rng.choice(self.cluster.primaries()))
-        assert node.pid is not None
-        self.pause([node.pid], max(duration, 5.0))
+        with self.changing:
+            pid = self.cluster.node(rng.choice(self.cluster.primaries())).pid
+        self.pause([pid], max(duration, 5.0))
 
 
 class Postgres(Store):
@@ -327,6 +344,10 @@ class Postgres(Store):
 
     def failover(self) -> None:
         """Kill the primary, promote the standby, rebuild the old primary as its standby."""
+        with self.changing:
+            self._failover()
+
+    def _failover(self) -> None:
         old, new = self.servers
         self.note("kill primary, promote standby", port=old.port)
         old.kill()
@@ -341,30 +362,38 @@ class Postgres(Store):
 
     def fault_pause_primary(self, rng: random.Random, duration: float) -> None:
         """SIGSTOP the primary and its backends past the store's timeout (2 s), then SIGCONT."""
-        primary = self.servers[0]
-        assert primary.pid is not None
-        self.pause([primary.pid, *primary.backends()], max(duration, 3.0))
+        with self.changing:
+            primary = self.servers[0]
+            pids = [primary.pid, *primary.backends()]
+        self.pause(pids, max(duration, 3.0))
 
     def fault_pause_standby(self, rng: random.Random, duration: float) -> None:
         """SIGSTOP the synchronous standby: every commit waits for it, consumes fail closed."""
-        standby = self.servers[1]
-        assert standby.pid is not None
-        self.pause([standby.pid, *standby.backends()], max(duration, 3.0))
+        with self.changing:
+            standby = self.servers[1]
+            pids = [standby.pid, *standby.backends()]
+        self.pause(pids, max(duration, 3.0))
 
     def fault_partition_clients(self, rng: random.Random, duration: float) -> None:
-        self.hold(self.proxy_of[self.servers[0].port], ("client",), duration)
+        """The clients cannot reach the primary (its standby still can)."""
+        with self.changing:
+            proxy = self.proxy_of[self.servers[0].port]
+        self.hold(proxy, ("client",), duration)
 
     def fault_partition_replicas(self, rng: random.Random, duration: float) -> None:
         """The standby loses the primary: commits wait for it, consumes fail closed (and commit locally)."""
-        self.hold(self.proxy_of[self.servers[0].port], ("replication",), duration)
+        with self.changing:
+            proxy = self.proxy_of[self.servers[0].port]
+        self.hold(proxy, ("replication",), duration)
 
     def fault_takeback_failover(self, rng: random.Random, duration: float) -> None:
         """Replication cut (consumes fail closed, their rows committed locally), then a failover."""
-        proxy = self.proxy_of[self.servers[0].port]
-        proxy.set("hold", ("replication",))
-        time.sleep(max(1.0, duration / 2))
-        self.failover()  # the standby never got what the old primary committed meanwhile
-        proxy.set("pass", ("replication",))
+        with self.changing:
+            proxy = self.proxy_of[self.servers[0].port]
+            proxy.set("hold", ("replication",))
+            time.sleep(max(1.0, duration / 2))
+            self._failover()  # the standby never got what the old primary committed meanwhile
+            proxy.set("pass", ("replication",))
 
 
 STORES: dict[str, type[Store]] = {s.name: s for s in (Memory, SQLite, Sentinel, Cluster, Postgres)}
