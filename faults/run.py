@@ -105,11 +105,22 @@ class Runner:
 
     # ------------------------------------------------------------------ client faults
     def fault_kill_client(self, rng: random.Random, duration: float) -> None:
-        """SIGKILL a client process (its in-flight consumes are lost); a fresh one takes its roles."""
+        """SIGKILL a client process mid-consume; a fresh one takes its roles.
+
+        The victim is stopped (SIGSTOP) and killed if its last line in the history is an
+        ``invoke`` (a consume in flight), else let run a few milliseconds and tried again
+        (at most 50 times; then killed wherever it is).
+        """
         live = self.live_clients()
         if not live or self.store.one_process:
             return
         victim = rng.choice(live)
+        for _ in range(50):
+            signal_pid(victim.process.pid, signal.SIGSTOP)
+            if self.in_flight(victim.process.pid):
+                break
+            signal_pid(victim.process.pid, signal.SIGCONT)
+            time.sleep(rng.uniform(0.001, 0.01))
         self.events.event("kill", pid=victim.process.pid, name=victim.name)
         victim.process.kill()
         victim.process.wait()
@@ -117,6 +128,16 @@ class Runner:
         self.generation += 1
         roles = [r.rsplit(":", 1)[0] + f":{r.rsplit(':', 1)[1]}g{self.generation}" for r in victim.roles]
         self.spawn(f"{victim.name}g{self.generation}", roles)
+
+    def in_flight(self, pid: int) -> bool:
+        """Whether the last line ``pid`` wrote to the history (in its last 512 KiB) is an invoke."""
+        with (self.workdir / "history.jsonl").open("rb") as history:
+            history.seek(0, 2)
+            history.seek(max(0, history.tell() - 512 * 1024))
+            tail = history.read().split(b"\n")
+        mark = f'"process":{pid},'.encode()
+        last = next((line for line in reversed(tail) if mark in line), b"")
+        return b'"type":"invoke"' in last
 
     def fault_pause_client(self, rng: random.Random, duration: float) -> None:
         """SIGSTOP a client process (holding whatever it held: a connection, SQLite's write lock)."""
