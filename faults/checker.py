@@ -54,6 +54,7 @@ class Verdict:
     faults: dict[str, int] = field(default_factory=dict)
     never_resolved: int = 0
     fault_errors: list[str] = field(default_factory=list)
+    faults_skipped: list[str] = field(default_factory=list)
 
     def broken(self) -> list[str]:
         """The promises this history breaks, one sentence each (empty: none)."""
@@ -85,6 +86,8 @@ class Verdict:
             lines.append(f"other errors: {dict(sorted(self.errors.items()))}")
         if self.faults:
             lines.append(f"faults: {dict(sorted(self.faults.items()))}")
+        if self.faults_skipped:
+            lines.append(f"faults skipped: {sorted(set(self.faults_skipped))}")
         if self.fault_errors:
             lines.append(f"faults that could not be injected: {self.fault_errors}")
         broken = self.broken()
@@ -120,6 +123,8 @@ def check(records: Iterable[dict[str, Any]]) -> Verdict:
         elif kind == "event":
             if record.get("kind") == "kill":
                 killed.add(int(record["pid"]))
+            if record.get("kind") == "fault_skipped":
+                verdict.faults_skipped.append(f"{record.get('fault')}: {record.get('why')}")
             if record.get("kind") == "fault_error":
                 verdict.fault_errors.append(f"{record.get('fault')}: {record.get('error')}")
             if record.get("kind") == "fault" and record.get("phase") == "start":

@@ -96,6 +96,7 @@ class Role:
         self.run.history.write(Attempt(
             token=token_id, client=self.name, role=self.role, api=self.api, process=os.getpid(),
             start=start, end=time.monotonic(), outcome=outcome, reason=reason,
+            detail="" if exc is None or outcome == "replayed" else exc.detail[:300],
             wall_start=wall, wall_end=time.time(),
         ))  # fmt: skip
         return outcome
@@ -224,6 +225,7 @@ def main(argv: list[str] | None = None) -> None:
     clock = Clock(args.workdir / "clock" / args.name)
     codec = StateCodec(ring, replay=store, clock=clock, namespace="faults")
     run = Run(args.workdir, args.store, args.seed, HistoryWriter(args.workdir / "history.jsonl"), codec)
+    run.history.event("ready", name=args.name, pid=os.getpid())
     threads = []
     for spec in args.roles:
         role, api, name = spec.split(":")

@@ -42,6 +42,7 @@ class Attempt:
     end: float
     outcome: str
     reason: str = ""
+    detail: str = ""
     wall_start: float = 0.0
     wall_end: float = 0.0
     type: str = field(default="attempt")

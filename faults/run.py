@@ -27,7 +27,7 @@ from pathlib import Path
 from statecodec import KeyRing
 
 from .checker import Verdict, check_file
-from .history import HistoryWriter
+from .history import HistoryWriter, read
 from .stores import STORES, Store, signal_pid
 
 CLIENT_FAULTS = ("kill_client", "pause_client", "clock")
@@ -98,6 +98,19 @@ class Runner:
         else:
             for role in roles:
                 self.spawn(role.rsplit(":", 1)[1], [role])
+
+    def wait_ready(self, timeout: float = 120.0) -> None:
+        """Wait until every client process has started (imports done, store built): the run's time 0."""
+        names = {c.name for c in self.clients}
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            ready = {r.get("name") for r in read(self.workdir / "history.jsonl") if r.get("kind") == "ready"}
+            if names <= ready:
+                return
+            if any(c.process.poll() is not None for c in self.clients):
+                raise RuntimeError(f"a client process exited at start: see {self.workdir}/client-*.log")
+            time.sleep(0.2)
+        raise RuntimeError(f"client processes not ready after {timeout:.0f} s (logs: {self.workdir})")
 
     def live_clients(self) -> list[Client]:
         with self.lock:
@@ -207,6 +220,7 @@ def run(store_name: str, fault_kinds: list[str], seconds: float, seed: int, *, h
         store.start()
         log(f"store {store_name}: {store.url}")
         runner.start_clients()
+        runner.wait_ready()
         started = time.monotonic()
         threads = [threading.Thread(target=runner.inject, args=(f, started), daemon=True) for f in plan]
         for thread in threads:

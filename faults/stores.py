@@ -13,10 +13,13 @@ A fault is a method ``fault_<name>(rng, duration)`` that injects it, holds it fo
 from __future__ import annotations
 
 import contextlib
+import glob
 import os
 import random
+import shutil
 import signal
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Callable
@@ -29,6 +32,17 @@ from .proxy import FaultProxy, ProxyHost
 TESTS = Path(__file__).resolve().parent.parent / "tests"
 if str(TESTS) not in sys.path:
     sys.path.insert(0, str(TESTS))
+
+
+def faketime_library() -> str | None:
+    """Debian's libfaketime (``apt-get install libfaketime``), or STATECODEC_FAKETIME_LIB; None if absent."""
+    given = os.environ.get("STATECODEC_FAKETIME_LIB")
+    found = [given] if given else sorted(glob.glob("/usr/lib/*/faketime/libfaketime.so.1"))
+    return next((path for path in found if path and os.access(path, os.R_OK)), None)
+
+
+FAKETIME_MISSING = "libfaketime not found (apt-get install libfaketime, or STATECODEC_FAKETIME_LIB): skipped"
+MAX_SERVER_JUMP = 60  # seconds: the codec's default max_skew
 
 
 def wait_for(condition: Callable[[], object], timeout: float) -> bool:
@@ -70,12 +84,49 @@ class Store:
     def cleanup(self) -> None:
         """Stop every server this store started."""
 
+    def remove_clocks(self) -> None:
+        if hasattr(self, "_clocks"):
+            shutil.rmtree(self._clocks, ignore_errors=True)
+
     def heal(self) -> None:
         """Undo whatever faults are still in force (the end of a run)."""
         self.proxies.heal_all()
         for pid in list(self.paused):
             signal_pid(pid, signal.SIGCONT)
         self.paused.clear()
+        for clock in getattr(self, "_clocks", Path("/nonexistent")).glob("*"):
+            if clock.is_file():
+                clock.write_text("+0\n")
+
+    def server_clock(self, name: str) -> dict[str, str]:
+        """The environment that runs a server on a clock the nemesis can jump (empty without libfaketime).
+
+        The offset lives in a file libfaketime reads at most once a second; only the wall
+        clock jumps (``CLOCK_MONOTONIC`` stays true), as when NTP steps a host's clock.
+        """
+        library = faketime_library()
+        if library is None:
+            return {}
+        if not hasattr(self, "_clocks"):
+            # Readable by the postgres user too: the run's own directory may be private.
+            self._clocks = Path(tempfile.mkdtemp(prefix="statecodec-faults-clock-"))
+            self._clocks.chmod(0o755)
+        path = self._clocks / name
+        path.write_text("+0\n")
+        path.chmod(0o644)
+        return {"LD_PRELOAD": library, "FAKETIME_TIMESTAMP_FILE": str(path), "FAKETIME_CACHE_DURATION": "1",
+                "FAKETIME_DONT_FAKE_MONOTONIC": "1", "FAKETIME_DISABLE_SHM": "1"}  # fmt: skip
+
+    def jump_server_clock(self, name: str, rng: random.Random, duration: float) -> None:
+        """Step the clock of server ``name`` by up to MAX_SERVER_JUMP seconds either way, then back."""
+        if faketime_library() is None or not hasattr(self, "_clocks"):
+            self.events.event("fault_skipped", fault="server_clock", why=FAKETIME_MISSING)
+            return
+        jump = rng.choice((-1, 1)) * rng.randint(1, MAX_SERVER_JUMP)
+        self.note("server clock jump", server=name, seconds=jump)
+        (self._clocks / name).write_text(f"{jump:+d}\n")
+        time.sleep(duration)
+        (self._clocks / name).write_text("+0\n")
 
     def faults(self) -> list[str]:
         return sorted(name.removeprefix("fault_") for name in dir(self) if name.startswith("fault_"))
@@ -135,7 +186,7 @@ class Sentinel(Store):
         from fixtures_valkey import ValkeyServer, server_binary  # type: ignore[import-not-found]  # noqa: PLC0415
 
         binary = server_binary()
-        self.servers = [ValkeyServer(binary) for _ in range(3)]
+        self.servers = [ValkeyServer(self.clocked(binary, f"valkey{i}")) for i in range(3)]
         self.front = [self.proxies.proxy(s.port, f"valkey{i}") for i, s in enumerate(self.servers)]
         for i, server in enumerate(self.servers):
             server.extra_args += ["--replica-announce-ip", "127.0.0.1", "--replica-announce-port",
@@ -160,6 +211,21 @@ class Sentinel(Store):
         self.url = f"redis+sentinel://{seeds}/{self.SERVICE}/0?wait={wait}"
         if not wait_for(self.healthy, 90):
             raise RuntimeError("the sentinels do not see a primary with two replicas in sync")
+
+    def clocked(self, binary: str, name: str) -> str:
+        """``binary``, or a script that execs it on a clock of its own (libfaketime), keeping its PID."""
+        env = self.server_clock(name)
+        if not env:
+            return binary
+        script = self.workdir / f"{name}-server"
+        exports = " ".join(f"{k}={v}" for k, v in env.items())
+        script.write_text(f'#!/bin/sh\nexport {exports}\nexec {binary} "$@"\n')
+        script.chmod(0o755)
+        return str(script)
+
+    def fault_server_clock(self, rng: random.Random, duration: float) -> None:
+        """Step the primary's wall clock (libfaketime) by up to a minute either way, then back."""
+        self.jump_server_clock(f"valkey{self.primary_index()}", rng, duration)
 
     def admin(self, port: int) -> Any:
         import redis  # noqa: PLC0415
@@ -197,6 +263,7 @@ class Sentinel(Store):
         for server in [*getattr(self, "servers", []), *getattr(self, "sentinels", [])]:
             signal_pid(server.pid, signal.SIGCONT)
             server.cleanup()
+        self.remove_clocks()
 
     def fault_kill_primary(self, rng: random.Random, duration: float) -> None:
         """SIGKILL the primary; start it again (as a replica) once another was promoted."""
@@ -307,7 +374,7 @@ class Postgres(Store):
     def start(self) -> None:
         from fixtures_postgres import PostgresServer  # type: ignore[import-not-found]  # noqa: PLC0415
 
-        primary = PostgresServer()
+        primary = self.clocked(PostgresServer(), "pg0")
         primary.start()
         primary.create_app()
         self.proxy_of = {primary.port: self.proxies.proxy(primary.port, "pg0")}
@@ -326,8 +393,10 @@ class Postgres(Store):
         standby = PostgresServer(settings=dict(primary.settings))
         if old is not None:
             standby.port = old.port
+            self.clocked(standby, old.clock_name)
         else:
             self.proxy_of[standby.port] = self.proxies.proxy(standby.port, "pg1")
+            self.clocked(standby, "pg1")
         standby._run(
             "pg_basebackup", "-h", "127.0.0.1", "-p", str(self.proxy_of[primary.port].port),
             "-U", SUPERUSER, "-D", str(standby.data), "-R", "-X", "stream", "--checkpoint=fast", "--no-sync",
@@ -341,6 +410,37 @@ class Postgres(Store):
     def cleanup(self) -> None:
         for server in getattr(self, "servers", []):
             server.cleanup()
+        self.remove_clocks()
+
+    def clocked(self, server: Any, name: str) -> Any:
+        """``server``, run on a clock of its own (libfaketime) when the library is there.
+
+        Its binaries directory becomes one whose ``postgres`` loads libfaketime itself:
+        preloaded into ``setpriv`` (root) instead, the library's semaphore would belong to
+        root and the server, run as ``postgres``, could not open it.
+        """
+        server.clock_name = name
+        env = self.server_clock(name)
+        if env:
+            wrapped = self._clocks / f"{name}-bin"
+            if not wrapped.exists():
+                wrapped.mkdir(mode=0o755)
+                for binary in Path(server.bin).iterdir():
+                    (wrapped / binary.name).symlink_to(binary)
+                (wrapped / "postgres").unlink()
+                exports = " ".join(f"{k}={v}" for k, v in env.items())
+                (wrapped / "postgres").write_text(
+                    f'#!/bin/sh\nexport {exports}\nexec {Path(server.bin) / "postgres"} "$@"\n'
+                )
+                (wrapped / "postgres").chmod(0o755)
+            server.bin = wrapped
+        return server
+
+    def fault_server_clock(self, rng: random.Random, duration: float) -> None:
+        """Step the primary's wall clock (libfaketime) by up to a minute either way, then back."""
+        with self.changing:
+            name = self.servers[0].clock_name
+        self.jump_server_clock(name, rng, duration)
 
     def failover(self) -> None:
         """Kill the primary, promote the standby, rebuild the old primary as its standby."""

@@ -29,10 +29,10 @@ RUNS = {
     "memory": ("clock", 11),
     "sqlite": ("kill-client,pause-client,clock", 12),
     "sentinel": ("kill-primary,pause-primary,partition-clients,partition-replicas,isolate-primary,"
-                 "takeback-failover,kill-client,clock", 13),
+                 "takeback-failover,kill-client,clock,server-clock", 13),
     "cluster": ("kill-primary,pause-primary,kill-client,clock", 14),
     "postgres": ("kill-primary,pause-primary,pause-standby,partition-clients,partition-replicas,"
-                 "takeback-failover,kill-client", 15),
+                 "takeback-failover,kill-client,server-clock", 15),
 }  # fmt: skip
 UNCONFIRMED_ENTRIES = (
     "an entry not yet confirmed (Redis: written, WAIT pending; PostgreSQL: a row a failed-closed "
