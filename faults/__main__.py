@@ -15,6 +15,7 @@ def main(argv: list[str] | None = None) -> int:
     checking = commands.add_parser("check", help="judge a history file; exit 1 when a promise is broken")
     checking.add_argument("history", type=Path)
     checking.add_argument("--json", action="store_true", help="the verdict as JSON")
+    checking.add_argument("--row", action="store_true", help="the verdict as a docs/guarantees.md table row")
     running = commands.add_parser("run", help="run one seeded fault schedule against one store, then check")
     running.add_argument(
         "--store", required=True, choices=["memory", "sqlite", "sentinel", "cluster", "postgres"]
@@ -32,7 +33,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.command == "check":
         verdict = check_file(args.history)
-        print(verdict.to_json() if args.json else verdict.summary())
+        print(verdict.to_json() if args.json else verdict.row() if args.row else verdict.summary())
     else:
         from .run import run  # noqa: PLC0415 - the checker alone needs no store
 

@@ -94,6 +94,17 @@ class Verdict:
         lines.append("VERDICT: " + ("BROKEN: " + "; ".join(broken) if broken else "ok"))
         return "\n".join(lines)
 
+    def row(self) -> str:
+        """The verdict as a row of docs/guarantees.md's table (from "faults injected" on)."""
+        p99 = f"{self.fail_closed_latency['p99']:.2f} s" if self.fail_closed_latency else "-"
+        burnt = f"{len(self.burnt)}" + (
+            f" (+{len(self.burnt_excused)} excused)" if self.burnt_excused else ""
+        )
+        return (
+            f"| {sum(self.faults.values())} | {self.attempts:,} | **{len(self.accepted_twice)}** | {burnt} "
+            f"| {len(self.false_replays)} | {self.failed_closed:,} | {p99} |"
+        )
+
     def to_json(self) -> str:
         return json.dumps({**asdict(self), "broken": self.broken()}, indent=2, sort_keys=True)
 
