@@ -19,7 +19,10 @@ Definitions (docs/guarantees.md states them for readers):
 - **Burnt**: a token no attempt ever got ``accepted`` for, yet some attempt was told
   ``replayed``. Excused when the token has a lost consume (a killed process's in-flight
   consume may have recorded it); every other burnt token is a broken promise.
-- **Failed closed**: an attempt answered ``store_unavailable``; its latency is end - start.
+- **Failed closed**: an attempt answered ``store_unavailable``; its latency is end - start,
+  leaving out the attempts whose own process the nemesis stopped meanwhile (``pause-client``:
+  that time is not the store's). Histories without ``pause`` events leave out every attempt
+  that overlaps a ``pause_client`` fault.
 """
 
 from __future__ import annotations
@@ -54,6 +57,7 @@ class Verdict:
     faults: dict[str, int] = field(default_factory=dict)
     never_resolved: int = 0
     fault_errors: list[str] = field(default_factory=list)
+    failed_closed_while_paused: int = 0
     faults_skipped: list[str] = field(default_factory=list)
 
     def broken(self) -> list[str]:
@@ -79,7 +83,13 @@ class Verdict:
             f"told to attackers: {self.attacker_false_replays}",
             f"burnt: {len(self.burnt)}; excused by a lost consume of a killed process: "
             f"{len(self.burnt_excused)} (lost consumes: {self.lost_consumes})",
-            f"failed closed: {self.failed_closed}" + (_latency(latency) if latency else ""),
+            f"failed closed: {self.failed_closed}"
+            + (_latency(latency) if latency else "")
+            + (
+                f" ({self.failed_closed_while_paused} left out: their process was stopped)"
+                if self.failed_closed_while_paused
+                else ""
+            ),
             f"tokens never resolved (honest client gave up or the run ended): {self.never_resolved}",
         ]
         if self.errors:
@@ -123,6 +133,10 @@ def check(records: Iterable[dict[str, Any]]) -> Verdict:
     attempts: dict[str, list[dict[str, Any]]] = defaultdict(list)
     invokes: dict[str, list[dict[str, Any]]] = defaultdict(list)
     killed: set[int] = set()
+    paused: dict[int | None, list[tuple[float, float]]] = defaultdict(list)
+    pausing: dict[int, float] = {}
+    fault_windows: list[tuple[float, float]] = []
+    open_faults: dict[str, list[float]] = defaultdict(list)
     verdict = Verdict()
     faults: Counter[str] = Counter()
     for record in records:
@@ -134,6 +148,15 @@ def check(records: Iterable[dict[str, Any]]) -> Verdict:
         elif kind == "event":
             if record.get("kind") == "kill":
                 killed.add(int(record["pid"]))
+            if record.get("kind") == "pause":
+                pausing[int(record["pid"])] = record["at"]
+            if record.get("kind") == "resume" and int(record["pid"]) in pausing:
+                paused[int(record["pid"])].append((pausing.pop(int(record["pid"])), record["at"]))
+            if record.get("kind") == "fault" and record.get("fault") == "pause_client":
+                if record.get("phase") == "start":
+                    open_faults["pause_client"].append(record["at"])
+                elif open_faults["pause_client"]:
+                    fault_windows.append((open_faults["pause_client"].pop(0), record["at"]))
             if record.get("kind") == "fault_skipped":
                 verdict.faults_skipped.append(f"{record.get('fault')}: {record.get('why')}")
             if record.get("kind") == "fault_error":
@@ -141,6 +164,10 @@ def check(records: Iterable[dict[str, Any]]) -> Verdict:
             if record.get("kind") == "fault" and record.get("phase") == "start":
                 faults[str(record.get("fault"))] += 1
     verdict.faults = dict(faults)
+    for pid, since in pausing.items():
+        paused[pid].append((since, math.inf))
+    if not paused and fault_windows:
+        paused[None] = fault_windows  # an older history: the stopped process is unknown
 
     lost: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for token, calls in invokes.items():
@@ -168,7 +195,11 @@ def check(records: Iterable[dict[str, Any]]) -> Verdict:
             if a["outcome"] == "error":
                 errors[a.get("reason") or "unknown"] += 1
             if a["outcome"] == "store_unavailable":
-                latencies.append(a["end"] - a["start"])
+                windows = paused.get(int(a["process"]), []) + paused.get(None, [])
+                if any(since < a["end"] and a["start"] < until for since, until in windows):
+                    verdict.failed_closed_while_paused += 1
+                else:
+                    latencies.append(a["end"] - a["start"])
         if len(accepted) > 1:
             verdict.accepted_twice.append(token)
         could_consume = [a["start"] for a in accepted] + [c["start"] for c in lost.get(token, [])]

@@ -156,7 +156,10 @@ class Runner:
         """SIGSTOP a client process (holding whatever it held: a connection, SQLite's write lock)."""
         live = self.live_clients()
         if live:
-            self.store.pause([rng.choice(live).process.pid], duration)
+            pid = rng.choice(live).process.pid
+            self.events.event("pause", pid=pid)
+            self.store.pause([pid], duration)
+            self.events.event("resume", pid=pid)
 
     def fault_clock(self, rng: random.Random, duration: float) -> None:
         """Jump one client process's codec clock by up to max_skew, either way, then back."""

@@ -135,3 +135,16 @@ def test_the_command_line_exits_1_on_a_broken_promise(tmp_path: Path) -> None:
     done = subprocess.run([sys.executable, "-m", "faults", "check", str(history)],
                           capture_output=True, text=True, cwd=ROOT, check=False)  # fmt: skip
     assert done.returncode == 0 and "VERDICT: ok" in done.stdout
+
+
+def test_the_time_a_client_spent_stopped_is_not_the_store_s_latency() -> None:
+    paused = [{"type": "event", "kind": "pause", "pid": 100, "at": 1.5},
+              {"type": "event", "kind": "resume", "pid": 100, "at": 6.0}]  # fmt: skip
+    verdict = check([
+        *paused,
+        attempt("t1", 1.0, 7.0, "store_unavailable", process=100),
+        attempt("t1", 1.0, 3.0, "store_unavailable", client="a1", role="attacker", process=200),
+        attempt("t1", 8.0, 8.1, "accepted"),
+    ])  # fmt: skip
+    assert verdict.failed_closed == 2 and verdict.failed_closed_while_paused == 1
+    assert verdict.fail_closed_latency["max"] == 2.0
