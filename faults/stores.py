@@ -300,6 +300,10 @@ class Sentinel(Store):
         """The primary's replicas lose it (clients and sentinels still reach it): WAIT falls short."""
         self.hold(self.primary_proxy(), ("replication",), duration)
 
+    def fault_partition_sentinels(self, rng: random.Random, duration: float) -> None:
+        """The sentinels lose the primary, its clients and replicas do not: a failover while it answers."""
+        self.hold(self.primary_proxy(), ("sentinel",), max(duration, 2 * self.DOWN_AFTER_MS / 1000 + 1))
+
     def fault_isolate_primary(self, rng: random.Random, duration: float) -> None:
         """Nobody reaches the primary: after down-after the sentinels promote a replica."""
         self.hold(self.primary_proxy(), ("client", "replication", "sentinel"), duration)
