@@ -145,6 +145,11 @@ class Store:
             signal_pid(pid, signal.SIGCONT)
         self.paused.difference_update(pids)
 
+    def cut(self, proxy: FaultProxy, duration: float) -> None:
+        proxy.set("cut", ("client",))
+        time.sleep(duration)
+        proxy.set("pass", ("client",))
+
     def hold(self, proxy: FaultProxy, classes: tuple[str, ...], duration: float) -> None:
         proxy.set("hold", classes)
         time.sleep(duration)
@@ -295,6 +300,10 @@ class Sentinel(Store):
     def fault_partition_clients(self, rng: random.Random, duration: float) -> None:
         """Clients cannot reach the primary (sentinels and replicas still can)."""
         self.hold(self.primary_proxy(), ("client",), duration)
+
+    def fault_cut_clients(self, rng: random.Random, duration: float) -> None:
+        """Reset every client connection to the primary and refuse new ones: replies in flight are lost."""
+        self.cut(self.primary_proxy(), duration)
 
     def fault_partition_replicas(self, rng: random.Random, duration: float) -> None:
         """The primary's replicas lose it (clients and sentinels still reach it): WAIT falls short."""
@@ -483,6 +492,12 @@ class Postgres(Store):
         with self.changing:
             proxy = self.proxy_of[self.servers[0].port]
         self.hold(proxy, ("client",), duration)
+
+    def fault_cut_clients(self, rng: random.Random, duration: float) -> None:
+        """Reset every client connection to the primary and refuse new ones: replies in flight are lost."""
+        with self.changing:
+            proxy = self.proxy_of[self.servers[0].port]
+        self.cut(proxy, duration)
 
     def fault_partition_replicas(self, rng: random.Random, duration: float) -> None:
         """The standby loses the primary: commits wait for it, consumes fail closed (and commit locally)."""
