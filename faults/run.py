@@ -1,7 +1,7 @@
 """One run: start the store, the clients and the nemesis; stop; judge the history.
 
-The nemesis draws its schedule from ``--seed``: how many faults (about one per
-``seconds / 8``, at least two), which kinds (from ``--faults``), when each starts and how
+The nemesis draws its schedule from ``--seed``: how many faults (about one per 8 seconds
+of run, at least two), which kinds (from ``--faults``), when each starts and how
 long it lasts; faults may overlap. Besides the store's own faults (stores.py) every store
 has the clients' faults: ``kill-client`` (SIGKILL of a client process mid-load; a fresh one
 replaces it), ``pause-client`` (SIGSTOP, then SIGCONT) and ``clock`` (a jump of one
@@ -28,10 +28,9 @@ from statecodec import KeyRing
 
 from .checker import Verdict, check_file
 from .history import HistoryWriter, read
-from .stores import STORES, Store, signal_pid
+from .stores import MAX_CLOCK_JUMP, STORES, Store, signal_pid
 
 CLIENT_FAULTS = ("kill_client", "pause_client", "clock")
-MAX_CLOCK_JUMP = 60  # the codec's default max_skew: the disagreement the fleet is configured for
 
 
 @dataclass

@@ -42,7 +42,9 @@ def faketime_library() -> str | None:
 
 
 FAKETIME_MISSING = "libfaketime not found (apt-get install libfaketime, or STATECODEC_FAKETIME_LIB): skipped"
-MAX_SERVER_JUMP = 60  # seconds: the codec's default max_skew
+# Seconds a clock (a codec's, a server's) is stepped by at most: the codec's default max_skew,
+# the disagreement a fleet is configured to tolerate.
+MAX_CLOCK_JUMP = 60
 
 
 def wait_for(condition: Callable[[], object], timeout: float) -> bool:
@@ -118,11 +120,11 @@ class Store:
                 "FAKETIME_DONT_FAKE_MONOTONIC": "1", "FAKETIME_DISABLE_SHM": "1"}  # fmt: skip
 
     def jump_server_clock(self, name: str, rng: random.Random, duration: float) -> None:
-        """Step the clock of server ``name`` by up to MAX_SERVER_JUMP seconds either way, then back."""
+        """Step the clock of server ``name`` by up to MAX_CLOCK_JUMP seconds either way, then back."""
         if faketime_library() is None or not hasattr(self, "_clocks"):
             self.events.event("fault_skipped", fault="server_clock", why=FAKETIME_MISSING)
             return
-        jump = rng.choice((-1, 1)) * rng.randint(1, MAX_SERVER_JUMP)
+        jump = rng.choice((-1, 1)) * rng.randint(1, MAX_CLOCK_JUMP)
         self.note("server clock jump", server=name, seconds=jump)
         (self._clocks / name).write_text(f"{jump:+d}\n")
         time.sleep(duration)
