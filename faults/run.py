@@ -208,9 +208,9 @@ def run(store_name: str, fault_kinds: list[str], seconds: float, seed: int, *, h
     kinds = [k.replace("-", "_") for k in fault_kinds]
     unknown = [k for k in kinds if k not in (*CLIENT_FAULTS, *store.faults())]
     if unknown:
-        raise SystemExit(
-            f"store {store_name} has no fault {unknown}; it has {[*CLIENT_FAULTS, *store.faults()]}"
-        )
+        known = ",".join(k.replace("_", "-") for k in (*CLIENT_FAULTS, *store.faults()))
+        wrong = ",".join(k.replace("_", "-") for k in unknown)
+        raise SystemExit(f"store {store_name} has no fault {wrong}; its faults: {known}")
     plan = schedule(kinds, seconds, seed) if kinds else []
     events.event("run", store=store_name, faults=kinds, seconds=seconds, seed=seed, honest=honest,
                  attackers=attackers, wait=wait, schedule=[f.__dict__ for f in plan])  # fmt: skip
