@@ -1,0 +1,84 @@
+"""A short seeded run of the fault suite per store, judged by its checker (faults/checker.py).
+
+Everything is real: the servers on loopback, the client and attacker processes, the
+SIGKILLs, SIGSTOPs, held connections and clock jumps (faults/). Each store runs once per
+session (about 30 s of load, plus its start); two tests read the verdict:
+
+- no token is ever accepted twice, on every store, under every fault: never expected to fail;
+- no false replay and no burnt token (beyond a killed process's in-flight consumes). The
+  replicated stores still answer an unconfirmed entry as ``replayed`` (Redis while WAIT is
+  pending, PostgreSQL for a row a failed-closed insert left), so that test is expected to
+  fail for them until each store tells a confirmed entry from an unconfirmed one; the
+  counts measured when the marks were set are in the reasons (docs/guarantees.md).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from fixtures_postgres import bin_dir
+
+from faults.checker import Verdict
+from faults.run import run
+
+pytestmark = pytest.mark.slow
+
+SECONDS = 30.0
+RUNS = {
+    "memory": ("clock", 11),
+    "sqlite": ("kill-client,pause-client,clock", 12),
+    "sentinel": ("kill-primary,pause-primary,partition-clients,partition-replicas,isolate-primary,"
+                 "takeback-failover,kill-client,clock,server-clock", 13),
+    "cluster": ("kill-primary,pause-primary,kill-client,clock", 14),
+    "postgres": ("kill-primary,pause-primary,pause-standby,partition-clients,partition-replicas,"
+                 "takeback-failover,kill-client,server-clock", 15),
+}  # fmt: skip
+UNCONFIRMED_ENTRIES = (
+    "an entry not yet confirmed (Redis: written, WAIT pending; PostgreSQL: a row a failed-closed "
+    "insert committed locally) is answered as replayed; measured: {}"
+)
+FALSE_REPLAYS_TODAY = {  # this file's seeds, runs on a loaded 2-core machine
+    "sentinel": "1 to 4 false replays, 1 to 6 burnt tokens (four runs)",
+    "cluster": "0 or 1 false replay, 0 or 1 burnt token (three runs)",
+    "postgres": "0 to 2 false replays, no burnt token (three runs)",
+}
+
+_verdicts: dict[str, Verdict] = {}
+
+
+def verdict_of(store: str, tmp_path_factory: pytest.TempPathFactory) -> Verdict:
+    """The verdict of this session's run against ``store`` (run on first use)."""
+    if store == "postgres" and bin_dir() is None:
+        pytest.skip("PostgreSQL 15 server binaries not found: apt-get install postgresql-15")
+    if store not in _verdicts:
+        faults, seed = RUNS[store]
+        workdir: Path = tmp_path_factory.mktemp(f"faults-{store}")
+        _verdicts[store] = run(store, faults.split(","), SECONDS, seed, workdir=workdir)
+        print(_verdicts[store].summary())
+    return _verdicts[store]
+
+
+@pytest.mark.parametrize("store", list(RUNS))
+def test_no_token_is_accepted_twice(store: str, tmp_path_factory: pytest.TempPathFactory) -> None:
+    verdict = verdict_of(store, tmp_path_factory)
+    assert verdict.accepted_twice == [], verdict.summary()
+    assert verdict.lost_without_kill == 0, verdict.summary()
+    assert verdict.outcomes.get("accepted", 0) > 100, "the workload barely ran:\n" + verdict.summary()
+    assert verdict.fault_errors == [], verdict.summary()
+
+
+@pytest.mark.parametrize(
+    "store",
+    [
+        store
+        if store not in FALSE_REPLAYS_TODAY
+        else pytest.param(store, marks=pytest.mark.xfail(
+            strict=False, reason=UNCONFIRMED_ENTRIES.format(FALSE_REPLAYS_TODAY[store])))
+        for store in RUNS
+    ],
+)  # fmt: skip
+def test_no_false_replay_and_no_burnt_token(store: str, tmp_path_factory: pytest.TempPathFactory) -> None:
+    verdict = verdict_of(store, tmp_path_factory)
+    assert verdict.false_replays == [], verdict.summary()
+    assert verdict.burnt == [], verdict.summary()
