@@ -200,10 +200,13 @@ def test_postgres_redaction_hides_what_libpq_reads_as_the_password(password: str
     assert_hidden([read["password"], PG_OPTIONS_PW], shown, repr(store_from_url(url)))
 
 
-def test_postgres_options_secret_hidden_in_errors_and_logs(caplog: pytest.LogCaptureFixture) -> None:
+def test_postgres_options_secret_hidden_in_errors_and_logs(
+    caplog: pytest.LogCaptureFixture, refused_port: int
+) -> None:
     caplog.set_level(logging.DEBUG)
     options = quote(f"-c app.password={PG_OPTIONS_PW}", safe="")
-    url = f"postgresql://app:{quote(USER_PW, safe='')}@127.0.0.1:{free_port()}/db?options={options}&timeout=1"
+    password = quote(USER_PW, safe="")
+    url = f"postgresql://app:{password}@127.0.0.1:{refused_port}/db?options={options}&timeout=1"
     shown = shown_when_unavailable(url, BINDING)
     shown += [record.getMessage() for record in caplog.records]
     assert any("unavailable" in line for line in shown)  # the scan saw real messages
