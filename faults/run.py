@@ -233,13 +233,19 @@ def run(store_name: str, fault_kinds: list[str], seconds: float, seed: int, *, h
         store.heal()
         runner.stop_clients(timeout=45)
     finally:
-        store.heal()
-        for client in runner.clients:
-            if client.process.poll() is None:
-                client.process.kill()
-                client.process.wait()
-        store.cleanup()
-        events.close()
+        # Whatever failed, no client or server outlives the run: a heal that fails must not
+        # keep the stopped clients stopped and the servers running.
+        (workdir / "stop").touch()
+        try:
+            store.heal()
+        finally:
+            for client in runner.clients:
+                if client.process.poll() is None:
+                    signal_pid(client.process.pid, signal.SIGCONT)
+                    client.process.kill()
+                    client.process.wait()
+            store.cleanup()
+            events.close()
     if history is not None:
         shutil.copyfile(workdir / "history.jsonl", history)
     verdict = check_file(workdir / "history.jsonl")
