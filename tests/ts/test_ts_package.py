@@ -1,0 +1,32 @@
+"""The TypeScript package's own suite (ts/test: the shared vectors, the codec, the stores),
+built with tsc and run with Node's test runner, as part of the Python suite."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+
+import pytest
+from ts_package import NODE, SKIPS, TS_DIR, build
+
+pytestmark = SKIPS
+
+
+def test_the_typescript_suite_passes() -> None:
+    build()
+    files = sorted(str(p.relative_to(TS_DIR)) for p in (TS_DIR / "dist" / "test").glob("*.test.js"))
+    assert "dist/test/vectors.test.js" in files
+    assert NODE is not None
+    proc = subprocess.run(
+        [NODE, "--test", "--test-reporter=tap", *files],
+        cwd=TS_DIR,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    failed = re.findall(r"^\s*not ok \d+ - (.*)$", proc.stdout, re.MULTILINE)
+    assert proc.returncode == 0 and not failed, "\n".join(failed) or proc.stdout[-4000:] + proc.stderr[-4000:]
+    passed = re.search(r"^# pass (\d+)$", proc.stdout, re.MULTILINE)
+    assert passed is not None and int(passed.group(1)) >= 170, proc.stdout[-2000:]
+    if re.search(r"^# skipped [1-9]", proc.stdout, re.MULTILINE):
+        pytest.fail("the TypeScript suite skipped tests:\n" + proc.stdout[-2000:])

@@ -1,0 +1,83 @@
+/**
+ * The TypeScript side of the Python suite's interoperability tests (tests/ts/): reads one
+ * JSON batch on stdin, runs each operation with this package, writes the results as JSON.
+ *
+ *   {"keyring": {...}, "codec": {"mode": "encrypt", "ttl": 600, ...}, "now": 1750000000.5,
+ *    "ops": [{"op": "seal", "payload_hex": "..", "binding": {...}, "ttl": 60,
+ *             "parent": {"flow_id": "..", "round": 1, "flow_started_at": 1}, "retry_after": 2},
+ *            {"op": "open", "token": "sc1e...", "binding": {...}},
+ *            {"op": "canonical", "value": ...}]}
+ *
+ * A binding is {"principal", "audience", "method", "target", "arguments" or
+ * "argument_digest" (hex), "extra"}; null means none.
+ */
+
+import { readFileSync } from "node:fs";
+
+import { Binding, canonicalJson, InvalidState, KeyRing, StateCodec, type CodecOptions, type OpenedState } from "../src/index.js";
+
+type Json = Record<string, unknown>;
+
+function binding(doc: Json | null | undefined): Binding | null {
+  if (doc === null || doc === undefined) return null;
+  const digest = doc["argument_digest"] as string | null | undefined;
+  return new Binding({
+    principal: doc["principal"] as string | null,
+    audience: doc["audience"] as string | null,
+    method: doc["method"] as string | null,
+    target: doc["target"] as string | null,
+    ...("arguments" in doc ? { arguments: doc["arguments"] } : {}),
+    argumentDigest: digest ? new Uint8Array(Buffer.from(digest, "hex")) : null,
+    extra: (doc["extra"] as Record<string, string> | undefined) ?? {},
+  });
+}
+
+function opened(state: OpenedState): Json {
+  return {
+    payload_hex: Buffer.from(state.payload).toString("hex"),
+    kid: state.kid,
+    issued_at: state.issuedAt,
+    expires_at: state.expiresAt,
+    token_id: state.tokenId,
+    mode: state.mode,
+    flow_id: state.flowId,
+    round: state.round,
+    flow_started_at: state.flowStartedAt,
+    not_before: state.notBefore,
+  };
+}
+
+function run(op: Json, codec: StateCodec): Json {
+  try {
+    switch (op["op"]) {
+      case "seal": {
+        const parent = op["parent"] as Json | undefined;
+        const token = codec.seal(new Uint8Array(Buffer.from(op["payload_hex"] as string, "hex")), binding(op["binding"] as Json), {
+          ...(op["ttl"] !== undefined ? { ttl: op["ttl"] as number } : {}),
+          ...(op["retry_after"] !== undefined ? { retryAfter: op["retry_after"] as number } : {}),
+          ...(parent ? {
+            parent: { flowId: parent["flow_id"], round: parent["round"], flowStartedAt: parent["flow_started_at"] } as OpenedState,
+          } : {}),
+        });
+        return { token };
+      }
+      case "open":
+        return opened(codec.open(op["token"] as string, binding(op["binding"] as Json)));
+      case "canonical":
+        return { canonical: canonicalJson(op["value"]) };
+      default:
+        return { error: `unknown op ${String(op["op"])}` };
+    }
+  } catch (exc) {
+    if (exc instanceof InvalidState) return { reason: exc.reason, detail: exc.detail };
+    return { error: `${(exc as Error).name}: ${(exc as Error).message}` };
+  }
+}
+
+const spec = JSON.parse(readFileSync(0, "utf8")) as Json;
+const now = spec["now"] as number | undefined;
+const codec = new StateCodec(KeyRing.fromObject(spec["keyring"]), {
+  ...(spec["codec"] as CodecOptions | undefined),
+  ...(now !== undefined ? { clock: () => now } : {}),
+});
+process.stdout.write(JSON.stringify({ results: (spec["ops"] as Json[]).map((op) => run(op, codec)) }));
