@@ -6,7 +6,11 @@
  *    "ops": [{"op": "seal", "payload_hex": "..", "binding": {...}, "ttl": 60,
  *             "parent": {"flow_id": "..", "round": 1, "flow_started_at": 1}, "retry_after": 2},
  *            {"op": "open", "token": "sc1e...", "binding": {...}},
- *            {"op": "canonical", "value": ...}]}
+ *            {"op": "unseal", "token": "sc1e...", "binding": {...}},
+ *            {"op": "canonical", "value": ...}],
+ *    "store": {"kind": "memory"} | {"kind": "redis", "url": "redis://...", "prefix": .., "wait": 1, "waitTimeout": 0.3}}
+ *
+ * "open" checks without consuming; "unseal" consumes in the store (single use).
  *
  * A binding is {"principal", "audience", "method", "target", "arguments" or
  * "argument_digest" (hex), "extra"}; null means none.
@@ -14,7 +18,11 @@
 
 import { readFileSync } from "node:fs";
 
-import { Binding, canonicalJson, InvalidState, KeyRing, StateCodec, type CodecOptions, type OpenedState } from "../src/index.js";
+import {
+  Binding, canonicalJson, InvalidState, KeyRing, MemoryReplayStore, StateCodec,
+  type CodecOptions, type OpenedState, type ReplayStore,
+} from "../src/index.js";
+import { RedisReplayStore } from "../src/replay/redis.js";
 
 type Json = Record<string, unknown>;
 
@@ -47,7 +55,7 @@ function opened(state: OpenedState): Json {
   };
 }
 
-function run(op: Json, codec: StateCodec): Json {
+async function run(op: Json, codec: StateCodec): Promise<Json> {
   try {
     switch (op["op"]) {
       case "seal": {
@@ -63,6 +71,8 @@ function run(op: Json, codec: StateCodec): Json {
       }
       case "open":
         return opened(codec.open(op["token"] as string, binding(op["binding"] as Json)));
+      case "unseal":
+        return opened(await codec.unseal(op["token"] as string, binding(op["binding"] as Json)));
       case "canonical":
         return { canonical: canonicalJson(op["value"]) };
       default:
@@ -74,10 +84,26 @@ function run(op: Json, codec: StateCodec): Json {
   }
 }
 
+function store(doc: Json | undefined): ReplayStore | null {
+  if (doc === undefined) return null;
+  if (doc["kind"] === "memory") return new MemoryReplayStore();
+  if (doc["kind"] === "redis") {
+    const { url, ...options } = doc;
+    delete options["kind"];
+    return new RedisReplayStore(url as string, options);
+  }
+  throw new Error(`unknown store ${String(doc["kind"])}`);
+}
+
 const spec = JSON.parse(readFileSync(0, "utf8")) as Json;
 const now = spec["now"] as number | undefined;
+const replay = store(spec["store"] as Json | undefined);
 const codec = new StateCodec(KeyRing.fromObject(spec["keyring"]), {
   ...(spec["codec"] as CodecOptions | undefined),
   ...(now !== undefined ? { clock: () => now } : {}),
+  replay,
 });
-process.stdout.write(JSON.stringify({ results: (spec["ops"] as Json[]).map((op) => run(op, codec)) }));
+const results: Json[] = [];
+for (const op of spec["ops"] as Json[]) results.push(await run(op, codec));
+await replay?.close?.();
+process.stdout.write(JSON.stringify({ results }));
