@@ -1,8 +1,9 @@
 """The TypeScript package's own suite (ts/test: the shared vectors, the codec, the stores),
 built with tsc and run with Node's test runner, as part of the Python suite.
 
-The store tests need real servers: this wrapper hands them the session's Valkey
-(tests/fixtures_valkey.py) through the environment, and fails if the suite skips anything.
+The store tests need real servers: this wrapper hands them the session's Valkey and
+PostgreSQL (tests/fixtures_valkey.py, tests/fixtures_postgres.py) through the
+environment, and fails if the suite skips anything.
 """
 
 from __future__ import annotations
@@ -12,12 +13,13 @@ import re
 import subprocess
 
 import pytest
+from fixtures_postgres import PostgresServer
 from ts_package import NODE, SKIPS, TS_DIR, build
 
 pytestmark = SKIPS
 
 
-def test_the_typescript_suite_passes(valkey_url: str) -> None:
+def test_the_typescript_suite_passes(valkey_url: str, postgres_server: PostgresServer) -> None:
     build()
     files = sorted(str(p.relative_to(TS_DIR)) for p in (TS_DIR / "dist" / "test").glob("*.test.js"))
     assert "dist/test/vectors.test.js" in files
@@ -28,7 +30,11 @@ def test_the_typescript_suite_passes(valkey_url: str) -> None:
         capture_output=True,
         text=True,
         timeout=600,
-        env={**os.environ, "STATECODEC_TEST_REDIS_URL": valkey_url},
+        env={
+            **os.environ,
+            "STATECODEC_TEST_REDIS_URL": valkey_url,
+            "STATECODEC_TEST_POSTGRES_URL": postgres_server.url(),
+        },
     )
     failed = re.findall(r"^\s*not ok \d+ - (.*)$", proc.stdout, re.MULTILINE)
     assert proc.returncode == 0 and not failed, "\n".join(failed) or proc.stdout[-4000:] + proc.stderr[-4000:]

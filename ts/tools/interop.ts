@@ -8,7 +8,8 @@
  *            {"op": "open", "token": "sc1e...", "binding": {...}},
  *            {"op": "unseal", "token": "sc1e...", "binding": {...}},
  *            {"op": "canonical", "value": ...}],
- *    "store": {"kind": "memory"} | {"kind": "redis", "url": "redis://...", "prefix": .., "wait": 1, "waitTimeout": 0.3}}
+ *    "store": {"kind": "memory"} | {"kind": "redis", "url": "redis://...", "prefix": .., "wait": 1, "waitTimeout": 0.3}
+ *             | {"kind": "postgres", "url": "postgresql://...", "table": .., "timeout": 1}}
  *
  * "open" checks without consuming; "unseal" consumes in the store (single use).
  *
@@ -22,6 +23,7 @@ import {
   Binding, canonicalJson, InvalidState, KeyRing, MemoryReplayStore, StateCodec,
   type CodecOptions, type OpenedState, type ReplayStore,
 } from "../src/index.js";
+import { PostgresReplayStore } from "../src/replay/postgres.js";
 import { RedisReplayStore } from "../src/replay/redis.js";
 
 type Json = Record<string, unknown>;
@@ -91,6 +93,11 @@ function store(doc: Json | undefined): ReplayStore | null {
     const { url, ...options } = doc;
     delete options["kind"];
     return new RedisReplayStore(url as string, options);
+  }
+  if (doc["kind"] === "postgres") {
+    const { url, ...options } = doc;
+    delete options["kind"];
+    return new PostgresReplayStore(url as string, options);
   }
   throw new Error(`unknown store ${String(doc["kind"])}`);
 }
