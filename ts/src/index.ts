@@ -12,3 +12,7 @@ export { PREFIX_ENCRYPT, PREFIX_SIGN } from "./format.js";
 export { deriveSubkey, Key, KeyRing, newKid, type KeyProvider, type KeyRingDocument } from "./keys.js";
 export { type ReplayStore } from "./replay/base.js";
 export { MemoryReplayStore, type MemoryStoreOptions } from "./replay/memory.js";
+export {
+  ENV_SECRET_KID, envSource, fileSource, KeyManager, Timeline,
+  type KeyManagerOptions, type KeySource, type Plan, type TimelineSettings,
+} from "./kms.js";

@@ -7,7 +7,9 @@
  *             "parent": {"flow_id": "..", "round": 1, "flow_started_at": 1}, "retry_after": 2},
  *            {"op": "open", "token": "sc1e...", "binding": {...}},
  *            {"op": "unseal", "token": "sc1e...", "binding": {...}},
- *            {"op": "canonical", "value": ...}],
+ *            {"op": "canonical", "value": ...},
+ *            {"op": "plan", "keyring": {...}, "now": 1750000000, "timeline": {"refreshInterval": 30, ...}},
+ *            {"op": "env", "name": "VAR"}],
  *    "store": {"kind": "memory"} | {"kind": "redis", "url": "redis://...", "prefix": .., "wait": 1, "waitTimeout": 0.3}
  *             | {"kind": "postgres", "url": "postgresql://...", "table": .., "timeout": 1}}
  *
@@ -20,8 +22,8 @@
 import { readFileSync } from "node:fs";
 
 import {
-  Binding, canonicalJson, InvalidState, KeyRing, MemoryReplayStore, StateCodec,
-  type CodecOptions, type OpenedState, type ReplayStore,
+  Binding, canonicalJson, envSource, InvalidState, KeyRing, MemoryReplayStore, StateCodec, Timeline,
+  type CodecOptions, type OpenedState, type ReplayStore, type TimelineSettings,
 } from "../src/index.js";
 import { PostgresReplayStore } from "../src/replay/postgres.js";
 import { RedisReplayStore } from "../src/replay/redis.js";
@@ -75,6 +77,12 @@ async function run(op: Json, codec: StateCodec): Promise<Json> {
         return opened(codec.open(op["token"] as string, binding(op["binding"] as Json)));
       case "unseal":
         return opened(await codec.unseal(op["token"] as string, binding(op["binding"] as Json)));
+      case "plan": {
+        const plan = new Timeline(op["timeline"] as TimelineSettings).plan(KeyRing.fromObject(op["keyring"]), op["now"] as number);
+        return { ring: plan.ring.toObject(), next_promotion: plan.nextPromotion };
+      }
+      case "env":
+        return { ring: (await envSource(op["name"] as string)()).toObject() };
       case "canonical":
         return { canonical: canonicalJson(op["value"]) };
       default:
