@@ -16,3 +16,4 @@ export {
   ENV_SECRET_KID, envSource, fileSource, KeyManager, Timeline,
   type KeyManagerOptions, type KeySource, type Plan, type TimelineSettings,
 } from "./kms.js";
+export { VaultError, vaultKvSource, vaultTransitSource, type VaultOptions } from "./vault.js";

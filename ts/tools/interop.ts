@@ -9,7 +9,8 @@
  *            {"op": "unseal", "token": "sc1e...", "binding": {...}},
  *            {"op": "canonical", "value": ...},
  *            {"op": "plan", "keyring": {...}, "now": 1750000000, "timeline": {"refreshInterval": 30, ...}},
- *            {"op": "env", "name": "VAR"}],
+ *            {"op": "env", "name": "VAR"},
+ *            {"op": "vault", "kind": "transit" | "kv", "mount": "transit", "name" | "path": .., "options": {...}}],
  *    "store": {"kind": "memory"} | {"kind": "redis", "url": "redis://...", "prefix": .., "wait": 1, "waitTimeout": 0.3}
  *             | {"kind": "postgres", "url": "postgresql://...", "table": .., "timeout": 1}}
  *
@@ -23,7 +24,8 @@ import { readFileSync } from "node:fs";
 
 import {
   Binding, canonicalJson, envSource, InvalidState, KeyRing, MemoryReplayStore, StateCodec, Timeline,
-  type CodecOptions, type OpenedState, type ReplayStore, type TimelineSettings,
+  vaultKvSource, vaultTransitSource,
+  type CodecOptions, type OpenedState, type ReplayStore, type TimelineSettings, type VaultOptions,
 } from "../src/index.js";
 import { PostgresReplayStore } from "../src/replay/postgres.js";
 import { RedisReplayStore } from "../src/replay/redis.js";
@@ -80,6 +82,12 @@ async function run(op: Json, codec: StateCodec): Promise<Json> {
       case "plan": {
         const plan = new Timeline(op["timeline"] as TimelineSettings).plan(KeyRing.fromObject(op["keyring"]), op["now"] as number);
         return { ring: plan.ring.toObject(), next_promotion: plan.nextPromotion };
+      }
+      case "vault": {
+        const source = op["kind"] === "transit"
+          ? vaultTransitSource(op["mount"] as string, op["name"] as string, op["options"] as VaultOptions)
+          : vaultKvSource(op["mount"] as string, op["path"] as string, op["options"] as VaultOptions);
+        return { ring: (await source()).toObject() };
       }
       case "env":
         return { ring: (await envSource(op["name"] as string)()).toObject() };
