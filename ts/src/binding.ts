@@ -7,7 +7,8 @@
  * the Python library agree on the digest of the same JSON arguments.
  */
 
-import { sha256 } from "@noble/hashes/sha2.js";
+import { createHash } from "node:crypto";
+
 import canonicalize from "canonicalize";
 
 import { typeName } from "./format.js";
@@ -80,7 +81,7 @@ function isPlainObject(value: object): boolean {
 
 /** SHA-256 of the canonical JSON of `value` (32 bytes). */
 export function argumentDigest(value: unknown): Uint8Array {
-  return sha256(UTF8.encode(canonicalJson(value)));
+  return new Uint8Array(createHash("sha256").update(canonicalJson(value), "utf8").digest());
 }
 
 export interface BindingFields {

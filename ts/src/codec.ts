@@ -11,7 +11,9 @@
 
 import { xchacha20poly1305 } from "@noble/ciphers/chacha.js";
 import { equalBytes } from "@noble/ciphers/utils.js";
-import { bytesToHex, hexToBytes, randomBytes } from "@noble/hashes/utils.js";
+import { randomBytes } from "node:crypto";
+
+import { bytesToHex, hexToBytes } from "@noble/hashes/utils.js";
 
 import { b64encode } from "./base64url.js";
 import { Binding, concat, UNBOUND } from "./binding.js";

@@ -7,8 +7,9 @@
  * acts as an ENCRYPT key and a binding tag is never a MAC.
  */
 
+import { createHmac } from "node:crypto";
+
 import { hkdf } from "@noble/hashes/hkdf.js";
-import { hmac } from "@noble/hashes/hmac.js";
 import { sha256 } from "@noble/hashes/sha2.js";
 import { bytesToHex, randomBytes } from "@noble/hashes/utils.js";
 
@@ -19,9 +20,8 @@ import { PREFIX_SIGN, validKid } from "./format.js";
 export const MIN_SECRET_BYTES = 32;
 export const KEYRING_FORMAT = 1;
 
-type Hmac = ReturnType<typeof hmac.create>;
-
 const ASCII = new TextEncoder();
+const SIGN_PREFIX = ASCII.encode(PREFIX_SIGN);
 
 export function deriveSubkey(secret: Uint8Array, purpose: string): Uint8Array {
   return hkdf(sha256, secret, undefined, ASCII.encode(`statecodec/v1/${purpose}`), 32);
@@ -35,9 +35,8 @@ export class Key {
   /** The AEAD key of ENCRYPT tokens (XChaCha20-Poly1305). */
   readonly aeadKey: Uint8Array;
   readonly #secret: Uint8Array;
-  // Keyed once, cloned per message: HMAC's key setup is not repeated on every token.
-  readonly #signMac: Hmac;
-  readonly #bind: Hmac;
+  readonly #macKey: Uint8Array;
+  readonly #bindKey: Uint8Array;
 
   constructor(kid: string, secret: Uint8Array, createdAt = 0, retiresAt: number | null = null) {
     if (typeof kid !== "string" || !validKid(kid)) {
@@ -54,9 +53,8 @@ export class Key {
     this.createdAt = createdAt;
     this.retiresAt = retiresAt;
     this.aeadKey = deriveSubkey(secret, "encrypt/xchacha20-poly1305");
-    // The SIGN MAC always starts with the prefix, so it is absorbed once here.
-    this.#signMac = hmac.create(sha256, deriveSubkey(secret, "sign/hmac-sha256")).update(ASCII.encode(PREFIX_SIGN));
-    this.#bind = hmac.create(sha256, deriveSubkey(secret, "binding/hmac-sha256"));
+    this.#macKey = deriveSubkey(secret, "sign/hmac-sha256");
+    this.#bindKey = deriveSubkey(secret, "binding/hmac-sha256");
   }
 
   /** A fresh 32-byte key, stamped `createdAt` (default: now). */
@@ -69,16 +67,20 @@ export class Key {
     return Uint8Array.from(this.#secret);
   }
 
+  // HMAC runs in Node's own OpenSSL: per token it is the hot path of both modes' binding
+  // and of SIGN, and native HMAC takes a fraction of a pure-JavaScript one's time
+  // (docs/performance.md); HKDF runs once per key and stays in @noble/hashes.
+
   /** HMAC-SHA256(mac_key, "sc1s." || header || payload). */
   signMac(...parts: Uint8Array[]): Uint8Array {
-    const h = this.#signMac.clone();
+    const h = createHmac("sha256", this.#macKey).update(SIGN_PREFIX);
     for (const part of parts) h.update(part);
     return h.digest();
   }
 
   /** HMAC-SHA256(bind_key, encoded binding), cut to 16 bytes. */
   bindingTag(encoded: Uint8Array): Uint8Array {
-    return this.#bind.clone().update(encoded).digest().subarray(0, 16);
+    return createHmac("sha256", this.#bindKey).update(encoded).digest().subarray(0, 16);
   }
 
   verifiesAt(now: number): boolean {
