@@ -13,6 +13,7 @@
  * token's lease runs out and after a 403 (a revoked or expired token).
  */
 
+import { StateCodecError } from "./errors.js";
 import { Key, KeyRing, MIN_SECRET_BYTES } from "./keys.js";
 import { validKid } from "./format.js";
 import type { KeySource } from "./kms.js";
@@ -32,7 +33,8 @@ export interface VaultOptions {
   timeout?: number;
 }
 
-export class VaultError extends Error {
+/** A Vault/OpenBao key source could not answer (the KeyManager keeps its last good ring). */
+export class VaultError extends StateCodecError {
   override name = "VaultError";
 }
 
