@@ -1,0 +1,190 @@
+"""Python and TypeScript instances share one Redis/Valkey replay store (real servers).
+
+The TypeScript side runs in ``ts/dist/tools/interop.js`` (one Node process per batch) with
+the package's RedisReplayStore; the Python side with statecodec's. Both write the same
+key (prefix, namespace, token id) with the same retention, so a token consumed by one
+language is refused as ``replayed`` by the other, in both directions; an outage fails
+closed without consuming, and ``wait=1`` refuses (and takes back) a consume no replica
+acknowledged. The same holds for one PostgreSQL table.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+import uuid
+from typing import Any
+
+import pytest
+import redis
+from fixtures_postgres import PostgresServer
+from fixtures_valkey import ValkeyServer, in_sync, wait_until
+from ts_package import SKIPS, run_tool
+
+import statecodec as sc
+from statecodec.replay import PostgresReplayStore, RedisReplayStore
+
+pytestmark = SKIPS
+
+RING = sc.KeyRing.generate("shared-1")
+BINDING = sc.Binding(principal="alice", method="tools/call", target="deploy", arguments={"v": 2})
+TS_BINDING = {
+    "principal": "alice",
+    "audience": None,
+    "method": "tools/call",
+    "target": "deploy",
+    "arguments": {"v": 2},
+    "extra": {},
+}
+NAMESPACE = "svc"
+
+
+def ts_unseal(tokens: list[str], store: dict[str, Any]) -> list[dict[str, Any]]:
+    spec = {
+        "keyring": RING.to_dict(),
+        "codec": {"mode": "encrypt", "namespace": NAMESPACE},
+        "store": store,
+        "ops": [{"op": "unseal", "token": t, "binding": TS_BINDING} for t in tokens],
+    }
+    return list(run_tool("interop", spec)["results"])
+
+
+def py_codec(store: sc.ReplayStore) -> sc.StateCodec:
+    return sc.StateCodec(RING, mode="encrypt", replay=store, namespace=NAMESPACE)
+
+
+def py_reason(codec: sc.StateCodec, token: str) -> str | None:
+    try:
+        codec.unseal(token, BINDING)
+    except sc.InvalidState as exc:
+        return exc.reason
+    return None
+
+
+def test_a_token_consumed_by_one_language_is_replayed_in_the_other(valkey_url: str) -> None:
+    prefix = f"ts-shared-{uuid.uuid4().hex[:8]}:"
+    store = RedisReplayStore(valkey_url, prefix=prefix)
+    codec = py_codec(store)
+    by_python, by_ts = codec.seal(b"a", BINDING), codec.seal(b"b", BINDING)
+    assert py_reason(codec, by_python) is None
+    ts_store = {"kind": "redis", "url": valkey_url, "prefix": prefix}
+    before = time.time()
+    first, replayed = ts_unseal([by_ts, by_python], ts_store)
+    assert first["payload_hex"] == b"b".hex()
+    assert replayed["reason"] == "replayed"
+    assert py_reason(codec, by_ts) == "replayed"
+    # The same entry as Python writes: its key, kept exp + expiry_grace + max_skew - now
+    # (now: when TypeScript consumed it, between `before` and the PTTL read).
+    admin = redis.Redis.from_url(valkey_url, decode_responses=True)
+    opened = codec.verify_unbound(by_ts)
+    key = f"{prefix}{NAMESPACE}:{opened.token_id}"
+    pttl = admin.pttl(key)
+    after = time.time()
+    kept_until = opened.expires_at + codec.expiry_grace + codec.max_skew
+    assert (kept_until - after) * 1000 - 1 <= pttl <= (kept_until - before) * 1000 + 1
+    assert sorted(admin.keys(prefix + "*")) == sorted(
+        f"{prefix}{NAMESPACE}:{codec.verify_unbound(t).token_id}" for t in (by_python, by_ts)
+    )
+    store.close()
+
+
+def test_an_outage_fails_closed_and_burns_nothing(valkey_outage: ValkeyServer) -> None:
+    store = RedisReplayStore(valkey_outage.url, prefix="o:", socket_timeout=2)
+    codec = py_codec(store)
+    token = codec.seal(b"x", BINDING)
+    valkey_outage.stop()
+    ts_store = {"kind": "redis", "url": valkey_outage.url, "prefix": "o:", "connectTimeout": 1}
+    (refused,) = ts_unseal([token], ts_store)
+    assert refused["reason"] == "store_unavailable"
+    valkey_outage.start()
+    (accepted,) = ts_unseal([token], ts_store)
+    assert accepted["payload_hex"] == b"x".hex()
+    assert py_reason(codec, token) == "replayed"
+    store.close()
+
+
+def test_wait_refuses_what_no_replica_holds_and_takes_it_back(
+    valkey_primary_replica: tuple[ValkeyServer, ValkeyServer],
+) -> None:
+    primary, replica = valkey_primary_replica
+    store = RedisReplayStore(primary.url, prefix="w:", wait=1, wait_timeout=0.3)
+    codec = py_codec(store)
+    token = codec.seal(b"w", BINDING)
+    ts_store = {"kind": "redis", "url": primary.url, "prefix": "w:", "wait": 1, "waitTimeout": 0.3}
+    admin = redis.Redis.from_url(primary.url)
+    assert replica.pid is not None
+    os.kill(replica.pid, signal.SIGSTOP)
+    try:
+        (refused,) = ts_unseal([token], ts_store)
+        assert refused["reason"] == "store_unavailable"
+        assert admin.keys("w:*") == []  # taken back on the primary: the token is not burnt
+    finally:
+        os.kill(replica.pid, signal.SIGCONT)
+    wait_until(lambda: in_sync(replica), "the replica is in sync again")
+    (accepted,) = ts_unseal([token], ts_store)
+    assert accepted["payload_hex"] == b"w".hex()
+    assert py_reason(codec, token) == "replayed"
+    store.close()
+
+
+@pytest.mark.parametrize("first", ["python", "typescript"])
+def test_a_chained_flow_alternates_languages_on_one_store(valkey_url: str, first: str) -> None:
+    """Round 1 opened by one language, round 2 sealed and opened by the other; each once."""
+    prefix = f"ts-flow-{uuid.uuid4().hex[:8]}:"
+    store = RedisReplayStore(valkey_url, prefix=prefix)
+    codec = py_codec(store)
+    ts_store = {"kind": "redis", "url": valkey_url, "prefix": prefix}
+    token = codec.seal(b"r1", BINDING)
+    if first == "python":
+        parent = codec.unseal(token, BINDING)
+        spec_parent = {"flow_id": parent.flow_id, "round": 1, "flow_started_at": parent.flow_started_at}
+        spec = {
+            "keyring": RING.to_dict(),
+            "codec": {"mode": "encrypt", "namespace": NAMESPACE},
+            "ops": [{"op": "seal", "payload_hex": b"r2".hex(), "binding": TS_BINDING, "parent": spec_parent}],
+        }
+        (sealed,) = run_tool("interop", spec)["results"]
+        second = codec.unseal(sealed["token"], BINDING)
+        assert (second.round, second.flow_id) == (2, parent.token_id)
+        assert ts_unseal([sealed["token"], token], ts_store)[0]["reason"] == "replayed"
+    else:
+        (opened,) = ts_unseal([token], ts_store)
+        parent_state = codec.verify_unbound(token)
+        assert opened["token_id"] == parent_state.token_id
+        sealed_token = codec.seal(b"r2", BINDING, parent=parent_state)
+        (second_ts,) = ts_unseal([sealed_token], ts_store)
+        assert (second_ts["round"], second_ts["flow_id"]) == (2, parent_state.token_id)
+        assert py_reason(codec, token) == py_reason(codec, sealed_token) == "replayed"
+    store.close()
+
+
+def test_python_and_typescript_share_one_postgres_table(postgres_server: PostgresServer) -> None:
+    table = f"ts_shared_{uuid.uuid4().hex[:8]}"
+    store = PostgresReplayStore(postgres_server.url(), table=table)
+    codec = py_codec(store)
+    by_python, by_ts = codec.seal(b"a", BINDING), codec.seal(b"b", BINDING)
+    assert py_reason(codec, by_python) is None
+    ts_store = {"kind": "postgres", "url": postgres_server.url(), "table": table}
+    first, replayed = ts_unseal([by_ts, by_python], ts_store)
+    assert first["payload_hex"] == b"b".hex()
+    assert replayed["reason"] == "replayed"
+    assert py_reason(codec, by_ts) == "replayed"
+    assert len(store) == 2
+    store.close()
+
+
+def test_a_postgres_outage_fails_closed_and_burns_nothing(postgres_outage: PostgresServer) -> None:
+    table = "ts_outage"
+    store = PostgresReplayStore(postgres_outage.url(), table=table, timeout=2)
+    codec = py_codec(store)
+    token = codec.seal(b"x", BINDING)
+    ts_store = {"kind": "postgres", "url": postgres_outage.url(), "table": table, "timeout": 1}
+    postgres_outage.stop()
+    (refused,) = ts_unseal([token], ts_store)
+    assert refused["reason"] == "store_unavailable"
+    postgres_outage.start()
+    (accepted,) = ts_unseal([token], ts_store)
+    assert accepted["payload_hex"] == b"x".hex()
+    assert py_reason(codec, token) == "replayed"
+    store.close()
