@@ -48,7 +48,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from functools import lru_cache
 from types import MappingProxyType
-from typing import Any, Final, NoReturn, TypeAlias
+from typing import Any, Final, NoReturn, Protocol, TypeAlias
 
 from . import _format, _telemetry
 from ._binding import Binding
@@ -79,6 +79,7 @@ __all__ = [
     "Hold",
     "Holds",
     "Judged",
+    "TokenReader",
     "Waiter",
     "WireError",
     "binding_for",
@@ -95,6 +96,7 @@ __all__ = [
     "seal_result",
     "seal_state",
     "state_aliases",
+    "target_field",
 ]
 
 logger = logging.getLogger("statecodec")
@@ -230,13 +232,18 @@ def is_mrtr(method: str) -> bool:
     return method in MRTR_METHODS
 
 
+def target_field(method: str) -> str:
+    """The params field naming an MRTR request's target: ``uri`` for a resource, else ``name``."""
+    return "uri" if method == "resources/read" else "name"
+
+
 def request_target(method: str, params: Mapping[str, Any] | None) -> str:
     """The tool or prompt ``name``, or the resource ``uri``, of an MRTR request.
 
     Raises ``ValueError`` when it is missing or not a string: such a request is malformed,
     and a binding must never be computed over a coerced value.
     """
-    field = "uri" if method == "resources/read" else "name"
+    field = target_field(method)
     value = (params or {}).get(field)
     if not isinstance(value, str):
         raise ValueError(f"{method} params.{field} must be a string")
@@ -389,6 +396,32 @@ def _check_hold_counts(total: object, per_token: object) -> None:
 
 
 # ---------------------------------------------------------------- judging a request
+class TokenReader(Protocol):
+    """Another format's tokens, read beside the codec's (the SDK migration window).
+
+    ``label`` names the format in metrics and log records; ``audience`` is what its
+    tokens are bound to, for the log record of a refusal. :meth:`redeem` runs every check
+    and the consumption, and raises :class:`~statecodec.InvalidState` for the first that
+    fails (a store outage is ``store_unavailable``): the boundary logs it and answers.
+    """
+
+    @property
+    def label(self) -> str: ...
+
+    @property
+    def audience(self) -> str | None: ...
+
+    def reads(self, token: str) -> bool:
+        """Whether ``token`` is of this reader's format (the codec reads every other)."""
+        ...
+
+    async def redeem(
+        self, codec: StateCodec, method: str, params: Mapping[str, Any], *, token: str, bind: Binder
+    ) -> tuple[str, Binding]:
+        """The plaintext state and the binding of the answer's state, once all checks passed."""
+        ...
+
+
 class Judged:
     """The verdict on one MRTR request: what to hand on, what was redeemed, what to seal with.
 
@@ -458,6 +491,7 @@ async def judge_request(
     max_hold: float = DEFAULT_MAX_HOLD,
     holds: Holds | None = None,
     wait: Waiter | None = asyncio.sleep,
+    reader: TokenReader | None = None,
 ) -> Judged:
     """Judge an inbound MRTR request; raise :class:`WireError` (-32602) to refuse it.
 
@@ -485,13 +519,21 @@ async def judge_request(
     Then the payload is read as UTF-8 text; only a holder of the keys can mint one that
     is not, and such a token could never be redeemed here anyway. Each refusal logs one
     WARNING line and counts one metric.
+
+    A token ``reader`` reads (:class:`TokenReader`, after the shape checks) is judged by
+    it instead of the codec, and answered the same way: a refusal is -32602, a store
+    outage -32603 asking for the same request again.
     """
     params = _NO_PARAMS if params is None else params
     if params.get(REQUEST_STATE) is None and not state_aliases(params):
         return Judged(method, params, bind)
     binding: Binding | None = None
+    foreign = None
     try:
         token = _token_of(codec, params)
+        if reader is not None and reader.reads(token):
+            foreign = reader
+            return await _judge_foreign(reader, codec, method, params, token=token, bind=bind)
         try:
             binding = _checked(bind())
         except Exception as exc:  # deny on error: an unbindable request is never bound to no one
@@ -512,7 +554,7 @@ async def judge_request(
                 "malformed", "the sealed state is not UTF-8 text", kid=opened.kid, token_id=opened.token_id
             ) from None
     except InvalidState as exc:
-        _log_rejection(codec, method, params, exc, binding)
+        _log_rejection(codec, method, params, exc, binding, reader=foreign)
         raise WireError.refusing(exc.reason) from None
     _telemetry.record_unseal(_MODE_LABEL.get(codec.mode) or codec.mode.value, method, "ok", len(token))
     if logger.isEnabledFor(logging.DEBUG):
@@ -524,6 +566,27 @@ async def judge_request(
             extra=_telemetry.fields("token_redeemed", method=method, **flow_fields(opened)),
         )
     return Judged(method, {**params, REQUEST_STATE: plaintext}, bind, opened, binding)
+
+
+async def _judge_foreign(
+    reader: TokenReader,
+    codec: StateCodec,
+    method: str,
+    params: Mapping[str, Any],
+    *,
+    token: str,
+    bind: Binder,
+) -> Judged:
+    """The verdict on a token of ``reader``'s format; its answer's state starts a new statecodec flow."""
+    state, binding = await reader.redeem(codec, method, params, token=token, bind=bind)
+    _telemetry.record_unseal(reader.label, method, "ok", len(token))
+    logger.debug(
+        "redeemed a %s requestState on %s",
+        reader.label,
+        method,
+        extra=_telemetry.fields("token_redeemed", method=method, format=reader.label),
+    )
+    return Judged(method, {**params, REQUEST_STATE: state}, bind, None, binding)
 
 
 async def _paced_unseal(
@@ -657,7 +720,13 @@ def _checked(binding: object) -> Binding:
 
 
 def _log_rejection(
-    codec: StateCodec, method: str, params: Mapping[str, Any], exc: InvalidState, binding: Binding | None
+    codec: StateCodec,
+    method: str,
+    params: Mapping[str, Any],
+    exc: InvalidState,
+    binding: Binding | None,
+    *,
+    reader: TokenReader | None = None,
 ) -> None:
     """One WARNING record and one metric for a rejected token.
 
@@ -667,10 +736,15 @@ def _log_rejection(
     """
     token = params.get(REQUEST_STATE)
     size = len(token) if isinstance(token, str) else None
-    _telemetry.record_unseal(codec.mode.value, method, exc.reason, size)
+    mode = codec.mode.value if reader is None else reader.label
+    _telemetry.record_unseal(mode, method, exc.reason, size)
     target = _target_of(method, params)
+    audience = binding.audience if reader is None and binding is not None else None
+    if reader is not None:
+        audience = reader.audience
     logger.warning(
-        "rejected requestState on %s %s: reason=%s detail=%r kid=%s token=%s flow=%s round=%s size=%s",
+        "rejected %srequestState on %s %s: reason=%s detail=%r kid=%s token=%s flow=%s round=%s size=%s",
+        "" if reader is None else f"{reader.label} ",
         method,
         "<no target>" if target is None else repr(_telemetry.clip(target)),
         exc.reason,
@@ -681,12 +755,7 @@ def _log_rejection(
         exc.round if exc.round is not None else "-",
         size if size is not None else "-",
         extra=_telemetry.rejection(
-            exc,
-            audience=binding.audience if binding is not None else None,
-            method=method,
-            target=target,
-            mode=codec.mode.value,
-            size=size,
+            exc, audience=audience, method=method, target=target, mode=mode, size=size
         ),
     )
 

@@ -154,13 +154,10 @@ class StateCodecMiddleware:
         # One binding per request, for the inbound check and the outbound seal alike (the
         # next round's token is bound to exactly what this round was), computed only when
         # a state arrives or leaves, never for plain calls.
-        judge = (
-            boundary.judge_request if self.sdk_window is None else partial(self.sdk_window.judge_request, ctx)
-        )
         try:
             # A hold ends early when its client goes away (_hold_wait) or the SDK cancels
             # the request: nothing is consumed and the handler never runs.
-            judged = await judge(
+            judged = await boundary.judge_request(
                 self.codec,
                 method,
                 ctx.params,
@@ -168,6 +165,7 @@ class StateCodecMiddleware:
                 max_hold=self.max_hold,
                 holds=self.holds,
                 wait=partial(_hold_wait, ctx),
+                reader=None if self.sdk_window is None else self.sdk_window.reader(ctx),
             )
         except boundary.WireError as exc:
             raise _mcp_error(exc) from None
