@@ -52,7 +52,7 @@ from typing import Any, Final, NoReturn, Protocol, TypeAlias
 
 from . import _format, _telemetry
 from ._binding import Binding
-from ._codec import Mode, OpenedState, StateCodec
+from ._codec import OpenedState, StateCodec
 from ._errors import FlowBudgetExceeded, InvalidState, StateCodecError
 
 __all__ = [
@@ -222,8 +222,6 @@ class WireError(StateCodecError):
 #: is then never bound to anyone, neither to accept a token nor to seal a new one.
 Binder: TypeAlias = Callable[[], Binding]
 
-#: The metrics label of each mode, without the enum property's lookup on every request.
-_MODE_LABEL: Final[Mapping[Mode, str]] = {mode: mode.value for mode in Mode}
 _NO_PARAMS: Final[Mapping[str, Any]] = MappingProxyType({})
 
 
@@ -473,7 +471,7 @@ class Judged:
         """
         if self.opened is not None and not self._flow_told:
             self._flow_told = True
-            _telemetry.record_flow_rounds(_MODE_LABEL.get(codec.mode) or codec.mode.value, self.opened.round)
+            _telemetry.record_flow_rounds(codec.mode.value, self.opened.round)
 
     def binding(self) -> Binding:
         """The request's binding; raises ``Exception`` from the binder when it cannot be made."""
@@ -543,7 +541,7 @@ async def judge_request(
         opened = await _paced_unseal(codec, token, binding, max_hold, holds=holds, wait=wait)
         if not isinstance(opened, OpenedState):  # too early to hold here: the same state, at once
             _telemetry.record_unseal(
-                _MODE_LABEL.get(codec.mode) or codec.mode.value, method, "too_early", len(token)
+                codec.mode.value, method, "too_early", len(token)
             )
             early = {"resultType": INPUT_REQUIRED, REQUEST_STATE: token}
             return Judged(method, params, bind, None, binding, early=early, hold=opened)
@@ -556,7 +554,7 @@ async def judge_request(
     except InvalidState as exc:
         _log_rejection(codec, method, params, exc, binding, reader=foreign)
         raise WireError.refusing(exc.reason) from None
-    _telemetry.record_unseal(_MODE_LABEL.get(codec.mode) or codec.mode.value, method, "ok", len(token))
+    _telemetry.record_unseal(codec.mode.value, method, "ok", len(token))
     if logger.isEnabledFor(logging.DEBUG):
         logger.debug(
             "redeemed requestState on %s: flow=%s round=%d",
@@ -624,7 +622,7 @@ async def _paced_unseal(
                 return None
             if wait is None:
                 # The verdict, not its traceback: the traceback's frames keep the request's
-                # parse alive for the whole hold (CPython 3.12 measured 3 copies of the body).
+                # parse alive for the whole hold (several copies of the body).
                 return Hold(seconds, exc.with_traceback(None))
             if holds is None:
                 await _hold(wait, exc, seconds)
@@ -904,7 +902,7 @@ def seal_state(codec: StateCodec, judged: Judged, state: object, *, retry_after:
         reason = exc.reason if isinstance(exc, FlowBudgetExceeded) else "seal_failed"
         why = f"{type(exc).__name__}: {exc}"
         _refuse_seal(codec, method, reason, why, binding=binding, parent=judged.opened)
-    _telemetry.record_seal(_MODE_LABEL.get(codec.mode) or codec.mode.value, method, "ok", len(token))
+    _telemetry.record_seal(codec.mode.value, method, "ok", len(token))
     judged._flow_told = True  # the flow goes on
     return token
 
@@ -919,7 +917,7 @@ def _refuse_seal(
     parent: OpenedState | None = None,
 ) -> NoReturn:
     # Fail closed: a result whose state cannot be sealed is never sent as it is.
-    mode = _MODE_LABEL.get(codec.mode) or codec.mode.value
+    mode = codec.mode.value
     _telemetry.record_seal(mode, method, "error", None)
     target = None if binding is None else binding.target
     where = method if target is None else f"{method} {_telemetry.clip(target)!r}"

@@ -149,7 +149,7 @@ _OWS: Final = b" \t"
 
 @dataclass(slots=True)
 class _Sent:
-    """A request's headers, read in one pass (each pass costs ~1,000 instructions a header).
+    """A request's headers, lower-cased and read in one pass, the only one.
 
     ``index``: each header by its lower-case name, the first of repeated ones. ``routing``:
     ``Mcp-Method`` and ``Mcp-Name`` as sent, trimmed; ``repeated``: the first of them that
@@ -582,7 +582,7 @@ class RequestStateMiddleware:
         # The body to forward is written before the token is consumed, with an unguessable
         # placeholder for the plaintext: nothing that can fail runs after the consume. No ':'
         # in it: ":" then hex reads to dumps as a possible float (':' digits 'e'), which would
-        # send a sixth of these bodies the slow way, through json.dumps (issue 30).
+        # send a sixth of these bodies the slow way, through json.dumps.
         marker = f"\x00statecodec {secrets.token_hex(16)}\x00"
         params = {**(request.params or {}), boundary.REQUEST_STATE: marker}
         head, _, tail = dumps({**request.message, "params": params}).partition(dumps(marker))
@@ -644,7 +644,7 @@ async def _client_stays(receive: Receive, seconds: float) -> bool:
 def _log_round(method: str, opened: OpenedState) -> None:
     """The access line of a round that came in with a state: its flow and round, as fields."""
     if not access_logger.isEnabledFor(logging.INFO):
-        return  # its fields are built only for a line that is written (issue 30)
+        return  # its fields are built only for a line that is written
     access_logger.info(
         "round %d of flow %s: %s",
         opened.round,

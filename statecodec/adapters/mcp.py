@@ -253,9 +253,8 @@ def _with_params(ctx: Context, params: Mapping[str, Any]) -> Context:
     """A copy of ``ctx`` with other ``params``; the original is never mutated, so the
     middleware further out (OpenTelemetry, the user's) keeps the wire form.
 
-    ``dataclasses.replace``, the public way: copying the instance dictionary instead saved
-    0.5% of an SDK round's instructions, below the 1% a private seam must earn
-    (docs/performance.md).
+    ``dataclasses.replace``, the public way: copying the instance dictionary instead saves
+    less than the 1% a private seam must earn (docs/performance.md).
     """
     return replace(ctx, params=params)
 
