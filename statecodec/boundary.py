@@ -48,7 +48,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from functools import lru_cache
 from types import MappingProxyType
-from typing import Any, Final, NoReturn, Protocol, TypeAlias
+from typing import Any, Final, NoReturn, Protocol, TypeAlias, TypeVar
 
 from . import _format, _telemetry
 from ._binding import Binding
@@ -76,6 +76,7 @@ __all__ = [
     "WIRE_ERROR_MESSAGE",
     "Binder",
     "BoundaryOptions",
+    "ClientStays",
     "Hold",
     "Holds",
     "Judged",
@@ -86,7 +87,9 @@ __all__ = [
     "carries_state",
     "check_asks_something",
     "check_pacing",
+    "client_stays",
     "flow_fields",
+    "hold_early",
     "is_state_only",
     "digested_arguments",
     "is_mrtr",
@@ -95,6 +98,7 @@ __all__ = [
     "request_target",
     "seal_result",
     "seal_state",
+    "sleeping",
     "state_aliases",
     "target_field",
 ]
@@ -507,12 +511,13 @@ async def judge_request(
     A token that is ``too_early`` (a paced round retried before its time) is no refusal:
     the request is held until then when that is at most ``max_hold`` seconds away and
     ``holds`` has room (asynchronously, holding no thread: ``await wait(seconds)``) and
-    judged again; otherwise the verdict carries :attr:`Judged.early`, the same state to
-    answer at once, and nothing was consumed. A hold whose ``wait`` raises (or is
-    cancelled: its client went away) is abandoned: logged, counted, the exception
-    re-raised, the token neither consumed nor the handler run. ``wait=None``: the caller
-    holds the retry itself (to keep less of the request while it waits): the verdict is
-    early with :attr:`Judged.hold` set.
+    judged again from the start (:func:`hold_early`); otherwise the verdict carries
+    :attr:`Judged.early`, the same state to answer at once, and nothing was consumed. A
+    hold whose ``wait`` raises (or is cancelled: its client went away) is abandoned:
+    logged, counted, the exception re-raised, the token neither consumed nor the handler
+    run. ``wait=None``: the caller holds the retry itself (to keep less of the request
+    while it waits, with :func:`hold_early`): the verdict is early with :attr:`Judged.hold`
+    set.
 
     Then the payload is read as UTF-8 text; only a holder of the keys can mint one that
     is not, and such a token could never be redeemed here anyway. Each refusal logs one
@@ -522,6 +527,27 @@ async def judge_request(
     it instead of the codec, and answered the same way: a refusal is -32602, a store
     outage -32603 asking for the same request again.
     """
+    if wait is None:
+        return await _judge_once(codec, method, params, bind, max_hold=max_hold, reader=reader)
+
+    async def judge(left: float) -> tuple[Judged, None]:
+        return await _judge_once(codec, method, params, bind, max_hold=left, reader=reader), None
+
+    verdict = await hold_early(judge, max_hold=max_hold, holds=holds, stays=_staying(wait))
+    assert verdict is not None  # a Waiter raises when its client leaves: it never says so
+    return verdict[0]
+
+
+async def _judge_once(
+    codec: StateCodec,
+    method: str,
+    params: Mapping[str, Any] | None,
+    bind: Binder,
+    *,
+    max_hold: float,
+    reader: TokenReader | None,
+) -> Judged:
+    """:func:`judge_request` without holding: an early retry's verdict says how long to hold it."""
     params = _NO_PARAMS if params is None else params
     if params.get(REQUEST_STATE) is None and not state_aliases(params):
         return Judged(method, params, bind)
@@ -538,11 +564,9 @@ async def judge_request(
             raise InvalidState(
                 "malformed", f"the request cannot be bound: {type(exc).__name__}: {str(exc)[:200]}"
             ) from None
-        opened = await _paced_unseal(codec, token, binding, max_hold, holds=holds, wait=wait)
-        if not isinstance(opened, OpenedState):  # too early to hold here: the same state, at once
-            _telemetry.record_unseal(
-                codec.mode.value, method, "too_early", len(token)
-            )
+        opened = await _paced_unseal(codec, token, binding, max_hold)
+        if not isinstance(opened, OpenedState):  # too early: held by the caller or answered at once
+            _telemetry.record_unseal(codec.mode.value, method, "too_early", len(token))
             early = {"resultType": INPUT_REQUIRED, REQUEST_STATE: token}
             return Judged(method, params, bind, None, binding, early=early, hold=opened)
         try:
@@ -588,57 +612,79 @@ async def _judge_foreign(
 
 
 async def _paced_unseal(
-    codec: StateCodec,
-    token: str,
-    binding: Binding,
-    max_hold: float,
-    *,
-    holds: Holds | None,
-    wait: Waiter | None,
+    codec: StateCodec, token: str, binding: Binding, max_hold: float
 ) -> OpenedState | Hold | None:
-    """``codec.aunseal``, holding a ``too_early`` token until its time if that is within ``max_hold``.
+    """``codec.aunseal``; for a ``too_early`` token, how long to hold it if that is within ``max_hold``.
 
-    ``None``: the token is too early to hold (it was not consumed); a :class:`Hold`: the
-    caller holds it itself (``wait=None``). A held request is judged again from the
-    start after the wait, so a token redeemed meanwhile by another request is
-    ``replayed`` as usual.
+    ``None``: the token is too early to hold (it was not consumed).
+    """
+    try:
+        return await codec.aunseal(token, binding)
+    except InvalidState as exc:
+        if exc.reason != "too_early" or exc.retry_at is None:
+            raise
+        seconds = _wait_until(codec, exc)
+        if seconds > max_hold:
+            logger.info(
+                "early retry of flow %s round %s answered with the same state (%.3fs early)",
+                (exc.flow_id or "-")[:8],
+                exc.round,
+                seconds,
+                extra=_early_fields("early_retry_answered", exc, seconds),
+            )
+            return None
+        # The verdict, not its traceback: the traceback's frames keep the request's parse
+        # alive for the whole hold (several copies of the body).
+        return Hold(seconds, exc.with_traceback(None))
+
+
+#: ``stays(seconds)``: wait that long while the client is there; False as soon as it left.
+#: An adapter's I/O for a hold (:func:`client_stays` for an ASGI ``receive``).
+ClientStays: TypeAlias = Callable[[float], Awaitable[bool]]
+_Verdict = TypeVar("_Verdict", bound=tuple[Any, ...])
+
+
+async def hold_early(
+    judge: Callable[[float], Awaitable[_Verdict]],
+    *,
+    max_hold: float,
+    holds: Holds | None,
+    stays: ClientStays,
+) -> _Verdict | None:
+    """Judge a request, holding an early retry until its time: the one hold loop of every adapter.
+
+    ``judge(max_hold_left)`` judges the request from the start (re-reading it: an adapter
+    keeps only its raw form during a hold) without holding, and returns a tuple whose
+    first item is the :class:`Judged` verdict. An early verdict with a :attr:`Judged.hold`
+    takes a place in ``holds`` (none left: answered at once, unconsumed), waits
+    ``stays(seconds)`` and is judged again, at most :data:`HOLDS_MAX` times, within
+    ``max_hold`` seconds in all. ``None``: the client left during a hold (logged and
+    counted; nothing consumed, nothing run). A ``stays`` that raises (or is cancelled)
+    abandons the hold the same way and the exception goes on.
     """
     held = 0.0
-    for _ in range(HOLDS_MAX + 1):
+    for attempt in range(HOLDS_MAX + 1):
+        verdict = await judge(max_hold - held)
+        hold = verdict[0].hold
+        if hold is None or attempt == HOLDS_MAX:
+            return verdict  # judged, or early and answered at once
+        if holds is not None and not holds.enter(hold.token_id):
+            hold_refused(holds, hold.early, hold.seconds)
+            return verdict
+        del verdict  # nothing of the request but its raw form is kept during the hold
         try:
-            return await codec.aunseal(token, binding)
-        except InvalidState as exc:
-            if exc.reason != "too_early" or exc.retry_at is None:
-                raise
-            seconds = _wait_until(codec, exc)
-            if held + seconds > max_hold:
-                logger.info(
-                    "early retry of flow %s round %s answered with the same state (%.3fs early)",
-                    (exc.flow_id or "-")[:8],
-                    exc.round,
-                    seconds,
-                    extra=_early_fields("early_retry_answered", exc, seconds),
-                )
-                return None
-            if wait is None:
-                # The verdict, not its traceback: the traceback's frames keep the request's
-                # parse alive for the whole hold (several copies of the body).
-                return Hold(seconds, exc.with_traceback(None))
-            if holds is None:
-                await _hold(wait, exc, seconds)
-            elif not holds.enter(exc.token_id or "-"):
-                hold_refused(holds, exc, seconds)
-                return None
-            else:
-                try:
-                    await _hold(wait, exc, seconds)
-                finally:
-                    holds.leave(exc.token_id or "-")
-            held += seconds
-    return None
+            present = await _hold(stays, hold)
+        finally:
+            if holds is not None:
+                holds.leave(hold.token_id)
+        if not present:
+            return None
+        held += hold.seconds
+    raise AssertionError("unreachable: the last attempt returns")  # pragma: no cover
 
 
-async def _hold(wait: Waiter, early: InvalidState, seconds: float) -> None:
+async def _hold(stays: ClientStays, hold: Hold) -> bool:
+    early, seconds = hold.early, hold.seconds
     logger.debug(
         "holding an early retry of flow %s round %s for %.3fs",
         (early.flow_id or "-")[:8],
@@ -647,10 +693,55 @@ async def _hold(wait: Waiter, early: InvalidState, seconds: float) -> None:
         extra=_early_fields("early_retry_held", early, seconds),
     )
     try:
-        await wait(seconds)
+        present = await stays(seconds)
     except BaseException:
         hold_abandoned(early, seconds)
         raise
+    if not present:
+        hold_abandoned(early, seconds)
+    return present
+
+
+def _staying(wait: Waiter) -> ClientStays:
+    """A :data:`Waiter` (raises when its client leaves) as a :data:`ClientStays`."""
+
+    async def stays(seconds: float) -> bool:
+        await wait(seconds)
+        return True
+
+    return stays
+
+
+async def sleeping(seconds: float) -> bool:
+    """The :data:`ClientStays` of a transport that cannot tell a client left: wait, and say it stayed."""
+    await asyncio.sleep(seconds)
+    return True
+
+
+async def client_stays(receive: Callable[[], Awaitable[Mapping[str, Any]]], seconds: float) -> bool:
+    """Wait ``seconds`` watching an ASGI ``receive`` whose request body is read: False once the client left.
+
+    The next message of such a channel is ``http.disconnect`` when the client closes its
+    connection; a channel that breaks means the same. Any other message is unexpected
+    once the body is read: the rest of the wait goes unwatched.
+    """
+    loop = asyncio.get_running_loop()
+    until = loop.time() + seconds
+    listener = asyncio.ensure_future(receive())
+    try:
+        done, _ = await asyncio.wait((listener,), timeout=seconds)
+    finally:
+        if not listener.done():
+            listener.cancel()
+    if not done:
+        return True
+    try:
+        if listener.result().get("type") == "http.disconnect":
+            return False
+    except Exception:  # a receive channel that broke: the client is as good as gone
+        return False
+    await asyncio.sleep(max(until - loop.time(), 0.0))
+    return True
 
 
 def hold_refused(holds: Holds, early: InvalidState, seconds: float) -> None:

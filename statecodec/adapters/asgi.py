@@ -31,7 +31,6 @@ See docs/proxy.md for the full list of what is and is not bound.
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import binascii
 import inspect
@@ -40,6 +39,7 @@ import re
 import secrets
 from collections.abc import Awaitable, Callable, Collection, Mapping, MutableMapping
 from dataclasses import dataclass
+from functools import partial
 from typing import Any, Final, TypeAlias
 from urllib.parse import quote, unquote_to_bytes
 
@@ -401,12 +401,10 @@ class RequestStateMiddleware:
                         judged, body = await self._judge(scope, headers, request, body, self.max_hold)
                     else:
                         handed, request = [request], None  # this frame keeps no parse during a hold
-                        judged, forwarded = await self._judge_holding(
-                            scope, sent, handed, body, receive=receive
-                        )
-                        if forwarded is None:
+                        verdict = await self._judge_holding(scope, sent, handed, body, receive=receive)
+                        if verdict is None:
                             return  # the client went away during the hold: nothing consumed, nothing run
-                        body = forwarded
+                        judged, body = verdict
         except WireError as refusal:
             if refusal.code != boundary.WIRE_ERROR_CODE:  # a token's refusal is logged where judged
                 logger.warning(
@@ -531,40 +529,23 @@ class RequestStateMiddleware:
         body: bytes,
         *,
         receive: Receive,
-    ) -> tuple[Judged, bytes | None]:
-        """:meth:`_judge`, holding an early retry here: only the raw body is kept meanwhile.
+    ) -> tuple[Judged, bytes] | None:
+        """:meth:`_judge` through the boundary's hold loop; only the raw body is kept during a hold.
 
-        ``handed`` holds the parsed request, emptied here so that no frame keeps it: the
-        parse, the body to forward and the verdict are dropped for the hold and made again
-        from the raw body after it (judged from the start, as every held retry is). ``None``
-        for the body: the client went away during the hold.
+        ``handed`` holds the parsed request, emptied by the first judgement so that no frame
+        keeps it: after a hold the request is parsed again from the raw body and judged
+        from the start. ``None``: the client went away during the hold.
         """
-        request: _Request | None = handed.pop()
-        held = 0.0
-        attempt = 0
-        while True:
-            if request is None:
-                request = self._parse(sent, body)
-                if request is None:  # pragma: no cover - the same body parses the same way
-                    raise _refusal(400, INVALID_REQUEST_CODE, "the request changed during its hold")
-            judged, forwarded = await self._judge(scope, sent.headers, request, body, self.max_hold - held)
-            hold = judged.hold
-            if hold is None or attempt == boundary.HOLDS_MAX:
-                return judged, forwarded  # early (and not held again): answered at once
-            if not self.holds.enter(hold.token_id):
-                boundary.hold_refused(self.holds, hold.early, hold.seconds)
-                return judged, forwarded  # answered at once with the same state
-            del judged, forwarded
-            request = None
-            try:
-                present = await _client_stays(receive, hold.seconds)
-            finally:
-                self.holds.leave(hold.token_id)
-            if not present:
-                boundary.hold_abandoned(hold.early, hold.seconds)
-                return Judged("-", {}, _no_binding), None
-            held += hold.seconds
-            attempt += 1
+
+        async def judge(max_hold: float) -> tuple[Judged, bytes]:
+            request = handed.pop() if handed else self._parse(sent, body)
+            if request is None:  # pragma: no cover - the same body parses the same way
+                raise _refusal(400, INVALID_REQUEST_CODE, "the request changed during its hold")
+            return await self._judge(scope, sent.headers, request, body, max_hold)
+
+        return await boundary.hold_early(
+            judge, max_hold=self.max_hold, holds=self.holds, stays=partial(boundary.client_stays, receive)
+        )
 
     async def _judge(
         self,
@@ -619,26 +600,6 @@ class RequestStateMiddleware:
         if principal is not None and not isinstance(principal, str):
             raise TypeError(f"the principal callable returned {type(principal).__name__}, not str or None")
         return principal
-
-
-def _no_binding() -> Binding:
-    raise RuntimeError("nothing to bind: the request was abandoned")
-
-
-async def _client_stays(receive: Receive, seconds: float) -> bool:
-    """Wait ``seconds``; False as soon as the client disconnects (its body is already read)."""
-    listener = asyncio.ensure_future(receive())
-    try:
-        done, _ = await asyncio.wait((listener,), timeout=seconds)
-    finally:
-        if not listener.done():
-            listener.cancel()
-    if not done:
-        return True
-    try:
-        return bool(listener.result()["type"] != "http.disconnect")
-    except Exception:  # a receive channel that broke: the client is as good as gone
-        return False
 
 
 def _log_round(method: str, opened: OpenedState) -> None:

@@ -25,12 +25,11 @@ from __future__ import annotations
 import functools
 import importlib.metadata
 import logging
-from collections.abc import Callable, Mapping, MutableSequence
+from collections.abc import Awaitable, Callable, Mapping, MutableSequence
 from dataclasses import fields, is_dataclass, replace
 from functools import partial
 from typing import Any, Final, TypeAlias, TypedDict, Unpack, cast
 
-import anyio
 from mcp.server.auth.middleware.auth_context import get_access_token
 from mcp.server.auth.provider import principal_components
 from mcp.server.context import CallNext, HandlerResult, ServerRequestContext
@@ -154,23 +153,29 @@ class StateCodecMiddleware:
         # One binding per request, for the inbound check and the outbound seal alike (the
         # next round's token is bound to exactly what this round was), computed only when
         # a state arrives or leaves, never for plain calls.
+        judge = partial(
+            boundary.judge_request,
+            self.codec,
+            method,
+            ctx.params,
+            partial(self._binding, ctx),
+            wait=None,
+            reader=None if self.sdk_window is None else self.sdk_window.reader(ctx),
+        )
         try:
-            # A hold ends early when its client goes away (_hold_wait) or the SDK cancels
+            # A hold ends early when its client goes away (_client_stays) or the SDK cancels
             # the request: nothing is consumed and the handler never runs.
-            judged = await boundary.judge_request(
-                self.codec,
-                method,
-                ctx.params,
-                partial(self._binding, ctx),
+            verdict = await boundary.hold_early(
+                lambda left: _paired(judge(max_hold=left)),
                 max_hold=self.max_hold,
                 holds=self.holds,
-                wait=partial(_hold_wait, ctx),
-                reader=None if self.sdk_window is None else self.sdk_window.reader(ctx),
+                stays=_client_stays(ctx),
             )
         except boundary.WireError as exc:
             raise _mcp_error(exc) from None
-        except _ClientGoneError:  # written to a closed connection: nobody reads it
-            raise MCPError(code=REQUEST_CANCELLED, message="Request cancelled") from None
+        if verdict is None:  # the client left during the hold: an answer on a closed connection
+            raise MCPError(code=REQUEST_CANCELLED, message="Request cancelled")
+        judged = verdict[0]
         if judged.early is not None:  # a paced round retried too early: the same state, no handler
             return dict(judged.early)
         if judged.opened is not None or (ctx.params is not None and judged.params is not ctx.params):
@@ -221,32 +226,27 @@ class StateCodecMiddleware:
         return result.model_copy(update={"request_state": token})
 
 
-class _ClientGoneError(Exception):
-    """The HTTP client of a held early retry closed its connection (see :func:`_hold_wait`)."""
+async def _paired(judged: Awaitable[boundary.Judged]) -> tuple[boundary.Judged]:
+    return (await judged,)
 
 
-async def _hold_wait(ctx: Context, seconds: float) -> None:
-    """Hold ``ctx``'s early retry ``seconds``; :class:`_ClientGoneError` if its HTTP client leaves first.
+def _client_stays(ctx: Context) -> boundary.ClientStays:
+    """How ``ctx``'s early retry waits: watching its HTTP client, which may leave meanwhile.
 
     The SDK ends a request whose client leaves only on some transports: it cancels one
     answered by SSE, but one answered with JSON (``json_response=True``) runs on in the
     HTTP task with nobody watching, so at the pacing time the hold would consume the
     token and run the handler for no one, and the client's on-time retry would be refused
-    as replayed. So the hold watches the request itself: its body is read, and the next
-    ASGI message is ``http.disconnect`` when the client leaves. Not watched: a request
+    as replayed. So the hold watches the request itself (its body is read, and the next
+    ASGI message is ``http.disconnect`` when the client leaves). Not watched: a request
     without HTTP (stdio; the SDK's cancellation still ends the hold), and a resumable SSE
     stream (``ctx.close_sse_stream`` is set: the 2025-era wire with an event store),
     whose client may reconnect for the answer, so its leaving is no cancellation.
     """
     receive = getattr(ctx.request, "receive", None)
     if not callable(receive) or ctx.close_sse_stream is not None:
-        await anyio.sleep(seconds)
-        return
-    with anyio.move_on_after(seconds):
-        if (await receive()).get("type") == "http.disconnect":
-            raise _ClientGoneError
-        # Anything else is unexpected once the body is read: wait out the hold, unwatched.
-        await anyio.sleep_forever()
+        return boundary.sleeping
+    return partial(boundary.client_stays, receive)
 
 
 def _with_params(ctx: Context, params: Mapping[str, Any]) -> Context:
