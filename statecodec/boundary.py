@@ -75,6 +75,7 @@ __all__ = [
     "WIRE_ERROR_DATA",
     "WIRE_ERROR_MESSAGE",
     "Binder",
+    "Boundary",
     "BoundaryOptions",
     "ClientStays",
     "Hold",
@@ -469,13 +470,18 @@ class Judged:
     def end_flow(self, codec: StateCodec) -> None:
         """Count the flow as ended by this round's answer, unless a new state continued it.
 
-        Called for an answer without a state (:func:`seal_result` does), and by adapters that
-        do not show every answer to :func:`seal_result` once the exchange is over. Counted
-        once: a round that came in with a state ends its flow or continues it, not both.
+        Called for an answer without a state (:func:`seal_result` does), and once the round
+        is over (:meth:`Boundary.run`), for adapters that do not show every answer to
+        :func:`seal_result`. Counted once: a round that came in with a state ends its flow
+        or continues it, not both.
         """
         if self.opened is not None and not self._flow_told:
             self._flow_told = True
             _telemetry.record_flow_rounds(codec.mode.value, self.opened.round)
+
+    def continue_flow(self) -> None:
+        """This round's answer carries the next state of its flow (:func:`seal_state`): it does not end."""
+        self._flow_told = True
 
     def binding(self) -> Binding:
         """The request's binding; raises ``Exception`` from the binder when it cannot be made."""
@@ -894,6 +900,57 @@ class BoundaryOptions:
         """A fresh :class:`Holds` with these bounds (one per adapter instance)."""
         return Holds(self.max_holds, self.max_holds_per_token)
 
+    @classmethod
+    def of(cls, codec: StateCodec | BoundaryOptions, settings: Mapping[str, Any]) -> BoundaryOptions:
+        """An adapter's options: ``codec`` itself when it is a :class:`BoundaryOptions` (held as it is,
+        validated already), else options built from ``codec`` and the keyword ``settings``.
+
+        Settings beside a :class:`BoundaryOptions` are a ``TypeError`` (they would be ignored),
+        as is a codec without ``audience`` (every adapter must be told which service it is).
+        """
+        if isinstance(codec, BoundaryOptions):
+            if settings:
+                raise TypeError(f"{', '.join(settings)} given beside a BoundaryOptions: set them in it")
+            return codec
+        if "audience" not in settings:
+            raise TypeError("audience= is required: the service the tokens are for (None binds none)")
+        return cls(codec, **settings)
+
+
+_Result = TypeVar("_Result")
+
+
+class Boundary:
+    """One adapter's boundary: its options, its holds, and each round from the verdict to the flow's end.
+
+    The adapter supplies I/O only: how to judge its request again after a hold (it keeps
+    what it chooses of the request meanwhile), how to wait while its client is there
+    (:data:`ClientStays`), how to run the handler and write the answer.
+    """
+
+    __slots__ = ("holds", "options")
+
+    def __init__(self, options: BoundaryOptions) -> None:
+        self.options = options
+        self.holds = options.holds()
+
+    async def judge(
+        self, judge: Callable[[float], Awaitable[_Verdict]], stays: ClientStays
+    ) -> _Verdict | None:
+        """``judge`` through :func:`hold_early` with these options and holds; ``None``: the client left."""
+        return await hold_early(judge, max_hold=self.options.max_hold, holds=self.holds, stays=stays)
+
+    def seal(self, judged: Judged | None, result: Mapping[str, Any]) -> Mapping[str, Any]:
+        """:func:`seal_result` with these options (the codec, ``retry_after``)."""
+        return seal_result(self.options.codec, judged, result, retry_after=self.options.retry_after)
+
+    async def run(self, judged: Judged, run: Callable[[], Awaitable[_Result]]) -> _Result:
+        """Run the round (the handler, the answer sealed by :meth:`seal`); then its flow ends,
+        unless the answer carried the next state. Not when ``run`` raises: nothing was answered."""
+        result = await run()
+        judged.end_flow(self.options.codec)
+        return result
+
 
 def check_pacing(codec: StateCodec, retry_after: float | None, max_hold: float) -> None:
     """Refuse pacing settings that cannot work (``ValueError``): :class:`BoundaryOptions`' check."""
@@ -994,7 +1051,7 @@ def seal_state(codec: StateCodec, judged: Judged, state: object, *, retry_after:
         why = f"{type(exc).__name__}: {exc}"
         _refuse_seal(codec, method, reason, why, binding=binding, parent=judged.opened)
     _telemetry.record_seal(codec.mode.value, method, "ok", len(token))
-    judged._flow_told = True  # the flow goes on
+    judged.continue_flow()
     return token
 
 

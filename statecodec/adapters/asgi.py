@@ -40,7 +40,7 @@ import secrets
 from collections.abc import Awaitable, Callable, Collection, Mapping, MutableMapping
 from dataclasses import dataclass
 from functools import partial
-from typing import Any, Final, TypeAlias
+from typing import Any, Final, TypeAlias, TypedDict, Unpack, cast
 from urllib.parse import quote, unquote_to_bytes
 
 from .. import _telemetry, boundary
@@ -60,6 +60,7 @@ __all__ = [
     "RequestStateMiddleware",
     "Scope",
     "Send",
+    "Settings",
     "dumps",
     "loads_strict",
     "request_path",
@@ -79,6 +80,21 @@ ASGIApp: TypeAlias = Callable[[Scope, Receive, Send], Awaitable[None]]
 #: presented credentials that cannot be verified: the request is then never bound to
 #: anyone (a token is refused, a new state is not sealed).
 PrincipalFn: TypeAlias = Callable[[Scope, Mapping[str, str]], "str | Awaitable[str | None] | None"]
+
+
+class Settings(TypedDict, total=False):
+    """The middleware's :class:`~statecodec.boundary.BoundaryOptions` keywords, given with a codec.
+
+    ``audience`` is required; each is documented at :class:`RequestStateMiddleware`.
+    """
+
+    audience: str | None
+    principal: PrincipalFn | None
+    retry_after: float | None
+    max_hold: float
+    max_holds: int
+    max_holds_per_token: int
+
 
 #: The TypeScript SDK's default limit on a POST body.
 DEFAULT_MAX_BODY_BYTES: Final = 4 * 1024 * 1024
@@ -312,22 +328,27 @@ class RequestStateMiddleware:
     def __init__(
         self,
         app: ASGIApp,
-        codec: StateCodec,
+        codec: StateCodec | boundary.BoundaryOptions,
         *,
-        audience: str | None,
-        principal: PrincipalFn | None = None,
         max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
         max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES,
         passthrough_paths: Collection[str] = (),
-        retry_after: float | None = None,
-        max_hold: float = boundary.DEFAULT_MAX_HOLD,
-        max_holds: int = boundary.DEFAULT_MAX_HOLDS,
-        max_holds_per_token: int = boundary.DEFAULT_MAX_HOLDS_PER_TOKEN,
+        **settings: Unpack[Settings],
     ) -> None:
-        options = boundary.BoundaryOptions(
-            codec, audience, principal, None, retry_after, max_hold, max_holds, max_holds_per_token
-        )
-        self._adopt(app, options, max_body_bytes, max_response_bytes, passthrough_paths)
+        if max_body_bytes < 1 or max_response_bytes < 1:
+            raise ValueError("max_body_bytes and max_response_bytes must be positive")
+        for path in passthrough_paths:
+            if not path.startswith("/") or not path.isascii() or "?" in path:
+                raise ValueError(
+                    f"passthrough path {path[:80]!r} must be a path as clients send it: "
+                    "starting with '/', ASCII (percent-encoded), without a query"
+                )
+        self.app = app
+        self.boundary = boundary.Boundary(boundary.BoundaryOptions.of(codec, settings))
+        self.max_body_bytes = max_body_bytes
+        self.max_response_bytes = max_response_bytes
+        self.passthrough_paths = frozenset(passthrough_paths)
+        self._passthrough_raw = frozenset(path.encode("utf-8") for path in self.passthrough_paths)
 
     @classmethod
     def from_options(
@@ -339,41 +360,42 @@ class RequestStateMiddleware:
         max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES,
         passthrough_paths: Collection[str] = (),
     ) -> RequestStateMiddleware:
-        """The middleware for ``options`` (a :class:`~statecodec.boundary.BoundaryOptions`, valid
-        already), as the proxy builds it: the options object is kept as it is, not rebuilt."""
-        middleware = cls.__new__(cls)
-        middleware._adopt(app, options, max_body_bytes, max_response_bytes, passthrough_paths)
-        return middleware
+        """The middleware for ``options``: the same as ``RequestStateMiddleware(app, options, ...)``."""
+        return cls(
+            app,
+            options,
+            max_body_bytes=max_body_bytes,
+            max_response_bytes=max_response_bytes,
+            passthrough_paths=passthrough_paths,
+        )
 
-    def _adopt(
-        self,
-        app: ASGIApp,
-        options: boundary.BoundaryOptions,
-        max_body_bytes: int,
-        max_response_bytes: int,
-        passthrough_paths: Collection[str],
-    ) -> None:
-        if max_body_bytes < 1 or max_response_bytes < 1:
-            raise ValueError("max_body_bytes and max_response_bytes must be positive")
-        for path in passthrough_paths:
-            if not path.startswith("/") or not path.isascii() or "?" in path:
-                raise ValueError(
-                    f"passthrough path {path[:80]!r} must be a path as clients send it: "
-                    "starting with '/', ASCII (percent-encoded), without a query"
-                )
-        self.app = app
-        # The settings are copied out of the options: one attribute read per request.
-        self.options = options
-        self.holds = options.holds()
-        self.codec: StateCodec = options.codec
-        self.audience: str | None = options.audience
-        self.principal: PrincipalFn | None = options.principal
-        self.max_body_bytes = max_body_bytes
-        self.max_response_bytes = max_response_bytes
-        self.passthrough_paths = frozenset(passthrough_paths)
-        self.retry_after: float | None = options.retry_after
-        self.max_hold: float = options.max_hold
-        self._passthrough_raw = frozenset(path.encode("utf-8") for path in self.passthrough_paths)
+    @property
+    def options(self) -> boundary.BoundaryOptions:
+        return self.boundary.options
+
+    @property
+    def holds(self) -> boundary.Holds:
+        return self.boundary.holds
+
+    @property
+    def codec(self) -> StateCodec:
+        return self.boundary.options.codec
+
+    @property
+    def audience(self) -> str | None:
+        return cast("str | None", self.boundary.options.audience)
+
+    @property
+    def principal(self) -> PrincipalFn | None:
+        return cast("PrincipalFn | None", self.boundary.options.principal)
+
+    @property
+    def retry_after(self) -> float | None:
+        return self.boundary.options.retry_after
+
+    @property
+    def max_hold(self) -> float:
+        return self.boundary.options.max_hold
 
     def __repr__(self) -> str:
         return f"RequestStateMiddleware(codec={self.codec!r}, audience={self.audience!r})"
@@ -398,7 +420,9 @@ class RequestStateMiddleware:
                 if request is not None:
                     request_id = request.message["id"]
                     if not request.stated:  # nothing to hold: the plain call of every flow's first round
-                        judged, body = await self._judge(scope, headers, request, body, self.max_hold)
+                        judged, body = await self._judge(
+                            scope, headers, request, body, self.boundary.options.max_hold
+                        )
                     else:
                         handed, request = [request], None  # this frame keeps no parse during a hold
                         verdict = await self._judge_holding(scope, sent, handed, body, receive=receive)
@@ -420,10 +444,14 @@ class RequestStateMiddleware:
             return
         if judged is not None and judged.opened is not None:
             _log_round(judged.method, judged.opened)
-        outbound = _Outbound(self, send, judged, request_id)
-        await self.app(_forwarded(scope, headers, sent.index, body), _replay(body, receive), outbound.send)
-        if judged is not None:  # an answer without a state is relayed unparsed: count its flow's end here
-            judged.end_flow(self.codec)
+        outbound = _Outbound(self.boundary, self.max_response_bytes, send, judged, request_id)
+        run = partial(
+            self.app, _forwarded(scope, headers, sent.index, body), _replay(body, receive), outbound.send
+        )
+        if judged is None:
+            await run()
+        else:  # the boundary ends the flow with the round: an answer without a state is relayed unparsed
+            await self.boundary.run(judged, run)
 
     def _passthrough(self, raw_path: bytes) -> bool:
         """Whether ``raw_path`` is a passthrough path; refuses a path with two readings.
@@ -543,9 +571,7 @@ class RequestStateMiddleware:
                 raise _refusal(400, INVALID_REQUEST_CODE, "the request changed during its hold")
             return await self._judge(scope, sent.headers, request, body, max_hold)
 
-        return await boundary.hold_early(
-            judge, max_hold=self.max_hold, holds=self.holds, stays=partial(boundary.client_stays, receive)
-        )
+        return await self.boundary.judge(judge, partial(boundary.client_stays, receive))
 
     async def _judge(
         self,
@@ -673,11 +699,10 @@ class _Outbound:
     _parser: _sse.Parser  # made by _start_stream, the only way into the "sse" mode
 
     def __init__(
-        self, middleware: RequestStateMiddleware, send: Send, judged: Judged | None, request_id: Any
+        self, owner: boundary.Boundary, limit: int, send: Send, judged: Judged | None, request_id: Any
     ) -> None:
-        self.codec = middleware.codec
-        self.retry_after = middleware.retry_after
-        self.limit = middleware.max_response_bytes
+        self.boundary = owner
+        self.limit = limit
         self.judged = judged
         self.request_key = _id_key(request_id)
         self._send = send
@@ -861,9 +886,7 @@ class _Outbound:
             # in it is refused like one answering no request of this exchange.
             mine = key == "result" and _id_key(message.get("id")) == self.request_key
             try:
-                new = boundary.seal_result(
-                    self.codec, self.judged if mine else None, result, retry_after=self.retry_after
-                )
+                new = self.boundary.seal(self.judged if mine else None, result)
             except WireError as exc:
                 return _error(message.get("id"), exc.error()), True
             if new is not result:

@@ -50,6 +50,7 @@ from .sdk_window import SDKStateWindow
 __all__ = [
     "AudienceFn",
     "BindingFn",
+    "MiddlewareSettings",
     "PrincipalFn",
     "SDKRequestStateCodec",
     "Settings",
@@ -100,46 +101,73 @@ def authenticated_principal(ctx: Context) -> str | None:
     return boundary.principal_string(*principal_components(token))
 
 
+class MiddlewareSettings(Settings, total=False):
+    """:class:`Settings` and the ``audience``, which the middleware's constructor requires."""
+
+    audience: str | AudienceFn | None
+
+
 class StateCodecMiddleware:
     """SDK server middleware sealing and unsealing ``requestState`` with a StateCodec.
 
     Build it with :func:`protect`; the constructor is public for servers assembled by
     hand (``MCPServer(middleware=[...])`` would put it *inside* the SDK boundary, which
-    is wrong: use :func:`install` or :func:`protect`). It takes :func:`protect`'s keywords
-    (:class:`Settings`, ``sdk_window``), but ``audience`` is required.
+    is wrong: use :func:`install` or :func:`protect`). It takes a codec and
+    :func:`protect`'s keywords (:class:`Settings`, ``sdk_window``), but ``audience`` is
+    required; or a :class:`~statecodec.boundary.BoundaryOptions` built already (then
+    only ``sdk_window``), which is held as it is.
     """
 
     def __init__(
         self,
-        codec: StateCodec,
+        codec: StateCodec | boundary.BoundaryOptions,
         *,
-        audience: str | AudienceFn | None,
         sdk_window: SDKStateWindow | None = None,
-        **settings: Unpack[Settings],
+        **settings: Unpack[MiddlewareSettings],
     ) -> None:
-        settings.setdefault("principal", authenticated_principal)
-        self._adopt(boundary.BoundaryOptions(codec, audience, **settings), sdk_window)
+        if not isinstance(codec, boundary.BoundaryOptions):
+            settings.setdefault("principal", authenticated_principal)
+        self.boundary = boundary.Boundary(boundary.BoundaryOptions.of(codec, settings))
+        self.sdk_window = sdk_window
 
     @classmethod
     def from_options(
         cls, options: boundary.BoundaryOptions, *, sdk_window: SDKStateWindow | None = None
     ) -> StateCodecMiddleware:
-        """The middleware for ``options`` (a :class:`~statecodec.boundary.BoundaryOptions`, valid already)."""
-        middleware = cls.__new__(cls)
-        middleware._adopt(options, sdk_window)
-        return middleware
+        """The middleware for ``options``: the same as ``StateCodecMiddleware(options, sdk_window=...)``."""
+        return cls(options, sdk_window=sdk_window)
 
-    def _adopt(self, options: boundary.BoundaryOptions, sdk_window: SDKStateWindow | None) -> None:
-        # The settings are copied out of the options: one attribute read per request.
-        self.options = options
-        self.holds = options.holds()
-        self.codec: StateCodec = options.codec
-        self.sdk_window = sdk_window
-        self.audience: str | AudienceFn | None = options.audience
-        self.principal: PrincipalFn | None = options.principal
-        self.binding: BindingFn | None = options.binding
-        self.retry_after: float | None = options.retry_after
-        self.max_hold: float = options.max_hold
+    @property
+    def options(self) -> boundary.BoundaryOptions:
+        return self.boundary.options
+
+    @property
+    def holds(self) -> boundary.Holds:
+        return self.boundary.holds
+
+    @property
+    def codec(self) -> StateCodec:
+        return self.boundary.options.codec
+
+    @property
+    def audience(self) -> str | AudienceFn | None:
+        return cast("str | AudienceFn | None", self.boundary.options.audience)
+
+    @property
+    def principal(self) -> PrincipalFn | None:
+        return cast("PrincipalFn | None", self.boundary.options.principal)
+
+    @property
+    def binding(self) -> BindingFn | None:
+        return cast("BindingFn | None", self.boundary.options.binding)
+
+    @property
+    def retry_after(self) -> float | None:
+        return self.boundary.options.retry_after
+
+    @property
+    def max_hold(self) -> float:
+        return self.boundary.options.max_hold
 
     def __repr__(self) -> str:
         return f"StateCodecMiddleware(codec={self.codec!r}, audience={self.audience!r})"
@@ -155,7 +183,7 @@ class StateCodecMiddleware:
         # a state arrives or leaves, never for plain calls.
         judge = partial(
             boundary.judge_request,
-            self.codec,
+            self.boundary.options.codec,
             method,
             ctx.params,
             partial(self._binding, ctx),
@@ -165,11 +193,8 @@ class StateCodecMiddleware:
         try:
             # A hold ends early when its client goes away (_client_stays) or the SDK cancels
             # the request: nothing is consumed and the handler never runs.
-            verdict = await boundary.hold_early(
-                lambda left: _paired(judge(max_hold=left)),
-                max_hold=self.max_hold,
-                holds=self.holds,
-                stays=_client_stays(ctx),
+            verdict = await self.boundary.judge(
+                lambda left: _paired(judge(max_hold=left)), _client_stays(ctx)
             )
         except boundary.WireError as exc:
             raise _mcp_error(exc) from None
@@ -180,22 +205,22 @@ class StateCodecMiddleware:
             return dict(judged.early)
         if judged.opened is not None or (ctx.params is not None and judged.params is not ctx.params):
             ctx = _with_params(ctx, judged.params)  # a state was redeemed (an SDK one has no opened)
+        return await self.boundary.run(judged, partial(self._answer, judged, ctx, call_next))
+
+    async def _answer(self, judged: boundary.Judged, ctx: Context, call_next: CallNext) -> HandlerResult:
+        """The handler's result, its state sealed (or the SDK's error for one that cannot go out)."""
         result = await call_next(ctx)
         try:
             if type(result) is dict:  # the runner's wire form
-                return cast(
-                    "dict[str, Any]",
-                    boundary.seal_result(self.codec, judged, result, retry_after=self.retry_after),
-                )
-            sealed = self._seal_other(judged, result)
+                return cast("dict[str, Any]", self.boundary.seal(judged, result))
+            return self._seal_other(judged, result)
         except boundary.WireError as exc:
             raise _mcp_error(exc) from None
-        judged.end_flow(self.codec)  # a model without a state: the flow ends (no-op if it goes on)
-        return sealed
 
     def _binding(self, ctx: Context) -> Binding:
         """The request's binding: the default one, then the ``binding`` callback's word."""
-        audience, principal, custom = self.audience, self.principal, self.binding
+        options = self.boundary.options
+        audience, principal, custom = options.audience, options.principal, options.binding
         binding = boundary.binding_for(
             ctx.method,
             ctx.params,
@@ -209,21 +234,26 @@ class StateCodecMiddleware:
 
         A middleware further in (or a caller composing middleware by hand) may hand back
         the SDK's result model: it comes back as the same model, its state sealed, as the
-        SDK's own boundary returns it.
+        SDK's own boundary returns it. The model is judged by its wire fields, as a dict is.
         """
         if isinstance(result, Mapping):
-            return dict(boundary.seal_result(self.codec, judged, result, retry_after=self.retry_after))
-        state = getattr(result, "request_state", None)
-        if state is None and isinstance(result, InputRequiredResult):
-            wire = {"resultType": boundary.INPUT_REQUIRED, "inputRequests": result.input_requests}
-            boundary.check_asks_something(self.codec, judged.method, wire)
-        if state is None or not isinstance(result, BaseModel):
+            return dict(self.boundary.seal(judged, result))
+        if not isinstance(result, BaseModel):
             return result
-        state_only = isinstance(result, InputRequiredResult) and not result.input_requests
-        token = boundary.seal_state(
-            self.codec, judged, state, retry_after=self.retry_after if state_only else None
+        state = getattr(result, "request_state", None)
+        wire: dict[str, Any] = {}
+        if isinstance(result, InputRequiredResult):
+            wire = {"resultType": boundary.INPUT_REQUIRED, "inputRequests": result.input_requests}
+        elif state is None:
+            return result
+        if state is not None:
+            wire[boundary.REQUEST_STATE] = state
+        sealed = self.boundary.seal(judged, wire)
+        return (
+            result
+            if state is None
+            else result.model_copy(update={"request_state": sealed[boundary.REQUEST_STATE]})
         )
-        return result.model_copy(update={"request_state": token})
 
 
 async def _paired(judged: Awaitable[boundary.Judged]) -> tuple[boundary.Judged]:
