@@ -65,9 +65,11 @@ __all__ = [
     "INTERNAL_ERROR_CODE",
     "INTERNAL_ERROR_MESSAGE",
     "INVALID_REQUEST_CODE",
+    "JSONRPC_VERSION",
     "MRTR_METHODS",
     "PARAMS_KEYS",
     "PARSE_ERROR_CODE",
+    "FOLDED_REQUEST_STATE",
     "REQUEST_STATE",
     "STORE_UNAVAILABLE_DATA",
     "STORE_UNAVAILABLE_MESSAGE",
@@ -90,16 +92,19 @@ __all__ = [
     "check_pacing",
     "client_stays",
     "flow_fields",
+    "fold_key",
     "hold_early",
     "is_state_only",
     "digested_arguments",
     "is_mrtr",
     "judge_request",
     "principal_string",
+    "result_response",
     "request_target",
     "seal_result",
     "seal_state",
     "sleeping",
+    "spells_state",
     "state_aliases",
     "target_field",
 ]
@@ -160,6 +165,7 @@ STORE_UNAVAILABLE_DATA: Final[Mapping[str, str]] = MappingProxyType({"reason": "
 #: JSON-RPC's codes for a body that is not JSON, and for JSON that is not a request.
 PARSE_ERROR_CODE: Final = -32700
 INVALID_REQUEST_CODE: Final = -32600
+JSONRPC_VERSION: Final = "2.0"
 #: MCP 2026-07-28 (SEP-2243): the ``Mcp-*`` routing headers and the body disagree (HTTP 400).
 HEADER_MISMATCH_CODE: Final = -32020
 
@@ -219,6 +225,15 @@ class WireError(StateCodecError):
         if self.data is not None:
             member["data"] = dict(self.data)
         return member
+
+    def response(self, request_id: Any = None) -> dict[str, Any]:
+        """The whole JSON-RPC error response to ``request_id`` (``None``: to no request known)."""
+        return {"jsonrpc": JSONRPC_VERSION, "id": request_id, "error": self.error()}
+
+
+def result_response(request_id: Any, result: Mapping[str, Any]) -> dict[str, Any]:
+    """The whole JSON-RPC response carrying ``result`` to ``request_id``."""
+    return {"jsonrpc": JSONRPC_VERSION, "id": request_id, "result": dict(result)}
 
 
 # ---------------------------------------------------------------- what is bound
@@ -317,16 +332,28 @@ def state_aliases(params: Mapping[str, Any]) -> list[str]:
     return _aliases(params, PARAMS_KEYS)
 
 
+#: ``requestState`` as :func:`fold_key` writes it: every key that folds to this is read as a state.
+FOLDED_REQUEST_STATE: Final = "requeststate"
+
+
+def fold_key(key: str) -> str:
+    """``key`` as a lenient reader may match it: case-folded, ``_`` and ``-`` removed.
+
+    The one normalisation behind every alias check (:func:`state_aliases`, the answers'
+    and the passthrough bodies' scans of the ASGI middleware).
+    """
+    return key.casefold().replace("_", "").replace("-", "")
+
+
+def spells_state(key: object) -> bool:
+    """Whether ``key`` is ``requestState`` or any spelling of it a lenient reader accepts."""
+    return isinstance(key, str) and fold_key(key) == FOLDED_REQUEST_STATE
+
+
 def _aliases(mapping: Mapping[str, Any], plain: frozenset[str]) -> list[str]:
     if plain.issuperset(mapping):  # the usual message: no key to normalise
         return []
-    return [
-        key
-        for key in mapping
-        if key != REQUEST_STATE
-        and isinstance(key, str)
-        and key.casefold().replace("_", "").replace("-", "") == "requeststate"
-    ]
+    return [key for key in mapping if key != REQUEST_STATE and spells_state(key)]
 
 
 def carries_state(params: Mapping[str, Any]) -> bool:

@@ -32,6 +32,8 @@ from typing import Any, Final, Literal
 
 import orjson
 
+from ..boundary import FOLDED_REQUEST_STATE, fold_key
+
 Kind = Literal["json", "sse", "other"]
 
 _STRICT_NUMBERS: Final = "NaN, Infinity and numbers beyond the float range are not JSON"
@@ -154,7 +156,7 @@ def may_hold_state(text: str) -> bool:
     """False only when no key of ``text`` can spell ``requestState``: then nothing needs reading.
 
     A key is a state when it is ``requestState`` or normalises to it as
-    :func:`statecodec.boundary.state_aliases` normalises (case-folded, ``_`` and
+    :func:`statecodec.boundary.fold_key` normalises (case-folded, ``_`` and
     ``-`` removed). In ASCII text without ``\\u`` escapes such a key is written with
     exactly those letters, in some case, with ``_`` and ``-`` between them, so the text
     normalised the same way contains ``requeststate`` (a false alarm only costs a parse).
@@ -163,7 +165,7 @@ def may_hold_state(text: str) -> bool:
     """
     if not text.isascii() or "\\u" in text:
         return True
-    return "requeststate" in text.lower().replace("_", "").replace("-", "")
+    return FOLDED_REQUEST_STATE in fold_key(text)
 
 
 def may_need_sealing(text: str) -> bool:

@@ -57,6 +57,7 @@ __all__ = [
     "Message",
     "PrincipalFn",
     "Receive",
+    "RequestHeaders",
     "RequestStateMiddleware",
     "Scope",
     "Send",
@@ -164,10 +165,11 @@ _OWS: Final = b" \t"
 
 
 @dataclass(slots=True)
-class _Sent:
-    """A request's headers, lower-cased and read in one pass, the only one.
+class RequestHeaders:
+    """A request's headers, lower-cased and read in one pass: every later use reads this.
 
-    ``index``: each header by its lower-case name, the first of repeated ones. ``routing``:
+    ``headers`` as sent, ``names`` each of their names lower-cased, in order. ``index``:
+    each header by its lower-case name, the first of repeated ones. ``routing``:
     ``Mcp-Method`` and ``Mcp-Name`` as sent, trimmed; ``repeated``: the first of them that
     is repeated, refused where the body is judged (only the first of repeated headers would
     be compared with the body, while a router reading the last one would dispatch on a
@@ -175,17 +177,20 @@ class _Sent:
     """
 
     headers: list[tuple[bytes, bytes]]
+    names: list[bytes]
     index: dict[bytes, bytes]
     routing: dict[bytes, bytes]
     repeated: bytes | None
 
     @classmethod
-    def read(cls, headers: list[tuple[bytes, bytes]]) -> _Sent:
+    def read(cls, headers: list[tuple[bytes, bytes]]) -> RequestHeaders:
+        names: list[bytes] = []
         index: dict[bytes, bytes] = {}
         routing: dict[bytes, bytes] = {}
         repeated: bytes | None = None
         for raw_name, value in headers:
             name = raw_name.lower()
+            names.append(name)
             if name not in index:
                 index[name] = value
             if name in _ROUTING_HEADERS:
@@ -193,14 +198,26 @@ class _Sent:
                     routing[name] = value.strip(_OWS)
                 elif repeated is None:
                     repeated = name
-        return cls(headers, index, routing, repeated)
+        return cls(headers, names, index, routing, repeated)
+
+    def without(self, *dropped: bytes) -> list[tuple[bytes, bytes]]:
+        """The headers as sent but those named ``dropped`` (lower-case names)."""
+        return [header for name, header in zip(self.names, self.headers, strict=True) if name not in dropped]
+
+    def joined(self) -> dict[str, str]:
+        """Each header by its lower-case name as text, repeated ones joined (:data:`PrincipalFn`)."""
+        joined: dict[str, str] = {}
+        for raw_name, (_, raw_value) in zip(self.names, self.headers, strict=True):
+            name, value = raw_name.decode("latin-1"), raw_value.decode("latin-1")
+            joined[name] = f"{joined[name]}, {value}" if name in joined else value
+        return joined
 
 
 def _header_label(name: bytes) -> str:
     return "Mcp-Method" if name == b"mcp-method" else "Mcp-Name"
 
 
-def _check_routing_headers(sent: _Sent, message: Mapping[str, Any]) -> None:
+def _check_routing_headers(sent: RequestHeaders, message: Mapping[str, Any]) -> None:
     """``Mcp-Method`` and ``Mcp-Name`` must say what the body says (SEP-2243).
 
     MCP 2026-07-28 mirrors the method and the tool/prompt name or resource URI into
@@ -224,8 +241,7 @@ def _check_routing_headers(sent: _Sent, message: Mapping[str, Any]) -> None:
     if name_header is None or not isinstance(method, str) or not boundary.is_mrtr(method):
         return
     params = message.get("params")
-    field = "uri" if method == "resources/read" else "name"
-    target = params.get(field) if isinstance(params, dict) else None
+    target = params.get(boundary.target_field(method)) if isinstance(params, dict) else None
     if target is not None and _decode_header_value(name_header) != target:
         raise _refusal(400, HEADER_MISMATCH_CODE, "the Mcp-Name header does not match the body")
 
@@ -246,10 +262,6 @@ def _id_key(value: Any) -> tuple[str, Any]:
     return ("other", dumps(value, allow_nan=True))
 
 
-def _error(request_id: Any, error: Mapping[str, Any]) -> dict[str, Any]:
-    return {"jsonrpc": "2.0", "id": request_id, "error": dict(error)}
-
-
 def _media_type(content_type: bytes | None) -> str:
     return "" if content_type is None else content_type.decode("latin-1").split(";", 1)[0].strip().lower()
 
@@ -263,14 +275,6 @@ def _without(headers: list[tuple[bytes, bytes]], *names: bytes) -> list[tuple[by
     return [(name, value) for name, value in headers if name.lower() not in names]
 
 
-def _header_map(headers: list[tuple[bytes, bytes]]) -> dict[str, str]:
-    joined: dict[str, str] = {}
-    for raw_name, raw_value in headers:
-        name, value = raw_name.decode("latin-1").lower(), raw_value.decode("latin-1")
-        joined[name] = f"{joined[name]}, {value}" if name in joined else value
-    return joined
-
-
 def _state_keys(document: Any) -> str | None:
     """The first key anywhere in ``document`` that spells ``requestState``, or None (no recursion)."""
     pending = [document]
@@ -278,7 +282,7 @@ def _state_keys(document: Any) -> str | None:
         node = pending.pop()
         if isinstance(node, dict):
             for key, value in node.items():
-                if key.casefold().replace("_", "").replace("-", "") == "requeststate":
+                if boundary.spells_state(key):
                     return str(key)
                 pending.append(value)
         elif isinstance(node, list):
@@ -408,7 +412,7 @@ class RequestStateMiddleware:
         request_id: Any = None
         try:
             passthrough = self._passthrough(request_path(scope))
-            sent = _Sent.read(headers)
+            sent = RequestHeaders.read(headers)
             body = await self._read_body(sent.index, receive)
             if body is None:
                 return  # the client went away while sending
@@ -421,7 +425,7 @@ class RequestStateMiddleware:
                     request_id = request.message["id"]
                     if not request.stated:  # nothing to hold: the plain call of every flow's first round
                         judged, body = await self._judge(
-                            scope, headers, request, body, self.boundary.options.max_hold
+                            scope, sent, request, body, self.boundary.options.max_hold
                         )
                     else:
                         handed, request = [request], None  # this frame keeps no parse during a hold
@@ -437,17 +441,15 @@ class RequestStateMiddleware:
                     refusal.reason,
                     extra=_telemetry.fields("request_refused", reason=refusal.reason, status=refusal.status),
                 )
-            await _respond(send, refusal.status, _error(request_id, refusal.error()))
+            await _respond(send, refusal.status, refusal.response(request_id))
             return
         if judged is not None and judged.early is not None:  # a paced round retried too early
-            await _respond(send, 200, {"jsonrpc": "2.0", "id": request_id, "result": dict(judged.early)})
+            await _respond(send, 200, boundary.result_response(request_id, judged.early))
             return
         if judged is not None and judged.opened is not None:
             _log_round(judged.method, judged.opened)
         outbound = _Outbound(self.boundary, self.max_response_bytes, send, judged, request_id)
-        run = partial(
-            self.app, _forwarded(scope, headers, sent.index, body), _replay(body, receive), outbound.send
-        )
+        run = partial(self.app, _forwarded(scope, sent, body), _replay(body, receive), outbound.send)
         if judged is None:
             await run()
         else:  # the boundary ends the flow with the round: an answer without a state is relayed unparsed
@@ -517,7 +519,7 @@ class RequestStateMiddleware:
             if not message.get("more_body", False):
                 return bytes(body)
 
-    def _parse(self, sent: _Sent, body: bytes) -> _Request | None:
+    def _parse(self, sent: RequestHeaders, body: bytes) -> _Request | None:
         """The MRTR request in ``body`` (None for any other message), or a refusal."""
         try:
             message = loads_strict(body)
@@ -552,7 +554,7 @@ class RequestStateMiddleware:
     async def _judge_holding(
         self,
         scope: Scope,
-        sent: _Sent,
+        sent: RequestHeaders,
         handed: list[_Request],
         body: bytes,
         *,
@@ -569,20 +571,20 @@ class RequestStateMiddleware:
             request = handed.pop() if handed else self._parse(sent, body)
             if request is None:  # pragma: no cover - the same body parses the same way
                 raise _refusal(400, INVALID_REQUEST_CODE, "the request changed during its hold")
-            return await self._judge(scope, sent.headers, request, body, max_hold)
+            return await self._judge(scope, sent, request, body, max_hold)
 
         return await self.boundary.judge(judge, partial(boundary.client_stays, receive))
 
     async def _judge(
         self,
         scope: Scope,
-        headers: list[tuple[bytes, bytes]],
+        sent: RequestHeaders,
         request: _Request,
         body: bytes,
         max_hold: float,
     ) -> tuple[Judged, bytes]:
         """The verdict on an MRTR request, and the body to forward; an early retry is not held here."""
-        bind = await self._binder(scope, headers, request.method, request.params)
+        bind = await self._binder(scope, sent, request.method, request.params)
         if not request.stated:
             judged = await boundary.judge_request(self.codec, request.method, request.params, bind, wait=None)
             return judged, body
@@ -601,11 +603,11 @@ class RequestStateMiddleware:
         return judged, head + dumps(judged.params[boundary.REQUEST_STATE]) + tail
 
     async def _binder(
-        self, scope: Scope, headers: list[tuple[bytes, bytes]], method: str, params: Mapping[str, Any] | None
+        self, scope: Scope, sent: RequestHeaders, method: str, params: Mapping[str, Any] | None
     ) -> boundary.Binder:
         """``bind()`` for an MRTR request; the principal is resolved now, the digest on use."""
         try:
-            principal = await self.resolve_principal(scope, headers)
+            principal = await self.resolve_principal(scope, sent)
         except Exception as exc:  # deny on error: credentials that do not verify bind no one
             failure = exc
 
@@ -616,11 +618,11 @@ class RequestStateMiddleware:
         audience = self.audience
         return lambda: boundary.binding_for(method, params, principal=principal, audience=audience)
 
-    async def resolve_principal(self, scope: Scope, headers: list[tuple[bytes, bytes]]) -> str | None:
+    async def resolve_principal(self, scope: Scope, sent: RequestHeaders) -> str | None:
         """The request's principal, through the configured callable (sync or async)."""
         if self.principal is None:
             return None
-        principal = self.principal(scope, _header_map(headers))
+        principal = self.principal(scope, sent.joined())
         if inspect.isawaitable(principal):
             principal = await principal
         if principal is not None and not isinstance(principal, str):
@@ -641,19 +643,17 @@ def _log_round(method: str, opened: OpenedState) -> None:
     )
 
 
-def _forwarded(
-    scope: Scope, original: list[tuple[bytes, bytes]], index: Mapping[bytes, bytes], body: bytes
-) -> Scope:
+def _forwarded(scope: Scope, sent: RequestHeaders, body: bytes) -> Scope:
     """The scope the application gets: its body's length, and no compressed answer asked for."""
-    declared = index.get(b"content-length")
+    declared = sent.index.get(b"content-length")
     length = str(len(body)).encode("ascii")
     if (body or declared is not None) and declared != length:  # one pass drops all three
         headers = [
-            *_without(original, b"accept-encoding", b"content-length", b"transfer-encoding"),
+            *sent.without(b"accept-encoding", b"content-length", b"transfer-encoding"),
             (b"content-length", length),
         ]
-    elif b"accept-encoding" in index:
-        headers = _without(original, b"accept-encoding")
+    elif b"accept-encoding" in sent.index:
+        headers = sent.without(b"accept-encoding")
     else:
         return scope
     return {**scope, "headers": headers}
@@ -853,7 +853,7 @@ class _Outbound:
                 str(exc)[:100],
                 extra=_telemetry.fields("answer_refused", reason="unreadable_event", detail=str(exc)[:100]),
             )
-            return _sse.encode(dumps(_error(None, WireError.internal().error())))
+            return _sse.encode(dumps(WireError.internal().response()))
         document, changed = self._seal_document(document)
         if not changed and not _json.has_duplicate_keys(text):
             return event.raw
@@ -866,7 +866,7 @@ class _Outbound:
             extra=_telemetry.fields("answer_refused", reason="unreadable", detail=why, status=502),
         )
         self._mode = "done"
-        await _respond(self._send, 502, _error(None, WireError.internal().error()))
+        await _respond(self._send, 502, WireError.internal().response())
 
     # -------------------------------------------------------- sealing results
     def _seal_document(self, document: Any) -> tuple[Any, bool]:
@@ -888,7 +888,7 @@ class _Outbound:
             try:
                 new = self.boundary.seal(self.judged if mine else None, result)
             except WireError as exc:
-                return _error(message.get("id"), exc.error()), True
+                return exc.response(message.get("id")), True
             if new is not result:
                 sealed = {**(sealed or message), key: new}
         return (message, False) if sealed is None else (sealed, True)
