@@ -78,6 +78,7 @@ __all__ = [
     "WIRE_ERROR_MESSAGE",
     "Binder",
     "Boundary",
+    "Bounded",
     "BoundaryOptions",
     "ClientStays",
     "Hold",
@@ -658,13 +659,10 @@ async def _paced_unseal(
             raise
         seconds = _wait_until(codec, exc)
         if seconds > max_hold:
-            logger.info(
-                "early retry of flow %s round %s answered with the same state (%.3fs early)",
-                (exc.flow_id or "-")[:8],
-                exc.round,
-                seconds,
-                extra=_early_fields("early_retry_answered", exc, seconds),
-            )
+            _log_early(
+                logging.INFO, "early_retry_answered", exc, seconds,
+                "answered with the same state (%.3fs early)", seconds,
+            )  # fmt: skip
             return None
         # The verdict, not its traceback: the traceback's frames keep the request's parse
         # alive for the whole hold (several copies of the body).
@@ -718,13 +716,7 @@ async def hold_early(
 
 async def _hold(stays: ClientStays, hold: Hold) -> bool:
     early, seconds = hold.early, hold.seconds
-    logger.debug(
-        "holding an early retry of flow %s round %s for %.3fs",
-        (early.flow_id or "-")[:8],
-        early.round,
-        seconds,
-        extra=_early_fields("early_retry_held", early, seconds),
-    )
+    _log_early(logging.DEBUG, "early_retry_held", early, seconds, "held for %.3fs", seconds)
     try:
         present = await stays(seconds)
     except BaseException:
@@ -780,34 +772,46 @@ async def client_stays(receive: Callable[[], Awaitable[Mapping[str, Any]]], seco
 def hold_refused(holds: Holds, early: InvalidState, seconds: float) -> None:
     """Log and count an early retry answered at once because ``holds`` is full."""
     _telemetry.record_shed("hold_limit")
-    logger.warning(
-        "early retry of flow %s round %s answered with the same state: %d retries held, "
-        "at most %d (%d of one token)",
-        (early.flow_id or "-")[:8],
-        early.round,
-        holds.held,
-        holds.total,
-        holds.per_token,
-        extra={**_early_fields("early_retry_answered", early, seconds), "reason": "hold_limit"},
-    )
+    _log_early(
+        logging.WARNING, "early_retry_answered", early, seconds,
+        "answered with the same state: %d retries held, at most %d (%d of one token)",
+        holds.held, holds.total, holds.per_token, reason="hold_limit",
+    )  # fmt: skip
 
 
 def hold_abandoned(early: InvalidState, seconds: float) -> None:
     """Log and count a hold given up because its client went away: nothing consumed, nothing run."""
     _telemetry.record_shed("hold_abandoned")
-    logger.info(
-        "early retry of flow %s round %s abandoned by its client during the hold; token not consumed",
+    _log_early(
+        logging.INFO, "early_retry_abandoned", early, seconds,
+        "abandoned by its client during the hold; token not consumed", reason="hold_abandoned",
+    )  # fmt: skip
+
+
+def _log_early(
+    level: int,
+    event: str,
+    early: InvalidState,
+    seconds: float,
+    what: str,
+    *args: object,
+    reason: str = "too_early",
+) -> None:
+    """One record on an early retry, "early retry of flow F round R " then ``what``; its facts as fields."""
+    if not logger.isEnabledFor(level):
+        return
+    fields = _telemetry.fields(
+        event, reason=reason, kid=early.kid, token_id=early.token_id, flow_id=early.flow_id,
+        round=early.round, wait=round(seconds, 3),
+    )  # fmt: skip
+    logger.log(
+        level,
+        "early retry of flow %s round %s " + what,
         (early.flow_id or "-")[:8],
         early.round,
-        extra={**_early_fields("early_retry_abandoned", early, seconds), "reason": "hold_abandoned"},
+        *args,
+        extra=fields,
     )
-
-
-def _early_fields(event: str, early: InvalidState, wait: float) -> dict[str, object]:
-    return _telemetry.fields(
-        event, reason="too_early", kid=early.kid, token_id=early.token_id, flow_id=early.flow_id,
-        round=early.round, wait=round(wait, 3),
-    )  # fmt: skip
 
 
 def _wait_until(codec: StateCodec, early: InvalidState) -> float:
@@ -977,6 +981,54 @@ class Boundary:
         result = await run()
         judged.end_flow(self.options.codec)
         return result
+
+
+class Bounded:
+    """An adapter holding its :class:`Boundary` as ``boundary``: its settings read from the options.
+
+    Read, never copied: the options are validated once and held (:meth:`BoundaryOptions.of`).
+    """
+
+    __slots__ = ()
+    boundary: Boundary
+
+    @property
+    def options(self) -> BoundaryOptions:
+        return self.boundary.options
+
+    @property
+    def holds(self) -> Holds:
+        return self.boundary.holds
+
+    @property
+    def codec(self) -> StateCodec:
+        return self.boundary.options.codec
+
+    @property
+    def audience(self) -> Any:
+        """A string, ``None`` or (the SDK middleware) ``audience(ctx)``."""
+        return self.boundary.options.audience
+
+    @property
+    def principal(self) -> Any:
+        """The adapter's ``principal`` callable, or ``None``."""
+        return self.boundary.options.principal
+
+    @property
+    def binding(self) -> Any:
+        """The SDK middleware's ``binding(ctx, default)`` callable, or ``None``."""
+        return self.boundary.options.binding
+
+    @property
+    def retry_after(self) -> float | None:
+        return self.boundary.options.retry_after
+
+    @property
+    def max_hold(self) -> float:
+        return self.boundary.options.max_hold
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(codec={self.codec!r}, audience={self.audience!r})"
 
 
 def check_pacing(codec: StateCodec, retry_after: float | None, max_hold: float) -> None:

@@ -40,7 +40,7 @@ import secrets
 from collections.abc import Awaitable, Callable, Collection, Mapping, MutableMapping
 from dataclasses import dataclass
 from functools import partial
-from typing import Any, Final, TypeAlias, TypedDict, Unpack, cast
+from typing import Any, Final, TypeAlias, TypedDict, Unpack
 from urllib.parse import quote, unquote_to_bytes
 
 from .. import _telemetry, boundary
@@ -301,7 +301,7 @@ class _Request:
 
 
 # ---------------------------------------------------------------- the middleware
-class RequestStateMiddleware:
+class RequestStateMiddleware(boundary.Bounded):
     """ASGI middleware sealing and unsealing MCP ``requestState`` with a StateCodec.
 
     :param app: the ASGI application serving MCP over Streamable HTTP.
@@ -372,37 +372,6 @@ class RequestStateMiddleware:
             max_response_bytes=max_response_bytes,
             passthrough_paths=passthrough_paths,
         )
-
-    @property
-    def options(self) -> boundary.BoundaryOptions:
-        return self.boundary.options
-
-    @property
-    def holds(self) -> boundary.Holds:
-        return self.boundary.holds
-
-    @property
-    def codec(self) -> StateCodec:
-        return self.boundary.options.codec
-
-    @property
-    def audience(self) -> str | None:
-        return cast("str | None", self.boundary.options.audience)
-
-    @property
-    def principal(self) -> PrincipalFn | None:
-        return cast("PrincipalFn | None", self.boundary.options.principal)
-
-    @property
-    def retry_after(self) -> float | None:
-        return self.boundary.options.retry_after
-
-    @property
-    def max_hold(self) -> float:
-        return self.boundary.options.max_hold
-
-    def __repr__(self) -> str:
-        return f"RequestStateMiddleware(codec={self.codec!r}, audience={self.audience!r})"
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":

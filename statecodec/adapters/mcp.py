@@ -107,7 +107,7 @@ class MiddlewareSettings(Settings, total=False):
     audience: str | AudienceFn | None
 
 
-class StateCodecMiddleware:
+class StateCodecMiddleware(boundary.Bounded):
     """SDK server middleware sealing and unsealing ``requestState`` with a StateCodec.
 
     Build it with :func:`protect`; the constructor is public for servers assembled by
@@ -136,41 +136,6 @@ class StateCodecMiddleware:
     ) -> StateCodecMiddleware:
         """The middleware for ``options``: the same as ``StateCodecMiddleware(options, sdk_window=...)``."""
         return cls(options, sdk_window=sdk_window)
-
-    @property
-    def options(self) -> boundary.BoundaryOptions:
-        return self.boundary.options
-
-    @property
-    def holds(self) -> boundary.Holds:
-        return self.boundary.holds
-
-    @property
-    def codec(self) -> StateCodec:
-        return self.boundary.options.codec
-
-    @property
-    def audience(self) -> str | AudienceFn | None:
-        return cast("str | AudienceFn | None", self.boundary.options.audience)
-
-    @property
-    def principal(self) -> PrincipalFn | None:
-        return cast("PrincipalFn | None", self.boundary.options.principal)
-
-    @property
-    def binding(self) -> BindingFn | None:
-        return cast("BindingFn | None", self.boundary.options.binding)
-
-    @property
-    def retry_after(self) -> float | None:
-        return self.boundary.options.retry_after
-
-    @property
-    def max_hold(self) -> float:
-        return self.boundary.options.max_hold
-
-    def __repr__(self) -> str:
-        return f"StateCodecMiddleware(codec={self.codec!r}, audience={self.audience!r})"
 
     async def __call__(self, ctx: Context, call_next: CallNext) -> HandlerResult:
         # This runs on every request of the server, so the common cases take the fewest
