@@ -520,7 +520,7 @@ class RequestStateMiddleware(boundary.Bounded):
             return None
         return _Request(message, method, params, stated)
 
-    async def _judge_holding(
+    def _judge_holding(
         self,
         scope: Scope,
         sent: RequestHeaders,
@@ -528,7 +528,7 @@ class RequestStateMiddleware(boundary.Bounded):
         body: bytes,
         *,
         receive: Receive,
-    ) -> tuple[Judged, bytes] | None:
+    ) -> Awaitable[tuple[Judged, bytes] | None]:
         """:meth:`_judge` through the boundary's hold loop; only the raw body is kept during a hold.
 
         ``handed`` holds the parsed request, emptied by the first judgement so that no frame
@@ -536,13 +536,13 @@ class RequestStateMiddleware(boundary.Bounded):
         from the start. ``None``: the client went away during the hold.
         """
 
-        async def judge(max_hold: float) -> tuple[Judged, bytes]:
+        def judge(max_hold: float) -> Awaitable[tuple[Judged, bytes]]:
             request = handed.pop() if handed else self._parse(sent, body)
             if request is None:  # pragma: no cover - the same body parses the same way
                 raise _refusal(400, INVALID_REQUEST_CODE, "the request changed during its hold")
-            return await self._judge(scope, sent, request, body, max_hold)
+            return self._judge(scope, sent, request, body, max_hold)
 
-        return await self.boundary.judge(judge, partial(boundary.client_stays, receive))
+        return self.boundary.judge(judge, partial(boundary.client_stays, receive))
 
     async def _judge(
         self,
@@ -555,7 +555,9 @@ class RequestStateMiddleware(boundary.Bounded):
         """The verdict on an MRTR request, and the body to forward; an early retry is not held here."""
         bind = await self._binder(scope, sent, request.method, request.params)
         if not request.stated:
-            judged = await boundary.judge_request(self.codec, request.method, request.params, bind, wait=None)
+            judged = await boundary.judge_request(
+                self.boundary.options.codec, request.method, request.params, bind, wait=None
+            )
             return judged, body
         # The body to forward is written before the token is consumed, with an unguessable
         # placeholder for the plaintext: nothing that can fail runs after the consume. No ':'
@@ -565,7 +567,7 @@ class RequestStateMiddleware(boundary.Bounded):
         params = {**(request.params or {}), boundary.REQUEST_STATE: marker}
         head, _, tail = dumps({**request.message, "params": params}).partition(dumps(marker))
         judged = await boundary.judge_request(
-            self.codec, request.method, request.params, bind, max_hold=max_hold, wait=None
+            self.boundary.options.codec, request.method, request.params, bind, max_hold=max_hold, wait=None
         )
         if judged.early is not None:
             return judged, body  # never forwarded: answered at once with the same state
@@ -584,14 +586,15 @@ class RequestStateMiddleware(boundary.Bounded):
                 raise failure
 
             return unbindable
-        audience = self.audience
+        audience = self.boundary.options.audience
         return lambda: boundary.binding_for(method, params, principal=principal, audience=audience)
 
     async def resolve_principal(self, scope: Scope, sent: RequestHeaders) -> str | None:
         """The request's principal, through the configured callable (sync or async)."""
-        if self.principal is None:
+        resolve: PrincipalFn | None = self.boundary.options.principal
+        if resolve is None:
             return None
-        principal = self.principal(scope, sent.joined())
+        principal = resolve(scope, sent.joined())
         if inspect.isawaitable(principal):
             principal = await principal
         if principal is not None and not isinstance(principal, str):

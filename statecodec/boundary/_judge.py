@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Mapping
+from dataclasses import KW_ONLY, dataclass, field
 from types import MappingProxyType
 from typing import Any, Final, Protocol
 
@@ -49,6 +50,7 @@ class TokenReader(Protocol):
         ...
 
 
+@dataclass(slots=True, eq=False, repr=False)
 class Judged:
     """The verdict on one MRTR request: what to hand on, what was redeemed, what to seal with.
 
@@ -65,27 +67,16 @@ class Judged:
     :class:`Holds` is not taken yet.
     """
 
-    __slots__ = ("_bind", "_binding", "_flow_told", "early", "hold", "method", "opened", "params")
-
-    def __init__(
-        self,
-        method: str,
-        params: Mapping[str, Any],
-        bind: Binder,
-        opened: OpenedState | None = None,
-        binding: Binding | None = None,
-        *,
-        early: Mapping[str, Any] | None = None,
-        hold: Hold | None = None,
-    ) -> None:
-        self.method = method
-        self.params = params
-        self.opened = opened
-        self.early = early
-        self.hold = hold
-        self._bind = bind
-        self._binding = binding
-        self._flow_told = False  # whether this round's answer was seen to continue or end its flow
+    method: str
+    params: Mapping[str, Any]
+    _bind: Binder
+    opened: OpenedState | None = None
+    _binding: Binding | None = None
+    _: KW_ONLY
+    early: Mapping[str, Any] | None = None
+    hold: Hold | None = None
+    #: Whether this round's answer was seen to continue or end its flow.
+    _flow_told: bool = field(default=False, init=False)
 
     def __repr__(self) -> str:
         opened = self.opened.token_id[:8] if self.opened else None
@@ -157,27 +148,10 @@ async def judge_request(
     it instead of the codec, and answered the same way: a refusal is -32602, a store
     outage -32603 asking for the same request again.
     """
-    if wait is None:
-        return await _judge_once(codec, method, params, bind, max_hold=max_hold, reader=reader)
-
-    async def judge(left: float) -> tuple[Judged, None]:
-        return await _judge_once(codec, method, params, bind, max_hold=left, reader=reader), None
-
-    verdict = await hold_early(judge, max_hold=max_hold, holds=holds, stays=staying(wait))
-    assert verdict is not None  # a Waiter raises when its client leaves: it never says so
-    return verdict[0]
-
-
-async def _judge_once(
-    codec: StateCodec,
-    method: str,
-    params: Mapping[str, Any] | None,
-    bind: Binder,
-    *,
-    max_hold: float,
-    reader: TokenReader | None,
-) -> Judged:
-    """:func:`judge_request` without holding: an early retry's verdict says how long to hold it."""
+    if wait is not None:
+        return await _judge_holding(
+            codec, method, params, bind, max_hold=max_hold, holds=holds, wait=wait, reader=reader
+        )
     params = _NO_PARAMS if params is None else params
     if params.get(REQUEST_STATE) is None and not state_aliases(params):
         return Judged(method, params, bind)
@@ -218,6 +192,27 @@ async def _judge_once(
             extra=_telemetry.fields("token_redeemed", method=method, **flow_fields(opened)),
         )
     return Judged(method, {**params, REQUEST_STATE: plaintext}, bind, opened, binding)
+
+
+async def _judge_holding(
+    codec: StateCodec,
+    method: str,
+    params: Mapping[str, Any] | None,
+    bind: Binder,
+    *,
+    max_hold: float,
+    holds: Holds | None,
+    wait: Waiter,
+    reader: TokenReader | None,
+) -> Judged:
+    """:func:`judge_request` with its hold: judged without one, and again after each wait."""
+
+    async def judge(left: float) -> tuple[Judged]:
+        return (await judge_request(codec, method, params, bind, max_hold=left, wait=None, reader=reader),)
+
+    verdict = await hold_early(judge, max_hold=max_hold, holds=holds, stays=staying(wait))
+    assert verdict is not None  # a Waiter raises when its client leaves: it never says so
+    return verdict[0]
 
 
 async def _judge_foreign(

@@ -101,9 +101,11 @@ class Boundary:
         self.options = options
         self.holds = options.holds()
 
-    async def judge(self, judge: Callable[[float], Awaitable[Verdict]], stays: ClientStays) -> Verdict | None:
+    def judge(
+        self, judge: Callable[[float], Awaitable[Verdict]], stays: ClientStays
+    ) -> Awaitable[Verdict | None]:
         """``judge`` through :func:`hold_early` with these options and holds; ``None``: the client left."""
-        return await hold_early(judge, max_hold=self.options.max_hold, holds=self.holds, stays=stays)
+        return hold_early(judge, max_hold=self.options.max_hold, holds=self.holds, stays=stays)
 
     def seal(self, judged: Judged | None, result: Mapping[str, Any]) -> Mapping[str, Any]:
         """:func:`seal_result` with these options (the codec, ``retry_after``)."""
