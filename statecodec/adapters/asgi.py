@@ -184,13 +184,11 @@ class RequestHeaders:
 
     @classmethod
     def read(cls, headers: list[tuple[bytes, bytes]]) -> RequestHeaders:
-        names: list[bytes] = []
+        names = [name.lower() for name, _ in headers]
         index: dict[bytes, bytes] = {}
         routing: dict[bytes, bytes] = {}
         repeated: bytes | None = None
-        for raw_name, value in headers:
-            name = raw_name.lower()
-            names.append(name)
+        for name, (_, value) in zip(names, headers, strict=True):
             if name not in index:
                 index[name] = value
             if name in _ROUTING_HEADERS:
@@ -418,11 +416,11 @@ class RequestStateMiddleware(boundary.Bounded):
         if judged is not None and judged.opened is not None:
             _log_round(judged.method, judged.opened)
         outbound = _Outbound(self.boundary, self.max_response_bytes, send, judged, request_id)
-        run = partial(self.app, _forwarded(scope, sent, body), _replay(body, receive), outbound.send)
+        answer = self.app(_forwarded(scope, sent, body), _replay(body, receive), outbound.send)
         if judged is None:
-            await run()
+            await answer
         else:  # the boundary ends the flow with the round: an answer without a state is relayed unparsed
-            await self.boundary.run(judged, run)
+            await self.boundary.run(judged, answer)
 
     def _passthrough(self, raw_path: bytes) -> bool:
         """Whether ``raw_path`` is a passthrough path; refuses a path with two readings.

@@ -92,7 +92,8 @@ class Judged:
         """
         if self.opened is not None and not self._flow_told:
             self._flow_told = True
-            _telemetry.record_flow_rounds(codec.mode.value, self.opened.round)
+            # str() of the StrEnum is its value, read without enum's Python-level property.
+            _telemetry.record_flow_rounds(str(codec.mode), self.opened.round)
 
     def continue_flow(self) -> None:
         """This round's answer carries the next state of its flow (:func:`seal_state`): it does not end."""
@@ -170,7 +171,7 @@ async def judge_request(
             ) from None
         opened = await _paced_unseal(codec, token, binding, max_hold)
         if not isinstance(opened, OpenedState):  # too early: held by the caller or answered at once
-            _telemetry.record_unseal(codec.mode.value, method, "too_early", len(token))
+            _telemetry.record_unseal(str(codec.mode), method, "too_early", len(token))
             early = {"resultType": INPUT_REQUIRED, REQUEST_STATE: token}
             return Judged(method, params, bind, None, binding, early=early, hold=opened)
         try:
@@ -182,7 +183,7 @@ async def judge_request(
     except InvalidState as exc:
         _log_rejection(codec, method, params, exc, binding, reader=foreign)
         raise WireError.refusing(exc.reason) from None
-    _telemetry.record_unseal(codec.mode.value, method, "ok", len(token))
+    _telemetry.record_unseal(str(codec.mode), method, "ok", len(token))
     if logger.isEnabledFor(logging.DEBUG):
         logger.debug(
             "redeemed requestState on %s: flow=%s round=%d",
@@ -295,7 +296,7 @@ def _log_rejection(
     """
     token = params.get(REQUEST_STATE)
     size = len(token) if isinstance(token, str) else None
-    mode = codec.mode.value if reader is None else reader.label
+    mode = str(codec.mode) if reader is None else reader.label
     _telemetry.record_unseal(mode, method, exc.reason, size)
     target = target_or_none(method, params)
     audience = binding.audience if reader is None and binding is not None else None

@@ -111,10 +111,11 @@ class Boundary:
         """:func:`seal_result` with these options (the codec, ``retry_after``)."""
         return seal_result(self.options.codec, judged, result, retry_after=self.options.retry_after)
 
-    async def run(self, judged: Judged, run: Callable[[], Awaitable[_Result]]) -> _Result:
-        """Run the round (the handler, the answer sealed by :meth:`seal`); then its flow ends,
-        unless the answer carried the next state. Not when ``run`` raises: nothing was answered."""
-        result = await run()
+    async def run(self, judged: Judged, round_: Awaitable[_Result]) -> _Result:
+        """Run the round (``round_``: the handler, its answer sealed by :meth:`seal`); then its
+        flow ends, unless the answer carried the next state. Not when it raises: nothing was
+        answered."""
+        result = await round_
         judged.end_flow(self.options.codec)
         return result
 

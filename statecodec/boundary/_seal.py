@@ -104,7 +104,7 @@ def seal_state(codec: StateCodec, judged: Judged, state: object, *, retry_after:
         reason = exc.reason if isinstance(exc, FlowBudgetExceeded) else "seal_failed"
         why = f"{type(exc).__name__}: {exc}"
         _refuse_seal(codec, method, reason, why, binding=binding, parent=judged.opened)
-    _telemetry.record_seal(codec.mode.value, method, "ok", len(token))
+    _telemetry.record_seal(str(codec.mode), method, "ok", len(token))
     judged.continue_flow()
     return token
 
@@ -119,7 +119,7 @@ def _refuse_seal(
     parent: OpenedState | None = None,
 ) -> NoReturn:
     # Fail closed: a result whose state cannot be sealed is never sent as it is.
-    mode = codec.mode.value
+    mode = str(codec.mode)
     _telemetry.record_seal(mode, method, "error", None)
     target = None if binding is None else binding.target
     where = method if target is None else f"{method} {_telemetry.clip(target)!r}"
