@@ -587,11 +587,14 @@ class RequestStateMiddleware(boundary.Bounded):
         audience = self.boundary.options.audience
         return lambda: boundary.binding_for(method, params, principal=principal, audience=audience)
 
-    async def resolve_principal(self, scope: Scope, sent: RequestHeaders) -> str | None:
+    async def resolve_principal(
+        self, scope: Scope, headers: RequestHeaders | list[tuple[bytes, bytes]]
+    ) -> str | None:
         """The request's principal, through the configured callable (sync or async)."""
         resolve: PrincipalFn | None = self.boundary.options.principal
         if resolve is None:
             return None
+        sent = headers if isinstance(headers, RequestHeaders) else RequestHeaders.read(headers)
         principal = resolve(scope, sent.joined())
         if inspect.isawaitable(principal):
             principal = await principal
