@@ -184,11 +184,14 @@ class RequestHeaders:
 
     @classmethod
     def read(cls, headers: list[tuple[bytes, bytes]]) -> RequestHeaders:
-        names = [name.lower() for name, _ in headers]
+        names: list[bytes] = []
+        keep = names.append
         index: dict[bytes, bytes] = {}
         routing: dict[bytes, bytes] = {}
         repeated: bytes | None = None
-        for name, (_, value) in zip(names, headers, strict=True):
+        for raw_name, value in headers:
+            name = raw_name.lower()
+            keep(name)
             if name not in index:
                 index[name] = value
             if name in _ROUTING_HEADERS:
