@@ -419,11 +419,9 @@ class RequestStateMiddleware(boundary.Bounded):
         if judged is not None and judged.opened is not None:
             _log_round(judged.method, judged.opened)
         outbound = _Outbound(self.boundary, self.max_response_bytes, send, judged, request_id)
-        answer = self.app(_forwarded(scope, sent, body), _replay(body, receive), outbound.send)
-        if judged is None:
-            await answer
-        else:  # the boundary ends the flow with the round: an answer without a state is relayed unparsed
-            await self.boundary.run(judged, answer)
+        await self.app(_forwarded(scope, sent, body), _replay(body, receive), outbound.send)
+        if judged is not None:  # an answer without a state is relayed unparsed: the boundary ends its flow
+            self.boundary.end(judged)
 
     def _passthrough(self, raw_path: bytes) -> bool:
         """Whether ``raw_path`` is a passthrough path; refuses a path with two readings.

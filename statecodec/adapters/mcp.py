@@ -170,7 +170,9 @@ class StateCodecMiddleware(boundary.Bounded):
             return dict(judged.early)
         if judged.opened is not None or (ctx.params is not None and judged.params is not ctx.params):
             ctx = _with_params(ctx, judged.params)  # a state was redeemed (an SDK one has no opened)
-        return await self.boundary.run(judged, self._answer(judged, ctx, call_next))
+        answer = await self._answer(judged, ctx, call_next)
+        self.boundary.end(judged)
+        return answer
 
     async def _answer(self, judged: boundary.Judged, ctx: Context, call_next: CallNext) -> HandlerResult:
         """The handler's result, its state sealed (or the SDK's error for one that cannot go out)."""

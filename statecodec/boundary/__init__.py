@@ -24,8 +24,8 @@ and write the answer. A round:
   the same flow (the codec's ``parent=``), so every flow keeps one id and the codec's round
   and age budgets hold; ``retry_after`` paces a requestState-only round (``input_required``
   without ``inputRequests``, :func:`is_state_only`), or the answer is refused;
-- end of flow (:meth:`Boundary.run`): a round whose answer carried no new state ends its
-  flow, counted once.
+- end of flow (:meth:`Boundary.end`, once the adapter wrote the answer): a round whose
+  answer carried no new state ends its flow, counted once.
 
 Every refusal is one exception, :class:`WireError`, which carries the JSON-RPC error to
 answer instead (:meth:`WireError.response` for the whole body). Every token problem is the

@@ -86,7 +86,7 @@ class Judged:
         """Count the flow as ended by this round's answer, unless a new state continued it.
 
         Called for an answer without a state (:func:`seal_result` does), and once the round
-        is over (:meth:`Boundary.run`), for adapters that do not show every answer to
+        is over (:meth:`Boundary.end`), for adapters that do not show every answer to
         :func:`seal_result`. Counted once: a round that came in with a state ends its flow
         or continues it, not both.
         """

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any
 
 from .._codec import StateCodec
 from ._holds import (
@@ -84,9 +84,6 @@ class BoundaryOptions:
         return cls(codec, **settings)
 
 
-_Result = TypeVar("_Result")
-
-
 class Boundary:
     """One adapter's boundary: its options, its holds, and each round from the verdict to the flow's end.
 
@@ -111,13 +108,11 @@ class Boundary:
         """:func:`seal_result` with these options (the codec, ``retry_after``)."""
         return seal_result(self.options.codec, judged, result, retry_after=self.options.retry_after)
 
-    async def run(self, judged: Judged, round_: Awaitable[_Result]) -> _Result:
-        """Run the round (``round_``: the handler, its answer sealed by :meth:`seal`); then its
-        flow ends, unless the answer carried the next state. Not when it raises: nothing was
-        answered."""
-        result = await round_
+    def end(self, judged: Judged) -> None:
+        """The round of ``judged`` is over, its answer written: its flow ends unless that answer
+        carried the next state (:meth:`Judged.end_flow`). Not called when the round raised:
+        nothing was answered."""
         judged.end_flow(self.options.codec)
-        return result
 
 
 class Bounded:
