@@ -2,10 +2,9 @@
 
 The checks that matter for every caller come first and raise the same errors whatever
 PyNaCl's own wrappers say: exact key and nonce sizes, bytes only, and a ciphertext at
-least one tag long. PyNaCl's cffi handle (``nacl._sodium``) was called directly once, to
-skip the wrappers' per-call validation; a request through the proxy executes 587 fewer
-instructions of about 975,000 with it (0.06%, benchmarks/seam_instructions.py,
-docs/performance.md), far below the 1% a private seam must earn, so it went.
+least one tag long. Calling PyNaCl's cffi handle (``nacl._sodium``) directly, to skip the
+wrappers' per-call validation, saves far less than the 1% a private seam must earn
+(benchmarks/seam_instructions.py, docs/performance.md).
 """
 
 from __future__ import annotations

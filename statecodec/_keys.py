@@ -36,9 +36,8 @@ def _keyed_hmac(key: bytes, prefix: bytes = b"") -> hmac.HMAC:
     """HMAC-SHA256 keyed with ``key`` and fed ``prefix``, to be copied once per message.
 
     Copying a keyed state skips the key setup that ``hmac.digest()`` repeats on every
-    call. (OpenSSL's object inside the wrapper, its private ``_hmac``, was copied directly
-    once: a proxied request executes 0.6% fewer instructions with it, below the 1% a
-    private seam must earn; docs/performance.md.)
+    call. (Copying OpenSSL's object inside the wrapper, its private ``_hmac``, saves less
+    than the 1% a private seam must earn: docs/performance.md.)
     """
     return hmac.new(key, prefix, digestmod="sha256")
 

@@ -2,10 +2,10 @@
 
 Import the one you need; each imports its framework only when imported itself:
 
-- :mod:`statecodec.boundary`: framework-free rules on raw JSON-RPC dicts, the one
-  place that judges a request (``judge_request``) and seals a result (``seal_result``),
-  and the wire errors (``WIRE_ERROR_CODE``, ``WIRE_ERROR_MESSAGE``, ``WIRE_ERROR_DATA``,
-  ``WireError``);
+- :mod:`statecodec.boundary`: framework-free rules on raw JSON-RPC dicts, the owner of a
+  round (``Boundary``: judge, hold, seal, end of flow) that every adapter here holds and
+  feeds with its I/O, and the wire errors (``WIRE_ERROR_CODE``, ``WIRE_ERROR_MESSAGE``,
+  ``WIRE_ERROR_DATA``, ``WireError``);
 - :mod:`statecodec.adapters.mcp`: ``protect()`` for the official ``mcp`` SDK's lowlevel
   ``Server`` and ``MCPServer``, and ``sdk_codec()`` for the SDK's own boundary
   (``statecodec[mcp]``);

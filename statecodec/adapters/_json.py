@@ -34,6 +34,8 @@ from typing import Any, Final, Literal
 
 import orjson
 
+from ..boundary import FOLDED_REQUEST_STATE, fold_key
+
 Kind = Literal["json", "sse", "other"]
 
 _STRICT_NUMBERS: Final = "NaN, Infinity and numbers beyond the float range are not JSON"
@@ -50,8 +52,8 @@ _SNIFF_BYTES: Final = 64
 # digits and '-' deleted, ',' and '[' read as ':' and the exponent as '.', every float token
 # reads ":." (or opens the document with "."), every null ":null" (or opens it). A string may
 # read the same (a false alarm only costs the slow path); a version "1.2.3" or the word
-# "nullable" does not. bytes.translate and find run at C speed: a regular expression over the
-# whole document costs about as much as json.dumps itself (issue 30).
+# "nullable" does not. bytes.translate and find run at C speed, where a regular expression
+# over the whole document would cost about as much as json.dumps itself.
 _TOKENS: Final = bytes.maketrans(b",[eE", b"::..")
 _DELETED: Final = b"0123456789-"
 
@@ -149,8 +151,7 @@ def loads_strict(data: bytes) -> Any:
     write it) is read by orjson and kept only when orjson writes the very same bytes back
     (:func:`_exact`: then no key is repeated and json would read the same values).
     Anything else, and every refusal, takes json's path with its duplicate-key hook, which
-    decides alone (about half the cost of that path is the hook's Python call per object;
-    issue 30).
+    decides alone (the hook's Python call per object is much of that path's cost).
     """
     value = _exact(data)
     if value is not _MISS:
@@ -189,7 +190,7 @@ def may_hold_state(text: str) -> bool:
     """False only when no key of ``text`` can spell ``requestState``: then nothing needs reading.
 
     A key is a state when it is ``requestState`` or normalises to it as
-    :func:`statecodec.boundary.state_aliases` normalises (case-folded, ``_`` and
+    :func:`statecodec.boundary.fold_key` normalises (case-folded, ``_`` and
     ``-`` removed). In ASCII text without ``\\u`` escapes such a key is written with
     exactly those letters, in some case, with ``_`` and ``-`` between them, so the text
     normalised the same way contains ``requeststate`` (a false alarm only costs a parse).
@@ -198,7 +199,7 @@ def may_hold_state(text: str) -> bool:
     """
     if not text.isascii() or "\\u" in text:
         return True
-    return "requeststate" in text.lower().replace("_", "").replace("-", "")
+    return FOLDED_REQUEST_STATE in fold_key(text)
 
 
 def may_need_sealing(text: str) -> bool:
@@ -219,9 +220,9 @@ def read_answer(text: str) -> Any:
     Duplicate keys keep the last value, as in JavaScript; the shadowed ones are still in
     the bytes, so a caller about to relay the bytes must ask :func:`has_duplicate_keys`.
     An answer as ``JSON.stringify`` or orjson writes it is read by orjson when orjson
-    writes its very bytes back (:func:`_exact`: json would read the same values): the
-    read and the write back cost about 40% of json's read of the TypeScript SDK's answer;
-    anything else (NaN, whitespace, escapes, big integers) is json's to read (issue 30).
+    writes its very bytes back (:func:`_exact`: json would read the same values), which
+    is cheaper than json's read (docs/performance.md); anything else (NaN, whitespace,
+    escapes, big integers) is json's to read.
     """
     value = _MISS
     if len(text) <= _ORJSON_MAX_CHARS:

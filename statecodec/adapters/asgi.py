@@ -31,7 +31,6 @@ See docs/proxy.md for the full list of what is and is not bound.
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import binascii
 import inspect
@@ -40,7 +39,8 @@ import re
 import secrets
 from collections.abc import Awaitable, Callable, Collection, Mapping, MutableMapping
 from dataclasses import dataclass
-from typing import Any, Final, TypeAlias
+from functools import partial
+from typing import Any, Final, TypeAlias, TypedDict, Unpack
 from urllib.parse import quote, unquote_to_bytes
 
 from .. import _telemetry, boundary
@@ -65,9 +65,11 @@ __all__ = [
     "Message",
     "PrincipalFn",
     "Receive",
+    "RequestHeaders",
     "RequestStateMiddleware",
     "Scope",
     "Send",
+    "Settings",
     "dumps",
     "loads_strict",
     "request_path",
@@ -87,6 +89,21 @@ ASGIApp: TypeAlias = Callable[[Scope, Receive, Send], Awaitable[None]]
 #: presented credentials that cannot be verified: the request is then never bound to
 #: anyone (a token is refused, a new state is not sealed).
 PrincipalFn: TypeAlias = Callable[[Scope, Mapping[str, str]], "str | Awaitable[str | None] | None"]
+
+
+class Settings(TypedDict, total=False):
+    """The middleware's :class:`~statecodec.boundary.BoundaryOptions` keywords, given with a codec.
+
+    ``audience`` is required; each is documented at :class:`RequestStateMiddleware`.
+    """
+
+    audience: str | None
+    principal: PrincipalFn | None
+    retry_after: float | None
+    max_hold: float
+    max_holds: int
+    max_holds_per_token: int
+
 
 #: The TypeScript SDK's default limit on a POST body.
 DEFAULT_MAX_BODY_BYTES: Final = 4 * 1024 * 1024
@@ -159,10 +176,11 @@ _OWS: Final = b" \t"
 
 
 @dataclass(slots=True)
-class _Sent:
-    """A request's headers, read in one pass (each pass costs ~1,000 instructions a header).
+class RequestHeaders:
+    """A request's headers, lower-cased and read in one pass: every later use reads this.
 
-    ``index``: each header by its lower-case name, the first of repeated ones. ``routing``:
+    ``headers`` as sent, ``names`` each of their names lower-cased, in order. ``index``:
+    each header by its lower-case name, the first of repeated ones. ``routing``:
     ``Mcp-Method`` and ``Mcp-Name`` as sent, trimmed; ``repeated``: the first of them that
     is repeated, refused where the body is judged (only the first of repeated headers would
     be compared with the body, while a router reading the last one would dispatch on a
@@ -170,17 +188,21 @@ class _Sent:
     """
 
     headers: list[tuple[bytes, bytes]]
+    names: list[bytes]
     index: dict[bytes, bytes]
     routing: dict[bytes, bytes]
     repeated: bytes | None
 
     @classmethod
-    def read(cls, headers: list[tuple[bytes, bytes]]) -> _Sent:
+    def read(cls, headers: list[tuple[bytes, bytes]]) -> RequestHeaders:
+        names: list[bytes] = []
+        keep = names.append
         index: dict[bytes, bytes] = {}
         routing: dict[bytes, bytes] = {}
         repeated: bytes | None = None
         for raw_name, value in headers:
             name = raw_name.lower()
+            keep(name)
             if name not in index:
                 index[name] = value
             if name in _ROUTING_HEADERS:
@@ -188,14 +210,26 @@ class _Sent:
                     routing[name] = value.strip(_OWS)
                 elif repeated is None:
                     repeated = name
-        return cls(headers, index, routing, repeated)
+        return cls(headers, names, index, routing, repeated)
+
+    def without(self, *dropped: bytes) -> list[tuple[bytes, bytes]]:
+        """The headers as sent but those named ``dropped`` (lower-case names)."""
+        return [header for name, header in zip(self.names, self.headers, strict=True) if name not in dropped]
+
+    def joined(self) -> dict[str, str]:
+        """Each header by its lower-case name as text, repeated ones joined (:data:`PrincipalFn`)."""
+        joined: dict[str, str] = {}
+        for raw_name, (_, raw_value) in zip(self.names, self.headers, strict=True):
+            name, value = raw_name.decode("latin-1"), raw_value.decode("latin-1")
+            joined[name] = f"{joined[name]}, {value}" if name in joined else value
+        return joined
 
 
 def _header_label(name: bytes) -> str:
     return "Mcp-Method" if name == b"mcp-method" else "Mcp-Name"
 
 
-def _check_routing_headers(sent: _Sent, message: Mapping[str, Any]) -> None:
+def _check_routing_headers(sent: RequestHeaders, message: Mapping[str, Any]) -> None:
     """``Mcp-Method`` and ``Mcp-Name`` must say what the body says (SEP-2243).
 
     MCP 2026-07-28 mirrors the method and the tool/prompt name or resource URI into
@@ -219,8 +253,7 @@ def _check_routing_headers(sent: _Sent, message: Mapping[str, Any]) -> None:
     if name_header is None or not isinstance(method, str) or not boundary.is_mrtr(method):
         return
     params = message.get("params")
-    field = "uri" if method == "resources/read" else "name"
-    target = params.get(field) if isinstance(params, dict) else None
+    target = params.get(boundary.target_field(method)) if isinstance(params, dict) else None
     if target is not None and _decode_header_value(name_header) != target:
         raise _refusal(400, HEADER_MISMATCH_CODE, "the Mcp-Name header does not match the body")
 
@@ -241,10 +274,6 @@ def _id_key(value: Any) -> tuple[str, Any]:
     return ("other", dumps(value, allow_nan=True))
 
 
-def _error(request_id: Any, error: Mapping[str, Any]) -> dict[str, Any]:
-    return {"jsonrpc": "2.0", "id": request_id, "error": dict(error)}
-
-
 def _media_type(content_type: bytes | None) -> str:
     return "" if content_type is None else content_type.decode("latin-1").split(";", 1)[0].strip().lower()
 
@@ -258,14 +287,6 @@ def _without(headers: list[tuple[bytes, bytes]], *names: bytes) -> list[tuple[by
     return [(name, value) for name, value in headers if name.lower() not in names]
 
 
-def _header_map(headers: list[tuple[bytes, bytes]]) -> dict[str, str]:
-    joined: dict[str, str] = {}
-    for raw_name, raw_value in headers:
-        name, value = raw_name.decode("latin-1").lower(), raw_value.decode("latin-1")
-        joined[name] = f"{joined[name]}, {value}" if name in joined else value
-    return joined
-
-
 def _state_keys(document: Any) -> str | None:
     """The first key anywhere in ``document`` that spells ``requestState``, or None (no recursion)."""
     pending = [document]
@@ -273,7 +294,7 @@ def _state_keys(document: Any) -> str | None:
         node = pending.pop()
         if isinstance(node, dict):
             for key, value in node.items():
-                if key.casefold().replace("_", "").replace("-", "") == "requeststate":
+                if boundary.spells_state(key):
                     return str(key)
                 pending.append(value)
         elif isinstance(node, list):
@@ -340,7 +361,7 @@ def _refuse_stray(message: Mapping[str, Any], where: str) -> dict[str, Any]:
         extra=_telemetry.fields("answer_refused", reason="stray_input_required", detail=where[:100]),
     )
     request_id = None if "method" in message else message.get("id")
-    return _error(request_id, WireError.internal().error())
+    return WireError.internal().response(request_id)
 
 
 @dataclass(frozen=True, slots=True)
@@ -354,7 +375,7 @@ class _Request:
 
 
 # ---------------------------------------------------------------- the middleware
-class RequestStateMiddleware:
+class RequestStateMiddleware(boundary.Bounded):
     """ASGI middleware sealing and unsealing MCP ``requestState`` with a StateCodec.
 
     :param app: the ASGI application serving MCP over Streamable HTTP.
@@ -388,23 +409,28 @@ class RequestStateMiddleware:
     def __init__(
         self,
         app: ASGIApp,
-        codec: StateCodec,
+        codec: StateCodec | boundary.BoundaryOptions,
         *,
-        audience: str | None,
-        principal: PrincipalFn | None = None,
         max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
         max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES,
         max_judged_bytes: int = DEFAULT_MAX_JUDGED_BYTES,
         passthrough_paths: Collection[str] = (),
-        retry_after: float | None = None,
-        max_hold: float = boundary.DEFAULT_MAX_HOLD,
-        max_holds: int = boundary.DEFAULT_MAX_HOLDS,
-        max_holds_per_token: int = boundary.DEFAULT_MAX_HOLDS_PER_TOKEN,
+        **settings: Unpack[Settings],
     ) -> None:
-        options = boundary.BoundaryOptions(
-            codec, audience, principal, None, retry_after, max_hold, max_holds, max_holds_per_token
-        )
-        self._adopt(app, options, max_body_bytes, max_response_bytes, passthrough_paths)
+        if max_body_bytes < 1 or max_response_bytes < 1:
+            raise ValueError("max_body_bytes and max_response_bytes must be positive")
+        for path in passthrough_paths:
+            if not path.startswith("/") or not path.isascii() or "?" in path:
+                raise ValueError(
+                    f"passthrough path {path[:80]!r} must be a path as clients send it: "
+                    "starting with '/', ASCII (percent-encoded), without a query"
+                )
+        self.app = app
+        self.boundary = boundary.Boundary(boundary.BoundaryOptions.of(codec, settings))
+        self.max_body_bytes = max_body_bytes
+        self.max_response_bytes = max_response_bytes
+        self.passthrough_paths = frozenset(passthrough_paths)
+        self._passthrough_raw = frozenset(path.encode("utf-8") for path in self.passthrough_paths)
         self.judged_bytes = JudgedBytes(max_judged_bytes)
 
     @classmethod
@@ -418,45 +444,15 @@ class RequestStateMiddleware:
         max_judged_bytes: int = DEFAULT_MAX_JUDGED_BYTES,
         passthrough_paths: Collection[str] = (),
     ) -> RequestStateMiddleware:
-        """The middleware for ``options`` (a :class:`~statecodec.boundary.BoundaryOptions`, valid
-        already), as the proxy builds it: the options object is kept as it is, not rebuilt."""
-        middleware = cls.__new__(cls)
-        middleware._adopt(app, options, max_body_bytes, max_response_bytes, passthrough_paths)
-        middleware.judged_bytes = JudgedBytes(max_judged_bytes)
-        return middleware
-
-    def _adopt(
-        self,
-        app: ASGIApp,
-        options: boundary.BoundaryOptions,
-        max_body_bytes: int,
-        max_response_bytes: int,
-        passthrough_paths: Collection[str],
-    ) -> None:
-        if max_body_bytes < 1 or max_response_bytes < 1:
-            raise ValueError("max_body_bytes and max_response_bytes must be positive")
-        for path in passthrough_paths:
-            if not path.startswith("/") or not path.isascii() or "?" in path:
-                raise ValueError(
-                    f"passthrough path {path[:80]!r} must be a path as clients send it: "
-                    "starting with '/', ASCII (percent-encoded), without a query"
-                )
-        self.app = app
-        # The settings are copied out of the options: one attribute read per request.
-        self.options = options
-        self.holds = options.holds()
-        self.codec: StateCodec = options.codec
-        self.audience: str | None = options.audience
-        self.principal: PrincipalFn | None = options.principal
-        self.max_body_bytes = max_body_bytes
-        self.max_response_bytes = max_response_bytes
-        self.passthrough_paths = frozenset(passthrough_paths)
-        self.retry_after: float | None = options.retry_after
-        self.max_hold: float = options.max_hold
-        self._passthrough_raw = frozenset(path.encode("utf-8") for path in self.passthrough_paths)
-
-    def __repr__(self) -> str:
-        return f"RequestStateMiddleware(codec={self.codec!r}, audience={self.audience!r})"
+        """The middleware for ``options``: the same as ``RequestStateMiddleware(app, options, ...)``."""
+        return cls(
+            app,
+            options,
+            max_body_bytes=max_body_bytes,
+            max_response_bytes=max_response_bytes,
+            max_judged_bytes=max_judged_bytes,
+            passthrough_paths=passthrough_paths,
+        )
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -466,7 +462,7 @@ class RequestStateMiddleware:
         request_id: Any = None
         try:
             passthrough = self._passthrough(request_path(scope))
-            sent = _Sent.read(headers)
+            sent = RequestHeaders.read(headers)
             body = await self._read_body(sent.index, receive)
             if body is None:
                 return  # the client went away while sending
@@ -478,15 +474,15 @@ class RequestStateMiddleware:
                 if request is not None:
                     request_id = request.message["id"]
                     if not request.stated:  # nothing to hold: the plain call of every flow's first round
-                        judged, body = await self._judge(scope, headers, request, body, self.max_hold)
+                        judged, body = await self._judge(
+                            scope, sent, request, body, self.boundary.options.max_hold
+                        )
                     else:
                         handed, request = [request], None  # this frame keeps no parse during a hold
-                        judged, forwarded = await self._judge_holding(
-                            scope, sent, handed, body, receive=receive
-                        )
-                        if forwarded is None:
+                        verdict = await self._judge_holding(scope, sent, handed, body, receive=receive)
+                        if verdict is None:
                             return  # the client went away during the hold: nothing consumed, nothing run
-                        body = forwarded
+                        judged, body = verdict
         except WireError as refusal:
             if refusal.code != boundary.WIRE_ERROR_CODE:  # a token's refusal is logged where judged
                 logger.warning(
@@ -495,22 +491,22 @@ class RequestStateMiddleware:
                     refusal.reason,
                     extra=_telemetry.fields("request_refused", reason=refusal.reason, status=refusal.status),
                 )
-            await _respond(send, refusal.status, _error(request_id, refusal.error()))
+            await _respond(send, refusal.status, refusal.response(request_id))
             return
         if judged is not None and judged.early is not None:  # a paced round retried too early
-            await _respond(send, 200, {"jsonrpc": "2.0", "id": request_id, "result": dict(judged.early)})
+            await _respond(send, 200, boundary.result_response(request_id, judged.early))
             return
         if judged is not None and judged.opened is not None:
             _log_round(judged.method, judged.opened)
-        outbound = _Outbound(self, send, judged, request_id)
+        outbound = _Outbound(
+            self.boundary, self.max_response_bytes, send, judged, request_id, budget=self.judged_bytes
+        )
         try:
-            await self.app(
-                _forwarded(scope, headers, sent.index, body), _replay(body, receive), outbound.send
-            )
+            await self.app(_forwarded(scope, sent, body), _replay(body, receive), outbound.send)
         finally:
             outbound.release()  # what an answer left unfinished held of the budget
-        if judged is not None:  # an answer without a state is relayed unparsed: count its flow's end here
-            judged.end_flow(self.codec)
+        if judged is not None:  # an answer without a state is relayed unparsed: the boundary ends its flow
+            self.boundary.end(judged)
 
     def _passthrough(self, raw_path: bytes) -> bool:
         """Whether ``raw_path`` is a passthrough path; refuses a path with two readings.
@@ -576,7 +572,7 @@ class RequestStateMiddleware:
             if not message.get("more_body", False):
                 return bytes(body)
 
-    def _parse(self, sent: _Sent, body: bytes) -> _Request | None:
+    def _parse(self, sent: RequestHeaders, body: bytes) -> _Request | None:
         """The MRTR request in ``body`` (None for any other message), or a refusal."""
         try:
             message = loads_strict(body)
@@ -608,82 +604,65 @@ class RequestStateMiddleware:
             return None
         return _Request(message, method, params, stated)
 
-    async def _judge_holding(
+    def _judge_holding(
         self,
         scope: Scope,
-        sent: _Sent,
+        sent: RequestHeaders,
         handed: list[_Request],
         body: bytes,
         *,
         receive: Receive,
-    ) -> tuple[Judged, bytes | None]:
-        """:meth:`_judge`, holding an early retry here: only the raw body is kept meanwhile.
+    ) -> Awaitable[tuple[Judged, bytes] | None]:
+        """:meth:`_judge` through the boundary's hold loop; only the raw body is kept during a hold.
 
-        ``handed`` holds the parsed request, emptied here so that no frame keeps it: the
-        parse, the body to forward and the verdict are dropped for the hold and made again
-        from the raw body after it (judged from the start, as every held retry is). ``None``
-        for the body: the client went away during the hold.
+        ``handed`` holds the parsed request, emptied by the first judgement so that no frame
+        keeps it: after a hold the request is parsed again from the raw body and judged
+        from the start. ``None``: the client went away during the hold.
         """
-        request: _Request | None = handed.pop()
-        held = 0.0
-        attempt = 0
-        while True:
-            if request is None:
-                request = self._parse(sent, body)
-                if request is None:  # pragma: no cover - the same body parses the same way
-                    raise _refusal(400, INVALID_REQUEST_CODE, "the request changed during its hold")
-            judged, forwarded = await self._judge(scope, sent.headers, request, body, self.max_hold - held)
-            hold = judged.hold
-            if hold is None or attempt == boundary.HOLDS_MAX:
-                return judged, forwarded  # early (and not held again): answered at once
-            if not self.holds.enter(hold.token_id):
-                boundary.hold_refused(self.holds, hold.early, hold.seconds)
-                return judged, forwarded  # answered at once with the same state
-            del judged, forwarded
-            request = None
-            try:
-                present = await _client_stays(receive, hold.seconds)
-            finally:
-                self.holds.leave(hold.token_id)
-            if not present:
-                boundary.hold_abandoned(hold.early, hold.seconds)
-                return Judged("-", {}, _no_binding), None
-            held += hold.seconds
-            attempt += 1
+
+        def judge(max_hold: float) -> Awaitable[tuple[Judged, bytes]]:
+            request = handed.pop() if handed else self._parse(sent, body)
+            if request is None:  # pragma: no cover - the same body parses the same way
+                raise _refusal(400, INVALID_REQUEST_CODE, "the request changed during its hold")
+            return self._judge(scope, sent, request, body, max_hold)
+
+        return self.boundary.judge(judge, partial(boundary.client_stays, receive))
 
     async def _judge(
         self,
         scope: Scope,
-        headers: list[tuple[bytes, bytes]],
+        sent: RequestHeaders,
         request: _Request,
         body: bytes,
         max_hold: float,
     ) -> tuple[Judged, bytes]:
         """The verdict on an MRTR request, and the body to forward; an early retry is not held here."""
-        bind = await self._binder(scope, headers, request.method, request.params)
+        bind = await self._binder(scope, sent, request.method, request.params)
         if not request.stated:
-            judged = await boundary.judge_request(self.codec, request.method, request.params, bind, wait=None)
+            judged = await boundary.judge_request(
+                self.boundary.options.codec, request.method, request.params, bind, wait=None
+            )
             return judged, body
         # The body to forward is written before the token is consumed, with an unguessable
         # placeholder for the plaintext: nothing that can fail runs after the consume. No ':'
         # in it: ":" then hex reads to dumps as a possible float (':' digits 'e'), which would
-        # send a sixth of these bodies the slow way, through json.dumps (issue 30).
+        # send a sixth of these bodies the slow way, through json.dumps.
         marker = f"\x00statecodec {secrets.token_hex(16)}\x00"
         params = {**(request.params or {}), boundary.REQUEST_STATE: marker}
         head, _, tail = dumps({**request.message, "params": params}).partition(dumps(marker))
         judged = await boundary.judge_request(
-            self.codec, request.method, request.params, bind, max_hold=max_hold, wait=None
+            self.boundary.options.codec, request.method, request.params, bind, max_hold=max_hold, wait=None
         )
         if judged.early is not None:
             return judged, body  # never forwarded: answered at once with the same state
         return judged, head + dumps(judged.params[boundary.REQUEST_STATE]) + tail
 
     async def _binder(
-        self, scope: Scope, headers: list[tuple[bytes, bytes]], method: str, params: Mapping[str, Any] | None
+        self, scope: Scope, sent: RequestHeaders, method: str, params: Mapping[str, Any] | None
     ) -> boundary.Binder:
         """``bind()`` for an MRTR request; the principal is resolved now, the digest on use."""
         try:
-            principal = await self.resolve_principal(scope, headers)
+            principal = await self.resolve_principal(scope, sent)
         except Exception as exc:  # deny on error: credentials that do not verify bind no one
             failure = exc
 
@@ -691,14 +670,18 @@ class RequestStateMiddleware:
                 raise failure
 
             return unbindable
-        audience = self.audience
+        audience = self.boundary.options.audience
         return lambda: boundary.binding_for(method, params, principal=principal, audience=audience)
 
-    async def resolve_principal(self, scope: Scope, headers: list[tuple[bytes, bytes]]) -> str | None:
+    async def resolve_principal(
+        self, scope: Scope, headers: RequestHeaders | list[tuple[bytes, bytes]]
+    ) -> str | None:
         """The request's principal, through the configured callable (sync or async)."""
-        if self.principal is None:
+        resolve: PrincipalFn | None = self.boundary.options.principal
+        if resolve is None:
             return None
-        principal = self.principal(scope, _header_map(headers))
+        sent = headers if isinstance(headers, RequestHeaders) else RequestHeaders.read(headers)
+        principal = resolve(scope, sent.joined())
         if inspect.isawaitable(principal):
             principal = await principal
         if principal is not None and not isinstance(principal, str):
@@ -706,30 +689,10 @@ class RequestStateMiddleware:
         return principal
 
 
-def _no_binding() -> Binding:
-    raise RuntimeError("nothing to bind: the request was abandoned")
-
-
-async def _client_stays(receive: Receive, seconds: float) -> bool:
-    """Wait ``seconds``; False as soon as the client disconnects (its body is already read)."""
-    listener = asyncio.ensure_future(receive())
-    try:
-        done, _ = await asyncio.wait((listener,), timeout=seconds)
-    finally:
-        if not listener.done():
-            listener.cancel()
-    if not done:
-        return True
-    try:
-        return bool(listener.result()["type"] != "http.disconnect")
-    except Exception:  # a receive channel that broke: the client is as good as gone
-        return False
-
-
 def _log_round(method: str, opened: OpenedState) -> None:
     """The access line of a round that came in with a state: its flow and round, as fields."""
     if not access_logger.isEnabledFor(logging.INFO):
-        return  # its fields are built only for a line that is written (issue 30)
+        return  # its fields are built only for a line that is written
     access_logger.info(
         "round %d of flow %s: %s",
         opened.round,
@@ -739,19 +702,17 @@ def _log_round(method: str, opened: OpenedState) -> None:
     )
 
 
-def _forwarded(
-    scope: Scope, original: list[tuple[bytes, bytes]], index: Mapping[bytes, bytes], body: bytes
-) -> Scope:
+def _forwarded(scope: Scope, sent: RequestHeaders, body: bytes) -> Scope:
     """The scope the application gets: its body's length, and no compressed answer asked for."""
-    declared = index.get(b"content-length")
+    declared = sent.index.get(b"content-length")
     length = str(len(body)).encode("ascii")
     if (body or declared is not None) and declared != length:  # one pass drops all three
         headers = [
-            *_without(original, b"accept-encoding", b"content-length", b"transfer-encoding"),
+            *sent.without(b"accept-encoding", b"content-length", b"transfer-encoding"),
             (b"content-length", length),
         ]
-    elif b"accept-encoding" in index:
-        headers = _without(original, b"accept-encoding")
+    elif b"accept-encoding" in sent.index:
+        headers = sent.without(b"accept-encoding")
     else:
         return scope
     return {**scope, "headers": headers}
@@ -824,11 +785,17 @@ class _Outbound:
     _parser: _sse.Parser  # made by _start_stream, the only way into the "sse" mode
 
     def __init__(
-        self, middleware: RequestStateMiddleware, send: Send, judged: Judged | None, request_id: Any
+        self,
+        owner: boundary.Boundary,
+        limit: int,
+        send: Send,
+        judged: Judged | None,
+        request_id: Any,
+        *,
+        budget: JudgedBytes,
     ) -> None:
-        self.codec = middleware.codec
-        self.retry_after = middleware.retry_after
-        self.limit = middleware.max_response_bytes
+        self.boundary = owner
+        self.limit = limit
         self.judged = judged
         self.request_key = _id_key(request_id)
         self._send = send
@@ -839,7 +806,7 @@ class _Outbound:
         self._ends: _json.MessageEnds | None = None  # a UTF-8 JSON answer that may be a stream
         self._streaming = False  # its head is sent: its messages go out one by one
         self.request_id = request_id
-        self._budget = middleware.judged_bytes
+        self._budget = budget
         self._held = 0  # bytes of this answer counted in the budget
 
     async def send(self, message: Message) -> None:
@@ -892,7 +859,7 @@ class _Outbound:
             await self._send({"type": "http.response.body", "body": b"", "more_body": False})
         else:
             busy = WireError(INTERNAL_ERROR_CODE, "Too many answers being inspected: retry", status=503)
-            await _respond(self._send, busy.status, _error(self.request_id, busy.error()))
+            await _respond(self._send, busy.status, busy.response(self.request_id))
 
     async def _on_body(self, chunk: bytes, more: bool) -> None:
         mode = self._mode
@@ -1053,7 +1020,7 @@ class _Outbound:
                 str(exc)[:100],
                 extra=_telemetry.fields("answer_refused", reason="unreadable_event", detail=str(exc)[:100]),
             )
-            return dumps(_error(None, WireError.internal().error()))
+            return dumps(WireError.internal().response())
         document, changed = self._seal_document(document, text)
         if not changed and not _json.has_duplicate_keys(text):
             return None
@@ -1111,7 +1078,7 @@ class _Outbound:
             extra=_telemetry.fields("answer_refused", reason="unreadable", detail=why, status=502),
         )
         self._mode = "done"
-        await _respond(self._send, 502, _error(None, WireError.internal().error()))
+        await _respond(self._send, 502, WireError.internal().response())
 
     # -------------------------------------------------------- sealing results
     def _seal_document(self, document: Any, text: str) -> tuple[Any, bool]:
@@ -1138,11 +1105,9 @@ class _Outbound:
             # in it is refused like one answering no request of this exchange.
             mine = key == "result" and _id_key(message.get("id")) == self.request_key
             try:
-                new = boundary.seal_result(
-                    self.codec, self.judged if mine else None, result, retry_after=self.retry_after
-                )
+                new = self.boundary.seal(self.judged if mine else None, result)
             except WireError as exc:
-                return _error(message.get("id"), exc.error()), True
+                return exc.response(message.get("id")), True
             if new is not result:
                 sealed = {**(sealed or message), key: new}
         return (message, False) if sealed is None else (sealed, True)

@@ -25,7 +25,7 @@ from __future__ import annotations
 import functools
 import importlib.metadata
 import logging
-from collections.abc import Callable, Mapping, MutableSequence
+from collections.abc import Awaitable, Callable, Mapping, MutableSequence
 from dataclasses import fields, is_dataclass, replace
 from functools import partial
 from typing import Any, Final, TypeAlias, TypedDict, Unpack, cast
@@ -33,7 +33,6 @@ from typing import Any, Final, TypeAlias, TypedDict, Unpack, cast
 from .._extras import missing_extra
 
 try:
-    import anyio
     from mcp.server.auth.middleware.auth_context import get_access_token
     from mcp.server.auth.provider import principal_components
     from mcp.server.context import CallNext, HandlerResult, ServerRequestContext
@@ -56,6 +55,7 @@ from .sdk_window import SDKStateWindow
 __all__ = [
     "AudienceFn",
     "BindingFn",
+    "MiddlewareSettings",
     "PrincipalFn",
     "SDKRequestStateCodec",
     "Settings",
@@ -106,49 +106,41 @@ def authenticated_principal(ctx: Context) -> str | None:
     return boundary.principal_string(*principal_components(token))
 
 
-class StateCodecMiddleware:
+class MiddlewareSettings(Settings, total=False):
+    """:class:`Settings` and the ``audience``, which the middleware's constructor requires."""
+
+    audience: str | AudienceFn | None
+
+
+class StateCodecMiddleware(boundary.Bounded):
     """SDK server middleware sealing and unsealing ``requestState`` with a StateCodec.
 
     Build it with :func:`protect`; the constructor is public for servers assembled by
     hand (``MCPServer(middleware=[...])`` would put it *inside* the SDK boundary, which
-    is wrong: use :func:`install` or :func:`protect`). It takes :func:`protect`'s keywords
-    (:class:`Settings`, ``sdk_window``), but ``audience`` is required.
+    is wrong: use :func:`install` or :func:`protect`). It takes a codec and
+    :func:`protect`'s keywords (:class:`Settings`, ``sdk_window``), but ``audience`` is
+    required; or a :class:`~statecodec.boundary.BoundaryOptions` built already (then
+    only ``sdk_window``), which is held as it is.
     """
 
     def __init__(
         self,
-        codec: StateCodec,
+        codec: StateCodec | boundary.BoundaryOptions,
         *,
-        audience: str | AudienceFn | None,
         sdk_window: SDKStateWindow | None = None,
-        **settings: Unpack[Settings],
+        **settings: Unpack[MiddlewareSettings],
     ) -> None:
-        settings.setdefault("principal", authenticated_principal)
-        self._adopt(boundary.BoundaryOptions(codec, audience, **settings), sdk_window)
+        if not isinstance(codec, boundary.BoundaryOptions):
+            settings.setdefault("principal", authenticated_principal)
+        self.boundary = boundary.Boundary(boundary.BoundaryOptions.of(codec, settings))
+        self.sdk_window = sdk_window
 
     @classmethod
     def from_options(
         cls, options: boundary.BoundaryOptions, *, sdk_window: SDKStateWindow | None = None
     ) -> StateCodecMiddleware:
-        """The middleware for ``options`` (a :class:`~statecodec.boundary.BoundaryOptions`, valid already)."""
-        middleware = cls.__new__(cls)
-        middleware._adopt(options, sdk_window)
-        return middleware
-
-    def _adopt(self, options: boundary.BoundaryOptions, sdk_window: SDKStateWindow | None) -> None:
-        # The settings are copied out of the options: one attribute read per request.
-        self.options = options
-        self.holds = options.holds()
-        self.codec: StateCodec = options.codec
-        self.sdk_window = sdk_window
-        self.audience: str | AudienceFn | None = options.audience
-        self.principal: PrincipalFn | None = options.principal
-        self.binding: BindingFn | None = options.binding
-        self.retry_after: float | None = options.retry_after
-        self.max_hold: float = options.max_hold
-
-    def __repr__(self) -> str:
-        return f"StateCodecMiddleware(codec={self.codec!r}, audience={self.audience!r})"
+        """The middleware for ``options``: the same as ``StateCodecMiddleware(options, sdk_window=...)``."""
+        return cls(options, sdk_window=sdk_window)
 
     async def __call__(self, ctx: Context, call_next: CallNext) -> HandlerResult:
         # This runs on every request of the server, so the common cases take the fewest
@@ -159,45 +151,48 @@ class StateCodecMiddleware:
         # One binding per request, for the inbound check and the outbound seal alike (the
         # next round's token is bound to exactly what this round was), computed only when
         # a state arrives or leaves, never for plain calls.
-        judge = (
-            boundary.judge_request if self.sdk_window is None else partial(self.sdk_window.judge_request, ctx)
+        judge = partial(
+            boundary.judge_request,
+            self.boundary.options.codec,
+            method,
+            ctx.params,
+            partial(self._binding, ctx),
+            wait=None,
+            reader=None if self.sdk_window is None else self.sdk_window.reader(ctx),
         )
         try:
-            # A hold ends early when its client goes away (_hold_wait) or the SDK cancels
+            # A hold ends early when its client goes away (_client_stays) or the SDK cancels
             # the request: nothing is consumed and the handler never runs.
-            judged = await judge(
-                self.codec,
-                method,
-                ctx.params,
-                partial(self._binding, ctx),
-                max_hold=self.max_hold,
-                holds=self.holds,
-                wait=partial(_hold_wait, ctx),
+            verdict = await self.boundary.judge(
+                lambda left: _paired(judge(max_hold=left)), _client_stays(ctx)
             )
         except boundary.WireError as exc:
             raise _mcp_error(exc) from None
-        except _ClientGoneError:  # written to a closed connection: nobody reads it
-            raise MCPError(code=REQUEST_CANCELLED, message="Request cancelled") from None
+        if verdict is None:  # the client left during the hold: an answer on a closed connection
+            raise MCPError(code=REQUEST_CANCELLED, message="Request cancelled")
+        judged = verdict[0]
         if judged.early is not None:  # a paced round retried too early: the same state, no handler
             return dict(judged.early)
         if judged.opened is not None or (ctx.params is not None and judged.params is not ctx.params):
             ctx = _with_params(ctx, judged.params)  # a state was redeemed (an SDK one has no opened)
+        answer = await self._answer(judged, ctx, call_next)
+        self.boundary.end(judged)
+        return answer
+
+    async def _answer(self, judged: boundary.Judged, ctx: Context, call_next: CallNext) -> HandlerResult:
+        """The handler's result, its state sealed (or the SDK's error for one that cannot go out)."""
         result = await call_next(ctx)
         try:
             if type(result) is dict:  # the runner's wire form
-                return cast(
-                    "dict[str, Any]",
-                    boundary.seal_result(self.codec, judged, result, retry_after=self.retry_after),
-                )
-            sealed = self._seal_other(judged, result)
+                return cast("dict[str, Any]", self.boundary.seal(judged, result))
+            return self._seal_other(judged, result)
         except boundary.WireError as exc:
             raise _mcp_error(exc) from None
-        judged.end_flow(self.codec)  # a model without a state: the flow ends (no-op if it goes on)
-        return sealed
 
     def _binding(self, ctx: Context) -> Binding:
         """The request's binding: the default one, then the ``binding`` callback's word."""
-        audience, principal, custom = self.audience, self.principal, self.binding
+        options = self.boundary.options
+        audience, principal, custom = options.audience, options.principal, options.binding
         binding = boundary.binding_for(
             ctx.method,
             ctx.params,
@@ -211,58 +206,57 @@ class StateCodecMiddleware:
 
         A middleware further in (or a caller composing middleware by hand) may hand back
         the SDK's result model: it comes back as the same model, its state sealed, as the
-        SDK's own boundary returns it.
+        SDK's own boundary returns it. The model is judged by its wire fields, as a dict is.
         """
         if isinstance(result, Mapping):
-            return dict(boundary.seal_result(self.codec, judged, result, retry_after=self.retry_after))
-        state = getattr(result, "request_state", None)
-        if state is None and isinstance(result, InputRequiredResult):
-            wire = {"resultType": boundary.INPUT_REQUIRED, "inputRequests": result.input_requests}
-            boundary.check_asks_something(self.codec, judged.method, wire)
-        if state is None or not isinstance(result, BaseModel):
+            return dict(self.boundary.seal(judged, result))
+        if not isinstance(result, BaseModel):
             return result
-        state_only = isinstance(result, InputRequiredResult) and not result.input_requests
-        token = boundary.seal_state(
-            self.codec, judged, state, retry_after=self.retry_after if state_only else None
+        state = getattr(result, "request_state", None)
+        wire: dict[str, Any] = {}
+        if isinstance(result, InputRequiredResult):
+            wire = {"resultType": boundary.INPUT_REQUIRED, "inputRequests": result.input_requests}
+        elif state is None:
+            return result
+        if state is not None:
+            wire[boundary.REQUEST_STATE] = state
+        sealed = self.boundary.seal(judged, wire)
+        return (
+            result
+            if state is None
+            else result.model_copy(update={"request_state": sealed[boundary.REQUEST_STATE]})
         )
-        return result.model_copy(update={"request_state": token})
 
 
-class _ClientGoneError(Exception):
-    """The HTTP client of a held early retry closed its connection (see :func:`_hold_wait`)."""
+async def _paired(judged: Awaitable[boundary.Judged]) -> tuple[boundary.Judged]:
+    return (await judged,)
 
 
-async def _hold_wait(ctx: Context, seconds: float) -> None:
-    """Hold ``ctx``'s early retry ``seconds``; :class:`_ClientGoneError` if its HTTP client leaves first.
+def _client_stays(ctx: Context) -> boundary.ClientStays:
+    """How ``ctx``'s early retry waits: watching its HTTP client, which may leave meanwhile.
 
     The SDK ends a request whose client leaves only on some transports: it cancels one
     answered by SSE, but one answered with JSON (``json_response=True``) runs on in the
     HTTP task with nobody watching, so at the pacing time the hold would consume the
     token and run the handler for no one, and the client's on-time retry would be refused
-    as replayed. So the hold watches the request itself: its body is read, and the next
-    ASGI message is ``http.disconnect`` when the client leaves. Not watched: a request
+    as replayed. So the hold watches the request itself (its body is read, and the next
+    ASGI message is ``http.disconnect`` when the client leaves). Not watched: a request
     without HTTP (stdio; the SDK's cancellation still ends the hold), and a resumable SSE
     stream (``ctx.close_sse_stream`` is set: the 2025-era wire with an event store),
     whose client may reconnect for the answer, so its leaving is no cancellation.
     """
     receive = getattr(ctx.request, "receive", None)
     if not callable(receive) or ctx.close_sse_stream is not None:
-        await anyio.sleep(seconds)
-        return
-    with anyio.move_on_after(seconds):
-        if (await receive()).get("type") == "http.disconnect":
-            raise _ClientGoneError
-        # Anything else is unexpected once the body is read: wait out the hold, unwatched.
-        await anyio.sleep_forever()
+        return boundary.sleeping
+    return partial(boundary.client_stays, receive)
 
 
 def _with_params(ctx: Context, params: Mapping[str, Any]) -> Context:
     """A copy of ``ctx`` with other ``params``; the original is never mutated, so the
     middleware further out (OpenTelemetry, the user's) keeps the wire form.
 
-    ``dataclasses.replace``, the public way: copying the instance dictionary instead saved
-    0.5% of an SDK round's instructions, below the 1% a private seam must earn
-    (docs/performance.md).
+    ``dataclasses.replace``, the public way: copying the instance dictionary instead saves
+    less than the 1% a private seam must earn (docs/performance.md).
     """
     return replace(ctx, params=params)
 

@@ -22,15 +22,15 @@ statecodec's:
   token (canonical base64url only), so a re-encoded copy cannot redeem it again.
 
 Every state the server seals is statecodec's: the answer to a round that came in with
-an SDK token starts a new statecodec flow, bound as any other. Refusals are the same
-uniform -32602 on the wire; the log record says ``format=mcp-py-v1`` and the reason.
+an SDK token starts a new statecodec flow, bound as any other. The window is a
+:class:`~statecodec.boundary.TokenReader`: it raises, and the boundary answers as it
+answers for every token (the uniform -32602, or -32603 "retry the same request" when the
+replay store could not record it); the log record says ``mode=mcp-py-v1`` and the reason.
 """
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
-import logging
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -38,14 +38,13 @@ from typing import Any, Final
 
 from mcp.server.request_state import authenticated_principal as sdk_authenticated_principal
 
-from .. import _format, _telemetry, boundary
+from .. import boundary
+from .._binding import Binding
 from .._codec import StateCodec
 from .._errors import InvalidState
 from ..compat import mcp_py_v1
 
-__all__ = ["SDKStateWindow"]
-
-logger = logging.getLogger("statecodec")
+__all__ = ["SDKStateWindow", "SDKTokenReader"]
 
 #: The format and metrics label of the tokens this window accepts.
 FORMAT: Final = "mcp-py-v1"
@@ -101,60 +100,24 @@ class SDKStateWindow:
     def is_open(self, now: float) -> bool:
         return now < self.until
 
-    async def judge_request(
-        self,
-        ctx: Any,
-        codec: StateCodec,
-        method: str,
-        params: Mapping[str, Any] | None,
-        bind: boundary.Binder,
-        *,
-        max_hold: float = boundary.DEFAULT_MAX_HOLD,
-        holds: boundary.Holds | None = None,
-        wait: boundary.Waiter | None = asyncio.sleep,
-    ) -> boundary.Judged:
-        """:func:`statecodec.boundary.judge_request`, plus the SDK's tokens while open.
+    def reader(self, ctx: Any) -> SDKTokenReader:
+        """The :class:`~statecodec.boundary.TokenReader` of this window for the request ``ctx``."""
+        return SDKTokenReader(self, ctx)
 
-        A ``requestState`` of the SDK's shape (``v1.`` and one section) is judged here;
-        anything else, a state of statecodec's included, goes to ``judge_request``.
-        """
-        token = None if params is None else params.get(boundary.REQUEST_STATE)
-        if (
-            params is None
-            or not isinstance(token, str)
-            or not _sdk_shaped(token)
-            or boundary.state_aliases(params)
-        ):
-            return await boundary.judge_request(
-                codec, method, params, bind, max_hold=max_hold, holds=holds, wait=wait
-            )
-        try:
-            state, binding = await self._redeem(
-                ctx, codec, method=method, params=params, token=token, bind=bind
-            )
-        except InvalidState as exc:
-            self._log_rejection(codec, method, params, token, exc)
-            raise boundary.WireError.invalid_state(exc.reason) from None
-        _telemetry.record_unseal(FORMAT, method, "ok", len(token))
-        logger.debug(
-            "redeemed an SDK requestState on %s (migration window)",
-            method,
-            extra=_telemetry.fields("sdk_token_redeemed", method=method, format=FORMAT),
-        )
-        return boundary.Judged(method, {**params, boundary.REQUEST_STATE: state}, bind, None, binding)
-
-    async def _redeem(
+    async def redeem(
         self,
-        ctx: Any,
         codec: StateCodec,
-        *,
         method: str,
         params: Mapping[str, Any],
+        *,
+        ctx: Any,
         token: str,
         bind: boundary.Binder,
-    ) -> tuple[str, Any]:
-        """Every check, then the consumption; ``InvalidState`` for the first that fails."""
-        _format.check_size(token, codec.max_token_bytes)
+    ) -> tuple[str, Binding]:
+        """Every check, then the consumption; ``InvalidState`` for the first that fails.
+
+        The boundary checked the token's shape and size already, and answers the refusal.
+        """
         try:  # deny on error: a clock that fails (or says NaN) accepts nothing
             now = float(codec.clock())
         except Exception:
@@ -186,10 +149,8 @@ class SDKStateWindow:
     def _expected(self, ctx: Any, method: str, params: Mapping[str, Any]) -> mcp_py_v1.Expected:
         """What the SDK's ``RequestStateBoundary`` compares, computed as it computes it."""
         arguments: Any
-        if method == "resources/read":
-            target, arguments = str(params.get("uri", "")), {}
-        else:
-            target, arguments = str(params.get("name", "")), params.get("arguments") or {}
+        target = str(params.get(boundary.target_field(method), ""))
+        arguments = {} if method == "resources/read" else params.get("arguments") or {}
         try:
             digest = mcp_py_v1.arguments_digest(arguments)
             principal = None if self.bind_principal is None else self.bind_principal(ctx)
@@ -201,26 +162,29 @@ class SDKStateWindow:
             raise InvalidState("malformed", f"bind_principal returned {type(principal).__name__}, not str")
         return mcp_py_v1.Expected(method, target, digest, self.audience, principal)
 
-    def _log_rejection(
-        self, codec: StateCodec, method: str, params: Mapping[str, Any], token: str, exc: InvalidState
-    ) -> None:
-        _telemetry.record_unseal(FORMAT, method, exc.reason, len(token))
-        target = params.get("uri" if method == "resources/read" else "name")
-        logger.warning(
-            "rejected an SDK requestState on %s: reason=%s detail=%r kid=%s",
-            method,
-            exc.reason,
-            exc.detail,
-            exc.kid or "-",
-            extra=_telemetry.rejection(
-                exc,
-                audience=self.audience,
-                method=method,
-                target=target if isinstance(target, str) else None,
-                mode=FORMAT,
-                size=len(token),
-            ),
-        )
+
+@dataclass(frozen=True, slots=True)
+class SDKTokenReader:
+    """The window as a :class:`~statecodec.boundary.TokenReader` for one request ``ctx``."""
+
+    window: SDKStateWindow
+    ctx: Any
+
+    @property
+    def label(self) -> str:
+        return FORMAT
+
+    @property
+    def audience(self) -> str | None:
+        return self.window.audience
+
+    def reads(self, token: str) -> bool:
+        return _sdk_shaped(token)
+
+    async def redeem(
+        self, codec: StateCodec, method: str, params: Mapping[str, Any], *, token: str, bind: boundary.Binder
+    ) -> tuple[str, Binding]:
+        return await self.window.redeem(codec, method, params, ctx=self.ctx, token=token, bind=bind)
 
 
 def _sdk_shaped(token: str) -> bool:

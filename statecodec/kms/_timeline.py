@@ -7,7 +7,7 @@ as long as any instance may have minted a still-valid token with it. With
     D = R * (1 + jitter) + max_skew + 1 s       (1 s: source timestamps are whole seconds)
     M = staleness_limit + max_ttl + expiry_grace + 1 s
                                                 (1 s of margin: a token is accepted until
-                                                 exp + expiry_grace; releases before issue 29
+                                                 exp + expiry_grace; earlier releases
                                                  accepted it through that whole second)
 
 a key created at ``c`` is *published* at once (verifies on every instance by ``c + D``),
@@ -49,7 +49,7 @@ DEFAULT_STALENESS_LIMIT: Final = 900.0
 TIMESTAMP_GRANULARITY: Final = 1.0
 #: A token is accepted until ``exp + expiry_grace`` (statecodec/_codec.py); the second on
 #: top is margin for a fleet mid-upgrade from releases that accepted it through that whole
-#: second, and keeps every retirement computed before issue 29 unchanged.
+#: second, and keeps every retirement those releases computed unchanged.
 LAST_SECOND: Final = 1.0
 
 State = Literal["primary", "verify-only", "pending", "retired"]
