@@ -958,8 +958,10 @@ class _Outbound:
         length) and each message after it, judged on its own (:meth:`_judged`). A single
         message whose body ends with it takes :meth:`_finish_json`, as before.
         """
-        assert self._ends is not None
-        ends = self._ends.scan(self._body)
+        finder = self._ends
+        if finder is None:  # set with the "json" mode of a UTF-8 answer, the only way here
+            raise RuntimeError("a JSON answer's message ends were asked for before it was sniffed")
+        ends = finder.scan(self._body)
         if not more:
             ends.append(len(self._body))  # what is left: whitespace, or an unfinished message
         starts = [0, *ends]
@@ -983,7 +985,7 @@ class _Outbound:
                 )
             out.append(raw)
         del self._body[: starts[-1]]
-        self._ends.consumed(starts[-1])
+        finder.consumed(starts[-1])
         self._hold(len(self._body))
         if out or not more:
             await self._send({"type": "http.response.body", "body": b"".join(out), "more_body": more})

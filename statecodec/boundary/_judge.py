@@ -212,7 +212,8 @@ async def _judge_holding(
         return (await judge_request(codec, method, params, bind, max_hold=left, wait=None, reader=reader),)
 
     verdict = await hold_early(judge, max_hold=max_hold, holds=holds, stays=staying(wait))
-    assert verdict is not None  # a Waiter raises when its client leaves: it never says so
+    if verdict is None:  # a Waiter raises when its client leaves: it never says so
+        raise RuntimeError("a hold without a client to watch ended as if its client had left")
     return verdict[0]
 
 
