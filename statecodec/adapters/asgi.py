@@ -348,17 +348,38 @@ def _strays_possible(messages: list[Any], text: str) -> bool:
     return text.count('"input_required"') > own
 
 
-def _refuse_stray(message: Mapping[str, Any], where: str) -> dict[str, Any]:
-    """The error that replaces a message holding an ``input_required`` result at ``where``.
+def _round_answer(result: object) -> str | None:
+    """Where ``result`` gives a round's answer (``input_required``, or a state in any spelling), or None.
+
+    One message per request may give it: a second would ask again, or hand out a second
+    token, for one round (:meth:`_Outbound._seal_message`).
+    """
+    if type(result) is not dict:
+        return None
+    for key, value in result.items():
+        asks = value == boundary.INPUT_REQUIRED and key.casefold() == "resulttype"
+        if asks or boundary.spells_state(key):
+            return f"result.{key}"
+    return None
+
+
+def _refuse_stray(
+    message: Mapping[str, Any],
+    where: str,
+    *,
+    reason: str = "stray_input_required",
+    what: str = "an input_required result",
+) -> dict[str, Any]:
+    """The error that replaces a message holding ``what`` (an ``input_required`` result) at ``where``.
 
     A response keeps its id; a notification or a server request, which the client answers
     no error to, is replaced by an error without one.
     """
     logger.error(
-        "an input_required result at %s of an answer (it may carry a plaintext state); "
-        "the message was replaced by -32603",
+        "%s at %s of an answer (it may carry a plaintext state); the message was replaced by -32603",
+        what,
         where[:100],
-        extra=_telemetry.fields("answer_refused", reason="stray_input_required", detail=where[:100]),
+        extra=_telemetry.fields("answer_refused", reason=reason, detail=where[:100]),
     )
     request_id = None if "method" in message else message.get("id")
     return WireError.internal().response(request_id)
@@ -777,9 +798,10 @@ class _Outbound:
     is parsed as such; everything else (HTML, text, files) is relayed byte for byte.
 
     A state in what is parsed is sealed when it answers this exchange's MRTR request and
-    replaced by -32603 otherwise. What might carry a state and cannot be read (compressed,
-    too large, not parsable) is replaced by HTTP 502 / -32603 (a body) or by an error
-    event (in a stream), and logged.
+    replaced by -32603 otherwise; so is an answer to that request after the first that is
+    ``input_required`` or carries a state (one round, one token). What might carry a state
+    and cannot be read (compressed, too large, not parsable) is replaced by HTTP 502 /
+    -32603 (a body) or by an error event (in a stream), and logged.
     """
 
     _parser: _sse.Parser  # made by _start_stream, the only way into the "sse" mode
@@ -808,6 +830,7 @@ class _Outbound:
         self.request_id = request_id
         self._budget = budget
         self._held = 0  # bytes of this answer counted in the budget
+        self._answered = False  # a message read so far answers the request
 
     async def send(self, message: Message) -> None:
         kind = message["type"]
@@ -1094,6 +1117,12 @@ class _Outbound:
     def _seal_message(self, message: Any, strays: bool) -> tuple[Any, bool]:
         if not isinstance(message, dict):
             return message, False
+        answers = "method" not in message and _id_key(message.get("id")) == self.request_key
+        again = _round_answer(message.get("result")) if answers and self._answered else None
+        self._answered = self._answered or answers
+        if again is not None:  # the client took the first answer: a second round would fork the flow
+            what = "a second input_required result or state answering one request"
+            return _refuse_stray(message, again, reason="repeated_answer", what=what), True
         stray = _stray_input_required(message) if strays else None
         if stray is not None:
             return _refuse_stray(message, stray), True
