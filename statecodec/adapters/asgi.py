@@ -61,6 +61,7 @@ __all__ = [
     "DEFAULT_MAX_BODY_BYTES",
     "DEFAULT_MAX_JUDGED_BYTES",
     "DEFAULT_MAX_RESPONSE_BYTES",
+    "FORWARDER_HEADERS",
     "ASGIApp",
     "Message",
     "PrincipalFn",
@@ -70,6 +71,7 @@ __all__ = [
     "Scope",
     "Send",
     "Settings",
+    "body_length",
     "dumps",
     "loads_strict",
     "request_path",
@@ -223,6 +225,19 @@ class RequestHeaders:
             name, value = raw_name.decode("latin-1"), raw_value.decode("latin-1")
             joined[name] = f"{joined[name]}, {value}" if name in joined else value
         return joined
+
+
+#: Request headers whoever forwards a request sets itself, never copied from its client: the
+#: body's framing (the body goes on whole, and a redeemed state changes its length:
+#: :func:`body_length`) and the encodings the answer may take (an answer must come
+#: uncompressed to be inspected). The middleware's application gets no ``Accept-Encoding``;
+#: the proxy's forwarder asks its upstream for ``identity``.
+FORWARDER_HEADERS: Final = frozenset({b"accept-encoding", b"content-length", b"transfer-encoding"})
+
+
+def body_length(body: bytes) -> bytes:
+    """The ``Content-Length`` of ``body`` forwarded whole (:data:`FORWARDER_HEADERS`)."""
+    return str(len(body)).encode("ascii")
 
 
 def _header_label(name: bytes) -> str:
@@ -726,12 +741,9 @@ def _log_round(method: str, opened: OpenedState) -> None:
 def _forwarded(scope: Scope, sent: RequestHeaders, body: bytes) -> Scope:
     """The scope the application gets: its body's length, and no compressed answer asked for."""
     declared = sent.index.get(b"content-length")
-    length = str(len(body)).encode("ascii")
+    length = body_length(body)
     if (body or declared is not None) and declared != length:  # one pass drops all three
-        headers = [
-            *sent.without(b"accept-encoding", b"content-length", b"transfer-encoding"),
-            (b"content-length", length),
-        ]
+        headers = [*sent.without(*FORWARDER_HEADERS), (b"content-length", length)]
     elif b"accept-encoding" in sent.index:
         headers = sent.without(b"accept-encoding")
     else:
