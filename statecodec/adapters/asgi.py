@@ -61,6 +61,7 @@ __all__ = [
     "DEFAULT_MAX_BODY_BYTES",
     "DEFAULT_MAX_JUDGED_BYTES",
     "DEFAULT_MAX_RESPONSE_BYTES",
+    "FORWARDER_HEADERS",
     "ASGIApp",
     "Message",
     "PrincipalFn",
@@ -70,6 +71,7 @@ __all__ = [
     "Scope",
     "Send",
     "Settings",
+    "body_length",
     "dumps",
     "loads_strict",
     "request_path",
@@ -225,6 +227,19 @@ class RequestHeaders:
         return joined
 
 
+#: Request headers whoever forwards a request sets itself, never copied from its client: the
+#: body's framing (the body goes on whole, and a redeemed state changes its length:
+#: :func:`body_length`) and the encodings the answer may take (an answer must come
+#: uncompressed to be inspected). The middleware's application gets no ``Accept-Encoding``;
+#: the proxy's forwarder asks its upstream for ``identity``.
+FORWARDER_HEADERS: Final = frozenset({b"accept-encoding", b"content-length", b"transfer-encoding"})
+
+
+def body_length(body: bytes) -> bytes:
+    """The ``Content-Length`` of ``body`` forwarded whole (:data:`FORWARDER_HEADERS`)."""
+    return str(len(body)).encode("ascii")
+
+
 def _header_label(name: bytes) -> str:
     return "Mcp-Method" if name == b"mcp-method" else "Mcp-Name"
 
@@ -348,17 +363,38 @@ def _strays_possible(messages: list[Any], text: str) -> bool:
     return text.count('"input_required"') > own
 
 
-def _refuse_stray(message: Mapping[str, Any], where: str) -> dict[str, Any]:
-    """The error that replaces a message holding an ``input_required`` result at ``where``.
+def _round_answer(result: object) -> str | None:
+    """Where ``result`` gives a round's answer (``input_required``, or a state in any spelling), or None.
+
+    One message per request may give it: a second would ask again, or hand out a second
+    token, for one round (:meth:`_Outbound._seal_message`).
+    """
+    if type(result) is not dict:
+        return None
+    for key, value in result.items():
+        asks = value == boundary.INPUT_REQUIRED and key.casefold() == "resulttype"
+        if asks or boundary.spells_state(key):
+            return f"result.{key}"
+    return None
+
+
+def _refuse_stray(
+    message: Mapping[str, Any],
+    where: str,
+    *,
+    reason: str = "stray_input_required",
+    what: str = "an input_required result",
+) -> dict[str, Any]:
+    """The error that replaces a message holding ``what`` (an ``input_required`` result) at ``where``.
 
     A response keeps its id; a notification or a server request, which the client answers
     no error to, is replaced by an error without one.
     """
     logger.error(
-        "an input_required result at %s of an answer (it may carry a plaintext state); "
-        "the message was replaced by -32603",
+        "%s at %s of an answer (it may carry a plaintext state); the message was replaced by -32603",
+        what,
         where[:100],
-        extra=_telemetry.fields("answer_refused", reason="stray_input_required", detail=where[:100]),
+        extra=_telemetry.fields("answer_refused", reason=reason, detail=where[:100]),
     )
     request_id = None if "method" in message else message.get("id")
     return WireError.internal().response(request_id)
@@ -705,12 +741,9 @@ def _log_round(method: str, opened: OpenedState) -> None:
 def _forwarded(scope: Scope, sent: RequestHeaders, body: bytes) -> Scope:
     """The scope the application gets: its body's length, and no compressed answer asked for."""
     declared = sent.index.get(b"content-length")
-    length = str(len(body)).encode("ascii")
+    length = body_length(body)
     if (body or declared is not None) and declared != length:  # one pass drops all three
-        headers = [
-            *sent.without(b"accept-encoding", b"content-length", b"transfer-encoding"),
-            (b"content-length", length),
-        ]
+        headers = [*sent.without(*FORWARDER_HEADERS), (b"content-length", length)]
     elif b"accept-encoding" in sent.index:
         headers = sent.without(b"accept-encoding")
     else:
@@ -777,9 +810,10 @@ class _Outbound:
     is parsed as such; everything else (HTML, text, files) is relayed byte for byte.
 
     A state in what is parsed is sealed when it answers this exchange's MRTR request and
-    replaced by -32603 otherwise. What might carry a state and cannot be read (compressed,
-    too large, not parsable) is replaced by HTTP 502 / -32603 (a body) or by an error
-    event (in a stream), and logged.
+    replaced by -32603 otherwise; so is an answer to that request after the first that is
+    ``input_required`` or carries a state (one round, one token). What might carry a state
+    and cannot be read (compressed, too large, not parsable) is replaced by HTTP 502 /
+    -32603 (a body) or by an error event (in a stream), and logged.
     """
 
     _parser: _sse.Parser  # made by _start_stream, the only way into the "sse" mode
@@ -808,6 +842,7 @@ class _Outbound:
         self.request_id = request_id
         self._budget = budget
         self._held = 0  # bytes of this answer counted in the budget
+        self._answered = False  # a message read so far answers the request
 
     async def send(self, message: Message) -> None:
         kind = message["type"]
@@ -1096,6 +1131,12 @@ class _Outbound:
     def _seal_message(self, message: Any, strays: bool) -> tuple[Any, bool]:
         if not isinstance(message, dict):
             return message, False
+        answers = "method" not in message and _id_key(message.get("id")) == self.request_key
+        again = _round_answer(message.get("result")) if answers and self._answered else None
+        self._answered = self._answered or answers
+        if again is not None:  # the client took the first answer: a second round would fork the flow
+            what = "a second input_required result or state answering one request"
+            return _refuse_stray(message, again, reason="repeated_answer", what=what), True
         stray = _stray_input_required(message) if strays else None
         if stray is not None:
             return _refuse_stray(message, stray), True

@@ -51,7 +51,7 @@ import anyio
 
 from .. import _telemetry
 from ..adapters import _json
-from ..adapters.asgi import Message, Receive, Scope, Send, request_path
+from ..adapters.asgi import FORWARDER_HEADERS, Message, Receive, Scope, Send, body_length, request_path
 from ..boundary import INTERNAL_ERROR_CODE, WireError
 from ._upstream import Pool, Response, UpstreamError, check_fields
 from ._wire import respond_error
@@ -73,19 +73,14 @@ HOP_BY_HOP: Final = frozenset(
     }
 )
 # Set by this proxy, never copied from the client. ``Expect: 100-continue`` was the
-# client's question to this server, which has answered it by reading the body; the
-# length is the length of what is really sent.
-_REPLACED_REQUEST: Final = frozenset(
-    {
-        b"host",
-        b"accept-encoding",
-        b"expect",
-        b"content-length",
-        b"x-forwarded-host",
-        b"x-forwarded-proto",
-        b"x-forwarded-for",
-    }
-)
+# client's question to this server, which has answered it by reading the body.
+_REPLACED_REQUEST: Final = FORWARDER_HEADERS | {
+    b"host",
+    b"expect",
+    b"x-forwarded-host",
+    b"x-forwarded-proto",
+    b"x-forwarded-for",
+}
 _DROPPED_REQUEST: Final = HOP_BY_HOP | _REPLACED_REQUEST
 # SEP-2575's listen request opens a long-lived stream, as MCP's GET does.
 _LISTEN: Final = "subscriptions/listen"
@@ -381,7 +376,7 @@ class UpstreamApp:
             fields.append((b"X-Forwarded-For", headers.chain + b", " + address if headers.chain else address))
         if isinstance(body, bytes):
             if body or method not in _BODILESS:
-                fields.append((b"Content-Length", str(len(body)).encode("ascii")))
+                fields.append((b"Content-Length", body_length(body)))
         elif headers.length is not None:
             fields.append((b"Content-Length", headers.length))  # a streamed body keeps its length
         else:

@@ -6,7 +6,8 @@ leans on two private handles of the MCP SDKs (fastmcp's ``server._mcp_server``; 
 SDK's default middleware, which lives in the private ``mcp.server._otel``) and on one
 provisional hook (``Server.middleware``); the proxy's connection guard extends uvicorn's
 undocumented httptools protocol (no public alternative: a clear failure at start-up
-instead, and uvicorn capped at the releases tested). Each test here takes the seam away the way a
+instead, and uvicorn capped at the releases tested), and the embedded uvicorn server
+replaces uvicorn's undocumented ``Server.capture_signals``. Each test here takes the seam away the way a
 future release would, by monkeypatching the dependency's private attribute or module out
 of reach (the honest simulation of a release that does not exist yet), and shows that the
 public path gives the same verdicts, or that ``protect()`` refuses at once with an
@@ -20,8 +21,10 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import signal
 import socket
 import sys
+import threading
 import uuid
 from typing import Any
 
@@ -36,6 +39,7 @@ from mcp.server.lowlevel import Server
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
 
 from statecodec import KeyRing, StateCodec
+from statecodec._serving import EmbeddedServer, quiet_config, wait_started
 from statecodec.adapters import fastmcp as fastmcp_adapter
 from statecodec.adapters import mcp as mcp_adapter
 from statecodec.proxy import _guard
@@ -150,6 +154,44 @@ async def test_the_attributes_the_guard_reads_mean_what_it_takes_them_for() -> N
             sweeping.cancel()
             server.should_exit = True
             await asyncio.wait_for(serving, 30)
+
+
+# statecodec/_serving.py's EmbeddedServer replaces uvicorn's Server.capture_signals, which
+# uvicorn does not document, so that a server embedded beside other work (the proxy's admin
+# listener, the demo's instances) leaves SIGINT/SIGTERM to its owner.
+def test_this_uvicorn_has_the_signal_hook_the_embedded_server_replaces() -> None:
+    assert callable(vars(uvicorn.Server).get("capture_signals")), (
+        f"uvicorn {uvicorn.__version__}'s Server has no capture_signals: EmbeddedServer "
+        "(statecodec/_serving.py) no longer keeps uvicorn's signal handlers out "
+        '(docs/architecture.md, "Private seams of dependencies")'
+    )
+
+
+@pytest.mark.parametrize(
+    ("server_class", "takes_signals"),
+    [(uvicorn.Server, True), (EmbeddedServer, False)],
+    ids=["uvicorn", "embedded"],
+)
+async def test_only_capture_signals_installs_uvicorns_signal_handlers(
+    server_class: type[uvicorn.Server], takes_signals: bool
+) -> None:
+    """uvicorn's own Server takes SIGINT/SIGTERM while it serves (on the main thread, as here),
+    through capture_signals: so replacing it is what keeps an EmbeddedServer's handlers out."""
+    assert threading.current_thread() is threading.main_thread()  # uvicorn installs none elsewhere
+    handled = (signal.SIGINT, signal.SIGTERM)
+    before = {sig: signal.getsignal(sig) for sig in handled}
+    server = server_class(quiet_config(_served, lifespan="off"))
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        serving = asyncio.create_task(server.serve(sockets=[sock]))
+        try:
+            await wait_started(server, serving, timeout=30, what="the server")
+            during = {sig: signal.getsignal(sig) for sig in handled}
+        finally:
+            server.should_exit = True
+            await asyncio.wait_for(serving, 30)
+    assert during == ({sig: server.handle_exit for sig in handled} if takes_signals else before)
+    assert {sig: signal.getsignal(sig) for sig in handled} == before
 
 
 async def _until(condition: Any, timeout: float = 30.0) -> None:

@@ -25,19 +25,24 @@ ASKING = {"resultType": "input_required", "inputRequests": {}, "requestState": P
 CALL = {"jsonrpc": "2.0", "id": 3, "method": "tools/call", "params": {"name": "t", "arguments": {}}}
 
 
-def _app(media: bytes, body: bytes) -> Any:
+def _app(media: bytes, *chunks: bytes) -> Any:
+    """An application answering ``chunks``, one body message each (the last ends the answer)."""
+
     async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
         while (await receive()).get("more_body"):
             pass
         await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", media)]})
-        await send({"type": "http.response.body", "body": body})
+        for index, chunk in enumerate(chunks, 1):
+            await send({"type": "http.response.body", "body": chunk, "more_body": index < len(chunks)})
 
     return app
 
 
-async def _through(mode: str, media: bytes, body: bytes) -> httpx.Response:
-    codec = StateCodec(KeyRing.generate(), mode=mode, replay=MemoryReplayStore())
-    app = RequestStateMiddleware(_app(media, body), codec, audience="deploy")
+async def _through(
+    mode: str, media: bytes, *chunks: bytes, codec: StateCodec | None = None
+) -> httpx.Response:
+    codec = codec or StateCodec(KeyRing.generate(), mode=mode, replay=MemoryReplayStore())
+    app = RequestStateMiddleware(_app(media, *chunks), codec, audience="deploy")
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://127.0.0.1") as http:
         return await http.post("/mcp", json=CALL, headers={"accept": "application/json, text/event-stream"})
 
@@ -95,3 +100,51 @@ async def test_a_member_named_request_state_in_a_tools_content_is_relayed_untouc
     body = _line({"id": 3, "result": own})
     response = await _through(mode, b"application/json", body)
     assert response.content == body
+
+
+OTHER_PLAIN = "SECOND-plaintext-of-the-upstream"
+
+
+@pytest.mark.parametrize("mode", ["sign", "encrypt"])
+@pytest.mark.parametrize(
+    ("media", "frame"),
+    [
+        (b"text/event-stream", lambda data: b"data: " + data + b"\n\n"),
+        (b"application/json", lambda data: data + b"\n"),
+    ],
+    ids=["sse", "json_messages"],
+)
+async def test_a_second_input_required_answer_to_one_request_is_replaced_and_logged(
+    mode: str, media: bytes, frame: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    """One round, one token: an upstream answering one request twice on one stream gets its
+    first answer sealed and the second replaced by -32603 (the client took the first)."""
+    first = _line({"id": 3, "result": ASKING})
+    again = _line({"id": 3, "result": {**ASKING, "requestState": OTHER_PLAIN}})
+    asks_only = _line({"id": 3, "result": {"resultType": "input_required", "inputRequests": {"a": {}}}})
+    done_with_state = _line({"id": 3, "result": {"content": [], "requestState": OTHER_PLAIN}})
+    codec = StateCodec(KeyRing.generate(), mode=mode, replay=MemoryReplayStore())
+    with caplog.at_level(logging.ERROR, logger="statecodec"):
+        response = await _through(
+            mode, media, frame(first), frame(again), frame(asks_only), frame(done_with_state), codec=codec
+        )
+    assert PLAIN.encode() not in response.content and OTHER_PLAIN.encode() not in response.content
+    sealed, *refused = [
+        json.loads(line.removeprefix(b"data: ")) for line in response.content.splitlines() if line.strip()
+    ]
+    assert codec.verify_unbound(sealed["result"]["requestState"]).payload == PLAIN.encode()
+    error = {"jsonrpc": "2.0", "id": 3, "error": {"code": -32603, "message": "Internal error"}}
+    assert refused == [error, error, error]
+    records = [r for r in caplog.records if getattr(r, "reason", None) == "repeated_answer"]
+    assert [r.detail for r in records] == ["result.resultType", "result.resultType", "result.requestState"]  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize("mode", ["sign", "encrypt"])
+async def test_a_second_answer_without_a_state_to_one_request_is_relayed(mode: str) -> None:
+    """Only what would ask again or hand out a state is refused: a repeated plain result is
+    the client's to ignore."""
+    done = _line({"id": 3, "result": {"resultType": "complete", "content": []}})
+    events = b"data: " + _line({"id": 3, "result": ASKING}) + b"\n\n", b"data: " + done + b"\n\n"
+    response = await _through(mode, b"text/event-stream", *events)
+    assert response.content.endswith(events[1])
+    assert PLAIN.encode() not in response.content
