@@ -67,7 +67,7 @@ class SwitchableStore extends MemoryReplayStore {
 }
 
 /** A low-level Server whose tools/call is guard.callTool: nothing turns a throw into a tool result. */
-async function serveLowLevel() {
+async function serveLowLevel(plaintext = false) {
   const store = new SwitchableStore();
   const codec = new StateCodec(KeyRing.generate("mcp1"), { mode: "encrypt", replay: store });
   const refusals: InvalidState[] = [];
@@ -77,7 +77,8 @@ async function serveLowLevel() {
   server.setRequestHandler("tools/call", guard.callTool({
     deploy: async (args, _ctx, round: Round<Plan>) => {
       if (round.state === undefined) {
-        const requestState = round.seal({ version: String(args["version"]), plan: "p-secret" });
+        const state = { version: String(args["version"]), plan: "p-secret" };
+        const requestState = plaintext ? JSON.stringify(state) : round.seal(state);
         issued.push(requestState);
         return inputRequired({ inputRequests: { confirm: inputRequired.elicit({
           message: "Deploy?", requestedSchema: { type: "object", properties: { confirm: { type: "boolean" } }, required: ["confirm"] },
@@ -127,6 +128,23 @@ describe("protect() on a low-level Server: refusals are JSON-RPC errors, as in P
         name: "deploy", arguments: { version: "2.0.0" }, requestState: pending, inputResponses: { confirm: { action: "accept", content: { confirm: true } } },
       });
       assert.deepEqual(retried.content, [{ type: "text", text: "deployed 2.0.0 (round 1)" }]);
+    } finally {
+      await s.close();
+    }
+  });
+
+  it("answers an unknown tool -32602 and a plaintext requestState -32603 with no state in it", async () => {
+    const s = await serveLowLevel(true);
+    try {
+      await assert.rejects(
+        call(s.client, { name: "undeploy", arguments: {} }),
+        (e: { code?: number; message?: string }) => e.code === -32602 && String(e.message).includes("Tool undeploy not found"),
+      );
+      await assert.rejects(
+        s.client.request({ method: "tools/call", params: { name: "deploy", arguments: { version: "1.2.3" } } }),
+        (e: { code?: number; message?: string; data?: unknown }) =>
+          e.code === -32603 && !JSON.stringify([e.message, e.data]).includes("p-secret"),
+      );
     } finally {
       await s.close();
     }
