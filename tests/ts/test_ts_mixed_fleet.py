@@ -2,7 +2,8 @@
 
 A Python instance (tests/ts/mixed_fleet_server.py: an ``MCPServer`` with
 ``statecodec.adapters.mcp.protect``) and a TypeScript instance (ts/test/fixtures/fleet_server.ts:
-the official SDK server with ``@statecodec/ts/mcp`` ``protect()``), each a process serving HTTP
+the official SDK's low-level ``Server`` whose tools/call is ``@statecodec/ts/mcp``
+``protect().callTool``), each a process serving HTTP
 on a port it picked, share a transit key on a real OpenBao (each through its own KeyManager,
 refreshed every second) and a real Valkey replay store. The official TypeScript client
 (ts/test/fixtures/fleet_client.ts) drives the three-round tool ``relay``; its load balancer
@@ -12,10 +13,8 @@ until both instances mint with the new kid (asking each one), with no restart. R
 (old key) still opens in the other language, round 2's is minted under the new key. Each
 round's token, once redeemed by one language, is replayed to the other and refused.
 
-The two languages refuse a replay differently on the wire, and the test holds each to what it
-really does: the Python adapter answers the JSON-RPC error -32602 "Invalid or expired
-requestState" (the client's callTool throws it); the TypeScript SDK turns the wrapped
-handler's throw into a tool result with ``isError`` and that text (docs/typescript.md).
+Both languages refuse a replay with the same JSON-RPC error, -32602 "Invalid or expired
+requestState" with ``data.reason`` "invalid_request_state" (the client's callTool throws it).
 """
 
 from __future__ import annotations
@@ -151,13 +150,11 @@ def fleet(openbao: OpenBao, valkey_url: str, tmp_path: Path) -> Iterator[Fleet]:
 
 
 def refusal(lang: str, answer: dict[str, Any]) -> None:
-    """What each language really answers to a replayed token."""
-    if lang == "python":
-        assert answer["error"]["code"] == -32602, answer
-        assert "Invalid or expired requestState" in answer["error"]["message"], answer
-    else:
-        assert answer["result"]["isError"] is True, answer
-        assert answer["result"]["content"] == [{"type": "text", "text": "Invalid or expired requestState"}]
+    """What each language answers to a replayed token: the same wire error."""
+    assert "error" in answer, (lang, answer)
+    assert answer["error"]["code"] == -32602, (lang, answer)
+    assert answer["error"]["message"] == "Invalid or expired requestState", (lang, answer)
+    assert answer["error"]["data"] == {"reason": "invalid_request_state"}, (lang, answer)
 
 
 @pytest.mark.parametrize("first", ["python", "typescript"])

@@ -13,8 +13,12 @@
  * flow budgets) before the handler runs; the wrapped handler then checks the binding
  * (principal, audience, method, tool name, arguments: the Python library's default
  * binding) and consumes the token in the replay store, and only then runs. Whatever fails
- * answers the SDK's uniform -32602 "Invalid or expired requestState" (reason
- * `invalid_request_state`); the precise reason goes to `onRefused`, never to the client.
+ * is refused with -32602 "Invalid or expired requestState" (reason `invalid_request_state`),
+ * a replay store outage with -32603 and a retry message (the token was not consumed); the
+ * precise reason goes to `onRefused`, never to the client. `McpServer` turns what a tool
+ * callback throws into an `isError` tool result, so `guard.tool` refusals reach the client in
+ * that shape; `guard.callTool` serves a low-level `Server`'s tools/call, where they reach the
+ * wire as these JSON-RPC errors.
  * The next round's token is sealed with `round.seal`, chained to this one and bound to the
  * same request; a handler that returns any other requestState (a plaintext one) is answered
  * with an internal error, so no unsealed state ever reaches a client.
@@ -31,6 +35,15 @@ export function invalidRequestState(): ProtocolError {
   return new ProtocolError(ProtocolErrorCode.InvalidParams, "Invalid or expired requestState", {
     reason: "invalid_request_state",
   });
+}
+
+/** A replay store that could not answer: the token was not consumed, the same request may be sent again. */
+export function storeUnavailable(): ProtocolError {
+  return new ProtocolError(
+    ProtocolErrorCode.InternalError,
+    "Temporarily unavailable: retry the same request (its requestState was not consumed)",
+    { reason: "temporarily_unavailable" },
+  );
 }
 
 export interface ProtectOptions {
@@ -78,6 +91,15 @@ export interface Protection {
   tool<A = Record<string, unknown>, S = unknown, R = unknown>(
     name: string, handler: ProtectedToolCallback<A, S, R>,
   ): (args: A, ctx: ServerContext) => Promise<R>;
+  /**
+   * A `tools/call` handler for a low-level `Server` (`server.setRequestHandler("tools/call",
+   * guard.callTool({ deploy: ... }))`) serving the named callbacks: a refused state reaches
+   * the wire as JSON-RPC -32602, a store outage as -32603, since no `McpServer` sits in
+   * between to turn them into tool results. Arguments are bound as the client sent them.
+   */
+  callTool(
+    handlers: Record<string, ProtectedToolCallback<Record<string, unknown>, any, unknown>>,
+  ): (request: { params: { name: string; arguments?: Record<string, unknown> } }, ctx: ServerContext) => Promise<any>;
 }
 
 export function protect(codec: StateCodec, options: ProtectOptions = {}): Protection {
@@ -86,7 +108,7 @@ export function protect(codec: StateCodec, options: ProtectOptions = {}): Protec
   const refuse = (error: unknown, ctx: ServerContext): ProtocolError => {
     const invalid = error instanceof InvalidState ? error : new InvalidState("internal_error", String(error));
     options.onRefused?.(invalid, ctx);
-    return invalidRequestState();
+    return invalid.reason === "store_unavailable" ? storeUnavailable() : invalidRequestState();
   };
 
   const verify = async (state: string, ctx: ServerContext): Promise<Pending> => {
@@ -148,5 +170,14 @@ export function protect(codec: StateCodec, options: ProtectOptions = {}): Protec
       return result;
     };
 
-  return { requestState: { verify }, tool };
+  const callTool: Protection["callTool"] = (handlers) => {
+    const wrapped = new Map(Object.entries(handlers).map(([name, handler]) => [name, tool(name, handler)]));
+    return async (request, ctx) => {
+      const run = wrapped.get(request.params.name);
+      if (run === undefined) throw new ProtocolError(ProtocolErrorCode.InvalidParams, `Tool ${request.params.name} not found`);
+      return run(request.params.arguments ?? {}, ctx);
+    };
+  };
+
+  return { requestState: { verify }, tool, callTool };
 }

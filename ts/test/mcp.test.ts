@@ -9,10 +9,10 @@ import assert from "node:assert/strict";
 import { describe, it } from "node:test";
 
 import { Client } from "@modelcontextprotocol/client";
-import { InMemoryTransport, McpServer, acceptedContent, inputRequired } from "@modelcontextprotocol/server";
+import { InMemoryTransport, McpServer, Server, acceptedContent, inputRequired } from "@modelcontextprotocol/server";
 import { z } from "zod";
 
-import { Binding, InvalidState, KeyRing, MemoryReplayStore, StateCodec } from "../src/index.js";
+import { Binding, InvalidState, KeyRing, MemoryReplayStore, ReplayStoreError, StateCodec } from "../src/index.js";
 import { protect, type Round } from "../src/mcp.js";
 
 interface Plan { version: string; plan: string }
@@ -56,6 +56,121 @@ async function serve(mode: "sign" | "encrypt" = "encrypt", plaintext = false) {
   await client.connect(clientSide);
   return { client, server, codec, refusals, issued, close: async () => { await client.close(); await server.close(); } };
 }
+
+/** A memory store that can be switched off: a store outage without killing a server process. */
+class SwitchableStore extends MemoryReplayStore {
+  down = false;
+  override async consume(key: string, retentionSeconds: number): Promise<boolean> {
+    if (this.down) throw new ReplayStoreError("switched off by the test");
+    return super.consume(key, retentionSeconds);
+  }
+}
+
+/** A low-level Server whose tools/call is guard.callTool: nothing turns a throw into a tool result. */
+async function serveLowLevel(plaintext = false) {
+  const store = new SwitchableStore();
+  const codec = new StateCodec(KeyRing.generate("mcp1"), { mode: "encrypt", replay: store });
+  const refusals: InvalidState[] = [];
+  const issued: string[] = [];
+  const guard = protect(codec, { audience: "deploy-svc", onRefused: (e) => refusals.push(e) });
+  const server = new Server({ name: "protected", version: "1.0.0" }, { capabilities: { tools: {} }, requestState: guard.requestState });
+  server.setRequestHandler("tools/call", guard.callTool({
+    deploy: async (args, _ctx, round: Round<Plan>) => {
+      if (round.state === undefined) {
+        const state = { version: String(args["version"]), plan: "p-secret" };
+        const requestState = plaintext ? JSON.stringify(state) : round.seal(state);
+        issued.push(requestState);
+        return inputRequired({ inputRequests: { confirm: inputRequired.elicit({
+          message: "Deploy?", requestedSchema: { type: "object", properties: { confirm: { type: "boolean" } }, required: ["confirm"] },
+        }) }, requestState });
+      }
+      return { content: [{ type: "text", text: `deployed ${round.state.version} (round ${round.opened?.round})` }] };
+    },
+  }));
+  const client = new Client({ name: "t", version: "1" }, { capabilities: { elicitation: { form: {} } }, versionNegotiation: { mode: "auto" } });
+  client.setRequestHandler("elicitation/create", async () => ({ action: "accept", content: { confirm: true } }));
+  const [clientSide, serverSide] = InMemoryTransport.createLinkedPair();
+  await server.connect(serverSide);
+  await client.connect(clientSide);
+  return { client, store, refusals, issued, close: async () => { await client.close(); await server.close(); } };
+}
+
+/** The JSON-RPC error the client rejected with has this code, message and data. */
+function wireError(code: number, message: string, reason: string) {
+  return (e: { code?: number; message?: string; data?: unknown }) =>
+    e.code === code && String(e.message).includes(message) && JSON.stringify(e.data) === JSON.stringify({ reason });
+}
+
+describe("protect() on a low-level Server: refusals are JSON-RPC errors, as in Python", () => {
+  it("answers a replay -32602 and a store outage -32603, and the unconsumed token then redeems", async () => {
+    const s = await serveLowLevel();
+    try {
+      const first = await s.client.callTool({ name: "deploy", arguments: { version: "1.2.3" } });
+      assert.deepEqual(first.content, [{ type: "text", text: "deployed 1.2.3 (round 1)" }]);
+      const redeemed = s.issued[0] as string;
+      await assert.rejects(
+        call(s.client, { name: "deploy", arguments: { version: "1.2.3" }, requestState: redeemed }),
+        wireError(-32602, "Invalid or expired requestState", "invalid_request_state"),
+      );
+      assert.equal(s.refusals.at(-1)?.reason, "replayed");
+
+      // A fresh round-1 token (its round 2 fails on the outage), taken from the issued list.
+      s.store.down = true;
+      await assert.rejects(
+        s.client.callTool({ name: "deploy", arguments: { version: "2.0.0" } }),
+        wireError(-32603, "retry the same request", "temporarily_unavailable"),
+      );
+      assert.equal(s.refusals.at(-1)?.reason, "store_unavailable");
+      const pending = s.issued.at(-1) as string;
+      assert.notEqual(pending, redeemed);
+      s.store.down = false;
+      const retried = await call(s.client, {
+        name: "deploy", arguments: { version: "2.0.0" }, requestState: pending, inputResponses: { confirm: { action: "accept", content: { confirm: true } } },
+      });
+      assert.deepEqual(retried.content, [{ type: "text", text: "deployed 2.0.0 (round 1)" }]);
+    } finally {
+      await s.close();
+    }
+  });
+
+  it("answers an unknown tool -32602 and a plaintext requestState -32603 with no state in it", async () => {
+    const s = await serveLowLevel(true);
+    try {
+      await assert.rejects(
+        call(s.client, { name: "undeploy", arguments: {} }),
+        (e: { code?: number; message?: string }) => e.code === -32602 && String(e.message).includes("Tool undeploy not found"),
+      );
+      await assert.rejects(
+        s.client.request({ method: "tools/call", params: { name: "deploy", arguments: { version: "1.2.3" } } }),
+        (e: { code?: number; message?: string; data?: unknown }) =>
+          e.code === -32603 && !JSON.stringify([e.message, e.data]).includes("p-secret"),
+      );
+    } finally {
+      await s.close();
+    }
+  });
+
+  it("answers a binding mismatch -32602 without consuming the token", async () => {
+    const s = await serveLowLevel();
+    try {
+      s.store.down = true;
+      await assert.rejects(s.client.callTool({ name: "deploy", arguments: { version: "1.2.3" } }), wireError(-32603, "retry the same request", "temporarily_unavailable"));
+      s.store.down = false;
+      const token = s.issued[0] as string;
+      await assert.rejects(
+        call(s.client, { name: "deploy", arguments: { version: "6.6.6" }, requestState: token }),
+        wireError(-32602, "Invalid or expired requestState", "invalid_request_state"),
+      );
+      assert.equal(s.refusals.at(-1)?.reason, "binding_mismatch");
+      const right = await call(s.client, {
+        name: "deploy", arguments: { version: "1.2.3" }, requestState: token, inputResponses: { confirm: { action: "accept", content: { confirm: true } } },
+      });
+      assert.deepEqual(right.content, [{ type: "text", text: "deployed 1.2.3 (round 1)" }]);
+    } finally {
+      await s.close();
+    }
+  });
+});
 
 describe("protect() on a TypeScript SDK server", () => {
   it("runs a two-round tool with the official client; the state on the wire is sealed", async () => {

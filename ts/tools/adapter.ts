@@ -2,8 +2,11 @@
  * A protect()ed TypeScript SDK server and the official client, in one process, for the
  * Python suite's adapter interoperability test (tests/ts/test_ts_adapter.py). Reads on stdin
  *
- *   {"keyring": {...}, "mode": "encrypt", "audience": "deploy-svc",
+ *   {"keyring": {...}, "mode": "encrypt", "audience": "deploy-svc", "server": "mcp" | "low-level",
  *    "calls": [{"arguments": {...}, "requestState": "sc1e..." | null, "next": <JSON state>}]}
+ *
+ * "mcp" registers the tool on an McpServer through guard.tool, "low-level" serves it from a
+ * low-level Server's tools/call through guard.callTool.
  *
  * Each call is one tools/call of the tool "deploy": the protected handler answers, as its
  * text content, {"state": <the verified state or null>, "round": n, "sealed": round.seal(next)}
@@ -14,7 +17,7 @@
 import { readFileSync } from "node:fs";
 
 import { Client } from "@modelcontextprotocol/client";
-import { InMemoryTransport, McpServer } from "@modelcontextprotocol/server";
+import { InMemoryTransport, McpServer, Server } from "@modelcontextprotocol/server";
 import { z } from "zod";
 
 import { InvalidState, KeyRing, MemoryReplayStore, StateCodec, type Mode } from "../src/index.js";
@@ -26,12 +29,18 @@ const codec = new StateCodec(KeyRing.fromObject(spec["keyring"]), { mode: spec["
 let refused: InvalidState | null = null;
 let next: unknown = null;
 const guard = protect(codec, { audience: spec["audience"] as string, onRefused: (e) => { refused = e; } });
-const server = new McpServer({ name: "ts-adapter", version: "1" }, { requestState: guard.requestState });
-server.registerTool("deploy", { inputSchema: z.object({ version: z.string() }) },
-  guard.tool("deploy", async (_args: { version: string }, _ctx, round: Round<unknown>) => {
-    const text = JSON.stringify({ state: round.state ?? null, round: round.opened?.round ?? null, sealed: round.seal(next) });
-    return { content: [{ type: "text" as const, text }] };
-  }));
+const deploy = async (_args: unknown, _ctx: unknown, round: Round<unknown>) => {
+  const text = JSON.stringify({ state: round.state ?? null, round: round.opened?.round ?? null, sealed: round.seal(next) });
+  return { content: [{ type: "text" as const, text }] };
+};
+let server: McpServer | Server;
+if (spec["server"] === "low-level") {
+  server = new Server({ name: "ts-adapter", version: "1" }, { capabilities: { tools: {} }, requestState: guard.requestState });
+  server.setRequestHandler("tools/call", guard.callTool({ deploy }));
+} else {
+  server = new McpServer({ name: "ts-adapter", version: "1" }, { requestState: guard.requestState });
+  server.registerTool("deploy", { inputSchema: z.object({ version: z.string() }) }, guard.tool("deploy", deploy));
+}
 const client = new Client({ name: "adapter-test", version: "1" }, { versionNegotiation: { mode: "auto" } });
 const [a, b] = InMemoryTransport.createLinkedPair();
 await server.connect(b);
