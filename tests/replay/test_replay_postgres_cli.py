@@ -159,7 +159,10 @@ def test_reprs_errors_and_logs_show_no_password(caplog: pytest.LogCaptureFixture
         with pytest.raises(ValueError) as info:
             store_from_url(bad)
         shown.append(str(info.value))
-    shown.append(repr(store_from_url(f"postgresql://u:{APP_PASSWORD}@h/db")))  # unencoded, still a password
+    with pytest.raises(ValueError) as misread:  # an unencoded '@' libpq would misread: refused, still hidden
+        store_from_url(f"postgresql://u:{APP_PASSWORD}@h/db")
+    assert "percent-encode" in str(misread.value)
+    shown.append(str(misread.value))
     shown += [record.getMessage() for record in caplog.records]
     assert any("postgres replay store unavailable" in line.lower() for line in shown)
     assert_no_secret(*shown)
