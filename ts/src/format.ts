@@ -49,6 +49,8 @@ export interface ParsedToken {
   body: Uint8Array;
   /** SIGN: the 32-byte MAC; ENCRYPT: empty. */
   mac: Uint8Array;
+  /** SIGN: header || payload, one view (the bytes the MAC covers after the prefix); ENCRYPT: empty. */
+  signed: Uint8Array;
   /** The tid of the flow's first token (this token's own in a first round). */
   flowId: Uint8Array;
   round: number;
@@ -201,8 +203,9 @@ export function parse(token: unknown, maxTokenBytes: number): ParsedToken {
   const header = raw.subarray(0, headerLen);
   const body = trailer === MAC_LEN ? raw.subarray(headerLen, raw.length - MAC_LEN) : raw.subarray(headerLen);
   const mac = trailer === MAC_LEN ? raw.subarray(raw.length - MAC_LEN) : new Uint8Array(0);
+  const signed = trailer === MAC_LEN ? raw.subarray(0, raw.length - MAC_LEN) : new Uint8Array(0);
   return {
-    prefix, mode, kid, issuedAt, expiresAt, tokenId, bindTag, header, body, mac,
+    prefix, mode, kid, issuedAt, expiresAt, tokenId, bindTag, header, body, mac, signed,
     flowId, round, flowStartedAt, notBeforeMs,
   };
 }

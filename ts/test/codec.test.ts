@@ -206,6 +206,23 @@ describe("canonical JSON and key rings", () => {
     assert.ok(Buffer.from(lone.encoded).includes(Buffer.from([0x61, 0xed, 0xa0, 0x80])));
   });
 
+  it("gives each key its own binding tag when one binding meets several keys in turn", () => {
+    const k1 = Key.generate("k1");
+    const k2 = Key.generate("k2");
+    const fresh = (key: Key) => new Binding({ principal: "alice", arguments: { version: "v2" } }).tag(key);
+    const shared = new Binding({ principal: "alice", arguments: { version: "v2" } });
+    const tags = [k1, k2, k1, k2].map((key) => Buffer.from(shared.tag(key)).toString("hex"));
+    assert.deepEqual(tags, [k1, k2, k1, k2].map((key) => Buffer.from(fresh(key)).toString("hex")));
+    assert.notEqual(tags[0], tags[1]);
+  });
+
+  it("mints distinct token ids, many seals in a row", () => {
+    const codec = new StateCodec(ring, { clock: () => T });
+    const ids = new Set<string>();
+    for (let i = 0; i < 1000; i++) ids.add(codec.open(codec.seal("x")).tokenId);
+    assert.equal(ids.size, 1000);
+  });
+
   it("round-trips a key ring through its JSON form and refuses a broken document as a whole", () => {
     const two = ring.withKey(Key.generate("k2")).retire("k2", T);
     const back = KeyRing.fromJSON(two.toJSON());
