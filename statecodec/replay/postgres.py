@@ -121,6 +121,9 @@ _SETTLE_MARGIN: Final = 1.0
 #: Keys of failed calls one lane's background take-back holds at most; the others wait for
 #: their next consume or the spare take-backs.
 _SOON_KEYS: Final = 1024
+#: Seconds before a failed background take-back is tried again, doubling up to the second.
+_RETAKE_FIRST: Final = 0.05
+_RETAKE_MAX: Final = 1.0
 #: Inserts one consume tries, each after deleting a row in the way that was no use of the
 #: token; more means rows keep appearing (late inserts of failed calls): it fails closed.
 _TAKE_OVERS: Final = 3
@@ -514,22 +517,37 @@ class PostgresReplayStore(ReplayStore):
             lane.adopt(lane.taker)
 
     async def _take_back_failed(self, lane: _Lane) -> None:
+        """Rounds of take-backs while failed calls' keys come in; a round that fails is tried again.
+
+        Until its writer takes the row back, another instance answers it ``store_unavailable``
+        for the settle window and ``replayed`` after: so a round that could not reach the
+        server (a partition, a failover) is retried at once and then every second at most,
+        until one gets through; the first after an outage then deletes the row, usually
+        before the other instances' retries come.
+        """
+        pause, awaited = _RETAKE_FIRST, set[asyncio.Task[Any]]()
         while lane.failed:
             keys = list(lane.failed)
             lane.failed.clear()
             # First the late work of failed calls: an insert still waiting for its commit is
             # invisible to a delete; once it has ended (cancelled), its row can be deleted.
-            if lane.late:
-                await asyncio.wait(set(lane.late), timeout=self.timeout)
+            # Each once: a retry after an outage must not wait again for work stuck in it.
+            if late := lane.late - awaited:
+                awaited = set(lane.late)
+                await asyncio.wait(late, timeout=self.timeout)
 
             async def go(conn: psycopg.AsyncConnection[Any], keys: list[str] = keys) -> None:
                 await self._take_back(conn, keys)
 
             try:
                 await self._with_connection(go)
-            except Exception as exc:  # listed still: the next consume, or the next failure, tries again
-                logger.debug("taking back failed consumes' rows failed: %s", _describe(exc))
-                return
+            except Exception as exc:
+                logger.debug("taking back failed consumes' rows failed, will retry: %s", _describe(exc))
+                lane.failed.update(keys[: _SOON_KEYS - len(lane.failed)])
+                await asyncio.sleep(pause)
+                pause = min(pause * 2, _RETAKE_MAX)
+            else:
+                pause = _RETAKE_FIRST
 
     async def _with_connection(
         self,
