@@ -10,6 +10,7 @@ with SIGSTOP.
 
 from __future__ import annotations
 
+import logging
 import threading
 import uuid
 
@@ -112,6 +113,40 @@ def test_a_table_made_before_written_at_is_refused_with_the_fix_then_migrated(
         DATABASE,
     )
     assert fresh is True
+    store.close()
+
+
+def test_a_take_back_that_cannot_reach_the_server_is_retried_until_it_gets_through(
+    postgres_outage: PostgresServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    """After an outage the failed call's row goes without any traffic of its writer.
+
+    Other instances read such a row ``replayed`` once it is older than the settle window,
+    so its writer must delete it as soon as the server answers again, not at its next
+    consume. The row a failed call left is written by hand, with the nonce the store
+    listed for that call (the only substitution); the server is stopped, so the first
+    rounds of the background take-back fail.
+    """
+    server = postgres_outage
+    table = _table()
+    store = PostgresReplayStore(server.url(table=table), timeout=1)
+    store.check()
+    server.sql(f"INSERT INTO {table} VALUES ('left', 'n', now() + interval '600 s')", DATABASE)
+    store._unsettled.note("left", "n", 600)
+    caplog.set_level(logging.DEBUG, logger="statecodec")
+    server.stop()
+    try:
+
+        async def failed() -> None:
+            await store._lane()
+            store._take_back_soon("left")  # what a call that failed closed does
+
+        store._sync(failed)
+        wait_until(lambda: "will retry" in caplog.text, "a take-back round fails, the server down")
+    finally:
+        server.start()
+    wait_until(lambda: len(store._unsettled) == 0, "the row is taken back once the server answers")
+    assert _count(server, table, "left") == 0
     store.close()
 
 
