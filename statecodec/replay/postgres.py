@@ -56,8 +56,9 @@ background take-back has a ``timeout`` of its own), the consume fails closed
 (``store_unavailable``, retry); older, the row is settled: a replay. Keys this store object
 accepted are settled at once (:class:`._settle._Recent`). What is left: a row that becomes
 visible, or is taken back, more than the window after its insert (a primary frozen in the
-middle of the commit, a take-back that fails) reads "replayed" on other instances until
-its writer takes it back; and a step of the server's clock shifts every row's age by it.
+middle of the commit, a writer that cannot reach the server for longer: its take-back is
+retried up to every second) reads "replayed" on other instances until its writer takes it
+back; and a step of the server's clock shifts every row's age by it.
 
 Replication: with a synchronous standby (``synchronous_standby_names`` and
 ``synchronous_commit`` ``on`` or ``remote_apply``) a consume the primary acknowledged is on
@@ -198,13 +199,15 @@ class _Statements:
             ).format(t),
             # The row in the way: deleted if it has expired or a failed call of this process
             # wrote it (the nonces deleted), else its age on the server's clock (the same
-            # snapshot: NULL when the row went meanwhile).
+            # snapshot: NULL when the row went meanwhile, or is going: a delete of it has
+            # begun, xmax, and only failed calls' and expired rows are ever deleted).
             in_the_way=sql.SQL(
                 "WITH gone AS (DELETE FROM {0} WHERE key = %(key)s "
                 "AND (expires_at <= now() OR nonce = ANY(%(listed)s::text[])) RETURNING nonce) "
                 "SELECT ARRAY(SELECT nonce FROM gone), "
                 "(SELECT extract(epoch FROM clock_timestamp() - written_at)::float8 FROM {0} "
-                "WHERE key = %(key)s AND expires_at > now() AND NOT nonce = ANY(%(listed)s::text[]))"
+                "WHERE key = %(key)s AND expires_at > now() AND NOT nonce = ANY(%(listed)s::text[]) "
+                "AND xmax = '0'::xid)"
             ).format(t),
             take_back=sql.SQL(
                 "DELETE FROM {} WHERE (key, nonce) IN (SELECT * FROM unnest(%s::text[], %s::text[])) "
@@ -216,7 +219,7 @@ class _Statements:
             ).format(t),
             live=sql.SQL(
                 "SELECT nonce, extract(epoch FROM clock_timestamp() - written_at)::float8 "
-                "FROM {} WHERE key = %s AND expires_at > now()"
+                "FROM {} WHERE key = %s AND expires_at > now() AND xmax = '0'::xid"
             ).format(t),
             exists=(
                 "SELECT to_regclass(%(t)s) IS NOT NULL, EXISTS (SELECT FROM pg_attribute "

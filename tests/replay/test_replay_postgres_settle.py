@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 import uuid
 
 import pytest
@@ -82,6 +83,45 @@ def test_a_row_its_writer_took_back_leaves_the_token_free(postgres_server: Postg
     postgres_server.sql(f"DELETE FROM {table} WHERE key = 'left'", DATABASE)  # its writer's take-back
     assert store.consume("left", 600) is True
     assert store.consume("left", 600) is False
+    store.close()
+
+
+def test_an_old_row_its_writer_is_deleting_is_no_replay(postgres_server: PostgresServer) -> None:
+    """A row older than the window whose take-back has begun (its delete not committed yet) is going.
+
+    Only failed calls' rows and expired ones are ever deleted, so it is no use of the token:
+    the consume that meets it inserts again (waiting for that delete) instead of saying
+    ``replayed``. The writer's take-back is a delete in an open transaction of the test's.
+    """
+    table = _table()
+    store = PostgresReplayStore(postgres_server.url(table=table), timeout=LONG)
+    store.check()
+    postgres_server.sql(
+        f"INSERT INTO {table} VALUES ('going', 'n', now() + interval '600 s', now() - interval '1 hour')",
+        DATABASE,
+    )
+    with postgres_server.admin(DATABASE) as admin:  # type: ignore[attr-defined]
+        with admin.transaction():
+            admin.execute(f"DELETE FROM {table} WHERE key = 'going'")
+            assert store.is_consumed("going") is False
+
+            async def look() -> float | None:  # what a consume runs once its insert met the row
+                lane = await store._lane()
+                return await lane.run(lambda conn: store._in_the_way(conn, "going"), time.monotonic() + LONG)
+
+            assert store._sync(look) is None
+            answers: list[bool] = []
+            insert = threading.Thread(target=lambda: answers.append(store.consume("going", 600)))
+            insert.start()
+            waiting = (
+                "SELECT count(*) FROM pg_stat_activity "
+                f"WHERE wait_event_type = 'Lock' AND query LIKE '%{table}%'"
+            )
+            wait_until(
+                lambda: postgres_server.sql(waiting) == [(1,)], "the consume's insert waits for the delete"
+            )
+        insert.join(30)
+    assert answers == [True]
     store.close()
 
 
