@@ -56,9 +56,9 @@ background take-back has a ``timeout`` of its own), the consume fails closed
 (``store_unavailable``, retry); older, the row is settled: a replay. Keys this store object
 accepted are settled at once (:class:`._settle._Recent`). What is left: a row that becomes
 visible, or is taken back, more than the window after its insert (a primary frozen in the
-middle of the commit, a writer that cannot reach the server for longer: its take-back is
-retried up to every second) reads "replayed" on other instances until its writer takes it
-back; and a step of the server's clock shifts every row's age by it.
+middle of the commit, a writer that cannot reach the server for longer, its take-back
+retried up to every second, or is itself stopped that long) reads "replayed" on other
+instances until its writer takes it back; and a step of the server's clock shifts every row's age by it.
 
 Replication: with a synchronous standby (``synchronous_standby_names`` and
 ``synchronous_commit`` ``on`` or ``remote_apply``) a consume the primary acknowledged is on
