@@ -636,11 +636,7 @@ def main_http(args: Any) -> int:
         figures = f"{r['p50_ms']:.3f} | {r['p99_ms']:.3f} | {r['added_p50_ms']:+.3f}"
         print(f"| {r['variant']} | {figures} | {over} | {vs_sdk} |")
     print(f"load average {result['load_average_before']} -> {result['load_average_after']}\nwrote {path}")
-    try:
-        plot_http(path, path.with_suffix(".png"))
-        print(f"plot: {path.with_suffix('.png')}")
-    except ImportError:
-        print("plot skipped: matplotlib is in the bench dependency group (pip install --group bench)")
+    _harness.plot_beside(plot_http, path)
     return 0
 
 
