@@ -84,6 +84,7 @@ from typing import Any
 import _harness
 import mcp_types as types
 from _harness import ARGS, PRINCIPAL, TARGET, gc_paused, interleaved, make_state, paired_diff, paired_ratio
+from fixtures_mcp import request_context
 from mcp.client import Client
 from mcp.client._memory import InMemoryTransport
 from mcp.server.context import CallNext, HandlerResult, ServerRequestContext
@@ -265,18 +266,6 @@ async def codec_alone(ring: KeyRing, mode: str, n: int) -> float:
     return (t1 - t0) / n / 1000.0
 
 
-def context(params: dict[str, Any]) -> Ctx:
-    """A request context as the SDK's runner builds it (no session: nothing here uses one)."""
-    return ServerRequestContext(
-        session=None,  # type: ignore[arg-type]
-        lifespan_context={},
-        protocol_version="2026-07-28",
-        method="tools/call",
-        params=params,
-        request_id=1,
-    )
-
-
 def wire(model: Any) -> dict[str, Any]:
     return model.model_dump(by_alias=True, mode="json", exclude_none=True)  # type: ignore[no-any-return]
 
@@ -301,9 +290,9 @@ async def middleware_rounds(middleware: Callable[[Ctx, CallNext], Any], n: int) 
     with gc_paused():
         t0 = time.process_time_ns()
         for _ in range(n):
-            first = await middleware(context({"name": TARGET, "arguments": dict(ARGS)}), ask)
+            first = await middleware(request_context({"name": TARGET, "arguments": dict(ARGS)}), ask)
             retry = {"name": TARGET, "arguments": dict(ARGS), "inputResponses": ANSWERED}
-            await middleware(context({**retry, "requestState": first["requestState"]}), complete)
+            await middleware(request_context({**retry, "requestState": first["requestState"]}), complete)
         t1 = time.process_time_ns()
     return (t1 - t0) / n / 1000.0
 
