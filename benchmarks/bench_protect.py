@@ -84,13 +84,13 @@ from typing import Any
 import _harness
 import mcp_types as types
 from _harness import ARGS, PRINCIPAL, TARGET, gc_paused, interleaved, make_state, paired_diff, paired_ratio
-from fixtures_mcp import request_context
 from mcp.client import Client
 from mcp.client._memory import InMemoryTransport
 from mcp.server.context import CallNext, HandlerResult, ServerRequestContext
 from mcp.server.lowlevel import Server
 from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.request_state import RequestStateBoundary, RequestStateSecurity
+from mcp_requests import request_context
 
 from statecodec import Binding, KeyRing, StateCodec
 from statecodec.adapters.mcp import StateCodecMiddleware, _with_params, protect

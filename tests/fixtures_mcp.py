@@ -32,7 +32,6 @@ import pytest
 from mcp.client import Client
 from mcp.client.session import ClientRequestContext
 from mcp.client.streamable_http import streamable_http_client
-from mcp.server.context import ServerRequestContext
 from processes import ROOT, start_all, stop, wait_for_log
 from replicas import Replicas
 
@@ -45,19 +44,6 @@ TOOL = "deploy_production"
 ISSUER = "https://idp.example"
 CLIENT_ID = "deploy-cli"
 AUDIENCE = "deploy"
-
-
-def request_context(params: dict[str, Any]) -> ServerRequestContext[Any, Any]:
-    """A ``tools/call`` request context as the SDK's runner builds it, for calling a middleware
-    directly (no session: the middlewares use none)."""
-    return ServerRequestContext(
-        session=None,  # type: ignore[arg-type]
-        lifespan_context={},
-        protocol_version="2026-07-28",
-        method="tools/call",
-        params=params,
-        request_id=1,
-    )
 
 
 @dataclass

@@ -16,7 +16,6 @@ import mcp_types as types
 import pytest
 from fastmcp import Context as FastMCPContext
 from fastmcp import FastMCP
-from fixtures_mcp import request_context
 from mcp.client import Client
 from mcp.server._otel import OpenTelemetryMiddleware
 from mcp.server.context import ServerRequestContext
@@ -24,6 +23,7 @@ from mcp.server.lowlevel import Server
 from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.request_state import InvalidRequestState, RequestStateBoundary, RequestStateSecurity
 from mcp.shared.exceptions import MCPError
+from mcp_requests import request_context
 
 from statecodec import KeyRing, StateCodec, boundary
 from statecodec.adapters import fastmcp as fastmcp_adapter
