@@ -72,8 +72,8 @@ class Store:
     one_process = False
     url = ""
 
-    def __init__(self, workdir: Path, events: HistoryWriter, wait: int | None) -> None:
-        self.workdir, self.events, self.wait = workdir, events, wait
+    def __init__(self, workdir: Path, events: HistoryWriter, wait: int | None, standby: str = "sync") -> None:
+        self.workdir, self.events, self.wait, self.standby = workdir, events, wait, standby
         self.proxies = ProxyHost()
         self.paused: set[int] = set()
         # Held while a fault changes which server is primary: an overlapping fault picks
@@ -130,6 +130,12 @@ class Store:
         time.sleep(duration)
         (self._clocks / name).write_text("+0\n")
 
+    def admin(self, port: int) -> Any:
+        """A direct connection to a Valkey server (bypassing its proxy: the nemesis is never partitioned)."""
+        import redis  # noqa: PLC0415
+
+        return redis.Redis(port=port, socket_timeout=2, socket_connect_timeout=2, decode_responses=True)
+
     def faults(self) -> list[str]:
         return sorted(name.removeprefix("fault_") for name in dir(self) if name.startswith("fault_"))
 
@@ -148,14 +154,20 @@ class Store:
         self.paused.difference_update(pids)
 
     def cut(self, proxy: FaultProxy, duration: float) -> None:
-        proxy.set("cut", ("client",))
-        time.sleep(duration)
-        proxy.set("pass", ("client",))
+        self.partition([(proxy, ("client",))], duration, mode="cut")
 
-    def hold(self, proxy: FaultProxy, classes: tuple[str, ...], duration: float) -> None:
-        proxy.set("hold", classes)
+    def hold(self, proxy: FaultProxy, labels: tuple[str, ...], duration: float) -> None:
+        self.partition([(proxy, labels)], duration)
+
+    def partition(
+        self, sides: list[tuple[FaultProxy, tuple[str, ...]]], duration: float, mode: str = "hold"
+    ) -> None:
+        """Hold (or cut) the given connection labels at each proxy for ``duration`` seconds, then heal."""
+        for proxy, labels in sides:
+            proxy.set(mode, labels)
         time.sleep(duration)
-        proxy.set("pass", classes)
+        for proxy, labels in sides:
+            proxy.set("pass", labels)
 
 
 class Memory(Store):
@@ -190,7 +202,11 @@ class Sentinel(Store):
     DOWN_AFTER_MS = 2000
 
     def start(self) -> None:
-        from fixtures_valkey import ValkeyServer, server_binary  # type: ignore[import-not-found]  # noqa: PLC0415
+        from fixtures_valkey import (  # type: ignore[import-not-found]  # noqa: PLC0415
+            ValkeyServer,
+            configure_sentinel,
+            server_binary,
+        )
 
         binary = server_binary()
         self.servers = [ValkeyServer(self.clocked(binary, f"valkey{i}")) for i in range(3)]
@@ -202,22 +218,24 @@ class Sentinel(Store):
                 server.extra_args += ["--replicaof", "127.0.0.1", str(self.front[0].port)]
         self.base_args = {s.port: list(s.extra_args) for s in self.servers}
         self.sentinels = [ValkeyServer(binary) for _ in range(3)]
-        for sentinel in self.sentinels:
-            config = sentinel.directory / "sentinel.conf"
-            config.write_text(
-                f"sentinel monitor {self.SERVICE} 127.0.0.1 {self.front[0].port} 2\n"
-                f"sentinel down-after-milliseconds {self.SERVICE} {self.DOWN_AFTER_MS}\n"
-                f"sentinel failover-timeout {self.SERVICE} 10000\n"
-                f"sentinel parallel-syncs {self.SERVICE} 2\n"
-            )
-            sentinel.leading_args = (str(config), "--sentinel")
+        self.sentinel_front = [
+            self.proxies.proxy(s.port, f"sentinel{i}") for i, s in enumerate(self.sentinels)
+        ]
+        for sentinel, front in zip(self.sentinels, self.sentinel_front, strict=True):
+            configure_sentinel(sentinel, self.SERVICE, self.front[0].port, self.DOWN_AFTER_MS,
+                               parallel_syncs=2, announce_port=front.port)  # fmt: skip
         for server in [*self.servers, *self.sentinels]:
             server.start()
         wait = 2 if self.wait is None else self.wait
-        seeds = ",".join(f"127.0.0.1:{s.port}" for s in self.sentinels)
+        seeds = ",".join(f"127.0.0.1:{p.port}" for p in self.sentinel_front)
         self.url = f"redis+sentinel://{seeds}/{self.SERVICE}/0?wait={wait}"
         if not wait_for(self.healthy, 90):
             raise RuntimeError("the sentinels do not see a primary with two replicas in sync")
+        # How each sentinel names its links (CLIENT SETNAME sentinel-<first 8 of its id>-...).
+        self.sentinel_labels = [
+            "sentinel-" + str(self.admin(s.port).execute_command("SENTINEL", "MYID"))[:8]
+            for s in self.sentinels
+        ]
 
     def clocked(self, binary: str, name: str) -> str:
         """``binary``, or a script that execs it on a clock of its own (libfaketime), keeping its PID."""
@@ -233,11 +251,6 @@ class Sentinel(Store):
     def fault_server_clock(self, rng: random.Random, duration: float) -> None:
         """Step the primary's wall clock (libfaketime) by up to a minute either way, then back."""
         self.jump_server_clock(f"valkey{self.primary_index()}", rng, duration)
-
-    def admin(self, port: int) -> Any:
-        import redis  # noqa: PLC0415
-
-        return redis.Redis(port=port, socket_timeout=2, socket_connect_timeout=2, decode_responses=True)
 
     def primary_index(self) -> int:
         for sentinel in self.sentinels:
@@ -263,6 +276,8 @@ class Sentinel(Store):
         for sentinel in self.sentinels:
             state = self.admin(sentinel.port).sentinel_master(self.SERVICE)
             if "s_down" in state["flags"] or "o_down" in state["flags"] or state["num-slaves"] < 2:
+                return False
+            if state["num-other-sentinels"] < 2:
                 return False
         return True
 
@@ -319,6 +334,24 @@ class Sentinel(Store):
         """Nobody reaches the primary: after down-after the sentinels promote a replica."""
         self.hold(self.primary_proxy(), ("client", "replication", "sentinel"), duration)
 
+    def fault_split_sentinels(self, rng: random.Random, duration: float) -> None:
+        """A quorum split: one sentinel with the primary, the other two with the replicas.
+
+        The lone sentinel and the primary cannot reach the other sentinels nor the replicas
+        (and the reverse); clients reach everyone. The majority promotes a replica past
+        down-after while the lone sentinel still names the old primary, which keeps
+        answering its clients: two primaries, each named by a sentinel.
+        """
+        lone = rng.randrange(3)
+        others = tuple(label for i, label in enumerate(self.sentinel_labels) if i != lone)
+        with self.changing:
+            primary = self.primary_index()
+        sides = [(self.sentinel_front[lone], others), (self.front[primary], (*others, "replication"))]
+        sides += [(self.sentinel_front[i], (self.sentinel_labels[lone],)) for i in range(3) if i != lone]
+        sides += [(self.front[i], (self.sentinel_labels[lone],)) for i in range(3) if i != primary]
+        self.note("split sentinels", lone=lone, primary=self.front[primary].port)
+        self.partition(sides, max(duration, 2 * self.DOWN_AFTER_MS / 1000 + 1))
+
     def fault_takeback_failover(self, rng: random.Random, duration: float) -> None:
         """Replication cut (consumes fall short of WAIT and are taken back), then SENTINEL FAILOVER."""
         proxy = self.primary_proxy()
@@ -332,19 +365,55 @@ class Sentinel(Store):
         proxy.set("pass", ("replication",))
 
 
+def proxied_cluster(proxies: ProxyHost, primaries: int, node_timeout_ms: int) -> Any:
+    """A :class:`ValkeyCluster` whose nodes are reached only through fault proxies.
+
+    Each node announces (``cluster-announce-*``) its client proxy's port and its bus proxy's
+    port: clients (``CLUSTER SLOTS``), replicas (which dial their primary at its announced
+    address) and the other nodes' bus links all cross a proxy. Ports given to
+    :meth:`node` may be a node's own or its client proxy's.
+    """
+    from fixtures_valkey import ValkeyCluster  # noqa: PLC0415
+
+    class ProxiedCluster(ValkeyCluster):  # type: ignore[misc]
+        def __init__(self) -> None:
+            super().__init__(primaries=primaries, node_timeout_ms=node_timeout_ms)
+            self.front: dict[int, FaultProxy] = {}
+            self.bus: dict[int, FaultProxy] = {}
+            for i, node in enumerate(self.nodes):
+                bus_port = int(node.extra_args[node.extra_args.index("--cluster-port") + 1])
+                self.front[node.port] = proxies.proxy(node.port, f"node{i}")
+                self.bus[node.port] = proxies.proxy(bus_port, f"bus{i}")
+                node.extra_args += ["--cluster-announce-ip", "127.0.0.1",
+                                    "--cluster-announce-port", str(self.front[node.port].port),
+                                    "--cluster-announce-bus-port", str(self.bus[node.port].port)]  # fmt: skip
+
+        def address(self, node: Any) -> str:
+            return f"127.0.0.1:{self.front[node.port].port}"
+
+        def node(self, port: int) -> Any:
+            return next(n for n in self.nodes if port in (n.port, self.front[n.port].port))
+
+    return ProxiedCluster()
+
+
 class Cluster(Store):
     """A Valkey Cluster, three primaries with a replica each, ``wait=1`` by default.
 
-    No proxies: the cluster bus and the node addresses it gossips would bypass them.
+    Every node sits behind two proxies, one for its clients and replicas, one for its bus
+    (:func:`proxied_cluster`), so a primary can be cut from its clients, from its replica,
+    or from the bus majority.
     """
 
     name = "cluster"
+    NODE_TIMEOUT_MS = 2000
 
     def start(self) -> None:
-        from fixtures_valkey import ValkeyCluster  # noqa: PLC0415
-
-        self.cluster = ValkeyCluster(primaries=3, node_timeout_ms=2000)
+        self.cluster = proxied_cluster(self.proxies, 3, self.NODE_TIMEOUT_MS)
         self.cluster.start()
+        self.ids = {
+            n.port: str(self.admin(n.port).execute_command("CLUSTER", "MYID")) for n in self.cluster.nodes
+        }
         wait = 1 if self.wait is None else self.wait
         self.url = f"{self.cluster.url}?wait={wait}"
 
@@ -374,9 +443,47 @@ class Cluster(Store):
             pid = self.cluster.node(rng.choice(self.cluster.primaries())).pid
         self.pause([pid], max(duration, 5.0))
 
+    def a_primary(self, rng: random.Random) -> Any:
+        with self.changing:
+            return self.cluster.node(rng.choice(self.cluster.primaries()))
+
+    def fault_partition_clients(self, rng: random.Random, duration: float) -> None:
+        """The clients cannot reach a primary (its replica and the bus still can)."""
+        self.hold(self.cluster.front[self.a_primary(rng).port], ("client",), duration)
+
+    def fault_partition_replicas(self, rng: random.Random, duration: float) -> None:
+        """A primary loses its replica's link (clients and the bus still reach it): WAIT falls short."""
+        self.hold(self.cluster.front[self.a_primary(rng).port], ("replication",), duration)
+
+    def bus_sides(self, node: Any) -> list[tuple[FaultProxy, tuple[str, ...]]]:
+        """``node`` cut from every other node's bus, both ways."""
+        sides = [(self.cluster.bus[node.port], ("bus-",))]
+        return sides + [(self.cluster.bus[n.port], (f"bus-{self.ids[node.port]}",))
+                        for n in self.cluster.nodes if n is not node]  # fmt: skip
+
+    def fault_partition_bus(self, rng: random.Random, duration: float) -> None:
+        """A primary cut from the bus majority past the node timeout (its clients and replica still reach it).
+
+        The majority fails it and promotes its replica; the primary, in the minority, stops
+        taking writes once it sees the majority unreachable.
+        """
+        node = self.a_primary(rng)
+        self.note("bus partition", port=self.cluster.front[node.port].port)
+        self.partition(self.bus_sides(node), max(duration, 2 * self.NODE_TIMEOUT_MS / 1000 + 1))
+
+    def fault_isolate_primary(self, rng: random.Random, duration: float) -> None:
+        """Nobody reaches a primary: not its clients, not its replica, not the bus; its replica takes over."""
+        node = self.a_primary(rng)
+        self.note("isolate primary", port=self.cluster.front[node.port].port)
+        sides = [*self.bus_sides(node), (self.cluster.front[node.port], ("",))]
+        self.partition(sides, max(duration, 2 * self.NODE_TIMEOUT_MS / 1000 + 1))
+
 
 class Postgres(Store):
     """PostgreSQL 15: a primary and a synchronous standby (``synchronous_standby_names='*'``).
+
+    With ``standby="async"`` (``--pg-standby async``) the standby is asynchronous (no
+    ``synchronous_standby_names``): the weaker setting, to show what it breaks.
 
     Clients use a multi-host URL through the proxies with ``target_session_attrs=read-write``;
     the standby streams from the primary through the primary's proxy. PostgreSQL has no
@@ -394,7 +501,7 @@ class Postgres(Store):
         primary.create_app()
         self.proxy_of = {primary.port: self.proxies.proxy(primary.port, "pg0")}
         self.servers = [primary, self.rebuild_standby(primary, None)]
-        for server in self.servers:
+        for server in self.servers if self.standby == "sync" else []:
             server.sql("ALTER SYSTEM SET synchronous_standby_names = '*'")
             server.sql("SELECT pg_reload_conf()")
         hosts = ",".join(f"127.0.0.1:{self.proxy_of[s.port].port}" for s in self.servers)
@@ -489,28 +596,26 @@ class Postgres(Store):
             pids = [standby.pid, *standby.backends()]
         self.pause(pids, max(duration, 3.0))
 
+    def primary_proxy(self) -> FaultProxy:
+        with self.changing:
+            return self.proxy_of[self.servers[0].port]
+
     def fault_partition_clients(self, rng: random.Random, duration: float) -> None:
         """The clients cannot reach the primary (its standby still can)."""
-        with self.changing:
-            proxy = self.proxy_of[self.servers[0].port]
-        self.hold(proxy, ("client",), duration)
+        self.hold(self.primary_proxy(), ("client",), duration)
 
     def fault_cut_clients(self, rng: random.Random, duration: float) -> None:
         """Reset every client connection to the primary and refuse new ones: replies in flight are lost."""
-        with self.changing:
-            proxy = self.proxy_of[self.servers[0].port]
-        self.cut(proxy, duration)
+        self.cut(self.primary_proxy(), duration)
 
     def fault_partition_replicas(self, rng: random.Random, duration: float) -> None:
         """The standby loses the primary: commits wait for it, consumes fail closed (and commit locally)."""
-        with self.changing:
-            proxy = self.proxy_of[self.servers[0].port]
-        self.hold(proxy, ("replication",), duration)
+        self.hold(self.primary_proxy(), ("replication",), duration)
 
     def fault_takeback_failover(self, rng: random.Random, duration: float) -> None:
         """Replication cut (consumes fail closed, their rows committed locally), then a failover."""
         with self.changing:
-            proxy = self.proxy_of[self.servers[0].port]
+            proxy = self.primary_proxy()
             proxy.set("hold", ("replication",))
             time.sleep(max(1.0, duration / 2))
             self._failover()  # the standby never got what the old primary committed meanwhile
