@@ -164,6 +164,10 @@ class ProxyHost:
         self.proxies.append(proxy)
         return proxy
 
+    def close(self) -> None:
+        """Stop the event loop (its thread ends; open connections are dropped with the process)."""
+        self.loop.call_soon_threadsafe(self.loop.stop)
+
     def heal_all(self) -> None:
         for proxy in self.proxies:
             proxy.set("pass")

@@ -136,8 +136,9 @@ class Store:
 
         return redis.Redis(port=port, socket_timeout=2, socket_connect_timeout=2, decode_responses=True)
 
-    def faults(self) -> list[str]:
-        return sorted(name.removeprefix("fault_") for name in dir(self) if name.startswith("fault_"))
+    @classmethod
+    def faults(cls) -> list[str]:
+        return sorted(name.removeprefix("fault_") for name in dir(cls) if name.startswith("fault_"))
 
     def note(self, what: str, **fields: Any) -> None:
         self.events.event("note", what=what, **fields)
