@@ -25,12 +25,15 @@ from faults.run import run
 pytestmark = pytest.mark.slow
 
 SECONDS = 30.0
+# 30 s draw four faults: the replicated stores' seeds are ones whose draw holds a fault that
+# moves the primary and one of the partitions only that store has (split-sentinels, partition-bus).
 RUNS = {
     "memory": ("clock", 11),
     "sqlite": ("kill-client,pause-client,clock", 12),
     "sentinel": ("kill-primary,pause-primary,partition-clients,partition-replicas,isolate-primary,"
-                 "takeback-failover,kill-client,clock,server-clock", 13),
-    "cluster": ("kill-primary,pause-primary,kill-client,clock", 14),
+                 "takeback-failover,split-sentinels,kill-client,clock,server-clock", 23),
+    "cluster": ("kill-primary,pause-primary,partition-clients,partition-replicas,partition-bus,"
+                "isolate-primary,kill-client,clock", 40),
     "postgres": ("kill-primary,pause-primary,pause-standby,partition-clients,partition-replicas,"
                  "takeback-failover,kill-client,server-clock", 15),
 }  # fmt: skip
