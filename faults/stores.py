@@ -188,7 +188,26 @@ class SQLite(Store):
         self.url = f"sqlite://{self.workdir / 'replay.db'}"
 
 
-class Sentinel(Store):
+class OnePrimary(Store):
+    """A store with one primary behind one proxy: the partitions of its clients and replicas."""
+
+    def primary_proxy(self) -> FaultProxy:
+        raise NotImplementedError
+
+    def fault_partition_clients(self, rng: random.Random, duration: float) -> None:
+        """Clients cannot reach the primary (its replicas, or standby, and the sentinels still can)."""
+        self.hold(self.primary_proxy(), ("client",), duration)
+
+    def fault_cut_clients(self, rng: random.Random, duration: float) -> None:
+        """Reset every client connection to the primary and refuse new ones: replies in flight are lost."""
+        self.cut(self.primary_proxy(), duration)
+
+    def fault_partition_replicas(self, rng: random.Random, duration: float) -> None:
+        """The replicas (standby) lose the primary: WAIT falls short, commits wait and fail closed."""
+        self.hold(self.primary_proxy(), ("replication",), duration)
+
+
+class Sentinel(OnePrimary):
     """Valkey: a primary, two replicas and three sentinels (quorum 2), ``wait=2`` by default.
 
     Each data server is announced (``replica-announce-port``) and monitored at its proxy's
@@ -314,18 +333,6 @@ class Sentinel(Store):
         with self.changing:
             pid = self.servers[self.primary_index()].pid
         self.pause([pid], max(duration, 2 * self.DOWN_AFTER_MS / 1000 + 1))
-
-    def fault_partition_clients(self, rng: random.Random, duration: float) -> None:
-        """Clients cannot reach the primary (sentinels and replicas still can)."""
-        self.hold(self.primary_proxy(), ("client",), duration)
-
-    def fault_cut_clients(self, rng: random.Random, duration: float) -> None:
-        """Reset every client connection to the primary and refuse new ones: replies in flight are lost."""
-        self.cut(self.primary_proxy(), duration)
-
-    def fault_partition_replicas(self, rng: random.Random, duration: float) -> None:
-        """The primary's replicas lose it (clients and sentinels still reach it): WAIT falls short."""
-        self.hold(self.primary_proxy(), ("replication",), duration)
 
     def fault_partition_sentinels(self, rng: random.Random, duration: float) -> None:
         """The sentinels lose the primary, its clients and replicas do not: a failover while it answers."""
@@ -480,7 +487,7 @@ class Cluster(Store):
         self.partition(sides, max(duration, 2 * self.NODE_TIMEOUT_MS / 1000 + 1))
 
 
-class Postgres(Store):
+class Postgres(OnePrimary):
     """PostgreSQL 15: a primary and a synchronous standby (``synchronous_standby_names='*'``).
 
     With ``standby="async"`` (``--pg-standby async``) the standby is asynchronous (no
@@ -600,18 +607,6 @@ class Postgres(Store):
     def primary_proxy(self) -> FaultProxy:
         with self.changing:
             return self.proxy_of[self.servers[0].port]
-
-    def fault_partition_clients(self, rng: random.Random, duration: float) -> None:
-        """The clients cannot reach the primary (its standby still can)."""
-        self.hold(self.primary_proxy(), ("client",), duration)
-
-    def fault_cut_clients(self, rng: random.Random, duration: float) -> None:
-        """Reset every client connection to the primary and refuse new ones: replies in flight are lost."""
-        self.cut(self.primary_proxy(), duration)
-
-    def fault_partition_replicas(self, rng: random.Random, duration: float) -> None:
-        """The standby loses the primary: commits wait for it, consumes fail closed (and commit locally)."""
-        self.hold(self.primary_proxy(), ("replication",), duration)
 
     def fault_takeback_failover(self, rng: random.Random, duration: float) -> None:
         """Replication cut (consumes fail closed, their rows committed locally), then a failover."""

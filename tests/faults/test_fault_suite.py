@@ -31,7 +31,7 @@ RUNS = {
     "memory": ("clock", 11),
     "sqlite": ("kill-client,pause-client,clock", 12),
     "sentinel": ("kill-primary,pause-primary,partition-clients,partition-replicas,isolate-primary,"
-                 "takeback-failover,split-sentinels,kill-client,clock,server-clock", 23),
+                 "takeback-failover,split-sentinels,kill-client,clock,server-clock", 39),
     "cluster": ("kill-primary,pause-primary,partition-clients,partition-replicas,partition-bus,"
                 "isolate-primary,kill-client,clock", 40),
     "postgres": ("kill-primary,pause-primary,pause-standby,partition-clients,partition-replicas,"
