@@ -470,14 +470,16 @@ class Cluster(Store):
                         for n in self.cluster.nodes if n is not node]  # fmt: skip
 
     def fault_partition_bus(self, rng: random.Random, duration: float) -> None:
-        """A primary cut from the bus majority past the node timeout (its clients and replica still reach it).
+        """A primary and its clients cut past the node timeout from the bus majority and from its replica.
 
-        The majority fails it and promotes its replica; the primary, in the minority, stops
-        taking writes once it sees the majority unreachable.
+        The majority fails it and promotes its replica, which stopped hearing from it when
+        the partition began; the primary, in the minority, still answers its clients until
+        it sees the majority unreachable.
         """
         node = self.a_primary(rng)
         self.note("bus partition", port=self.cluster.front[node.port].port)
-        self.partition(self.bus_sides(node), max(duration, 2 * self.NODE_TIMEOUT_MS / 1000 + 1))
+        sides = [*self.bus_sides(node), (self.cluster.front[node.port], ("replication",))]
+        self.partition(sides, max(duration, 2 * self.NODE_TIMEOUT_MS / 1000 + 1))
 
     def fault_isolate_primary(self, rng: random.Random, duration: float) -> None:
         """Nobody reaches a primary: not its clients, not its replica, not the bus; its replica takes over."""
