@@ -289,6 +289,9 @@ def _id_key(value: Any) -> tuple[str, Any]:
     return ("other", dumps(value, allow_nan=True))
 
 
+_NULL_ID: Final = _id_key(None)
+
+
 def _media_type(content_type: bytes | None) -> str:
     return "" if content_type is None else content_type.decode("latin-1").split(";", 1)[0].strip().lower()
 
@@ -1048,6 +1051,8 @@ class _Outbound:
         """
         text = _json.decode_answer(data)
         if not _json.may_need_sealing(text):
+            if self.judged is not None and not self._answered and self._may_answer(text):
+                self._answered = self._answers_unread(text)
             return None
         try:
             document = _json.read_answer(text)
@@ -1062,6 +1067,34 @@ class _Outbound:
         if not changed and not _json.has_duplicate_keys(text):
             return None
         return dumps(document, allow_nan=True)
+
+    def _may_answer(self, text: str) -> bool:
+        """Whether a message relayed unread (ASCII, no ``\\u`` escape: :func:`_json.may_need_sealing`)
+        may answer the request: it names an ``id``, or the request's id is null and an answer
+        without one would match it."""
+        return '"id"' in text or self.request_key == _NULL_ID
+
+    def _answers_unread(self, text: str) -> bool:
+        """Whether a message relayed unread answers the request, as :meth:`_seal_message` counts.
+
+        Only an answer to the MRTR request of the exchange may be sealed, and only the first
+        one (one round, one token): the client takes this message as that answer, so what
+        comes after it on the stream may not ask again. A message with a repeated key is
+        counted as an answer (a client may read another of its ids); one that does not parse
+        answers nothing a client can read.
+        """
+        try:
+            document = _json.read_answer(text)
+        except ValueError:
+            return False
+        messages = document if isinstance(document, list) else [document]
+        if any(isinstance(message, dict) and self._answers(message) for message in messages):
+            return True
+        return text.count('"id"') > 1 and _json.has_duplicate_keys(text)
+
+    def _answers(self, message: Mapping[str, Any]) -> bool:
+        """Whether ``message`` is a response to the request (a notification or server request is not)."""
+        return "method" not in message and _id_key(message.get("id")) == self.request_key
 
     async def _start_stream(self) -> None:
         # Events are rewritten as they pass: the length is no longer known.
@@ -1131,7 +1164,7 @@ class _Outbound:
     def _seal_message(self, message: Any, strays: bool) -> tuple[Any, bool]:
         if not isinstance(message, dict):
             return message, False
-        answers = "method" not in message and _id_key(message.get("id")) == self.request_key
+        answers = self._answers(message)
         again = _round_answer(message.get("result")) if answers and self._answered else None
         self._answered = self._answered or answers
         if again is not None:  # the client took the first answer: a second round would fork the flow
