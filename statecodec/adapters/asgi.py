@@ -58,6 +58,7 @@ from . import _json, _sse
 from ._json import dumps, loads_strict
 
 __all__ = [
+    "ACCEPT_IDENTITY",
     "DEFAULT_MAX_BODY_BYTES",
     "DEFAULT_MAX_JUDGED_BYTES",
     "DEFAULT_MAX_RESPONSE_BYTES",
@@ -229,10 +230,12 @@ class RequestHeaders:
 
 #: Request headers whoever forwards a request sets itself, never copied from its client: the
 #: body's framing (the body goes on whole, and a redeemed state changes its length:
-#: :func:`body_length`) and the encodings the answer may take (an answer must come
-#: uncompressed to be inspected). The middleware's application gets no ``Accept-Encoding``;
-#: the proxy's forwarder asks its upstream for ``identity``.
+#: :func:`body_length`) and the encodings the answer may take (:data:`ACCEPT_IDENTITY`).
 FORWARDER_HEADERS: Final = frozenset({b"accept-encoding", b"content-length", b"transfer-encoding"})
+#: What replaces the client's ``Accept-Encoding``, for the middleware's application and the
+#: proxy's upstream alike: an answer must come uncompressed to be inspected, and a request
+#: without the header would leave the server free to pick any coding (RFC 9110, 12.5.3).
+ACCEPT_IDENTITY: Final = (b"accept-encoding", b"identity")
 
 
 def body_length(body: bytes) -> bytes:
@@ -742,15 +745,15 @@ def _log_round(method: str, opened: OpenedState) -> None:
 
 
 def _forwarded(scope: Scope, sent: RequestHeaders, body: bytes) -> Scope:
-    """The scope the application gets: its body's length, and no compressed answer asked for."""
+    """The scope the application gets: its body's length, and an uncompressed answer asked for."""
     declared = sent.index.get(b"content-length")
     length = body_length(body)
     if (body or declared is not None) and declared != length:  # one pass drops all three
-        headers = [*sent.without(*FORWARDER_HEADERS), (b"content-length", length)]
-    elif b"accept-encoding" in sent.index:
-        headers = sent.without(b"accept-encoding")
+        headers = sent.without(*FORWARDER_HEADERS)
+        headers.append((b"content-length", length))
     else:
-        return scope
+        headers = sent.without(b"accept-encoding")
+    headers.append(ACCEPT_IDENTITY)
     return {**scope, "headers": headers}
 
 

@@ -14,8 +14,9 @@ benchmark aiohttp's client alone cost more than the proxy's goal per request
 (docs/performance.md). Choices that serve the middleware and the clients behind one
 proxy:
 
-- the upstream is always asked for ``identity`` encoding (a compressed response could
-  not be inspected, and on loopback compression buys nothing), and nothing is
+- the upstream is always asked for ``identity`` encoding, as the middleware asks its
+  application (:data:`~statecodec.adapters.asgi.ACCEPT_IDENTITY`: a compressed response
+  could not be inspected, and on loopback compression buys nothing), and nothing is
   decompressed on the way: the bytes are relayed as the upstream sent them;
 - no cookie jar: a ``Set-Cookie`` answered to one client is never sent upstream with
   another client's request;
@@ -51,7 +52,16 @@ import anyio
 
 from .. import _telemetry
 from ..adapters import _json
-from ..adapters.asgi import FORWARDER_HEADERS, Message, Receive, Scope, Send, body_length, request_path
+from ..adapters.asgi import (
+    ACCEPT_IDENTITY,
+    FORWARDER_HEADERS,
+    Message,
+    Receive,
+    Scope,
+    Send,
+    body_length,
+    request_path,
+)
 from ..boundary import INTERNAL_ERROR_CODE, WireError
 from ._upstream import Pool, Response, UpstreamError, check_fields
 from ._wire import respond_error
@@ -366,7 +376,7 @@ class UpstreamApp:
         query = scope.get("query_string", b"")
         target = request_path(scope) + (b"?" + query if query else b"")  # the path the middleware decided on
         fields = headers.kept
-        fields.append((b"Accept-Encoding", b"identity"))
+        fields.append(ACCEPT_IDENTITY)
         if headers.host is not None:
             fields.append((b"X-Forwarded-Host", headers.host))
         fields.append((b"X-Forwarded-Proto", str(scope.get("scheme", "http")).encode("latin-1")))
