@@ -180,9 +180,9 @@ _OWS: Final = b" \t"
 
 @dataclass(slots=True)
 class RequestHeaders:
-    """A request's headers, lower-cased and read in one pass: every later use reads this.
+    """A request's headers, lower-cased once: every later use reads this.
 
-    ``headers`` as sent, ``names`` each of their names lower-cased, in order. ``index``:
+    ``headers`` as sent, ``lowered`` the same with each name lower-cased. ``index``:
     each header by its lower-case name, the first of repeated ones. ``routing``:
     ``Mcp-Method`` and ``Mcp-Name`` as sent, trimmed; ``repeated``: the first of them that
     is repeated, refused where the body is judged (only the first of repeated headers would
@@ -191,41 +191,47 @@ class RequestHeaders:
     """
 
     headers: list[tuple[bytes, bytes]]
-    names: list[bytes]
+    lowered: list[tuple[bytes, bytes]]
     index: dict[bytes, bytes]
     routing: dict[bytes, bytes]
     repeated: bytes | None
 
     @classmethod
     def read(cls, headers: list[tuple[bytes, bytes]]) -> RequestHeaders:
-        names: list[bytes] = []
-        keep = names.append
-        index: dict[bytes, bytes] = {}
+        # Built by comprehension and dict(): every request pays for this, header by header.
+        lowered = [(name.lower(), value) for name, value in headers]
+        index = dict(reversed(lowered))  # built from the last: the first of repeated ones stays
         routing: dict[bytes, bytes] = {}
-        repeated: bytes | None = None
-        for raw_name, value in headers:
-            name = raw_name.lower()
-            keep(name)
-            if name not in index:
-                index[name] = value
-            if name in _ROUTING_HEADERS:
-                if name not in routing:
-                    routing[name] = value.strip(_OWS)
-                elif repeated is None:
-                    repeated = name
-        return cls(headers, names, index, routing, repeated)
+        for name in _ROUTING_HEADERS:
+            value = index.get(name)
+            if value is not None:
+                routing[name] = value.strip(_OWS)
+        repeated = _first_repeated(lowered) if routing and len(index) < len(lowered) else None
+        return cls(headers, lowered, index, routing, repeated)
 
     def without(self, *dropped: bytes) -> list[tuple[bytes, bytes]]:
         """The headers as sent but those named ``dropped`` (lower-case names)."""
-        return [header for name, header in zip(self.names, self.headers, strict=True) if name not in dropped]
+        pairs = zip(self.lowered, self.headers, strict=True)
+        return [header for (name, _), header in pairs if name not in dropped]
 
     def joined(self) -> dict[str, str]:
         """Each header by its lower-case name as text, repeated ones joined (:data:`PrincipalFn`)."""
         joined: dict[str, str] = {}
-        for raw_name, (_, raw_value) in zip(self.names, self.headers, strict=True):
+        for raw_name, raw_value in self.lowered:
             name, value = raw_name.decode("latin-1"), raw_value.decode("latin-1")
             joined[name] = f"{joined[name]}, {value}" if name in joined else value
         return joined
+
+
+def _first_repeated(lowered: list[tuple[bytes, bytes]]) -> bytes | None:
+    """The first ``Mcp-Method`` or ``Mcp-Name`` header that comes a second time, or None."""
+    seen: set[bytes] = set()
+    for name, _ in lowered:
+        if name in _ROUTING_HEADERS:
+            if name in seen:
+                return name
+            seen.add(name)
+    return None
 
 
 #: Request headers whoever forwards a request sets itself, never copied from its client: the
@@ -359,14 +365,17 @@ def _strays_possible(messages: list[Any], text: str) -> bool:
     ``\\u`` escape the value can be written no other way)."""
     if text.find("\\u") != -1:
         return True
-    own = sum(
-        1
-        for message in messages
-        if isinstance(message, dict)
-        and type(message.get("result")) is dict
-        and message["result"].get("resultType") == boundary.INPUT_REQUIRED
-    )
-    return text.count('"input_required"') > own
+    named = text.count('"input_required"')
+    if not named:
+        return False
+    for message in messages:  # a loop, not sum(): the usual answer is one message, counted per answer
+        if (
+            isinstance(message, dict)
+            and type(message.get("result")) is dict
+            and message["result"].get("resultType") == boundary.INPUT_REQUIRED
+        ):
+            named -= 1
+    return named > 0
 
 
 def _round_answer(result: object) -> str | None:
@@ -883,7 +892,9 @@ class _Outbound:
 
     def release(self) -> None:
         """Give back what this answer holds of the budget (it is answered, or abandoned)."""
-        self._hold(0)
+        if self._held:
+            self._budget.give(self._held)
+            self._held = 0
 
     async def _over_budget(self) -> None:
         budget = self._budget

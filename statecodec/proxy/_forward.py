@@ -171,25 +171,28 @@ class _RequestHeaders:
     __slots__ = ("chain", "host", "kept", "length")
 
     def __init__(self, headers: Iterable[tuple[bytes, bytes]]) -> None:
-        self.kept: list[tuple[bytes, bytes]] = []
-        self.host: bytes | None = None
+        kept: list[tuple[bytes, bytes]] = []
+        keep = kept.append  # looked up once: this loop runs for every header of every request
+        host: bytes | None = None
         self.length: bytes | None = None
         chain: list[bytes] = []
         named: set[bytes] | None = None
-        for name, value in headers:
-            lower = name.lower()
+        for header in headers:
+            lower = header[0].lower()
             if lower not in _DROPPED_REQUEST:
-                self.kept.append((name, value))
+                keep(header)
             elif lower == b"host":
-                self.host = self.host or value
+                host = host or header[1]
             elif lower == b"x-forwarded-for":
-                chain.append(value)
+                chain.append(header[1])
             elif lower == b"content-length":
-                self.length = value
+                self.length = header[1]
             elif lower == b"connection":
-                named = _named(value, named)
+                named = _named(header[1], named)
         if named:
-            self.kept = [(name, value) for name, value in self.kept if name.lower() not in named]
+            kept = [(name, value) for name, value in kept if name.lower() not in named]
+        self.kept = kept
+        self.host = host
         self.chain = b", ".join(chain)
 
 
