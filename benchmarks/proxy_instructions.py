@@ -1,7 +1,7 @@
 """Instructions the proxy executes per round, counted by valgrind (callgrind): repeatable on a busy machine.
 
     .venv/bin/python benchmarks/proxy_instructions.py [--flows 100] [--part proxy,forwarder,server]
-        [--tree TREE] [--client httptools|h11] [--before CODE] [--keep DIR]
+        [--tree TREE] [--client httptools|h11] [--before CODE] [--keep DIR] [--traffic deploy|relay]
 
 CPU time on a shared VM moves by a third from one minute to the next; an instruction
 count does not. Each part runs under ``valgrind --tool=callgrind`` with instrumentation
@@ -21,6 +21,8 @@ place of the httptools connection toward the upstream (benchmarks/_h11_client.py
 costs, an upper bound of what making it cheaper can save (docs/performance.md).
 ``--keep DIR`` copies each part's callgrind output there (``callgrind.PART``), for
 ``callgrind_annotate --inclusive=yes`` (the profile that picks the next step).
+``--traffic relay`` sends ``tools/list`` requests instead of deploy flows (``--flows`` of
+them, counted per request): answers that cannot carry a state, the relay path alone.
 
 User-space instructions only: the system calls' kernel work is not in these counts.
 Needs ``valgrind`` (Debian package) and node with ``npm ci`` in tests/node.
@@ -38,7 +40,7 @@ from pathlib import Path
 
 import httpx
 from _harness import ROOT  # also puts tests/ and the tree on sys.path
-from bench_proxy import flow, start, upstream_command
+from bench_proxy import HEADERS, META, flow, result_of, start, upstream_command
 from processes import stop
 
 from statecodec import KeyRing
@@ -88,13 +90,24 @@ def command(part: str, upstream: str, tmp: Path, client: str = "httptools", befo
     return [sys.executable, "-c", preamble + _SERVE, part, upstream]
 
 
-async def drive(url: str, pid: int, flows: int) -> None:
+async def listing(http: httpx.AsyncClient, url: str, n: int) -> None:
+    """One ``tools/list``: a request no state is in, and an answer that cannot carry one."""
+    headers = {**HEADERS, "mcp-method": "tools/list"}
+    del headers["mcp-name"]
+    body = {"jsonrpc": "2.0", "id": n, "method": "tools/list", "params": {"_meta": META}}
+    response = await http.post(url, json=body, headers=headers)
+    if response.status_code != 200 or not result_of(response)["result"]["tools"]:
+        raise RuntimeError(f"tools/list failed: {response.status_code} {response.text[:200]}")
+
+
+async def drive(url: str, pid: int, flows: int, traffic: str = "deploy") -> None:
+    one = flow if traffic == "deploy" else listing
     async with httpx.AsyncClient(timeout=300) as http:
         for n in range(WARM_UP):
-            await flow(http, url, n)
+            await one(http, url, n)
         subprocess.run(["callgrind_control", "-i", "on", str(pid)], check=True, capture_output=True)
         for n in range(flows):
-            await flow(http, url, WARM_UP + n)
+            await one(http, url, WARM_UP + n)
         subprocess.run(["callgrind_control", "-i", "off", str(pid)], check=True, capture_output=True)
 
 
@@ -107,15 +120,16 @@ def count(
     client: str,
     before: str = "",
     keep: Path | None = None,
+    traffic: str = "deploy",
 ) -> int:
-    """Instructions per round of one part, run from ``tree`` with ``client`` toward the upstream."""
+    """Instructions per round (per request with ``relay``) of one part, run from ``tree``."""
     out = tmp / f"callgrind.{part}"
     valgrind = ["valgrind", "--tool=callgrind", "--instr-atstart=no", f"--callgrind-out-file={out}"]
     proc, url = start(
         valgrind + command(part, upstream, tmp, client, before), "listening on ", tmp / f"{part}.log", tree
     )
     try:
-        asyncio.run(drive(url + "/mcp", proc.pid, flows))
+        asyncio.run(drive(url + "/mcp", proc.pid, flows, traffic))
     finally:
         stop(proc)  # callgrind writes its totals as the process exits
     if keep is not None:
@@ -123,7 +137,7 @@ def count(
         shutil.copyfile(out, keep / out.name)
     for line in out.read_text(errors="replace").splitlines():
         if line.startswith("totals:"):
-            return round(int(line.split()[1]) / (2 * flows))
+            return round(int(line.split()[1]) / (2 * flows if traffic == "deploy" else flows))
     raise RuntimeError(f"no totals in {out}")
 
 
@@ -142,6 +156,12 @@ def main() -> None:
     )
     parser.add_argument("--before", default="", help="Python run in the measured process before the part")
     parser.add_argument("--keep", type=Path, help="a directory to copy each part's callgrind output to")
+    parser.add_argument(
+        "--traffic",
+        choices=["deploy", "relay"],
+        default="deploy",
+        help="deploy flows (two rounds each), or tools/list requests (the relay path alone)",
+    )
     args = parser.parse_args()
     if shutil.which("valgrind") is None or shutil.which("callgrind_control") is None:
         raise SystemExit("needs valgrind (apt-get install valgrind)")
@@ -153,9 +173,18 @@ def main() -> None:
             tree = args.tree.resolve()
             for part in args.part.split(","):
                 per_round = count(
-                    part, upstream_url, args.flows, tmp, tree, args.client, args.before, args.keep
+                    part,
+                    upstream_url,
+                    args.flows,
+                    tmp,
+                    tree,
+                    args.client,
+                    args.before,
+                    args.keep,
+                    args.traffic,
                 )
-                print(f"{part:10s} {per_round:>12,} instructions per round", flush=True)
+                unit = "round" if args.traffic == "deploy" else "request"
+                print(f"{part:10s} {per_round:>12,} instructions per {unit}", flush=True)
         finally:
             stop(upstream)
 

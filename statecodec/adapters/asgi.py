@@ -363,7 +363,7 @@ def _strays_possible(messages: list[Any], text: str) -> bool:
     may stand: the walk of :func:`_stray_input_required` is skipped when the text names
     ``"input_required"`` only as often as the messages' own results are one (without a
     ``\\u`` escape the value can be written no other way)."""
-    if text.find("\\u") != -1:
+    if _json.has_unicode_escape(text):
         return True
     named = text.count('"input_required"')
     if not named:
