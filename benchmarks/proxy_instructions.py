@@ -36,6 +36,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import httpx
@@ -46,6 +47,7 @@ from processes import stop
 from statecodec import KeyRing
 
 WARM_UP = 40
+IDLE = 5.0  # seconds the process is left idle after the measured traffic, its timers counted
 PARTS = ("proxy", "forwarder", "server")
 _SERVE = """
 import asyncio, sys
@@ -100,15 +102,33 @@ async def listing(http: httpx.AsyncClient, url: str, n: int) -> None:
         raise RuntimeError(f"tools/list failed: {response.status_code} {response.text[:200]}")
 
 
-async def drive(url: str, pid: int, flows: int, traffic: str = "deploy") -> None:
+def _control(pid: int, *args: str) -> None:
+    subprocess.run(["callgrind_control", *args, str(pid)], check=True, capture_output=True)
+
+
+async def drive(url: str, pid: int, flows: int, traffic: str = "deploy") -> float:
+    """Drive the measured traffic, then leave the process idle for :data:`IDLE` seconds.
+
+    Returns the measured phase's wall time. Its instructions are dumped apart from the idle
+    window's (``callgrind_control --dump`` zeroes the counters), so that the timers the
+    process runs while idle (uvicorn's tick, the connection guard's sweep) can be taken
+    out: they cost per second, not per round, and on a loaded machine a round takes
+    longer.
+    """
     one = flow if traffic == "deploy" else listing
     async with httpx.AsyncClient(timeout=300) as http:
         for n in range(WARM_UP):
             await one(http, url, n)
-        subprocess.run(["callgrind_control", "-i", "on", str(pid)], check=True, capture_output=True)
+        _control(pid, "-i", "on")
+        started = time.monotonic()
         for n in range(flows):
             await one(http, url, WARM_UP + n)
-        subprocess.run(["callgrind_control", "-i", "off", str(pid)], check=True, capture_output=True)
+        elapsed = time.monotonic() - started
+        _control(pid, "--dump=measured")
+        await asyncio.sleep(IDLE)
+        _control(pid, "--dump=idle")
+        _control(pid, "-i", "off")
+    return elapsed
 
 
 def count(
@@ -121,24 +141,40 @@ def count(
     before: str = "",
     keep: Path | None = None,
     traffic: str = "deploy",
-) -> int:
-    """Instructions per round (per request with ``relay``) of one part, run from ``tree``."""
+) -> tuple[int, int]:
+    """Instructions per round (per request with ``relay``) of one part, run from ``tree``:
+    as counted, and without what the idle timers cost over the measured phase's wall time."""
     out = tmp / f"callgrind.{part}"
     valgrind = ["valgrind", "--tool=callgrind", "--instr-atstart=no", f"--callgrind-out-file={out}"]
     proc, url = start(
         valgrind + command(part, upstream, tmp, client, before), "listening on ", tmp / f"{part}.log", tree
     )
     try:
-        asyncio.run(drive(url + "/mcp", proc.pid, flows, traffic))
+        elapsed = asyncio.run(drive(url + "/mcp", proc.pid, flows, traffic))
     finally:
-        stop(proc)  # callgrind writes its totals as the process exits
+        stop(proc)  # callgrind writes its last totals as the process exits
+    dumps = {_trigger(path): (path, _totals(path)) for path in tmp.glob(f"callgrind.{part}*")}
     if keep is not None:
         keep.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(out, keep / out.name)
-    for line in out.read_text(errors="replace").splitlines():
-        if line.startswith("totals:"):
-            return round(int(line.split()[1]) / (2 * flows if traffic == "deploy" else flows))
-    raise RuntimeError(f"no totals in {out}")
+        shutil.copyfile(dumps["measured"][0], keep / out.name)
+    rounds = 2 * flows if traffic == "deploy" else flows
+    measured, idle = dumps["measured"][1], dumps["idle"][1]
+    return round(measured / rounds), round((measured - idle * elapsed / IDLE) / rounds)
+
+
+def _trigger(path: Path) -> str:
+    """Which dump ``path`` is: ``measured``, ``idle`` (named by :func:`drive`), or another."""
+    for line in path.read_text(errors="replace").splitlines():
+        if line.startswith("desc: Trigger:"):  # "desc: Trigger: dump measured"
+            return line.rsplit(":", 1)[1].strip().removeprefix("dump ")
+    return path.name
+
+
+def _totals(path: Path) -> int:
+    for line in path.read_text(errors="replace").splitlines():
+        if line.startswith(("totals:", "summary:")):
+            return int(line.split()[1])
+    raise RuntimeError(f"no totals in {path}")
 
 
 def main() -> None:
@@ -184,7 +220,11 @@ def main() -> None:
                     args.traffic,
                 )
                 unit = "round" if args.traffic == "deploy" else "request"
-                print(f"{part:10s} {per_round:>12,} instructions per {unit}", flush=True)
+                counted, busy = per_round
+                print(
+                    f"{part:10s} {counted:>12,} instructions per {unit}, {busy:>12,} without the idle timers",
+                    flush=True,
+                )
         finally:
             stop(upstream)
 
