@@ -229,17 +229,21 @@ def _opens_stream(method: str, body: bytes | AsyncIterator[bytes]) -> bool:
 
     The method is the body's: a header may say anything (the middleware refuses an
     ``Mcp-Method`` that disagrees with the body, and no header is needed at all). Only a
-    body that may name the method is parsed: one holding ``subscriptions/listen`` as written
-    or any escape (``subscriptions\\/listen`` and ``\\u006c`` spell it too). A body that comes in pieces
-    is not read ahead: behind the middleware a body always comes whole.
+    body that may name the method is parsed: one holding ``subscriptions/listen`` as written,
+    or a ``\\/`` or ``\\u`` escape (``subscriptions\\/listen`` and ``\\u006c`` spell it too).
+    A body that comes in pieces is not read ahead: behind the middleware a body always comes
+    whole.
     """
     if method == "GET":
         return True
     if method != "POST" or not isinstance(body, bytes):
         return False
-    # find, not `in` (which tries an int first); the backslash first: a one-byte search runs
-    # at memchr's speed, and the method's bytes as written are a long needle, quickly skipped.
-    if body.find(b"\\") == -1 and body.find(b"subscriptions/listen") == -1:
+    # find, not `in` (which tries an int first). Only \u and \/ can spell the method's
+    # letters or its slash (\" and \\ are common, in states that hold JSON): the backslash
+    # first, a one-byte search at memchr's speed, and the method's bytes as written last, a
+    # long needle quickly skipped.
+    escaped = body.find(b"\\") != -1 and (body.find(b"\\u") != -1 or body.find(b"\\/") != -1)
+    if not escaped and body.find(b"subscriptions/listen") == -1:
         return False
     message = _message(body)
     items = message if isinstance(message, list) else [message]
