@@ -103,10 +103,8 @@ async def test_a_member_named_request_state_in_a_tools_content_is_relayed_untouc
 
 
 OTHER_PLAIN = "SECOND-plaintext-of-the-upstream"
-
-
-@pytest.mark.parametrize("mode", ["sign", "encrypt"])
-@pytest.mark.parametrize(
+# A stream of messages: SSE events, or newline-separated JSON under application/json.
+FRAMINGS = pytest.mark.parametrize(
     ("media", "frame"),
     [
         (b"text/event-stream", lambda data: b"data: " + data + b"\n\n"),
@@ -114,6 +112,10 @@ OTHER_PLAIN = "SECOND-plaintext-of-the-upstream"
     ],
     ids=["sse", "json_messages"],
 )
+
+
+@pytest.mark.parametrize("mode", ["sign", "encrypt"])
+@FRAMINGS
 async def test_a_second_input_required_answer_to_one_request_is_replaced_and_logged(
     mode: str, media: bytes, frame: Any, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -151,14 +153,7 @@ async def test_a_second_answer_without_a_state_to_one_request_is_relayed(mode: s
 
 
 @pytest.mark.parametrize("mode", ["sign", "encrypt"])
-@pytest.mark.parametrize(
-    ("media", "frame"),
-    [
-        (b"text/event-stream", lambda data: b"data: " + data + b"\n\n"),
-        (b"application/json", lambda data: data + b"\n"),
-    ],
-    ids=["sse", "json_messages"],
-)
+@FRAMINGS
 async def test_a_first_answer_relayed_unread_still_answers_the_request(
     mode: str, media: bytes, frame: Any, caplog: pytest.LogCaptureFixture
 ) -> None:
