@@ -38,7 +38,7 @@ from statecodec import ReplayStoreError
 from statecodec.cli import main
 from statecodec.cli._exit import ExitCode
 from statecodec.replay import RedisReplayStore, ReplayStore, store_from_url
-from statecodec.replay import redis as redis_store
+from statecodec.replay._unsettled import Unsettled
 
 FORMS = ["redis", "valkey", "unix", "redis+cluster", "valkey+cluster", "redis+sentinel", "valkey+sentinel"]
 BINDING = sc.Binding(principal="alice", audience="svc", method="tools/call", target="pay")
@@ -286,7 +286,7 @@ def test_unconfirmed_deletions_pile_up_bounded_and_each_token_redeems_later(
     Every deletion waits for the replica's confirmation, so 200 failed consumes are 200
     listed entries; sending them all before each SET would cost every request the whole
     list. A consume sends its own token's and a few of the oldest others'
-    (``_Unsettled.SPARE``), and once the replica is back each token redeems once.
+    (``Unsettled.SPARE``), and once the replica is back each token redeems once.
     """
     primary, replica = valkey_primary_replica
     admin = redis.Redis(port=primary.port, decode_responses=True)
@@ -309,7 +309,7 @@ def test_unconfirmed_deletions_pile_up_bounded_and_each_token_redeems_later(
         with pytest.raises(ReplayStoreError, match="deleted on the primary"):
             store.consume("k0", 60)
         # Its own earlier entry, the oldest others, and its own deletion: not 200.
-        assert evals() - before <= 1 + redis_store._Unsettled.SPARE + 1
+        assert evals() - before <= 1 + Unsettled.SPARE + 1
     finally:
         os.kill(replica.pid, signal.SIGCONT)
     wait_until(lambda: in_sync(replica), "the replica is in sync again")
