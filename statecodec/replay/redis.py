@@ -1089,8 +1089,7 @@ class _Call(_Write):
     __slots__ = ("future",)
 
     def __init__(self, write: _Write, future: asyncio.Future[object]) -> None:
-        super().__init__(write.name, write.nonce, write.px)
-        self.future = future
+        self.name, self.nonce, self.px, self.future = write.name, write.nonce, write.px, future
 
 
 class _Sender:
@@ -1164,7 +1163,7 @@ class _Sender:
             while self._queue:
                 batch = self._queue[: self._MAX_BATCH]
                 del self._queue[: self._MAX_BATCH]
-                entries = self._unsettled.pending([c.name for c in batch])
+                entries = self._unsettled.pending(c.name for c in batch)
                 # After pending(): a call cancelled from here on is listed only for the
                 # next batch, whose take-backs follow this batch's SET.
                 batch = [c for c in batch if not c.future.done()]
