@@ -72,6 +72,7 @@ import math
 import os
 import secrets
 import threading
+import time
 from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any, Final, Generic, NamedTuple, TypeAlias, TypeVar
 
@@ -189,6 +190,8 @@ class RedisReplayStore(ReplayStore):
             (self.wait_timeout + settings["socket_timeout"] * (self._retries + 1)) * 1000
         )
         self._accepted = _Recent(self._settle_ms / 1000)
+        #: A cluster call's retries stop at the settle window (see _Rounds).
+        self._round_budget = {"budget": self._settle_ms / 1000, "round_time": settings["socket_timeout"]}
         self._senders: dict[asyncio.AbstractEventLoop, _Sender] = {}
         self._lock = threading.Lock()
         self._target = target
@@ -459,7 +462,7 @@ class RedisReplayStore(ReplayStore):
         self, cluster: redis.cluster.RedisCluster, write: _Write, entries: list[Entry]
     ) -> tuple[redis.Redis, _Reading[_Write]]:
         """The cluster's rounds (:class:`_Rounds`) for one key: its node's connection and reading."""
-        rounds = _Rounds(cluster, [write], entries, self._retries)
+        rounds = _Rounds(cluster, [write], entries, self._retries, **self._round_budget)
         while True:
             for node, writes, group_entries in rounds.groups():
                 server: Any = cluster.get_redis_connection(node)
@@ -891,14 +894,27 @@ class _Rounds(Generic[W]):
     writes, which redis-py's cluster pipelines do not promise once they follow a
     redirection). So nothing is followed: a redirection or a dead node refreshes the slot
     map and the next round sends those again (safe: each SET carries its caller's nonce).
-    At most ``retries`` more rounds; the SETs still pending then fail closed.
+    At most ``retries`` more rounds, and only while one more fits in the call's ``budget``
+    (a round may take ``round_time``, the socket timeout): the settle window other
+    instances grant an undecided entry assumes its writer has failed closed by then. The
+    SETs still pending then fail closed.
     """
 
-    def __init__(self, cluster: Any, writes: Iterable[W], entries: Iterable[Entry], retries: int) -> None:
+    def __init__(
+        self,
+        cluster: Any,
+        writes: Iterable[W],
+        entries: Iterable[Entry],
+        retries: int,
+        *,
+        budget: float,
+        round_time: float,
+    ) -> None:
         self._cluster = cluster
         self.writes, self._entries = list(writes), list(entries)
         self._left = retries
         self._failure: BaseException | None = None
+        self._deadline = time.monotonic() + budget - round_time  # the last moment a round may start
 
     def groups(self) -> list[tuple[Any, list[W], list[Entry]]]:
         """This round's pipelines: the pending SETs and take-backs by the primary of their slot."""
@@ -938,9 +954,13 @@ class _Rounds(Generic[W]):
     def done(self) -> bool:
         return not self.writes and not self._entries
 
+    def may_retry(self) -> bool:
+        """Whether another round may follow: SETs pending, a retry left, and time for it."""
+        return bool(self.writes) and self._left > 0 and time.monotonic() <= self._deadline
+
     def again(self, reachable: bool) -> bool:
         """After the slot map's refresh: another round? (Take-backs alone wait for the next consume.)"""
-        if not self.writes or not reachable or self._left <= 0:
+        if not reachable or not self.may_retry():
             return False
         self._left -= 1
         return True
@@ -1133,7 +1153,7 @@ class _Sender:
         verify: bool,
     ) -> None:
         self.client = client
-        self._decide, self._retries = store._decide, store._retries
+        self._decide, self._retries, self._round_budget = store._decide, store._retries, store._round_budget
         self._unsettled = store._unsettled
         self._closers = closers
         self._cluster = client if isinstance(client, redis.asyncio.cluster.RedisCluster) else None
@@ -1210,7 +1230,7 @@ class _Sender:
     async def _send_cluster(
         self, cluster: redis.asyncio.cluster.RedisCluster, batch: list[_Call], entries: list[Entry]
     ) -> None:
-        rounds = _Rounds(cluster, batch, entries, self._retries)
+        rounds = _Rounds(cluster, batch, entries, self._retries, **self._round_budget)
         while True:
             groups = rounds.groups()
             results = await asyncio.gather(
@@ -1226,6 +1246,9 @@ class _Sender:
                 await self._answer(reading, functools.partial(self._to_node, node))
             if rounds.done:
                 return
+            if not rounds.may_retry():
+                # Answered now: the refresh below is for the next batch, not on their clock.
+                _fail(rounds.writes, rounds.failure())
             # Refresh even when no retry is left: nothing else would (these pipelines bypass
             # redis-py's own redirection handling), and the next batch must find the new owner.
             try:

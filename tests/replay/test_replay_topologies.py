@@ -38,6 +38,7 @@ from statecodec import ReplayStoreError
 from statecodec.cli import main
 from statecodec.cli._exit import ExitCode
 from statecodec.replay import RedisReplayStore, ReplayStore, store_from_url
+from statecodec.replay import redis as redis_store
 from statecodec.replay._unsettled import Unsettled
 
 FORMS = ["redis", "valkey", "unix", "redis+cluster", "valkey+cluster", "redis+sentinel", "valkey+sentinel"]
@@ -155,6 +156,67 @@ def test_a_cluster_store_takes_a_thousand_concurrent_calls_on_a_fresh_client(
     for _ in range(3):
         first, again = asyncio.run(run())
         assert first == [True] * 1000 and again == [False] * 1000
+
+
+def test_a_cluster_batch_with_no_retry_left_fails_closed_before_the_slot_map_refresh(
+    valkey_cluster: ValkeyCluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A batch that cannot be retried is answered at once; the refresh after it is the next batch's.
+
+    The key's primary is paused for writes (``CLIENT PAUSE WRITE``), so the batch times out
+    and, with ``retries=0``, cannot go again. The slot map's refresh that follows is held
+    (the one stand-in here: a real refresh is quick on a healthy cluster, and the refresh
+    after a dead node is what made calls outlast their budget): the caller has its
+    ``store_unavailable`` while the refresh still waits.
+    """
+    port = valkey_cluster.primaries()[0]
+    prefix = f"t-{uuid.uuid4().hex[:8]}:"
+    (key,) = valkey_cluster.keys_served_by(port, prefix, 1)
+    store = store_from_url(with_options(valkey_cluster.url, prefix=prefix, retries=0, socket_timeout=0.5))
+    admin = redis.Redis(port=port)
+
+    async def run() -> None:
+        assert await store.aconsume(uuid.uuid4().hex, 60)  # the slot map is loaded
+        (sender,) = store._senders.values()
+        manager = type(sender.client.nodes_manager)
+        refresh, refreshing, released = manager.initialize, asyncio.Event(), asyncio.Event()
+
+        async def held(self: object, *args: object, **kwargs: object) -> None:
+            refreshing.set()
+            await released.wait()
+            await refresh(self, *args, **kwargs)
+
+        monkeypatch.setattr(manager, "initialize", held)
+        admin.execute_command("CLIENT", "PAUSE", 5000, "WRITE")
+        try:
+            with pytest.raises(ReplayStoreError, match="timed out"):
+                await asyncio.wait_for(store.aconsume(key, 60), 30)
+            assert refreshing.is_set() and not released.is_set()
+        finally:
+            admin.execute_command("CLIENT", "UNPAUSE")
+            released.set()
+        await store.aclose()
+
+    asyncio.run(run())
+    store.close()
+
+
+def test_a_cluster_call_retries_only_while_a_round_fits_in_its_budget(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The retry decision alone, on a clock the test moves: no cluster needed to read it."""
+    now = [100.0]
+    monkeypatch.setattr(redis_store.time, "monotonic", lambda: now[0])
+    write = redis_store._Write("k", "n", 60_000)
+    rounds = redis_store._Rounds(None, [write], [], 2, budget=5.0, round_time=2.0)
+
+    now[0] += 2.5  # the first round timed out and the slot map was refreshed: 2.5 s left
+    assert rounds.may_retry() and rounds.again(reachable=True)
+    rounds.writes = [write]
+    now[0] += 0.6  # 1.9 s left, less than a round may take: the last retry is not used
+    assert not rounds.may_retry() and not rounds.again(reachable=True)
+    assert not redis_store._Rounds(None, [write], [], 0, budget=5.0, round_time=2.0).may_retry()
+    assert not redis_store._Rounds(None, [], [], 2, budget=5.0, round_time=2.0).may_retry()
 
 
 # ---------------------------------------------------------------- the wrong URL for the deployment
