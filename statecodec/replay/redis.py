@@ -263,9 +263,11 @@ class RedisReplayStore(ReplayStore):
             # The SET may be on the wire: its entry, if any, is taken back later, so the
             # token a caller gave up on is not burnt.
             self._note_failure(write, exc)
+            sender._take_back_later()
             raise
         except Exception as exc:
             self._note_failure(write, exc)
+            sender._take_back_later()
             raise self._error(exc) from None
         verdict = self._verdict(write, previous)
         if verdict is None:  # the rare path: one more round trip
@@ -1143,6 +1145,9 @@ class _Sender:
     """
 
     _MAX_BATCH: Final = 256
+    #: Seconds between two take-backs of listed entries while no consume comes: the tokens'
+    #: next consumes may be other processes', which cannot take this one's entries back.
+    _TAKE_BACK_EVERY: Final = 1.0
 
     def __init__(
         self,
@@ -1162,6 +1167,7 @@ class _Sender:
         self._prepared = not verify and self._cluster is None
         self._queue: list[_Call] = []
         self._flusher: asyncio.Task[None] | None = None
+        self._timer: asyncio.TimerHandle | None = None
 
     async def consume(self, write: _Write) -> object:
         loop = asyncio.get_running_loop()
@@ -1173,14 +1179,28 @@ class _Sender:
         return await call.future
 
     async def aclose(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
         await self._primaries.aclose()
         await self.client.aclose()
         for close in self._closers:
             await close()
 
-    async def _flush(self) -> None:
+    def _take_back_later(self) -> None:
+        """While entries stay listed, send their take-backs (the oldest few) every second."""
+        if self._timer is None and len(self._unsettled):
+            self._timer = asyncio.get_running_loop().call_later(self._TAKE_BACK_EVERY, self._take_back)
+
+    def _take_back(self) -> None:
+        self._timer = None
+        if self._flusher is None:  # else the running flush takes them back, and schedules again
+            self._flusher = asyncio.get_running_loop().create_task(self._flush(take_back=True))
+
+    async def _flush(self, *, take_back: bool = False) -> None:
         try:
-            while self._queue:
+            while self._queue or take_back:
+                take_back = False  # one round of take-backs alone, the next one a second later
                 batch = self._queue[: self._MAX_BATCH]
                 del self._queue[: self._MAX_BATCH]
                 entries = self._unsettled.pending(c.name for c in batch)
@@ -1201,6 +1221,7 @@ class _Sender:
                         raise  # cancellation or exit: the callers were failed closed above
         finally:
             self._flusher = None
+        self._take_back_later()
 
     async def _prepare(self) -> None:
         # Before first use: a cluster client loads its slot map once, here, rather than

@@ -453,6 +453,46 @@ def test_a_consume_whose_caller_is_cancelled_mid_wait_is_taken_back(
     assert (first, second) == (True, False)  # taken back, then accepted once
 
 
+def test_a_failed_calls_entry_is_taken_back_without_another_consume(
+    valkey_primary_replica: tuple[ValkeyServer, ValkeyServer],
+) -> None:
+    """Listed entries are taken back on a timer too: the token's next consume may be another process's.
+
+    The caller is cancelled while its SET waits for the (stopped) replica: the entry stands
+    with that call's nonce. This store is not asked anything more; once the replica is back,
+    the entry goes all the same, and its take-back is confirmed, so the list empties.
+    """
+    primary, replica = valkey_primary_replica
+    admin = redis.Redis(port=primary.port, decode_responses=True)
+    prefix = f"t-{uuid.uuid4().hex[:8]}:"
+    store = store_from_url(
+        with_options(primary.url, wait=1, wait_timeout=1.5, socket_timeout=3, prefix=prefix)
+    )
+    assert replica.pid is not None
+
+    async def scenario() -> None:
+        caller = asyncio.create_task(store.aconsume("c", 60))
+        os.kill(replica.pid, signal.SIGSTOP)
+        try:
+            while not blocked_in_wait(admin):
+                await asyncio.sleep(0.01)
+            caller.cancel()
+            await asyncio.gather(caller, return_exceptions=True)
+            assert admin.exists(prefix + "c") == 1  # the SET ran
+        finally:
+            os.kill(replica.pid, signal.SIGCONT)
+        for _ in range(3000):  # 30 s at most; each take-back round is a second apart
+            if not admin.exists(prefix + "c") and len(store._unsettled) == 0:
+                break
+            await asyncio.sleep(0.01)
+        assert admin.exists(prefix + "c") == 0
+        assert len(store._unsettled) == 0
+        await store.aclose()
+
+    asyncio.run(scenario())
+    store.close()
+
+
 @pytest.mark.parametrize("path", ["sync", "async"])
 def test_a_deletion_no_replica_confirmed_is_sent_again_to_the_promoted_replica(path: str) -> None:
     """The replica copied a failed consume's SET but not its deletion, then was promoted: no token burnt.
