@@ -433,16 +433,7 @@ def test_a_consume_whose_caller_is_cancelled_mid_wait_is_taken_back(
     assert replica.pid is not None
 
     async def scenario() -> list[object]:
-        caller = asyncio.create_task(store.aconsume("c", 60))
-        os.kill(replica.pid, signal.SIGSTOP)
-        try:
-            while not blocked_in_wait(admin):
-                await asyncio.sleep(0.01)
-            caller.cancel()
-            outcome: list[object] = [await asyncio.gather(caller, return_exceptions=True)]
-            assert admin.exists("statecodec:replay:c") == 1  # the SET ran
-        finally:
-            os.kill(replica.pid, signal.SIGCONT)
+        outcome: list[object] = [await cancel_mid_wait(store, "c", admin, replica)]
         await asyncio.to_thread(wait_until, lambda: in_sync(replica), "the replica is in sync again")
         outcome += [await store.aconsume("c", 60), await store.aconsume("c", 60)]
         await store.aclose()
@@ -471,16 +462,7 @@ def test_a_failed_calls_entry_is_taken_back_without_another_consume(
     assert replica.pid is not None
 
     async def scenario() -> None:
-        caller = asyncio.create_task(store.aconsume("c", 60))
-        os.kill(replica.pid, signal.SIGSTOP)
-        try:
-            while not blocked_in_wait(admin):
-                await asyncio.sleep(0.01)
-            caller.cancel()
-            await asyncio.gather(caller, return_exceptions=True)
-            assert admin.exists(prefix + "c") == 1  # the SET ran
-        finally:
-            os.kill(replica.pid, signal.SIGCONT)
+        await cancel_mid_wait(store, "c", admin, replica)
         for _ in range(3000):  # 30 s at most; each take-back round is a second apart
             if not admin.exists(prefix + "c") and len(store._unsettled) == 0:
                 break
@@ -561,6 +543,25 @@ def consume_by(path: str, store: ReplayStore, key: str) -> object:
             await store.aclose()
 
     return asyncio.run(once())
+
+
+async def cancel_mid_wait(store: ReplayStore, key: str, admin: redis.Redis, replica: ValkeyServer) -> object:
+    """Cancel an ``aconsume`` of ``key`` while its SET waits for the stopped replica; its outcome.
+
+    The SET ran, so the entry stands on the primary with the cancelled call's nonce.
+    """
+    assert replica.pid is not None
+    caller = asyncio.create_task(store.aconsume(key, 60))
+    os.kill(replica.pid, signal.SIGSTOP)
+    try:
+        while not blocked_in_wait(admin):
+            await asyncio.sleep(0.01)
+        caller.cancel()
+        outcome = await asyncio.gather(caller, return_exceptions=True)
+        assert admin.exists(getattr(store, "prefix", "") + key) == 1  # the SET ran
+    finally:
+        os.kill(replica.pid, signal.SIGCONT)
+    return outcome
 
 
 def blocked_in_wait(admin: redis.Redis) -> list[dict[str, str]]:
