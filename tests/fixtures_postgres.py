@@ -279,6 +279,28 @@ class PostgresServer:
         self._run("pg_ctl", "promote", "-D", str(self.data), "-w", "-t", "60")
 
 
+@contextlib.contextmanager
+def synchronous_pair() -> Iterator[tuple[PostgresServer, PostgresServer]]:
+    """A primary with the application's role and database, and a synchronous standby of it.
+
+    ``synchronous_standby_names = '*'`` is set only once the roles and database exist:
+    with a synchronous standby named, CREATE ROLE would have waited for it too.
+    """
+    with running(PostgresServer) as primary:
+        primary.create_app()
+        standby = primary.standby()
+        try:
+            primary.sql("ALTER SYSTEM SET synchronous_standby_names = '*'")
+            primary.sql("SELECT pg_reload_conf()")
+            wait_until(
+                lambda: primary.sql("SELECT sync_state FROM pg_stat_replication") == [("sync",)],
+                "the standby is synchronous",
+            )
+            yield primary, standby
+        finally:
+            standby.cleanup()
+
+
 _TEMPLATE: list[PostgresServer] = []
 
 

@@ -93,6 +93,19 @@ class Unsettled:
             for key, nonce, *_ in pairs:
                 self._forget((key, nonce))
 
+    def later(self, pairs: Iterable[tuple[str, str]]) -> None:
+        """Keep these ``(key, nonce)`` pairs listed, behind the others: their entries were not found.
+
+        A store that cannot tell an entry never written from one whose write is still to
+        land (an insert that commits late) keeps it until it expires; moved back, it no
+        longer takes the place of the others in every consume's ``spare`` take-backs.
+        """
+        with self._lock:
+            for key, nonce, *_ in pairs:
+                deadline = self._deadlines.pop((key, nonce), None)
+                if deadline is not None:
+                    self._deadlines[key, nonce] = deadline
+
     def __len__(self) -> int:
         return len(self._deadlines)
 

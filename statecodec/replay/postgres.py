@@ -27,31 +27,38 @@ all, such as a SIGSTOPped one). Past it, or on any error, the consume raises
 
 Nothing is burnt by a failure: each attempt writes a fresh ``nonce`` with its row, and a
 call whose outcome is unknown (the connection broke, or the deadline passed, after the
-insert was sent: it may yet commit) lists its ``(key, nonce)``. Before the next consume of
-that key, and about once a second otherwise, the store deletes those rows (``DELETE ...
-WHERE (key, nonce) IN ...``); and since that insert may commit only after the retry's
-delete has looked (it was still running on a loaded server), a consume whose insert finds
-the key taken deletes the row there too when its nonce is listed, then inserts again. So
-the client's retry redeems the token instead of finding it "replayed". Deleting a row only
-a failed call wrote is always safe: nobody accepted the token on the strength of it. A
-call marks itself over when it answers, and its work checks that before each insert:
-asyncio's cancellation is only a request and can be lost (Python 3.11's ``wait_for``, in
-the pool's wait for a connection, CPython gh-86296), and work that went on would insert
-under a nonce nobody listed. What is guaranteed, then: no call of this store object that
-failed closed leaves a row that makes a later consume of its token through the same
-object ``replayed``. What is not: the list lives in the object, so a retry that reaches
-another instance first meets the row until this one takes it back (at its first consume
-a second or more later); it holds 10,000 entries at most (past that the oldest row stays
-until it expires); and a process that exits leaves its listed rows until they expire.
+insert was sent: it may yet commit) lists its ``(key, nonce)`` (:mod:`._unsettled`). The
+store deletes those rows (``DELETE ... WHERE (key, nonce) IN ...``) at once in the
+background, once the failed call's late work has ended, and again before the next consume
+of that key; every consume also takes back a few of the oldest others. And since that
+insert may commit only after the retry's delete has looked (it was still running on a
+loaded server), a consume whose insert finds the key taken deletes the row there too when
+its nonce is listed, then inserts again. So the client's retry redeems the token instead of
+finding it "replayed". Deleting a row only a failed call wrote is always safe: nobody
+accepted the token on the strength of it. A row not found stays listed (it may still
+commit) until it would have expired. A call marks itself over when it answers, and its
+work checks that before each insert: asyncio's cancellation is only a request and can be
+lost (Python 3.11's ``wait_for``, in the pool's wait for a connection, CPython gh-86296),
+and work that went on would insert under a nonce nobody listed. The list lives in the
+object (bounded: :attr:`.Unsettled.LIMIT`), and a process that exits leaves its listed rows
+until they expire.
 
-Undecided rows. An insert in flight is no replay risk here: a concurrent insert of the
-same key waits for its transaction and sees the row only once it committed. What remains is
-a row whose call failed closed and which committed anyway (an insert cancelled while it
-waited for a synchronous standby commits locally): until this process takes it back, a
-retry reaching another instance reads "replayed". Unlike Redis's WAIT window, the age of
-such a row does not tell it apart: it may become visible long after it was written (the
-standby's wait has no bound), and PostgreSQL keeps no commit time unless
-``track_commit_timestamp`` is on; so this store does not guess (docs/replay.md).
+No false replays. A row can exist while nobody has accepted its token: its writer's commit
+waits for a synchronous standby (and, cancelled at the writer's deadline, commits locally
+anyway), or its writer failed closed and has not taken it back yet. A consume that finds
+the row of someone else must not say "replayed" then (the client would abandon a flow
+nobody redeemed), nor accept. So each row holds when it was written on the server's clock
+(``written_at``), and a consume whose insert finds a row reads its age in the statement it
+runs on that path anyway (the take-over of an expired or failed call's row): nothing more
+on the common path, no more round trips on this one. Younger than the settle window
+(``2 x timeout + 1`` s: the writer's call answers within ``timeout`` of its insert, and its
+background take-back has a ``timeout`` of its own), the consume fails closed
+(``store_unavailable``, retry); older, the row is settled: a replay. Keys this store object
+accepted are settled at once (:class:`._settle._Recent`). What is left: a row that becomes
+visible, or is taken back, more than the window after its insert (a primary frozen in the
+middle of the commit, a writer that cannot reach the server for longer, its take-back
+retried up to every second, or is itself stopped that long) reads "replayed" on other
+instances until its writer takes it back; and a step of the server's clock shifts every row's age by it.
 
 Replication: with a synchronous standby (``synchronous_standby_names`` and
 ``synchronous_commit`` ``on`` or ``remote_apply``) a consume the primary acknowledged is on
@@ -93,6 +100,8 @@ from psycopg import sql
 from .. import _telemetry
 from .._errors import ReplayStoreError
 from ._postgres_url import POSTGRES_STORE_OPTIONS, PostgresTarget, parse_postgres_url
+from ._settle import _Recent
+from ._unsettled import Unsettled
 from ._url_text import option_defaults, scrub
 from .base import ReplayStore, invalid_retention, store_settings
 
@@ -107,9 +116,15 @@ DEFAULT_TABLE: Final[str] = _DEFAULTS["table"]
 _TABLE_NAME: Final = re.compile(r"[a-z_][a-z0-9_]{0,62}")
 _PURGE_BATCH: Final = 1000
 _PURGE_MAX_BATCHES: Final = 20
-_MAX_UNSETTLED: Final = 10_000
-#: Seconds between two take-backs of listed rows when no consume of their keys comes.
-_TAKE_BACK_EVERY: Final = 1.0
+#: Seconds added to a writer's longest undecided time (see PostgresReplayStore._settle): a
+#: cancelled commit's end and a loaded machine's scheduling.
+_SETTLE_MARGIN: Final = 1.0
+#: Keys of failed calls one lane's background take-back holds at most; the others wait for
+#: their next consume or the spare take-backs.
+_SOON_KEYS: Final = 1024
+#: Seconds before a failed background take-back is tried again, doubling up to the second.
+_RETAKE_FIRST: Final = 0.05
+_RETAKE_MAX: Final = 1.0
 #: Inserts one consume tries, each after deleting a row in the way that was no use of the
 #: token; more means rows keep appearing (late inserts of failed calls): it fails closed.
 _TAKE_OVERS: Final = 3
@@ -128,13 +143,22 @@ def _close_at_exit() -> None:
 
 
 def schema_statements(table: str = DEFAULT_TABLE) -> list[str]:
-    """The statements that create the table and its expiry index (idempotent)."""
+    """The statements that create the table and its expiry index, or bring an older table up to date.
+
+    Idempotent. ``written_at`` is when the row was written, on the server's clock: how a
+    consume that finds it tells a settled row from one whose writer may be undecided. A
+    table made before that column gets it with the epoch for its existing rows (old:
+    settled), without a rewrite, and the server's clock for the rows written from then on.
+    """
     _check_table(table)
     return [
         # COLLATE "C": keys are opaque ASCII; byte order needs no locale and never changes.
         f'CREATE TABLE IF NOT EXISTS {table} (key text COLLATE "C" PRIMARY KEY, '
-        "nonce text NOT NULL, expires_at timestamptz NOT NULL)",
+        "nonce text NOT NULL, expires_at timestamptz NOT NULL, "
+        "written_at timestamptz NOT NULL DEFAULT clock_timestamp())",
         f"CREATE INDEX IF NOT EXISTS {table}_expires_at ON {table} (expires_at)",
+        f"ALTER TABLE {table} ADD COLUMN IF NOT EXISTS written_at timestamptz NOT NULL DEFAULT 'epoch'",
+        f"ALTER TABLE {table} ALTER COLUMN written_at SET DEFAULT clock_timestamp()",
     ]
 
 
@@ -157,7 +181,7 @@ def _check_table(table: str) -> None:
 @dataclass(frozen=True)
 class _Statements:
     insert: sql.Composed
-    take_over: sql.Composed
+    in_the_way: sql.Composed
     take_back: sql.Composed
     purge: sql.Composed
     live: sql.Composed
@@ -173,10 +197,17 @@ class _Statements:
                 "INSERT INTO {} (key, nonce, expires_at) VALUES (%s, %s, now() + make_interval(secs => %s)) "
                 "ON CONFLICT (key) DO NOTHING"
             ).format(t),
-            # The row in the way, if it has expired or a failed call of this process wrote it.
-            take_over=sql.SQL(
-                "DELETE FROM {} WHERE key = %s AND (expires_at <= now() OR nonce = ANY(%s::text[])) "
-                "RETURNING nonce"
+            # The row in the way: deleted if it has expired or a failed call of this process
+            # wrote it (the nonces deleted), else its age on the server's clock (the same
+            # snapshot: NULL when the row went meanwhile, or is going: a delete of it has
+            # begun, xmax, and only failed calls' and expired rows are ever deleted).
+            in_the_way=sql.SQL(
+                "WITH gone AS (DELETE FROM {0} WHERE key = %(key)s "
+                "AND (expires_at <= now() OR nonce = ANY(%(listed)s::text[])) RETURNING nonce) "
+                "SELECT ARRAY(SELECT nonce FROM gone), "
+                "(SELECT extract(epoch FROM clock_timestamp() - written_at)::float8 FROM {0} "
+                "WHERE key = %(key)s AND expires_at > now() AND NOT nonce = ANY(%(listed)s::text[]) "
+                "AND xmax = '0'::xid)"
             ).format(t),
             take_back=sql.SQL(
                 "DELETE FROM {} WHERE (key, nonce) IN (SELECT * FROM unnest(%s::text[], %s::text[])) "
@@ -186,8 +217,14 @@ class _Statements:
                 "DELETE FROM {0} WHERE key IN "
                 "(SELECT key FROM {0} WHERE expires_at <= now() ORDER BY expires_at LIMIT %s)"
             ).format(t),
-            live=sql.SQL("SELECT nonce FROM {} WHERE key = %s AND expires_at > now()").format(t),
-            exists="SELECT to_regclass(%s) IS NOT NULL",
+            live=sql.SQL(
+                "SELECT nonce, extract(epoch FROM clock_timestamp() - written_at)::float8 "
+                "FROM {} WHERE key = %s AND expires_at > now() AND xmax = '0'::xid"
+            ).format(t),
+            exists=(
+                "SELECT to_regclass(%(t)s) IS NOT NULL, EXISTS (SELECT FROM pg_attribute "
+                "WHERE attrelid = to_regclass(%(t)s) AND attname = 'written_at' AND NOT attisdropped)"
+            ),
             privileges=sql.SQL(
                 "SELECT has_table_privilege({0}, 'SELECT'), has_table_privilege({0}, 'INSERT'), "
                 "has_table_privilege({0}, 'DELETE')"
@@ -255,7 +292,12 @@ class PostgresReplayStore(ReplayStore):
         self._runner: _Runner | None = None
         self._pid = os.getpid()
         self._schema_ready = False
-        self._unsettled = _Unsettled()
+        self._unsettled = Unsettled()
+        #: How long after its insert (on the server's clock) a row's writer may be undecided:
+        #: its call answers within ``timeout`` of the insert, and its take-back, started at
+        #: once in the background, has a ``timeout`` of its own; plus a margin.
+        self._settle = 2 * self.timeout + _SETTLE_MARGIN
+        self._accepted = _Recent(self._settle)
         self._next_purge = 0.0
 
     def __repr__(self) -> str:
@@ -277,22 +319,24 @@ class PostgresReplayStore(ReplayStore):
         return self._sync(lambda: self.ais_consumed(key))
 
     async def ais_consumed(self, key: str) -> bool:
-        async def go(conn: psycopg.AsyncConnection[Any]) -> str | None:
+        async def go(conn: psycopg.AsyncConnection[Any]) -> tuple[str, float] | None:
             row = await (await conn.execute(self._sql.live, (key,))).fetchone()
-            return str(row[0]) if row else None
+            return (str(row[0]), float(row[1])) if row else None
 
         try:  # a read only: a missing table is not created (it is an error, as for a consume)
-            nonce = await self._with_connection(go, retry=True, schema=False)
+            found = await self._with_connection(go, retry=True, schema=False)
         except psycopg.errors.UndefinedTable:
             raise self._error(ReplayStoreError(self._missing_table())) from None
         except Exception as exc:
             raise self._error(exc) from None
-        if nonce is None:
+        if found is None:
             return False
-        if nonce in self._unsettled.nonces(key):
+        nonce, age = found
+        if self._unsettled.holds(key, nonce):
             raise self._error(
                 ReplayStoreError("its row was written by a call that failed closed and is not taken back yet")
             )
+        self._judge(key, age)
         return True
 
     def check(self) -> None:
@@ -371,50 +415,76 @@ class PostgresReplayStore(ReplayStore):
         # that succeeded, so a take-back can only ever delete a row nobody was told about.
         writes = _Writes()
 
-        async def go(conn: psycopg.AsyncConnection[Any]) -> bool:
+        async def go(conn: psycopg.AsyncConnection[Any]) -> float | None:
+            """None once this call's row is in; else the age of the row in the way."""
             if writes.sent:  # a retry of this call: the earlier attempt's insert may have committed
                 self._unsettled.note(key, writes.sent.pop(), retention)
-            await self._take_back(conn, key)
+            await self._take_back(conn, [key])
             nonce = writes.nonce()
             for _ in range(_TAKE_OVERS):
                 if (await conn.execute(self._sql.insert, (key, nonce, retention))).rowcount == 1:
-                    return True
+                    return None
                 # Taken: live, expired and not purged yet (absent), or a failed call's (not a use).
-                if not await self._take_over(conn, key):
-                    return False
+                age = await self._in_the_way(conn, key)
+                if age is not None:
+                    return age
                 writes.check()
             raise ReplayStoreError(f"the row of this token was rewritten {_TAKE_OVERS} times meanwhile")
 
         try:
-            first = await self._with_connection(go, retry=True)
+            in_the_way = await self._with_connection(go, retry=True)
         except BaseException as exc:
             # From here on this call has answered: its work, if it goes on regardless, writes
             # nothing more, and the insert it may have sent is listed to be taken back.
             writes.over = True
             if writes.sent:
                 self._unsettled.note(key, writes.sent.pop(), retention)
+                self._take_back_soon(key)
             if isinstance(exc, Exception):
                 raise self._error(exc) from None
             raise
         self._maybe_purge()
-        return first
+        if in_the_way is None:
+            self._accepted.add(key, retention)
+            return True
+        self._judge(key, in_the_way)
+        return False
 
-    async def _take_over(self, conn: psycopg.AsyncConnection[Any], key: str) -> bool:
-        """Delete ``key``'s row if it has expired or is one a failed call of this process wrote.
+    def _judge(self, key: str, age: float) -> None:
+        """Return if the live row of ``key`` is settled (a replay); raise if its writer may be undecided.
 
-        The second is an insert that committed only after this call's take-back had looked
-        (still running on a loaded server when its call gave up): nobody accepted the token
-        on the strength of it, so it is no replay.
+        ``age`` is how long ago the row was inserted, on the server's clock. Younger than the
+        settle window, its writer may still be waiting for its commit (a synchronous
+        standby), or may have failed closed with the take-back on its way: nobody may have
+        accepted the token, so this is no replay yet, and the caller fails closed
+        (``store_unavailable``) as in an outage. The row stays: no second consume is accepted.
+        """
+        if age >= self._settle or key in self._accepted:
+            return
+        raise self._error(
+            ReplayStoreError(
+                f"an earlier redemption of this token is not settled yet (written {max(age, 0.0):.2f} s ago, "
+                f"its commit or its take-back may still be pending): retry"
+            )
+        )
+
+    async def _in_the_way(self, conn: psycopg.AsyncConnection[Any], key: str) -> float | None:
+        """The age of ``key``'s live row, or None once the way is clear.
+
+        Clear: the row had expired, or a failed call of this process wrote it (an insert
+        that committed only after this call's take-back had looked: nobody accepted the
+        token on the strength of it), and it is deleted now; or it went meanwhile.
         """
         listed = self._unsettled.nonces(key)
-        cursor = await conn.execute(self._sql.take_over, (key, listed))
-        deleted = [row[0] for row in await cursor.fetchall()]
-        self._unsettled.forget(key, deleted)
-        return bool(deleted)
+        cursor = await conn.execute(self._sql.in_the_way, {"key": key, "listed": listed})
+        row = await cursor.fetchone()
+        deleted, age = row if row else ([], None)
+        self._unsettled.settle((key, nonce) for nonce in deleted)
+        return None if deleted or age is None else float(age)
 
-    async def _take_back(self, conn: psycopg.AsyncConnection[Any], key: str) -> None:
-        """Delete the rows failed calls of this process may have written, before a new insert."""
-        pending = self._unsettled.due(key)
+    async def _take_back(self, conn: psycopg.AsyncConnection[Any], keys: list[str]) -> None:
+        """Delete the rows failed calls of this process may have written: all of ``keys``', a few others."""
+        pending = self._unsettled.pending(keys)
         if not pending:
             return
         try:
@@ -423,10 +493,64 @@ class PostgresReplayStore(ReplayStore):
             )
             deleted = {(row[0], row[1]) for row in await cursor.fetchall()}
         except Exception:
-            if any(entry.key == key for entry in pending):
-                raise  # this very token may still hold a failed call's row: fail closed
+            if any(entry.key in keys for entry in pending):
+                raise  # these very tokens may still hold a failed call's row: fail closed
             return
-        self._unsettled.settle(pending, deleted)
+        self._unsettled.settle(deleted)
+        # Not found: never written, or an insert that may still commit (a stuck server).
+        self._unsettled.later((e.key, e.nonce) for e in pending if (e.key, e.nonce) not in deleted)
+
+    def _take_back_soon(self, key: str) -> None:
+        """Take back a call's row right after it failed closed, without waiting for more traffic.
+
+        Other instances answer the row ``store_unavailable`` only for the settle window;
+        past it, a row still there reads ``replayed``. One task per lane does it (a burst of
+        failures adds keys to its next round, not tasks).
+        """
+        try:
+            lane = self._lanes.get(asyncio.get_running_loop())
+        except RuntimeError:
+            return
+        if lane is None:
+            return
+        if len(lane.failed) < _SOON_KEYS:
+            lane.failed.add(key)
+        if lane.taker is None or lane.taker.done():
+            lane.taker = asyncio.ensure_future(self._take_back_failed(lane))
+            lane.adopt(lane.taker)
+
+    async def _take_back_failed(self, lane: _Lane) -> None:
+        """Rounds of take-backs while failed calls' keys come in; a round that fails is tried again.
+
+        Until its writer takes the row back, another instance answers it ``store_unavailable``
+        for the settle window and ``replayed`` after: so a round that could not reach the
+        server (a partition, a failover) is retried at once and then every second at most,
+        until one gets through; the first after an outage then deletes the row, usually
+        before the other instances' retries come.
+        """
+        pause, awaited = _RETAKE_FIRST, set[asyncio.Task[Any]]()
+        while lane.failed:
+            keys = list(lane.failed)
+            lane.failed.clear()
+            # First the late work of failed calls: an insert still waiting for its commit is
+            # invisible to a delete; once it has ended (cancelled), its row can be deleted.
+            # Each once: a retry after an outage must not wait again for work stuck in it.
+            if late := lane.late - awaited:
+                awaited = set(lane.late)
+                await asyncio.wait(late, timeout=self.timeout)
+
+            async def go(conn: psycopg.AsyncConnection[Any], keys: list[str] = keys) -> None:
+                await self._take_back(conn, keys)
+
+            try:
+                await self._with_connection(go)
+            except Exception as exc:
+                logger.debug("taking back failed consumes' rows failed, will retry: %s", _describe(exc))
+                lane.failed.update(keys[: _SOON_KEYS - len(lane.failed)])
+                await asyncio.sleep(pause)
+                pause = min(pause * 2, _RETAKE_MAX)
+            else:
+                pause = _RETAKE_FIRST
 
     async def _with_connection(
         self,
@@ -473,8 +597,10 @@ class PostgresReplayStore(ReplayStore):
         deadline = time.monotonic() + self.timeout
 
         async def go(conn: psycopg.AsyncConnection[Any]) -> None:
-            row = await (await conn.execute(self._sql.exists, (self.table,))).fetchone()
+            row = await (await conn.execute(self._sql.exists, {"t": self.table})).fetchone()
             if row and row[0]:
+                if not row[1]:
+                    raise ReplayStoreError(self._outdated_table())
                 return
             if not self.create_schema:
                 raise ReplayStoreError(self._missing_table())
@@ -499,6 +625,12 @@ class PostgresReplayStore(ReplayStore):
         return (
             f"the table {self.table!r} does not exist; create it once as a role that may "
             f"(statecodec replay init --replay URL), then grant this role SELECT, INSERT and DELETE on it"
+        )
+
+    def _outdated_table(self) -> str:
+        return (
+            f"the table {self.table!r} has no written_at column (an earlier statecodec made it); "
+            f"add it once as the table's owner: statecodec replay init --replay URL"
         )
 
     async def _acheck(self) -> None:
@@ -589,10 +721,12 @@ class PostgresReplayStore(ReplayStore):
         """In a fork child (under ``_lock``): the parent's thread, pools and sockets are not ours."""
         if self._pid != os.getpid():
             self._pid, self._runner, self._lanes = os.getpid(), None, {}
-            self._unsettled = _Unsettled()
+            self._unsettled = Unsettled()
 
     # ------------------------------------------------------------------ errors
     def _error(self, exc: BaseException) -> ReplayStoreError:
+        if isinstance(exc, psycopg.errors.UndefinedColumn):
+            exc = ReplayStoreError(self._outdated_table())
         if isinstance(exc, ReplayStoreError):
             message = str(exc)
             if not message.startswith("PostgreSQL replay store"):
@@ -618,11 +752,11 @@ async def _within(work: Awaitable[T], deadline: float, lane: _Lane) -> T:
         done, _ = await asyncio.wait({task}, timeout=max(0.0, deadline - time.monotonic()))
     except BaseException:  # the caller was cancelled: so is the work, in the background
         task.cancel()
-        lane.adopt(task)
+        lane.adopt(task, late=True)
         raise
     if not done:
         task.cancel()
-        lane.adopt(task)
+        lane.adopt(task, late=True)
         raise TimeoutError("no answer within the deadline (the server may be stuck)")
     return task.result()
 
@@ -674,6 +808,11 @@ class _Lane:
         self._opening: asyncio.Future[None] | None = None
         self.schema_lock = asyncio.Lock()
         self._tasks: set[asyncio.Task[Any]] = set()
+        #: Work of calls that have already answered (failed closed), still running.
+        self.late: set[asyncio.Task[Any]] = set()
+        #: Keys whose calls failed closed lately, and the task taking their rows back.
+        self.failed: set[str] = set()
+        self.taker: asyncio.Task[None] | None = None
 
     async def open(self) -> None:
         # Once per lane, and every caller waits for it: a pool that is still opening
@@ -686,11 +825,14 @@ class _Lane:
         async with self.pool.connection(timeout=max(0.001, deadline - time.monotonic())) as conn:
             return await work(conn)
 
-    def adopt(self, task: asyncio.Future[Any]) -> None:
+    def adopt(self, task: asyncio.Future[Any], *, late: bool = False) -> None:
         if isinstance(task, asyncio.Task) and not task.done():
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
             task.add_done_callback(_swallow)
+            if late:
+                self.late.add(task)
+                task.add_done_callback(self.late.discard)
 
     def background(self, work: Coroutine[Any, Any, Any]) -> None:
         self.adopt(asyncio.ensure_future(work))
@@ -754,65 +896,6 @@ async def _finish_tasks() -> None:
     for task in others:
         task.cancel()
     await asyncio.gather(*others, return_exceptions=True)
-
-
-@dataclass(frozen=True)
-class _Entry:
-    key: str
-    nonce: str
-    until: float  # monotonic: once past, the row has expired anyway
-
-
-class _Unsettled:
-    """Rows that calls which failed closed may have written, to delete before they burn a token."""
-
-    def __init__(self) -> None:
-        self._entries: dict[tuple[str, str], _Entry] = {}
-        self._lock = threading.Lock()
-        self._last = 0.0
-
-    def note(self, key: str, nonce: str, retention: float) -> None:
-        with self._lock:
-            if len(self._entries) >= _MAX_UNSETTLED:  # bounded: the oldest row stays until it expires
-                self._entries.pop(next(iter(self._entries)))
-            self._entries[(key, nonce)] = _Entry(key, nonce, time.monotonic() + retention)
-
-    def due(self, key: str) -> list[_Entry]:
-        """Entries to take back now: all of them when one is for ``key`` or a second has passed."""
-        if not self._entries:  # the common case, without the lock
-            return []
-        with self._lock:
-            now = time.monotonic()
-            for stale in [k for k, e in self._entries.items() if e.until <= now]:
-                del self._entries[stale]
-            mine = any(e.key == key for e in self._entries.values())
-            if not mine and now - self._last < _TAKE_BACK_EVERY:
-                return []
-            self._last = now
-            return list(self._entries.values())
-
-    def settle(self, tried: list[_Entry], deleted: set[tuple[str, str]]) -> None:
-        """Forget the entries whose rows were deleted; the others may still be written (a stuck server)."""
-        with self._lock:
-            for entry in tried:
-                if (entry.key, entry.nonce) in deleted:
-                    self._entries.pop((entry.key, entry.nonce), None)
-
-    def nonces(self, key: str) -> list[str]:
-        """The nonces listed for ``key``: rows of failed calls, wherever a consume meets them."""
-        if not self._entries:
-            return []
-        with self._lock:
-            return [e.nonce for e in self._entries.values() if e.key == key]
-
-    def forget(self, key: str, nonces: list[str]) -> None:
-        """Forget these entries of ``key``: their rows were deleted."""
-        with self._lock:
-            for nonce in nonces:
-                self._entries.pop((key, nonce), None)
-
-    def __len__(self) -> int:
-        return len(self._entries)
 
 
 class _Writes:

@@ -265,16 +265,25 @@ def test_4_processes_x_20_threads_on_one_token_have_exactly_one_winner(
         for _ in range(3):  # three tokens, each raced by all 80 threads
             token = sc.StateCodec(RING).seal(b"pay", ALICE)
             per_process = pool.map(_race, [(url, RING.to_json(), token)] * PROCESSES, chunksize=1)
-            outcomes = Counter(o for process in per_process for o in process)
-            assert outcomes == {"ok": 1, "replayed": PROCESSES * THREADS - 1}
+            _one_winner(per_process)
         # A fresh table: every process creates it on first use at the same instant.
         fresh = postgres_server.url(table=_table(), timeout=CONTRACT_TIMEOUT)
         token = sc.StateCodec(RING).seal(b"pay", ALICE)
         per_process = pool.map(_race, [(fresh, RING.to_json(), token)] * PROCESSES, chunksize=1)
-        assert Counter(o for process in per_process for o in process) == {
-            "ok": 1,
-            "replayed": PROCESSES * THREADS - 1,
-        }
+        _one_winner(per_process)
+
+
+def _one_winner(per_process: list[list[str]]) -> None:
+    """One acceptance; every loser refused, as a replay or, in the settle window, unsettled.
+
+    A loser in another process than the winner's finds a row written moments ago by
+    someone else, whose writer it cannot tell from one still undecided: store_unavailable
+    (retry) until the settle window has passed (test_replay_postgres_settle.py).
+    """
+    outcomes = Counter(o for process in per_process for o in process)
+    assert outcomes["ok"] == 1, outcomes
+    assert set(outcomes) <= {"ok", "replayed", "store_unavailable"}, outcomes
+    assert outcomes.total() == PROCESSES * THREADS
 
 
 # ---------------------------------------------------------------- outages

@@ -21,11 +21,11 @@ import uuid
 from collections.abc import Iterator
 
 import pytest
-from fixtures_postgres import APP_PASSWORD, APP_USER, DATABASE, PostgresServer, running, wait_until
+from fixtures_postgres import APP_PASSWORD, APP_USER, DATABASE, PostgresServer, synchronous_pair, wait_until
 from replay_traffic import Pace, Traffic
 
 import statecodec as sc
-from statecodec.replay import store_from_url
+from statecodec.replay import PostgresReplayStore, store_from_url
 
 pytestmark = pytest.mark.slow
 
@@ -39,20 +39,8 @@ PACE = Pace()
 
 @pytest.fixture
 def pair() -> Iterator[tuple[PostgresServer, PostgresServer]]:
-    with running(PostgresServer) as primary:
-        primary.create_app()
-        standby = primary.standby()
-        try:
-            # Only now: with a synchronous standby named, CREATE ROLE would have waited for it too.
-            primary.sql("ALTER SYSTEM SET synchronous_standby_names = '*'")
-            primary.sql("SELECT pg_reload_conf()")
-            wait_until(
-                lambda: primary.sql("SELECT sync_state FROM pg_stat_replication") == [("sync",)],
-                "the standby is synchronous",
-            )
-            yield primary, standby
-        finally:
-            standby.cleanup()
+    with synchronous_pair() as servers:
+        yield servers
 
 
 def multi_host_url(primary: PostgresServer, standby: PostgresServer, table: str) -> str:
@@ -94,8 +82,16 @@ def test_kill_the_primary_promote_the_standby_zero_double_acceptances(
         assert outcomes[-1] == "ok" and set(outcomes[:-1]) <= {"store_unavailable"}, outcomes
     assert traffic.count("store_unavailable") >= 5  # the switch was crossed by the clients
 
-    # The new primary knows every token the old one accepted: none redeems again.
+    # The new primary knows every token the old one accepted: none redeems again. Asked by
+    # another instance, once every row is older than the settle window (younger, a row of
+    # someone else's is answered as possibly undecided: store_unavailable, retry).
     after = store_from_url(url)
+    assert isinstance(after, PostgresReplayStore)
+    youngest = f"SELECT min(extract(epoch FROM clock_timestamp() - written_at)) FROM {table}"
+    wait_until(
+        lambda: float(standby.sql(youngest, DATABASE)[0][0]) >= after._settle,
+        "every row is older than the settle window",
+    )
     codec = sc.StateCodec(RING, replay=after)
     reasons = collections.Counter()
     for token in traffic.accepted():

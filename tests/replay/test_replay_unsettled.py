@@ -59,6 +59,19 @@ def test_settled_entries_are_forgotten_and_the_others_stay() -> None:
     assert len(unsettled) == 0
 
 
+def test_entries_not_found_go_behind_the_others_so_the_spare_take_backs_move_on() -> None:
+    unsettled = Unsettled()
+    for i in range(4):
+        unsettled.note(f"k{i}", "n", 60)
+    first = unsettled.pending([], spare=2)
+    assert pairs(first) == {("k0", "n"), ("k1", "n")}
+    unsettled.later(first)
+    assert pairs(unsettled.pending([], spare=2)) == {("k2", "n"), ("k3", "n")}
+    assert len(unsettled) == 4  # still listed: a late write of theirs is still taken back
+    unsettled.later([("never", "listed")])  # nothing to move
+    assert len(unsettled) == 4 and unsettled.holds("k0", "n")
+
+
 def test_an_entry_past_its_retention_is_dropped(monkeypatch: pytest.MonkeyPatch) -> None:
     now = [1000.0]
     monkeypatch.setattr(time, "monotonic", lambda: now[0])

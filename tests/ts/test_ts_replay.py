@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 import redis
-from fixtures_postgres import PostgresServer
+from fixtures_postgres import DATABASE, PostgresServer
 from fixtures_valkey import ValkeyServer, in_sync, wait_until
 from ts_package import SKIPS, run_tool
 
@@ -169,6 +169,10 @@ def test_python_and_typescript_share_one_postgres_table(postgres_server: Postgre
     first, replayed = ts_unseal([by_ts, by_python], ts_store)
     assert first["payload_hex"] == b"b".hex()
     assert replayed["reason"] == "replayed"
+    # Python meets TypeScript's row as another instance's: undecided for the settle window,
+    # then a replay (older than the window here).
+    assert py_reason(codec, by_ts) in ("replayed", "store_unavailable")
+    _age(postgres_server, table)
     assert py_reason(codec, by_ts) == "replayed"
     assert len(store) == 2
     store.close()
@@ -186,5 +190,11 @@ def test_a_postgres_outage_fails_closed_and_burns_nothing(postgres_outage: Postg
     postgres_outage.start()
     (accepted,) = ts_unseal([token], ts_store)
     assert accepted["payload_hex"] == b"x".hex()
+    _age(postgres_outage, table)  # older than Python's settle window (see above)
     assert py_reason(codec, token) == "replayed"
     store.close()
+
+
+def _age(server: PostgresServer, table: str) -> None:
+    """Every row of ``table`` an hour older on the server's clock: settled for any instance."""
+    server.sql(f"UPDATE {table} SET written_at = written_at - interval '1 hour'", DATABASE)

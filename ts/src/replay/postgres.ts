@@ -48,12 +48,18 @@ export interface PostgresStoreOptions {
   createSchema?: boolean;
 }
 
-/** The statements that create the table and its expiry index (idempotent), as Python's. */
+/**
+ * The statements that create the table and its expiry index, or add `written_at` to an
+ * older table (idempotent), as Python's: Python reads `written_at` to tell a settled row
+ * from an undecided one, and refuses a table without it.
+ */
 export function schemaStatements(table = DEFAULT_TABLE): string[] {
   checkTable(table);
   return [
-    `CREATE TABLE IF NOT EXISTS ${table} (key text COLLATE "C" PRIMARY KEY, nonce text NOT NULL, expires_at timestamptz NOT NULL)`,
+    `CREATE TABLE IF NOT EXISTS ${table} (key text COLLATE "C" PRIMARY KEY, nonce text NOT NULL, expires_at timestamptz NOT NULL, written_at timestamptz NOT NULL DEFAULT clock_timestamp())`,
     `CREATE INDEX IF NOT EXISTS ${table}_expires_at ON ${table} (expires_at)`,
+    `ALTER TABLE ${table} ADD COLUMN IF NOT EXISTS written_at timestamptz NOT NULL DEFAULT 'epoch'`,
+    `ALTER TABLE ${table} ALTER COLUMN written_at SET DEFAULT clock_timestamp()`,
   ];
 }
 
