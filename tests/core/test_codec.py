@@ -30,18 +30,10 @@ FULL = sc.Binding(
     arguments={"version": "v2.1.0"},
     extra={"tenant": "acme"},
 )
-# Every reason a token itself can earn (replay and store reasons need a store; internal_error never).
-TOKEN_REASONS = {
-    "malformed",
-    "too_large",
-    "unsupported_version",
-    "wrong_mode",
-    "unknown_key",
-    "tampered",
-    "expired",
-    "not_yet_valid",
-    "binding_mismatch",
-}
+# Every reason a token itself can earn: the flow reasons need a chained state, replayed and
+# store_unavailable a store; internal_error no token earns.
+FLOW_REASONS = {"round_limit", "flow_expired", "too_early"}
+TOKEN_REASONS = set(sc.REASONS) - FLOW_REASONS - {"replayed", "store_unavailable", "internal_error"}
 
 
 class Clock:
