@@ -8,6 +8,7 @@ token any healthy instance mints must verify on every other healthy instance.
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -140,14 +141,21 @@ class FakeClock:
         return self.now
 
 
-def manager(path: Path, clock: FakeClock, skew: float = 0.0) -> KeyManager:
+def manager(
+    path: Path,
+    clock: Callable[[], float],
+    skew: float = 0.0,
+    *,
+    max_ttl: float = 300,
+    staleness_limit: float = 100,
+) -> KeyManager:
     return KeyManager(
         FileSource(path),
         refresh_interval=10,
         jitter=0.1,
         max_skew=5,
-        max_ttl=300,
-        staleness_limit=100,
+        max_ttl=max_ttl,
+        staleness_limit=staleness_limit,
         clock=lambda: clock() + skew,
     )
 
@@ -328,18 +336,7 @@ def test_simulated_fleet_loses_no_token(
     init_keys(f"file:{path}", clock=lambda: t - 3600)
 
     clocks = [lambda s=s: t + s for s in skews]
-    managers = [
-        KeyManager(
-            FileSource(path),
-            refresh_interval=10,
-            jitter=0.1,
-            max_skew=5,
-            max_ttl=30,
-            staleness_limit=25,
-            clock=c,
-        ).start(background=False)
-        for c in clocks
-    ]
+    managers = [manager(path, c, max_ttl=30, staleness_limit=25).start(background=False) for c in clocks]
     codecs = [StateCodec(m, ttl=30, max_skew=5, clock=c) for m, c in zip(managers, clocks, strict=True)]
     next_refresh = [t + rng.uniform(0, 10) for _ in managers]
     cut_from, cut_for = t + partition[0], partition[1]
