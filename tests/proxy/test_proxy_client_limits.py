@@ -27,8 +27,8 @@ import pytest
 from fixtures_proxy import Proxy, modern_request, proxy_command
 from loopback import Loopback, Quiet
 from processes import await_line, spawn, stop
+from replicas import keys_file
 
-from statecodec import KeyRing
 from statecodec.proxy._guard import FD_RESERVE
 
 pytestmark = pytest.mark.timeout(120)
@@ -103,10 +103,7 @@ def upstream() -> Iterator[TinyUpstream]:
 
 @pytest.fixture
 def keys(tmp_path: Path) -> Path:
-    path = tmp_path / "keys.json"
-    path.write_text(KeyRing.generate().to_json(), encoding="utf-8")
-    path.chmod(0o600)
-    return path
+    return keys_file(tmp_path)
 
 
 @dataclass
