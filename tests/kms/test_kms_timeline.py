@@ -12,6 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from clocks import ManualClock
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -133,12 +134,6 @@ def test_invalid_timelines(kwargs: dict[str, float], message: str) -> None:
 
 
 # --------------------------------------------------------------------- manager, fake clock
-class FakeClock:
-    def __init__(self, now: float) -> None:
-        self.now = now
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def manager(
@@ -162,7 +157,7 @@ def manager(
 
 def test_manager_promotes_lazily_between_refreshes(tmp_path: Path) -> None:
     path = tmp_path / "ring.json"
-    clock = FakeClock(10_000)
+    clock = ManualClock(10_000)
     init_keys(f"file:{path}", clock=lambda: 0)
     mgr = manager(path, clock).start(background=False)
     first = mgr.signing_key().kid
@@ -179,7 +174,7 @@ def test_manager_promotes_lazily_between_refreshes(tmp_path: Path) -> None:
     assert mgr.status()["primary"] == new
 
 
-class TickingClock(FakeClock):
+class TickingClock(ManualClock):
     """Time moves on by ``step`` at every reading, as it does between two calls on a busy machine."""
 
     def __init__(self, now: float, step: float) -> None:
@@ -200,7 +195,7 @@ def test_a_token_is_never_issued_before_its_key_was_promoted(tmp_path: Path, off
     # offsets within a second so that some reading falls just before the promotion.
     path = tmp_path / "ring.json"
     init_keys(f"file:{path}", clock=lambda: 0)
-    mgr = manager(path, FakeClock(10_000)).start(background=False)
+    mgr = manager(path, ManualClock(10_000)).start(background=False)
     rotate(f"file:{path}", min_age=0, retire_after=TL.min_retire_after, clock=lambda: 10_000, timeline=TL)
     mgr.refresh_now()
     clock = TickingClock(10_000 + TL.promotion_delay - 3 + offset, step=0.25)
@@ -267,7 +262,7 @@ def test_the_primary_is_promoted_whenever_a_live_key_is(
 
 def test_staleness_stops_minting_not_verifying(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     path = tmp_path / "ring.json"
-    clock = FakeClock(10_000)
+    clock = ManualClock(10_000)
     init_keys(f"file:{path}", clock=lambda: 0)
     mgr = manager(path, clock).start(background=False)
     codec = StateCodec(mgr, ttl=300, max_skew=5, clock=clock)

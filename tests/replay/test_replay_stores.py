@@ -24,6 +24,7 @@ from pathlib import Path
 import pytest
 import redis
 import redis.asyncio
+from clocks import ManualClock
 from fixtures_valkey import ValkeyServer
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -39,21 +40,13 @@ from statecodec.replay.sqlite import _CONSUME
 T0 = 2_000_000_000.0
 
 
-class Clock:
-    def __init__(self, now: float = T0) -> None:
-        self.now = now
-
-    def __call__(self) -> float:
-        return self.now
-
-
 def _key() -> str:
     return f"test:{uuid.uuid4().hex}"
 
 
 @pytest.fixture
-def clock() -> Clock:
-    return Clock()
+def clock() -> ManualClock:
+    return ManualClock(T0)
 
 
 @pytest.fixture
@@ -177,7 +170,7 @@ async def test_async_context_manager_closes_the_loops_client(
 
 
 # ---------------------------------------------------------------- memory
-def test_memory_expired_entries_are_purged_and_count_as_absent(clock: Clock) -> None:
+def test_memory_expired_entries_are_purged_and_count_as_absent(clock: ManualClock) -> None:
     store = MemoryReplayStore(clock=clock)
     for i in range(100):
         assert store.consume(f"k{i}", 10 + i / 10)
@@ -195,7 +188,7 @@ def test_memory_expired_entries_are_purged_and_count_as_absent(clock: Clock) -> 
     assert len(store) == 2
 
 
-def test_memory_purges_by_itself_as_time_moves_on(clock: Clock) -> None:
+def test_memory_purges_by_itself_as_time_moves_on(clock: ManualClock) -> None:
     store = MemoryReplayStore(clock=clock)
     for second in range(50):
         clock.now = T0 + second
@@ -205,7 +198,7 @@ def test_memory_purges_by_itself_as_time_moves_on(clock: Clock) -> None:
     assert len(store) <= 60
 
 
-def test_memory_bound_fails_closed_and_recovers_when_entries_expire(clock: Clock) -> None:
+def test_memory_bound_fails_closed_and_recovers_when_entries_expire(clock: ManualClock) -> None:
     store = MemoryReplayStore(max_entries=2, clock=clock)
     assert store.consume("a", 10)
     assert store.consume("b", 20)
@@ -231,7 +224,7 @@ def test_memory_bound_fails_closed_and_recovers_when_entries_expire(clock: Clock
 )
 def test_memory_store_matches_a_reference_model(ops: list[tuple[str, int, float]]) -> None:
     """Random consumes, clock moves and purges against the obvious model of the contract."""
-    clock = Clock()
+    clock = ManualClock(T0)
     store = MemoryReplayStore(clock=clock)
     model: dict[str, float] = {}  # key -> expiry
     for op, key_no, amount in ops:
@@ -260,7 +253,7 @@ def test_memory_rejects_bad_bounds(bad: object) -> None:
 
 
 # ---------------------------------------------------------------- SQLite
-def test_sqlite_uses_wal_and_one_row_per_key(tmp_path: Path, clock: Clock) -> None:
+def test_sqlite_uses_wal_and_one_row_per_key(tmp_path: Path, clock: ManualClock) -> None:
     path = tmp_path / "r.db"
     store = SQLiteReplayStore(path, clock=clock)
     store.consume("ns:abc", 60)  # a retention: the row holds the host clock's now + 60
@@ -281,7 +274,7 @@ def test_sqlite_two_stores_on_one_file_see_each_other(tmp_path: Path) -> None:
 
 
 def test_sqlite_expired_rows_count_as_absent_and_are_purged_periodically(
-    tmp_path: Path, clock: Clock
+    tmp_path: Path, clock: ManualClock
 ) -> None:
     store = SQLiteReplayStore(tmp_path / "r.db", purge_interval=30, clock=clock)
     for i in range(20):
@@ -297,7 +290,7 @@ def test_sqlite_expired_rows_count_as_absent_and_are_purged_periodically(
     assert store.purge() == 0
 
 
-def test_sqlite_purge_deletes_in_batches(tmp_path: Path, clock: Clock) -> None:
+def test_sqlite_purge_deletes_in_batches(tmp_path: Path, clock: ManualClock) -> None:
     store = SQLiteReplayStore(tmp_path / "r.db", clock=clock)
     conn = sqlite3.connect(tmp_path / "r.db")
     with conn:
@@ -382,7 +375,9 @@ async def test_sqlite_aconsume_never_waits_for_a_writer_on_the_event_loop(tmp_pa
     store.close()
 
 
-async def test_sqlite_aconsume_purges_and_checkpoints_off_the_loop(tmp_path: Path, clock: Clock) -> None:
+async def test_sqlite_aconsume_purges_and_checkpoints_off_the_loop(
+    tmp_path: Path, clock: ManualClock
+) -> None:
     store = SQLiteReplayStore(tmp_path / "r.db", purge_interval=30, clock=clock)
     for i in range(2000):
         assert await store.aconsume(f"k{i}", 10) is True
