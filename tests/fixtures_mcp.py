@@ -70,7 +70,7 @@ class Cluster(Replicas[Instance]):
     def by_url(self, url: str) -> Instance:
         return next(i for i in self.instances if url.startswith(i.base))
 
-    def wait_for_log(self, instance: Instance, needle: str, timeout: float = 10.0) -> str:
+    def wait_for_log(self, instance: Instance, needle: str, timeout: float = 60.0) -> str:
         """The instance's log once it contains ``needle`` (logs are flushed a bit later)."""
         return wait_for_log(instance.log_path, needle, timeout)
 

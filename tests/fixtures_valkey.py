@@ -101,7 +101,7 @@ class ValkeyServer:
     def pid(self) -> int | None:
         return self.process.pid if self.process else None
 
-    def start(self, timeout: float = 10.0) -> ValkeyServer:
+    def start(self, timeout: float = 60.0) -> ValkeyServer:
         if self.process is not None:
             raise RuntimeError("server already running")
         log = (self._dir / "server.log").open("ab")

@@ -163,7 +163,7 @@ def start_all(
         raise
 
 
-def wait_for_log(log_path: Path, needle: str, timeout: float = 10.0) -> str:
+def wait_for_log(log_path: Path, needle: str, timeout: float = 60.0) -> str:
     """The text of ``log_path`` once it holds ``needle``, or as it is at ``timeout`` (logs flush late)."""
     deadline = time.monotonic() + timeout
     while True:
@@ -185,7 +185,7 @@ class Spawned:
     def log(self) -> str:
         return self.log_path.read_text(encoding="utf-8", errors="replace")
 
-    def wait_for_log(self, needle: str, timeout: float = 10.0) -> str:
+    def wait_for_log(self, needle: str, timeout: float = 60.0) -> str:
         return wait_for_log(self.log_path, needle, timeout)
 
     def stop(self) -> None:

@@ -51,7 +51,7 @@ class Server:
         return [json.loads(line) for line in self.record.read_text(encoding="utf-8").splitlines()]
 
     def wait_for_log(self, needle: str) -> str:
-        return wait_for_log(self.log_path, needle, timeout=60)
+        return wait_for_log(self.log_path, needle)
 
 
 @pytest.fixture(params=["json", "sse"])

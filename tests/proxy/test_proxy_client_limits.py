@@ -420,8 +420,8 @@ def test_a_client_leaving_during_its_hold_releases_it_without_consuming_the_toke
                 f"POST /mcp HTTP/1.1\r\nHost: 127.0.0.1\r\n{head}Content-Length: {len(body)}\r\n\r\n".encode()
                 + body
             )
-            assert '"early_retry_held"' in started.proxy.wait_for_log('"early_retry_held"', timeout=60)
-        assert '"early_retry_abandoned"' in started.proxy.wait_for_log('"early_retry_abandoned"', timeout=60)
+            assert '"early_retry_held"' in started.proxy.wait_for_log('"early_retry_held"')
+        assert '"early_retry_abandoned"' in started.proxy.wait_for_log('"early_retry_abandoned"')
         time.sleep(max(0.0, issued + RETRY_AFTER + 1 - time.monotonic()))  # past the pacing time
         assert f"tools/call:{PACED_TOOL}+state" not in upstream.handled()  # nothing ran for nobody
         [record] = [r for r in started.proxy.records() if r.get("event") == "early_retry_abandoned"]
