@@ -90,6 +90,15 @@ def write_json(result: dict[str, Any], out: Path, stem: str) -> Path:
     return path
 
 
+def plot_beside(draw: Callable[[Path, Path], None], path: Path) -> None:
+    """``draw`` the plot of the results at ``path`` beside them (``.png``), or say why not."""
+    try:
+        draw(path, path.with_suffix(".png"))
+        print(f"plot: {path.with_suffix('.png')}")
+    except ImportError:  # matplotlib is optional: the figures stand without their plot
+        print("plot skipped: matplotlib is in the bench dependency group (pip install --group bench)")
+
+
 def machine(*versions: str) -> dict[str, Any]:
     """The machine, the tree and the package versions a result was measured with."""
     model = "unknown"

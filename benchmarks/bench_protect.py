@@ -90,6 +90,7 @@ from mcp.server.context import CallNext, HandlerResult, ServerRequestContext
 from mcp.server.lowlevel import Server
 from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.request_state import RequestStateBoundary, RequestStateSecurity
+from mcp_requests import request_context
 
 from statecodec import Binding, KeyRing, StateCodec
 from statecodec.adapters.mcp import StateCodecMiddleware, _with_params, protect
@@ -265,18 +266,6 @@ async def codec_alone(ring: KeyRing, mode: str, n: int) -> float:
     return (t1 - t0) / n / 1000.0
 
 
-def context(params: dict[str, Any]) -> Ctx:
-    """A request context as the SDK's runner builds it (no session: nothing here uses one)."""
-    return ServerRequestContext(
-        session=None,  # type: ignore[arg-type]
-        lifespan_context={},
-        protocol_version="2026-07-28",
-        method="tools/call",
-        params=params,
-        request_id=1,
-    )
-
-
 def wire(model: Any) -> dict[str, Any]:
     return model.model_dump(by_alias=True, mode="json", exclude_none=True)  # type: ignore[no-any-return]
 
@@ -301,9 +290,9 @@ async def middleware_rounds(middleware: Callable[[Ctx, CallNext], Any], n: int) 
     with gc_paused():
         t0 = time.process_time_ns()
         for _ in range(n):
-            first = await middleware(context({"name": TARGET, "arguments": dict(ARGS)}), ask)
+            first = await middleware(request_context({"name": TARGET, "arguments": dict(ARGS)}), ask)
             retry = {"name": TARGET, "arguments": dict(ARGS), "inputResponses": ANSWERED}
-            await middleware(context({**retry, "requestState": first["requestState"]}), complete)
+            await middleware(request_context({**retry, "requestState": first["requestState"]}), complete)
         t1 = time.process_time_ns()
     return (t1 - t0) / n / 1000.0
 
@@ -636,11 +625,7 @@ def main_http(args: Any) -> int:
         figures = f"{r['p50_ms']:.3f} | {r['p99_ms']:.3f} | {r['added_p50_ms']:+.3f}"
         print(f"| {r['variant']} | {figures} | {over} | {vs_sdk} |")
     print(f"load average {result['load_average_before']} -> {result['load_average_after']}\nwrote {path}")
-    try:
-        plot_http(path, path.with_suffix(".png"))
-        print(f"plot: {path.with_suffix('.png')}")
-    except ImportError:
-        print("plot skipped: matplotlib is in the bench dependency group (pip install --group bench)")
+    _harness.plot_beside(plot_http, path)
     return 0
 
 

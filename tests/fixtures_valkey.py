@@ -241,7 +241,11 @@ class ValkeyCluster(_Deployment):
     @property
     def url(self) -> str:
         """Two seed nodes, as an operator would write them."""
-        return "redis+cluster://" + ",".join(f"127.0.0.1:{n.port}" for n in self.nodes[:2])
+        return "redis+cluster://" + ",".join(self.address(n) for n in self.nodes[:2])
+
+    def address(self, node: ValkeyServer) -> str:
+        """Where clients and the other nodes reach ``node`` (a subclass may put a proxy there)."""
+        return f"127.0.0.1:{node.port}"
 
     def node(self, port: int) -> ValkeyServer:
         return next(n for n in self.nodes if n.port == port)
@@ -300,7 +304,7 @@ class ValkeyCluster(_Deployment):
     def form(self) -> None:
         create = subprocess.run(
             [cli_binary(self.binary), "--cluster", "create",
-             *(f"127.0.0.1:{n.port}" for n in self.nodes),
+             *(self.address(n) for n in self.nodes),
              "--cluster-replicas", "1", "--cluster-yes"],
             capture_output=True, text=True, timeout=120, check=False,
         )  # fmt: skip
@@ -331,6 +335,32 @@ class ValkeyCluster(_Deployment):
             node.stop()
 
 
+def configure_sentinel(
+    sentinel: ValkeyServer,
+    service: str,
+    primary_port: int,
+    down_after_ms: int,
+    *,
+    parallel_syncs: int,
+    announce_port: int | None = None,
+) -> None:
+    """Make ``sentinel`` (not started yet) a sentinel watching ``service`` at ``primary_port``, quorum 2.
+
+    ``announce_port``: the port it tells the other sentinels to reach it at (a proxy's).
+    """
+    config = sentinel.directory / "sentinel.conf"
+    announce = ""
+    if announce_port:
+        announce = f"sentinel announce-ip 127.0.0.1\nsentinel announce-port {announce_port}\n"
+    config.write_text(
+        f"sentinel monitor {service} 127.0.0.1 {primary_port} 2\n"
+        f"sentinel down-after-milliseconds {service} {down_after_ms}\n"
+        f"sentinel failover-timeout {service} 10000\n"
+        f"sentinel parallel-syncs {service} {parallel_syncs}\n{announce}"
+    )
+    sentinel.leading_args = (str(config), "--sentinel")
+
+
 class ValkeySentinels(_Deployment):
     """A primary, one replica and three sentinels (quorum 2) watching ``mymaster``."""
 
@@ -344,14 +374,7 @@ class ValkeySentinels(_Deployment):
         )
         self.sentinels = [ValkeyServer(self.binary) for _ in range(3)]
         for sentinel in self.sentinels:
-            config = sentinel.directory / "sentinel.conf"
-            config.write_text(
-                f"sentinel monitor {self.SERVICE} 127.0.0.1 {self.primary.port} 2\n"
-                f"sentinel down-after-milliseconds {self.SERVICE} {down_after_ms}\n"
-                f"sentinel failover-timeout {self.SERVICE} 10000\n"
-                f"sentinel parallel-syncs {self.SERVICE} 1\n"
-            )
-            sentinel.leading_args = (str(config), "--sentinel")
+            configure_sentinel(sentinel, self.SERVICE, self.primary.port, down_after_ms, parallel_syncs=1)
 
     @property
     def url(self) -> str:

@@ -25,7 +25,6 @@ as JSON, as a stream of server-sent events, or not at all.
 from __future__ import annotations
 
 import codecs
-import contextlib
 import json
 import math
 import re
@@ -64,21 +63,20 @@ def _may_differ(fast: bytes) -> bool:
     A large document is looked at a piece at a time (pieces overlapping by a token's
     length), so the check never holds a second copy of it.
     """
-    if len(fast) <= _DECODE_PIECE:
-        return _shape_may_differ(fast)
-    # A piece that starts inside a number or a string may raise a false alarm (a leading
-    # "." or "null"), never miss a float: a false alarm costs the slow path.
-    view = memoryview(fast)
-    return any(
-        _shape_may_differ(bytes(view[at : at + _DECODE_PIECE + 16]))
-        for at in range(0, len(fast), _DECODE_PIECE)
-    )
-
-
-def _shape_may_differ(fast: bytes) -> bool:
+    if len(fast) > _DECODE_PIECE:
+        return _pieces_may_differ(fast)
     shape = fast.translate(_TOKENS, _DELETED)
     # find, not `in`: bytes.__contains__ raises and clears a TypeError before it searches.
     return shape.find(b":.") != -1 or shape.find(b":null") != -1 or shape.startswith((b".", b"null"))
+
+
+def _pieces_may_differ(fast: bytes) -> bool:
+    """:func:`_may_differ` of a large document, a piece at a time (each within one piece)."""
+    # A piece that starts inside a number or a string may raise a false alarm (a leading
+    # "." or "null"), never miss a float: a false alarm costs the slow path.
+    view = memoryview(fast)
+    step = _DECODE_PIECE - _PIECE_OVERLAP
+    return any(_may_differ(bytes(view[at : at + _DECODE_PIECE])) for at in range(0, len(fast), step))
 
 
 # What json.dumps cannot write, orjson must not write either: those go the slow way and fail.
@@ -115,6 +113,9 @@ _STRICT: Final = json.JSONDecoder(object_pairs_hook=_unique, parse_constant=_no_
 
 _MISS: Final = object()
 _DECODE_PIECE: Final = 1024 * 1024
+# Pieces looked at separately overlap by more than a token's length (":null", ":."), so
+# no token is split between two of them.
+_PIECE_OVERLAP: Final = 16
 # orjson's parser reserves many times its input while it reads (over 12 times for a 15 MiB
 # answer of non-ASCII text), and json's a little over one: beyond this size an answer is
 # read by json, so the memory an answer takes stays a few times its size.
@@ -197,9 +198,16 @@ def may_hold_state(text: str) -> bool:
     Any other text, where case folding or an escape could spell it otherwise (U+017F,
     the long s, folds to ``s``), may hold one.
     """
-    if not text.isascii() or "\\u" in text:
+    if not text.isascii() or has_unicode_escape(text):
         return True
     return FOLDED_REQUEST_STATE in fold_key(text)
+
+
+def has_unicode_escape(text: str) -> bool:
+    """Whether ``text`` holds a ``\\u`` escape, by which a JSON string may spell any character."""
+    # A backslash is looked for first: a one-character search runs at memchr's speed, and
+    # most answers hold none, where a two-character search costs a pass of its own.
+    return text.find("\\") != -1 and text.find("\\u") != -1
 
 
 def may_need_sealing(text: str) -> bool:
@@ -226,8 +234,10 @@ def read_answer(text: str) -> Any:
     """
     value = _MISS
     if len(text) <= _ORJSON_MAX_CHARS:
-        with contextlib.suppress(UnicodeEncodeError):  # a lone surrogate: json reads it
+        try:  # not contextlib.suppress: its three Python calls would come with every answer read
             value = _exact(text.encode("utf-8"))
+        except UnicodeEncodeError:  # a lone surrogate: json reads it
+            value = _MISS
     if value is not _MISS:
         return value
     try:

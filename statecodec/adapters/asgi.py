@@ -58,6 +58,7 @@ from . import _json, _sse
 from ._json import dumps, loads_strict
 
 __all__ = [
+    "ACCEPT_IDENTITY",
     "DEFAULT_MAX_BODY_BYTES",
     "DEFAULT_MAX_JUDGED_BYTES",
     "DEFAULT_MAX_RESPONSE_BYTES",
@@ -179,9 +180,9 @@ _OWS: Final = b" \t"
 
 @dataclass(slots=True)
 class RequestHeaders:
-    """A request's headers, lower-cased and read in one pass: every later use reads this.
+    """A request's headers, lower-cased once: every later use reads this.
 
-    ``headers`` as sent, ``names`` each of their names lower-cased, in order. ``index``:
+    ``headers`` as sent, ``lowered`` the same with each name lower-cased. ``index``:
     each header by its lower-case name, the first of repeated ones. ``routing``:
     ``Mcp-Method`` and ``Mcp-Name`` as sent, trimmed; ``repeated``: the first of them that
     is repeated, refused where the body is judged (only the first of repeated headers would
@@ -190,49 +191,57 @@ class RequestHeaders:
     """
 
     headers: list[tuple[bytes, bytes]]
-    names: list[bytes]
+    lowered: list[tuple[bytes, bytes]]
     index: dict[bytes, bytes]
     routing: dict[bytes, bytes]
     repeated: bytes | None
 
     @classmethod
     def read(cls, headers: list[tuple[bytes, bytes]]) -> RequestHeaders:
-        names: list[bytes] = []
-        keep = names.append
-        index: dict[bytes, bytes] = {}
+        # Built by comprehension and dict(): every request pays for this, header by header.
+        lowered = [(name.lower(), value) for name, value in headers]
+        index = dict(reversed(lowered))  # built from the last: the first of repeated ones stays
         routing: dict[bytes, bytes] = {}
-        repeated: bytes | None = None
-        for raw_name, value in headers:
-            name = raw_name.lower()
-            keep(name)
-            if name not in index:
-                index[name] = value
-            if name in _ROUTING_HEADERS:
-                if name not in routing:
-                    routing[name] = value.strip(_OWS)
-                elif repeated is None:
-                    repeated = name
-        return cls(headers, names, index, routing, repeated)
+        for name in _ROUTING_HEADERS:
+            value = index.get(name)
+            if value is not None:
+                routing[name] = value.strip(_OWS)
+        repeated = _first_repeated(lowered) if routing and len(index) < len(lowered) else None
+        return cls(headers, lowered, index, routing, repeated)
 
     def without(self, *dropped: bytes) -> list[tuple[bytes, bytes]]:
         """The headers as sent but those named ``dropped`` (lower-case names)."""
-        return [header for name, header in zip(self.names, self.headers, strict=True) if name not in dropped]
+        pairs = zip(self.lowered, self.headers, strict=True)
+        return [header for (name, _), header in pairs if name not in dropped]
 
     def joined(self) -> dict[str, str]:
         """Each header by its lower-case name as text, repeated ones joined (:data:`PrincipalFn`)."""
         joined: dict[str, str] = {}
-        for raw_name, (_, raw_value) in zip(self.names, self.headers, strict=True):
+        for raw_name, raw_value in self.lowered:
             name, value = raw_name.decode("latin-1"), raw_value.decode("latin-1")
             joined[name] = f"{joined[name]}, {value}" if name in joined else value
         return joined
 
 
+def _first_repeated(lowered: list[tuple[bytes, bytes]]) -> bytes | None:
+    """The first ``Mcp-Method`` or ``Mcp-Name`` header that comes a second time, or None."""
+    seen: set[bytes] = set()
+    for name, _ in lowered:
+        if name in _ROUTING_HEADERS:
+            if name in seen:
+                return name
+            seen.add(name)
+    return None
+
+
 #: Request headers whoever forwards a request sets itself, never copied from its client: the
 #: body's framing (the body goes on whole, and a redeemed state changes its length:
-#: :func:`body_length`) and the encodings the answer may take (an answer must come
-#: uncompressed to be inspected). The middleware's application gets no ``Accept-Encoding``;
-#: the proxy's forwarder asks its upstream for ``identity``.
+#: :func:`body_length`) and the encodings the answer may take (:data:`ACCEPT_IDENTITY`).
 FORWARDER_HEADERS: Final = frozenset({b"accept-encoding", b"content-length", b"transfer-encoding"})
+#: What replaces the client's ``Accept-Encoding``, for the middleware's application and the
+#: proxy's upstream alike: an answer must come uncompressed to be inspected, and a request
+#: without the header would leave the server free to pick any coding (RFC 9110, 12.5.3).
+ACCEPT_IDENTITY: Final = (b"accept-encoding", b"identity")
 
 
 def body_length(body: bytes) -> bytes:
@@ -287,6 +296,9 @@ def _id_key(value: Any) -> tuple[str, Any]:
     if value is None:
         return ("null", None)
     return ("other", dumps(value, allow_nan=True))
+
+
+_NULL_ID: Final = _id_key(None)
 
 
 def _media_type(content_type: bytes | None) -> str:
@@ -351,16 +363,19 @@ def _strays_possible(messages: list[Any], text: str) -> bool:
     may stand: the walk of :func:`_stray_input_required` is skipped when the text names
     ``"input_required"`` only as often as the messages' own results are one (without a
     ``\\u`` escape the value can be written no other way)."""
-    if text.find("\\u") != -1:
+    if _json.has_unicode_escape(text):
         return True
-    own = sum(
-        1
-        for message in messages
-        if isinstance(message, dict)
-        and type(message.get("result")) is dict
-        and message["result"].get("resultType") == boundary.INPUT_REQUIRED
-    )
-    return text.count('"input_required"') > own
+    named = text.count('"input_required"')
+    if not named:
+        return False
+    for message in messages:  # a loop, not sum(): the usual answer is one message, counted per answer
+        if (
+            isinstance(message, dict)
+            and type(message.get("result")) is dict
+            and message["result"].get("resultType") == boundary.INPUT_REQUIRED
+        ):
+            named -= 1
+    return named > 0
 
 
 def _round_answer(result: object) -> str | None:
@@ -739,15 +754,15 @@ def _log_round(method: str, opened: OpenedState) -> None:
 
 
 def _forwarded(scope: Scope, sent: RequestHeaders, body: bytes) -> Scope:
-    """The scope the application gets: its body's length, and no compressed answer asked for."""
+    """The scope the application gets: its body's length, and an uncompressed answer asked for."""
     declared = sent.index.get(b"content-length")
     length = body_length(body)
     if (body or declared is not None) and declared != length:  # one pass drops all three
-        headers = [*sent.without(*FORWARDER_HEADERS), (b"content-length", length)]
-    elif b"accept-encoding" in sent.index:
-        headers = sent.without(b"accept-encoding")
+        headers = sent.without(*FORWARDER_HEADERS)
+        headers.append((b"content-length", length))
     else:
-        return scope
+        headers = sent.without(b"accept-encoding")
+    headers.append(ACCEPT_IDENTITY)
     return {**scope, "headers": headers}
 
 
@@ -877,7 +892,9 @@ class _Outbound:
 
     def release(self) -> None:
         """Give back what this answer holds of the budget (it is answered, or abandoned)."""
-        self._hold(0)
+        if self._held:
+            self._budget.give(self._held)
+            self._held = 0
 
     async def _over_budget(self) -> None:
         budget = self._budget
@@ -1048,6 +1065,8 @@ class _Outbound:
         """
         text = _json.decode_answer(data)
         if not _json.may_need_sealing(text):
+            if self.judged is not None and not self._answered and self._may_answer(text):
+                self._answered = self._answers_unread(text)
             return None
         try:
             document = _json.read_answer(text)
@@ -1062,6 +1081,34 @@ class _Outbound:
         if not changed and not _json.has_duplicate_keys(text):
             return None
         return dumps(document, allow_nan=True)
+
+    def _may_answer(self, text: str) -> bool:
+        """Whether a message relayed unread (ASCII, no ``\\u`` escape: :func:`_json.may_need_sealing`)
+        may answer the request: it names an ``id``, or the request's id is null and an answer
+        without one would match it."""
+        return '"id"' in text or self.request_key == _NULL_ID
+
+    def _answers_unread(self, text: str) -> bool:
+        """Whether a message relayed unread answers the request, as :meth:`_seal_message` counts.
+
+        Only an answer to the MRTR request of the exchange may be sealed, and only the first
+        one (one round, one token): the client takes this message as that answer, so what
+        comes after it on the stream may not ask again. A message with a repeated key is
+        counted as an answer (a client may read another of its ids); one that does not parse
+        answers nothing a client can read.
+        """
+        try:
+            document = _json.read_answer(text)
+        except ValueError:
+            return False
+        messages = document if isinstance(document, list) else [document]
+        if any(isinstance(message, dict) and self._answers(message) for message in messages):
+            return True
+        return text.count('"id"') > 1 and _json.has_duplicate_keys(text)
+
+    def _answers(self, message: Mapping[str, Any]) -> bool:
+        """Whether ``message`` is a response to the request (a notification or server request is not)."""
+        return "method" not in message and _id_key(message.get("id")) == self.request_key
 
     async def _start_stream(self) -> None:
         # Events are rewritten as they pass: the length is no longer known.
@@ -1131,7 +1178,7 @@ class _Outbound:
     def _seal_message(self, message: Any, strays: bool) -> tuple[Any, bool]:
         if not isinstance(message, dict):
             return message, False
-        answers = "method" not in message and _id_key(message.get("id")) == self.request_key
+        answers = self._answers(message)
         again = _round_answer(message.get("result")) if answers and self._answered else None
         self._answered = self._answered or answers
         if again is not None:  # the client took the first answer: a second round would fork the flow

@@ -13,6 +13,7 @@ from .._errors import KeyUnavailable
 from ._errors import KINDS, KeySourceError
 from ._local import EnvSource, FileSource
 from ._manager import KeyManager
+from ._policy import RotationRequest
 from ._retire import RetirementReport, retire
 from ._rotate import DEFAULT_KEY_TYPE, init_keys, rotate
 from ._settings import VaultSettings
@@ -35,6 +36,7 @@ __all__ = [
     "Plan",
     "RetirementReport",
     "RotationReport",
+    "RotationRequest",
     "Timeline",
     "VaultSettings",
     "init_keys",

@@ -14,7 +14,7 @@ import abc
 from collections.abc import Callable
 
 from .._keys import Key, KeyRing, new_kid
-from ._policy import RotationPolicy
+from ._policy import RotationRequest
 from ._source import KeySource, RotationReport
 from ._timeline import Timeline
 
@@ -33,23 +33,13 @@ class DocumentSource(KeySource):
         from what the other writer wrote), so it must be pure.
         """
 
-    def rotate(
-        self,
-        *,
-        min_age: float,
-        retire_after: float,
-        now: float,
-        dry_run: bool,
-        timeline: Timeline,
-        force: bool = False,
-    ) -> RotationReport:
-        policy = RotationPolicy(min_age, retire_after, timeline, force)  # refuses an unsafe retire_after
+    def rotate(self, request: RotationRequest) -> RotationReport:
         reports: list[RotationReport] = []
 
         def change(ring: KeyRing) -> KeyRing | None:
-            new, report = rotate_ring(ring, source=self.describe(), policy=policy, now=now, dry_run=dry_run)
+            new, report = rotate_ring(ring, source=self.describe(), request=request)
             reports.append(report)
-            return None if dry_run else new
+            return None if request.dry_run else new
 
         self._update(change)
         return reports[-1]  # the decision that was written
@@ -92,10 +82,11 @@ def with_primary(keys: list[Key], primary: str | None, timeline: Timeline, now: 
 
 
 def rotate_ring(
-    ring: KeyRing, *, source: str, policy: RotationPolicy, now: float, dry_run: bool
+    ring: KeyRing, *, source: str, request: RotationRequest
 ) -> tuple[KeyRing | None, RotationReport]:
     """The document to write (``None`` when nothing changes) and the report: the
     policy's decision, applied to a document (a new key, ``retires_at`` marks, tombstones dropped)."""
+    policy, now = request.policy, request.now
     decision = policy.decide(ring, now)
     keys = list(ring.keys)
     new: Key | None = None
@@ -119,7 +110,7 @@ def rotate_ring(
         new_kid=new.kid if new else None,
         retired=tuple(until),
         removed=decision.remove,
-        dry_run=dry_run,
+        dry_run=request.dry_run,
         notes=tuple(note for note in (policy.held_back(decision, now),) if note),
         held_back=policy.held_back(decision, now) is not None,
     )

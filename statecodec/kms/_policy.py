@@ -9,7 +9,9 @@ adds the new key and writes ``retires_at``, transit calls ``rotate`` and raises
 
 The safety floor lives here, in the policy's constructor: a ``retire_after`` shorter
 than :attr:`Timeline.min_retire_after` would let a replaced key vanish while tokens
-minted with it still live, so no source can decide with one, whoever calls it.
+minted with it still live, so no source can decide with one, whoever calls it. A source
+is asked to rotate with a :class:`RotationRequest`, which holds a policy: there is no
+way to ask one without the floor having been checked.
 """
 
 from __future__ import annotations
@@ -115,3 +117,17 @@ class RotationPolicy:
             f"{iso(decision.pending_until)} ({relative(decision.pending_until - now)}); "
             "a new key now would replace it as soon as it is promoted (--force adds one anyway)"
         )
+
+
+@dataclass(frozen=True, slots=True)
+class RotationRequest:
+    """One rotation run, as its caller asked for it: what every source's ``rotate`` takes.
+
+    Built once, by :func:`~statecodec.kms.rotate` (and so by ``statecodec keys rotate``),
+    before any source is opened: the policy (its floor checked when it was made), the
+    instant every age is judged at, and whether to write or only say what would change.
+    """
+
+    policy: RotationPolicy
+    now: float
+    dry_run: bool = False

@@ -6,7 +6,7 @@ import time
 from collections.abc import Callable
 from typing import TypeVar
 
-from ._policy import RotationPolicy
+from ._policy import RotationPolicy, RotationRequest
 from ._source import KeySource, RotationReport
 from ._timeline import Timeline
 from ._urls import source_from_url
@@ -36,26 +36,17 @@ def rotate(
     harmless. A key is retired once its successor is ``retire_after`` old; that must be
     at least ``timeline.min_retire_after`` for the services' timeline (default
     :class:`Timeline`), or a replaced key could vanish while tokens minted with it live.
-    The decision and that floor are :class:`~statecodec.kms._policy.RotationPolicy`'s,
-    which every source's own ``rotate`` applies too.
+    The decision and that floor are :class:`~statecodec.kms._policy.RotationPolicy`'s; the
+    request every source's own ``rotate`` takes (:class:`RotationRequest`) is built here,
+    once, before any source is opened.
 
     While the key of an earlier rotation is still pending (a ``min_age`` shorter than the
     promotion delay, or a rotation run twice by hand), no key is added, and a note says
     which key is pending and when it becomes primary; ``force`` adds one anyway.
     """
-    tl = timeline or Timeline()
-    RotationPolicy(min_age, retire_after, tl, force)  # refused before any source is opened
-    return with_source(
-        source,
-        lambda src: src.rotate(
-            min_age=min_age,
-            retire_after=retire_after,
-            now=clock(),
-            dry_run=dry_run,
-            timeline=tl,
-            **({"force": True} if force else {}),  # sources written before force need not take it
-        ),
-    )
+    policy = RotationPolicy(min_age, retire_after, timeline or Timeline(), force)
+    request = RotationRequest(policy, now=clock(), dry_run=dry_run)
+    return with_source(source, lambda src: src.rotate(request))
 
 
 def init_keys(

@@ -11,6 +11,7 @@ from typing import Any, Self
 from .._humanize import duration
 from .._keys import Key, KeyRing
 from ._errors import KeySourceError
+from ._policy import RotationRequest
 from ._timeline import Timeline
 
 #: Key types ``init_keys`` can create in transit. All export 32 random bytes per version,
@@ -89,18 +90,9 @@ class KeySource(abc.ABC):
     def load(self) -> KeyRing:
         """Every key with its times, or :class:`KeySourceError`."""
 
-    def rotate(
-        self,
-        *,
-        min_age: float,
-        retire_after: float,
-        now: float,
-        dry_run: bool,
-        timeline: Timeline,
-        force: bool = False,
-    ) -> RotationReport:
-        """Add a key if the newest is older than ``min_age`` (and, unless ``force``, promoted);
-        retire keys past their window."""
+    def rotate(self, request: RotationRequest) -> RotationReport:
+        """Apply ``request.policy``'s decision at ``request.now``: add a key if the newest is
+        older than ``min_age`` (and, unless ``force``, promoted); retire keys past their window."""
         raise KeySourceError(
             "statecodec cannot rotate keys it does not store; rotate them where they are defined "
             "(for a keyring JSON: add a key, later retire the old one, see docs/keys.md)",

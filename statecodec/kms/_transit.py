@@ -19,7 +19,7 @@ from .. import _format, _telemetry
 from .._keys import MIN_SECRET_BYTES, Key, KeyRing
 from ._answers import transit_export, transit_metadata
 from ._errors import KeySourceError
-from ._policy import Decision, RotationPolicy
+from ._policy import Decision, RotationRequest
 from ._settings import VaultSettings
 from ._source import TRANSIT_KEY_TYPES, KeySource, RotationReport, metadata_ring
 from ._timeline import Timeline
@@ -176,17 +176,8 @@ class TransitSource(KeySource):
         )
 
     # ---------------------------------------------------------------- rotate
-    def rotate(
-        self,
-        *,
-        min_age: float,
-        retire_after: float,
-        now: float,
-        dry_run: bool,
-        timeline: Timeline,
-        force: bool = False,
-    ) -> RotationReport:
-        policy = RotationPolicy(min_age, retire_after, timeline, force)  # refuses an unsafe retire_after
+    def rotate(self, request: RotationRequest) -> RotationReport:
+        policy, now, dry_run = request.policy, request.now, request.dry_run
         meta = self._metadata()
         latest = int(meta["latest_version"])
         decision = retiring = policy.decide(self._dated_ring(meta), now)

@@ -26,6 +26,7 @@ from typing import Any, Final
 import anyio
 
 from ..boundary import WIRE_ERROR_CODE, WIRE_ERROR_MESSAGE
+from . import _mutate as mutate
 from ._model import (
     CHECKS,
     Attempt,
@@ -41,20 +42,7 @@ from ._model import (
     skipped,
     with_side_effects,
 )
-from ._mutate import (
-    Readability,
-    analyse,
-    changed_arguments,
-    default_response,
-    forge_edited,
-    forge_invented,
-    json_object,
-    non_ascii,
-    one_char_changed,
-    oversize,
-    payload_swapped,
-    truncated,
-)
+from ._mutate import Readability
 from ._wire import NO_STATE, Connection, connect, leaf
 
 DEFAULT_TIMEOUT: Final = 30.0
@@ -157,7 +145,7 @@ class _Run:
     # ------------------------------------------------------------ flows
     def answers(self, requests: Mapping[str, Any] | None) -> dict[str, Any]:
         return {
-            str(key): self.s.answers[key] if key in self.s.answers else default_response(request)
+            str(key): self.s.answers[key] if key in self.s.answers else mutate.default_response(request)
             for key, request in (requests or {}).items()
         }
 
@@ -221,7 +209,7 @@ class _Run:
         if not isinstance(first, _Flow):
             raise ProbeError(_no_mrtr(self.s.tool, first))
         self.first = first
-        readability = analyse(first.state)
+        readability = mutate.analyse(first.state)
         results: dict[str, CheckResult] = {}
         if "readable" in self.selected:
             results["readable"] = _readable(readability)
@@ -271,19 +259,19 @@ class _Run:
     async def check_forge(self) -> CheckResult:
         edited = await self.fresh_attack(
             "edited",
-            lambda s: forge_edited(s, analyse(s)),
+            lambda s: mutate.forge_edited(s, mutate.analyse(s)),
             why="nothing readable to edit (encrypted or opaque)",
         )
-        invented = await self.fresh_attack("invented", lambda s: forge_invented(s, analyse(s)))
+        invented = await self.fresh_attack("invented", lambda s: mutate.forge_invented(s, mutate.analyse(s)))
         return CheckResult("forge", (edited, invented))
 
     async def check_tamper(self) -> CheckResult:
-        one = await self.fresh_attack("one character changed", one_char_changed)
-        cut = await self.fresh_attack("truncated", truncated)
+        one = await self.fresh_attack("one character changed", mutate.one_char_changed)
+        cut = await self.fresh_attack("truncated", mutate.truncated)
         a, b = await self.round_one(), await self.round_one()
         if not isinstance(a, _Flow) or not isinstance(b, _Flow):
             swapped = _no_flow("payload swapped", a if not isinstance(a, _Flow) else b)  # type: ignore[arg-type]
-        elif (made := payload_swapped(a.state, b.state, analyse(a.state))) is None:
+        elif (made := mutate.payload_swapped(a.state, b.state, mutate.analyse(a.state))) is None:
             swapped = Attempt(
                 "payload swapped",
                 Verdict.SKIP,
@@ -304,7 +292,7 @@ class _Run:
         return CheckResult("replay", (attempt,))
 
     async def check_arguments(self) -> CheckResult:
-        changed = changed_arguments(self.s.arguments)
+        changed = mutate.changed_arguments(self.s.arguments)
         if changed is None:
             return skipped(
                 "arguments", "the call has no argument value the probe can change (pass --arguments)"
@@ -369,9 +357,9 @@ class _Run:
 
     async def check_garbage(self) -> CheckResult:
         attempts = (
-            await self.fresh_attack("1 MiB state", oversize),
-            await self.fresh_attack("non-ASCII state", non_ascii),
-            await self.fresh_attack("JSON object", json_object),
+            await self.fresh_attack("1 MiB state", mutate.oversize),
+            await self.fresh_attack("non-ASCII state", mutate.non_ascii),
+            await self.fresh_attack("JSON object", mutate.json_object),
         )
         return CheckResult("garbage", attempts)
 
@@ -381,7 +369,7 @@ class _Run:
         if not isinstance(flow, _Flow):
             return CheckResult("expiry", (_no_flow("after --wait", flow),))
         await anyio.sleep(max(0.0, flow.started + self.s.wait - time.time()))
-        expires = analyse(flow.state).expires_at
+        expires = mutate.analyse(flow.state).expires_at
         waited = time.time() - flow.started
         if expires is not None and expires >= time.time():
             return skipped(
@@ -395,7 +383,7 @@ class _Run:
         )
         if attempt.verdict is Verdict.FAIL:
             note = f"still accepted {waited:.0f}s after it was issued: its lifetime is longer than --wait"
-            if expires is not None and analyse(flow.state).format == "sc1" and time.time() >= expires:
+            if expires is not None and mutate.analyse(flow.state).format == "sc1" and time.time() >= expires:
                 note += (
                     " (a statecodec server with expiry_grace set accepts a state that long after it "
                     "expires: wait longer than the lifetime plus the grace to tell)"

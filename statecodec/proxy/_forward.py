@@ -14,8 +14,9 @@ benchmark aiohttp's client alone cost more than the proxy's goal per request
 (docs/performance.md). Choices that serve the middleware and the clients behind one
 proxy:
 
-- the upstream is always asked for ``identity`` encoding (a compressed response could
-  not be inspected, and on loopback compression buys nothing), and nothing is
+- the upstream is always asked for ``identity`` encoding, as the middleware asks its
+  application (:data:`~statecodec.adapters.asgi.ACCEPT_IDENTITY`: a compressed response
+  could not be inspected, and on loopback compression buys nothing), and nothing is
   decompressed on the way: the bytes are relayed as the upstream sent them;
 - no cookie jar: a ``Set-Cookie`` answered to one client is never sent upstream with
   another client's request;
@@ -51,7 +52,16 @@ import anyio
 
 from .. import _telemetry
 from ..adapters import _json
-from ..adapters.asgi import FORWARDER_HEADERS, Message, Receive, Scope, Send, body_length, request_path
+from ..adapters.asgi import (
+    ACCEPT_IDENTITY,
+    FORWARDER_HEADERS,
+    Message,
+    Receive,
+    Scope,
+    Send,
+    body_length,
+    request_path,
+)
 from ..boundary import INTERNAL_ERROR_CODE, WireError
 from ._upstream import Pool, Response, UpstreamError, check_fields
 from ._wire import respond_error
@@ -161,25 +171,28 @@ class _RequestHeaders:
     __slots__ = ("chain", "host", "kept", "length")
 
     def __init__(self, headers: Iterable[tuple[bytes, bytes]]) -> None:
-        self.kept: list[tuple[bytes, bytes]] = []
-        self.host: bytes | None = None
+        kept: list[tuple[bytes, bytes]] = []
+        keep = kept.append  # looked up once: this loop runs for every header of every request
+        host: bytes | None = None
         self.length: bytes | None = None
         chain: list[bytes] = []
         named: set[bytes] | None = None
-        for name, value in headers:
-            lower = name.lower()
+        for header in headers:
+            lower = header[0].lower()
             if lower not in _DROPPED_REQUEST:
-                self.kept.append((name, value))
+                keep(header)
             elif lower == b"host":
-                self.host = self.host or value
+                host = host or header[1]
             elif lower == b"x-forwarded-for":
-                chain.append(value)
+                chain.append(header[1])
             elif lower == b"content-length":
-                self.length = value
+                self.length = header[1]
             elif lower == b"connection":
-                named = _named(value, named)
+                named = _named(header[1], named)
         if named:
-            self.kept = [(name, value) for name, value in self.kept if name.lower() not in named]
+            kept = [(name, value) for name, value in kept if name.lower() not in named]
+        self.kept = kept
+        self.host = host
         self.chain = b", ".join(chain)
 
 
@@ -216,15 +229,21 @@ def _opens_stream(method: str, body: bytes | AsyncIterator[bytes]) -> bool:
 
     The method is the body's: a header may say anything (the middleware refuses an
     ``Mcp-Method`` that disagrees with the body, and no header is needed at all). Only a
-    body that may name the method is parsed: one holding ``listen`` or a ``\\u`` escape
-    (``subscriptions\\/listen`` and ``\\u006c`` spell it too). A body that comes in pieces
-    is not read ahead: behind the middleware a body always comes whole.
+    body that may name the method is parsed: one holding ``subscriptions/listen`` as written,
+    or a ``\\/`` or ``\\u`` escape (``subscriptions\\/listen`` and ``\\u006c`` spell it too).
+    A body that comes in pieces is not read ahead: behind the middleware a body always comes
+    whole.
     """
     if method == "GET":
         return True
     if method != "POST" or not isinstance(body, bytes):
         return False
-    if body.find(b"listen") == -1 and body.find(b"\\u") == -1:  # find: `in` tries an int first
+    # find, not `in` (which tries an int first). Only \u and \/ can spell the method's
+    # letters or its slash (\" and \\ are common, in states that hold JSON): the backslash
+    # first, a one-byte search at memchr's speed, and the method's bytes as written last, a
+    # long needle quickly skipped.
+    escaped = body.find(b"\\") != -1 and (body.find(b"\\u") != -1 or body.find(b"\\/") != -1)
+    if not escaped and body.find(b"subscriptions/listen") == -1:
         return False
     message = _message(body)
     items = message if isinstance(message, list) else [message]
@@ -366,7 +385,7 @@ class UpstreamApp:
         query = scope.get("query_string", b"")
         target = request_path(scope) + (b"?" + query if query else b"")  # the path the middleware decided on
         fields = headers.kept
-        fields.append((b"Accept-Encoding", b"identity"))
+        fields.append(ACCEPT_IDENTITY)
         if headers.host is not None:
             fields.append((b"X-Forwarded-Host", headers.host))
         fields.append((b"X-Forwarded-Proto", str(scope.get("scheme", "http")).encode("latin-1")))

@@ -23,14 +23,14 @@ call's own nonce), so the token stays redeemable once the replicas are back. Tha
 compare-and-delete is a write like any other, and one no WAIT has confirmed: a replica
 that copied the ``SET`` but not its deletion (cut off, or promoted, in between) would hold
 the entry after a failover, and the token nobody accepted would be "replayed" for good. So
-the entry stays listed (see :class:`_Unsettled`) and is deleted again, on whichever server
+the entry stays listed (see :mod:`._unsettled`) and is deleted again, on whichever server
 is primary by then, in the pipeline of the token's next consume, until that pipeline's
 ``WAIT`` confirms it.
 
 A call that fails closed after its ``SET`` may have run (the connection broke before the
 reply, a failover in the middle of ``WAIT``) reported the token as not consumed, so the
 store takes that entry back, with the same compare-and-delete, before its next command
-(see :class:`_Unsettled`): the client's retry then redeems the token instead of finding it
+(see :mod:`._unsettled`): the client's retry then redeems the token instead of finding it
 "replayed". Deleting an entry that only this call wrote is always safe: nobody accepted
 the token on the strength of it.
 
@@ -65,6 +65,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import inspect
 import itertools
 import math
@@ -73,7 +74,7 @@ import secrets
 import threading
 import time
 from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping, Sequence
-from typing import Any, Final, NamedTuple, TypeAlias
+from typing import Any, Final, Generic, NamedTuple, TypeAlias, TypeVar
 
 import redis
 import redis.asyncio
@@ -98,6 +99,7 @@ from redis.retry import Retry
 from .._errors import ReplayStoreError
 from ._redis_url import REDIS_STORE_OPTIONS, RedisTarget, parse_redis_url
 from ._settle import _Recent
+from ._unsettled import Entry, Unsettled
 from ._url_text import option_defaults, scrub
 from .base import ReplayStore, invalid_retention, store_settings
 
@@ -114,6 +116,8 @@ RELEASE_SCRIPT: Final = (
 #: Replies that mean "this node does not (or no longer does) own the slot": nothing ran.
 _ROUTING_ERRORS: Final = (MovedError, AskError, TryAgainError, ClusterDownError, SlotNotCoveredError)
 _TRANSPORT_ERRORS: Final = (redis.ConnectionError, redis.TimeoutError, OSError)
+#: A slot map that cannot be reloaded: the whole cluster is unreachable.
+_REFRESH_ERRORS: Final = (RedisClusterException, *_TRANSPORT_ERRORS, redis.RedisError)
 _CLUSTER_HINT: Final = (
     "this is a Redis Cluster node: use redis+cluster://HOST:PORT[,HOST:PORT...] so that each key goes to "
     "the node that owns its slot"
@@ -178,13 +182,16 @@ class RedisReplayStore(ReplayStore):
         self._retries: int = settings["retries"]
         _check_settings(self.prefix, self._retries, self.wait, self.wait_timeout, settings["socket_timeout"])
         self._async_given = async_client
-        self._unsettled = _Unsettled()
+        self._unsettled = Unsettled()
+        self._decide = _Decision(self.wait, self.wait_timeout)
         #: With wait=N: how long after its SET (on the server's clock) an entry may still be
         #: undecided (its WAIT, the retries of its pipeline, its take-back); see _Recent.
         self._settle_ms = math.ceil(
             (self.wait_timeout + settings["socket_timeout"] * (self._retries + 1)) * 1000
         )
         self._accepted = _Recent(self._settle_ms / 1000)
+        #: A cluster call's retries stop at the settle window (see _Rounds).
+        self._round_budget = {"budget": self._settle_ms / 1000, "round_time": settings["socket_timeout"]}
         self._senders: dict[asyncio.AbstractEventLoop, _Sender] = {}
         self._lock = threading.Lock()
         self._target = target
@@ -220,18 +227,17 @@ class RedisReplayStore(ReplayStore):
 
     # ------------------------------------------------------------------ the contract
     def consume(self, key: str, retention: float) -> bool:
-        px = _ms(retention)
-        name, nonce = self.prefix + key, self._value(px)
+        write = self._write(key, retention)
         try:
-            previous = self._set(self._sync_client(), name, nonce, px)
+            previous = self._consume_once(self._sync_client(), write)
         except Exception as exc:  # deny on error, with the reason and no secret
-            self._unsettled.note(name, nonce, px, exc)
+            self._note_failure(write, exc)
             raise self._error(exc) from None
-        if _first(previous, nonce):
-            return self._accept(name, px)
-        if self._undecided(name, previous):  # the rare path: one more round trip
-            self._judge_undecided(previous, self._time_left(name))
-        return False
+        verdict = self._verdict(write, previous)
+        if verdict is None:  # the rare path: one more round trip
+            self._judge_undecided(previous, self._time_left(write.name))
+            return False
+        return verdict
 
     def _time_left(self, name: str) -> int | None:
         """The entry's PTTL, or None when the server refuses it (an ACL without +pttl: judged as settled)."""
@@ -244,29 +250,30 @@ class RedisReplayStore(ReplayStore):
         return left
 
     async def aconsume(self, key: str, retention: float) -> bool:
-        px = _ms(retention)
+        write = self._write(key, retention)
         try:
             sender = self._async_sender()
         except Exception as exc:
             raise self._error(exc) from None
         if sender is None:
             return await super().aconsume(key, retention)
-        name, nonce = self.prefix + key, self._value(px)
         try:
-            previous = await sender.consume(name, nonce, px)
+            previous = await sender.consume(write)
         except asyncio.CancelledError as exc:
             # The SET may be on the wire: its entry, if any, is taken back later, so the
             # token a caller gave up on is not burnt.
-            self._unsettled.note(name, nonce, px, exc)
+            self._note_failure(write, exc)
+            sender._take_back_later()
             raise
         except Exception as exc:
-            self._unsettled.note(name, nonce, px, exc)
+            self._note_failure(write, exc)
+            sender._take_back_later()
             raise self._error(exc) from None
-        if _first(previous, nonce):
-            return self._accept(name, px)
-        if self._undecided(name, previous):  # the rare path: one more round trip
-            self._judge_undecided(previous, await self._atime_left(sender, name))
-        return False
+        verdict = self._verdict(write, previous)
+        if verdict is None:  # the rare path: one more round trip
+            self._judge_undecided(previous, await self._atime_left(sender, write.name))
+            return False
+        return verdict
 
     async def _atime_left(self, sender: _Sender, name: str) -> int | None:
         """Async :meth:`_time_left`."""
@@ -279,18 +286,32 @@ class RedisReplayStore(ReplayStore):
         return left
 
     # -- what a reply means (one place for the sync and async APIs)
-    def _value(self, px: int) -> str:
-        """What a consume writes: its nonce, and with wait=N the retention it was written with.
+    def _write(self, key: str, retention: float) -> _Write:
+        """A consume's SET: the key, and as the value its nonce, with wait=N also its retention.
 
         The retention lets anyone who finds the entry tell its age on the server's clock
         (``px - PTTL``): see :meth:`_judge_undecided`.
         """
-        return f"{_nonce()}{_PENDING}{px}" if self.wait else _nonce()
+        px = _ms(retention)
+        return _Write(self.prefix + key, f"{_nonce()}{_PENDING}{px}" if self.wait else _nonce(), px)
 
-    def _accept(self, name: str, px: int) -> bool:
-        if self.wait:
-            self._accepted.add(name, px / 1000)
-        return True
+    def _verdict(self, write: _Write, previous: object) -> bool | None:
+        """What a SET's standing reply means: accepted, a replay, or None: someone else's entry
+        that may be undecided (its age decides, :meth:`_judge_undecided`).
+
+        None as the previous value: this call created the entry. Its own nonce: an earlier
+        attempt of this very call created it and only the reply was lost.
+        """
+        if previous is None or _is_own(previous, write.nonce):
+            if self.wait:
+                self._accepted.add(write.name, write.px / 1000)
+            return True
+        return None if self._undecided(write.name, previous) else False
+
+    def _note_failure(self, write: _Write, exc: BaseException) -> None:
+        """List the entry a failed consume may have left, to take it back later (see _unsettled)."""
+        if _may_have_written(exc):
+            self._unsettled.note(write.name, write.nonce, write.px / 1000)
 
     def _undecided(self, name: str, previous: object) -> bool:
         """Whether someone else's entry may still be undecided: written with wait=N, not accepted here."""
@@ -348,7 +369,7 @@ class RedisReplayStore(ReplayStore):
         if value is None:
             return False
         self._judge_undecided(value, left)
-        if self._unsettled.holds(name, value):
+        if self._unsettled.holds(name, _text(value)):
             raise self._error(ReplayStoreError("its entry is a failed-closed call's, not taken back yet"))
         return True
 
@@ -407,50 +428,62 @@ class RedisReplayStore(ReplayStore):
                 self._client = built
             return self._client
 
-    def _set(self, client: SyncClient, name: str, nonce: str, px: int) -> object:
-        """The SET, after the take-backs listed for this token, and with wait=N a WAIT: one pipeline.
+    def _consume_once(self, client: SyncClient, write: _Write) -> object:
+        """The SET's standing reply, after the take-backs listed for its key; with wait=N, WAITed.
 
         One connection of the key's primary carries all of it, so the WAIT vouches for the
-        take-backs as for the SET (WAIT counts the replicas that acknowledged *this
-        connection's* writes). Without anything listed and without wait: the SET alone.
+        take-backs as for the SET. With nothing listed and no wait: the SET alone, through
+        the client's own routing and retries.
         """
         cluster = isinstance(client, redis.cluster.RedisCluster)
         # On a cluster only this token's own entries: they share its slot, so its node.
-        entries = self._unsettled.pending([name], others=not cluster)
+        entries = self._unsettled.pending([write.name], spare=0 if cluster else Unsettled.SPARE)
         if not entries and not self.wait:
-            return client.set(name, nonce, nx=True, get=True, px=px)
-
-        def pipeline(server: redis.Redis) -> list[Any]:
-            pipe = server.pipeline(transaction=False)
-            for entry in entries:
-                pipe.eval(RELEASE_SCRIPT, 1, entry.name, entry.nonce)
-            pipe.set(name, nonce, nx=True, get=True, px=px)
-            if self.wait:
-                pipe.wait(self.wait, self._wait_ms)
-            replies: list[Any] = pipe.execute(raise_on_error=False)
-            return replies
-
+            args, options = _set_command(write)
+            execute: Any = client.execute_command  # untyped in redis-py
+            return execute(*args, **options)
         if isinstance(client, redis.cluster.RedisCluster):
-            replies = _on_owner(client, name, self._retries, pipeline)
+            server, reading = self._on_owner(client, write, entries)
         else:
-            replies = pipeline(client)
-        acks = replies[-1] if self.wait else None
-        verdicts = _taken_back(replies[: len(entries)], acks, self.wait)
-        self._unsettled.settle(e for e, v in zip(entries, verdicts, strict=True) if _forgettable(v))
-        previous = replies[len(entries)]
-        if isinstance(previous, Exception):
-            raise previous  # nothing was written: an error reply to the SET itself
-        if not self.wait or _accepted_without_release(previous, nonce, acks, self.wait):
-            return previous
-        verdict = self._release(client, name, nonce)
-        raise _NotReplicated(acks, self.wait, self.wait_timeout, verdict, retried=previous is not None)
+            server = client
+            replies = _sync_pipeline(client, self._decide.commands([write], entries))
+            reading = self._decide.read([write], entries, replies)
+        self._unsettled.settle((e.key, e.nonce) for e in reading.settled)
+        ((_, answer),) = reading.answers
+        if isinstance(answer, _TakeBack):
+            try:
+                verdicts = _Decision.released(_sync_pipeline(server, _Decision.releases([write])))
+            except Exception as exc:
+                verdicts = [exc]
+            raise self._decide.not_replicated(reading, answer, verdicts[0])
+        if isinstance(answer, Exception):
+            raise answer  # nothing was written: an error reply to the SET itself
+        return answer
 
-    def _release(self, client: SyncClient, name: str, nonce: str) -> object:
-        """Delete an unreplicated entry now (see :func:`_sent_without_wait`); its verdict."""
-        try:
-            return _sent_without_wait(client.eval(RELEASE_SCRIPT, 1, name, nonce))
-        except Exception as exc:
-            return exc
+    def _on_owner(
+        self, cluster: redis.cluster.RedisCluster, write: _Write, entries: list[Entry]
+    ) -> tuple[redis.Redis, _Reading[_Write]]:
+        """The cluster's rounds (:class:`_Rounds`) for one key: its node's connection and reading."""
+        rounds = _Rounds(cluster, [write], entries, self._retries, **self._round_budget)
+        while True:
+            for node, writes, group_entries in rounds.groups():
+                server: Any = cluster.get_redis_connection(node)
+                try:
+                    replies = _sync_pipeline(server, self._decide.commands(writes, group_entries))
+                except Exception as exc:
+                    rounds.lost(writes, group_entries, exc)
+                    continue
+                reading = self._decide.read(writes, group_entries, replies, routed=True)
+                rounds.redirected(reading)
+                if reading.answers:
+                    return server, reading
+            try:
+                cluster.nodes_manager.initialize()
+                reachable = True
+            except _REFRESH_ERRORS:
+                reachable = False  # the whole cluster is unreachable: this call fails closed
+            if not rounds.again(reachable):
+                raise rounds.failure()
 
     def _check_replicas(self, client: SyncClient) -> None:
         # WAIT on a connection that wrote nothing returns at once with the number of
@@ -460,17 +493,14 @@ class RedisReplayStore(ReplayStore):
             nodes = [(node.name, cluster.get_redis_connection(node)) for node in cluster.get_primaries()]
         else:
             nodes = [("the primary", cluster)]
+        ((wait, _),) = self._decide.wait_command()
         for label, node in nodes:
-            connected = node.execute_command("WAIT", self.wait, self._wait_ms)
+            connected = node.execute_command(*wait)
             if isinstance(connected, int) and connected < self.wait:
                 raise ReplayStoreError(
                     f"wait={self.wait} but {label} has {connected} replica(s) connected: every consume "
                     "would fail closed"
                 )
-
-    @property
-    def _wait_ms(self) -> int:
-        return max(1, math.ceil(self.wait_timeout * 1000))
 
     # ------------------------------------------------------------------ async internals
     def _async_sender(self) -> _Sender | None:
@@ -737,43 +767,208 @@ def _sync_hello(client: SyncClient) -> object:
         return exc
 
 
-def _set_command(name: str, nonce: str, px: int) -> _Command:
+def _set_command(write: _Write) -> _Command:
     # get=True: redis-py's reply callback then returns the previous value, not a bool.
-    return ("SET", name, nonce, "NX", "GET", "PX", px), {"get": True}
+    return ("SET", write.name, write.nonce, "NX", "GET", "PX", write.px), {"get": True}
 
 
 def _release_command(name: str, nonce: str) -> _Command:
     return ("EVAL", RELEASE_SCRIPT, 1, name, nonce), {}
 
 
-def _on_owner(
-    client: redis.cluster.RedisCluster, name: str, retries: int, pipeline: Callable[[redis.Redis], list[Any]]
-) -> list[Any]:
-    """Run a pipeline on the primary that owns ``name``'s slot, per redis-py's slot map.
+def _sync_pipeline(server: redis.Redis, commands: Sequence[_Command]) -> list[object]:
+    """Commands on one connection of ``server``: a non-transactional redis-py pipeline."""
+    pipe: Any = server.pipeline(transaction=False)
+    for args, options in commands:
+        pipe.execute_command(*args, **options)
+    replies: list[object] = pipe.execute(raise_on_error=False)
+    return replies
 
-    With WAIT the SET and the WAIT must share one connection (WAIT counts the replicas
-    that acknowledged *this connection's* writes), which redis-py's cluster pipelines do
-    not promise once they follow a redirection. So nothing is followed: a redirection or
-    a dead node refreshes the slot map and sends both again (safe: the nonce).
+
+# ---------------------------------------------------------------------------- the consume decision
+class _Write:
+    """One consume's SET: the key, this call's value (its nonce), the retention in ms."""
+
+    __slots__ = ("name", "nonce", "px")
+
+    def __init__(self, name: str, nonce: str, px: int) -> None:
+        self.name, self.nonce, self.px = name, nonce, px
+
+
+W = TypeVar("W", bound=_Write)
+
+
+class _TakeBack(NamedTuple):
+    """A SET whose entry WAIT did not confirm: delete it now (:meth:`_Decision.releases`), fail closed."""
+
+    #: The SET found this call's own earlier entry (a resent pipeline): this connection's
+    #: WAIT says nothing about that write.
+    retried: bool
+
+
+class _Reading(Generic[W]):
+    """What one pipeline's replies mean (:meth:`_Decision.read`)."""
+
+    __slots__ = ("acks", "answers", "moved", "moved_entries", "redirection", "settled")
+
+    def __init__(self, acks: object) -> None:
+        self.acks = acks  # WAIT's reply (wait=N), else None
+        #: Per SET that ran here: its standing reply (the previous value), an error reply, or a _TakeBack.
+        self.answers: list[tuple[W, object]] = []
+        self.settled: list[Entry] = []  # take-backs done for good: forget them
+        self.moved: list[W] = []  # SETs and take-backs this node no longer owns (a cluster's)
+        self.moved_entries: list[Entry] = []
+        self.redirection: Exception | None = None
+
+
+class _Decision:
+    """What a consume sends and what the replies mean: one place for the sync and async callers.
+
+    A pipeline to one server: the take-backs listed for its keys (compare-and-delete of a
+    failed call's nonce), then each call's ``SET NX GET PX`` with its nonce, then with
+    wait=N one ``WAIT``, which counts the replicas that acknowledged *this connection's*
+    writes and so vouches for every write before it. The callers only send (a pipeline,
+    or the SET alone through the client when nothing else goes with it) and answer.
     """
-    owner: Any = client.get_node_from_key  # untyped in redis-py
-    for attempt in itertools.count():
+
+    def __init__(self, wait: int, wait_timeout: float) -> None:
+        self.wait, self.timeout = wait, wait_timeout
+        self._wait_ms = max(1, math.ceil(wait_timeout * 1000))
+
+    def wait_command(self) -> list[_Command]:
+        return [(("WAIT", self.wait, self._wait_ms), {})] if self.wait else []
+
+    def commands(self, writes: Sequence[_Write], entries: Sequence[Entry]) -> list[_Command]:
+        commands = [_release_command(e.key, e.nonce) for e in entries]
+        commands += [_set_command(w) for w in writes]
+        return commands + self.wait_command()
+
+    def read(
+        self,
+        writes: Sequence[W],
+        entries: Sequence[Entry],
+        replies: Sequence[object],
+        *,
+        routed: bool = False,
+    ) -> _Reading[W]:
+        """The replies of :meth:`commands`; ``routed``: a cluster node's, whose redirections are resent."""
+        acks = replies[-1] if self.wait else None
+        reading: _Reading[W] = _Reading(acks)
+        confirmed = not self.wait or (isinstance(acks, int) and acks >= self.wait)
+        for entry, reply in zip(entries, replies, strict=False):
+            if routed and isinstance(reply, _ROUTING_ERRORS):
+                reading.moved_entries.append(entry)  # to the slot's new owner
+            elif _forgettable(reply if isinstance(reply, Exception) else confirmed):
+                reading.settled.append(entry)
+        for write, reply in zip(writes, replies[len(entries) :], strict=False):
+            if routed and isinstance(reply, _ROUTING_ERRORS):
+                reading.moved.append(write)
+                reading.redirection = reply
+            elif (
+                isinstance(reply, Exception)
+                or not self.wait
+                or _accepted_without_release(reply, write.nonce, acks, self.wait)
+            ):
+                reading.answers.append((write, reply))  # it stands (or it failed: nothing written)
+            else:
+                reading.answers.append((write, _TakeBack(retried=reply is not None)))
+        return reading
+
+    @staticmethod
+    def releases(writes: Iterable[_Write]) -> list[_Command]:
+        """The take-backs of unconfirmed SETs, sent at once on the same node (no WAIT)."""
+        return [_release_command(w.name, w.nonce) for w in writes]
+
+    @staticmethod
+    def released(replies: Iterable[object]) -> list[object]:
+        """The verdicts on :meth:`releases` (see :func:`_sent_without_wait`)."""
+        return [_sent_without_wait(reply) for reply in replies]
+
+    def not_replicated(self, reading: _Reading[W], answer: _TakeBack, verdict: object) -> _NotReplicated:
+        return _NotReplicated(reading.acks, self.wait, self.timeout, verdict, retried=answer.retried)
+
+
+class _Rounds(Generic[W]):
+    """A cluster's retry, one for the sync and async callers: which node gets what, and resends.
+
+    Each round sends the pending SETs and take-backs to the primaries redis-py's slot map
+    names, each node's in one pipeline with its own WAIT (WAIT counts one connection's
+    writes, which redis-py's cluster pipelines do not promise once they follow a
+    redirection). So nothing is followed: a redirection or a dead node refreshes the slot
+    map and the next round sends those again (safe: each SET carries its caller's nonce).
+    At most ``retries`` more rounds, and only while one more fits in the call's ``budget``
+    (a round may take ``round_time``, the socket timeout): the settle window other
+    instances grant an undecided entry assumes its writer has failed closed by then. The
+    SETs still pending then fail closed.
+    """
+
+    def __init__(
+        self,
+        cluster: Any,
+        writes: Iterable[W],
+        entries: Iterable[Entry],
+        retries: int,
+        *,
+        budget: float,
+        round_time: float,
+    ) -> None:
+        self._cluster = cluster
+        self.writes, self._entries = list(writes), list(entries)
+        self._left = retries
+        self._failure: BaseException | None = None
+        self._deadline = time.monotonic() + budget - round_time  # the last moment a round may start
+
+    def groups(self) -> list[tuple[Any, list[W], list[Entry]]]:
+        """This round's pipelines: the pending SETs and take-backs by the primary of their slot."""
+        writes, entries = self.writes, self._entries
+        self.writes, self._entries = [], []
+        groups: dict[str, tuple[Any, list[W], list[Entry]]] = {}
         try:
-            replies = pipeline(client.get_redis_connection(owner(name)))
-            if not isinstance(replies[0], _ROUTING_ERRORS):
-                return replies
-            failure: Exception = replies[0]
-        except (*_ROUTING_ERRORS, *_TRANSPORT_ERRORS) as exc:
-            failure = exc
-        # Refresh even when no retry is left: nothing else would (these commands bypass
-        # redis-py's own redirection handling), and the next call must find the new owner.
-        try:
-            client.nodes_manager.initialize()
-        except (RedisClusterException, *_TRANSPORT_ERRORS, redis.RedisError):
-            raise failure from None  # the whole cluster is unreachable: this call fails closed
-        if attempt >= retries:
-            raise failure
-    raise AssertionError("unreachable")
+            for write in writes:
+                self._group(groups, write.name)[1].append(write)
+            for entry in entries:
+                self._group(groups, entry.key)[2].append(entry)
+        except _ROUTING_ERRORS as exc:  # a slot without an owner: refresh, then try again
+            self.writes, self._entries, self._failure = writes, entries, exc
+            return []
+        return list(groups.values())
+
+    def _group(
+        self, groups: dict[str, tuple[Any, list[W], list[Entry]]], name: str
+    ) -> tuple[Any, list[W], list[Entry]]:
+        node: Any = self._cluster.get_node_from_key(name)  # raises if the slot has no owner
+        return groups.setdefault(node.name, (node, [], []))
+
+    def lost(self, writes: list[W], entries: list[Entry], exc: BaseException) -> None:
+        """A pipeline that failed as a whole: a dead node is tried again after the refresh."""
+        if not isinstance(exc, (*_TRANSPORT_ERRORS, *_ROUTING_ERRORS)):
+            raise exc
+        self.writes += writes
+        self._entries += entries
+        self._failure = exc
+
+    def redirected(self, reading: _Reading[W]) -> None:
+        self.writes += reading.moved
+        self._entries += reading.moved_entries
+        self._failure = reading.redirection or self._failure
+
+    @property
+    def done(self) -> bool:
+        return not self.writes and not self._entries
+
+    def may_retry(self) -> bool:
+        """Whether another round may follow: SETs pending, a retry left, and time for it."""
+        return bool(self.writes) and self._left > 0 and time.monotonic() <= self._deadline
+
+    def again(self, reachable: bool) -> bool:
+        """After the slot map's refresh: another round? (Take-backs alone wait for the next consume.)"""
+        if not reachable or not self.may_retry():
+            return False
+        self._left -= 1
+        return True
+
+    def failure(self) -> BaseException:
+        return self._failure or redis.ConnectionError("the cluster did not route the keys")
 
 
 class _NotReplicated(Exception):  # noqa: N818 - a verdict, turned into ReplayStoreError
@@ -808,12 +1003,6 @@ class _NotReplicated(Exception):  # noqa: N818 - a verdict, turned into ReplaySt
 
 def _reason(exc: object) -> str:
     return f"{type(exc).__name__}: {exc}"
-
-
-def _taken_back(replies: Sequence[object], acks: object, wanted: int) -> list[object]:
-    """Each compare-and-delete's verdict: True once ``wanted`` replicas hold it, else False, or its error."""
-    confirmed = not wanted or (isinstance(acks, int) and acks >= wanted)
-    return [reply if isinstance(reply, Exception) else confirmed for reply in replies]
 
 
 def _sent_without_wait(reply: object) -> object:
@@ -904,112 +1093,25 @@ def _written_px(previous: object) -> int | None:
     return int(px) if sep and px.isdigit() else None
 
 
-def _first(previous: object, nonce: str) -> bool:
-    # None: the key did not exist and this call created it. Our own nonce: an earlier
-    # attempt of this very call created it and only the reply was lost.
-    return previous is None or _is_own(previous, nonce)
+def _may_have_written(exc: BaseException) -> bool:
+    """Whether a failed consume may have left an entry worth taking back.
+
+    Not when the server refused the command or the store did before sending, nor when
+    WAIT fell short and the take-back is done for good (confirmed, or refused forever).
+    """
+    if isinstance(exc, redis.ResponseError | ReplayStoreError):
+        return False
+    return not (isinstance(exc, _NotReplicated) and _forgettable(exc.taken_back))
 
 
 # ---------------------------------------------------------------------------- async batching
-class _Call:
-    __slots__ = ("future", "name", "nonce", "px")
+class _Call(_Write):
+    """An :meth:`RedisReplayStore.aconsume` waiting in a batch for its SET's reply."""
 
-    def __init__(self, name: str, nonce: str, px: int, future: asyncio.Future[object]) -> None:
-        self.name, self.nonce, self.px, self.future = name, nonce, px, future
+    __slots__ = ("future",)
 
-
-class _Entry(NamedTuple):
-    """An entry a failed-closed call may have written: key, that call's nonce, when it expires."""
-
-    name: str
-    nonce: str
-    deadline: float
-
-
-class _Unsettled:
-    """Entries that calls reported as not consumed may nonetheless hold: taken back when possible.
-
-    A call fails closed (``store_unavailable``: "the token was not consumed") when the fate
-    of its ``SET`` is unknown: the connection broke after sending it, its caller was
-    cancelled, or WAIT could not confirm it and its compare-and-delete was not confirmed
-    either. If the SET did run, the key holds that call's nonce (on the primary, or on a
-    replica that a failover promotes) and nobody accepted the token for it, so deleting it
-    is safe at any time; until then a retry of the token would be told "replayed". An
-    entry stays listed until a compare-and-delete of it is confirmed (with ``wait=N``, by
-    ``WAIT``), so it is sent again after a failover, to the new primary.
-
-    Before the ``SET`` of a token go the take-backs of every entry listed for that token,
-    and a few of the oldest others (:attr:`SPARE`): while replicas are away, entries pile
-    up, and sending them all with every consume would cost each request the whole list.
-    Per process, bounded, and only until the entry would have expired anyway.
-    """
-
-    LIMIT: Final = 100_000
-    #: Take-backs of other tokens' entries that lead each consume.
-    SPARE: Final = 16
-
-    def __init__(self) -> None:
-        self._entries: dict[tuple[str, str], float] = {}  # oldest first
-        self._nonces: dict[str, set[str]] = {}  # the listed nonces of each key
-        self._lock = threading.Lock()
-
-    def note(self, name: str, nonce: str, px: int, exc: BaseException) -> None:
-        """After a failed call: remember its entry unless it surely holds none."""
-        if isinstance(exc, redis.ResponseError | ReplayStoreError):
-            return  # refused by the server or before sending: nothing was written
-        if isinstance(exc, _NotReplicated) and _forgettable(exc.taken_back):
-            return  # taken back already (and the replicas confirmed it), or refused for good
-        with self._lock:
-            if len(self._entries) >= self.LIMIT:
-                self._forget(next(iter(self._entries)))  # the oldest: it expires first
-            self._entries[(name, nonce)] = time.monotonic() + px / 1000
-            self._nonces.setdefault(name, set()).add(nonce)
-
-    def pending(self, names: Iterable[str], *, others: bool = True) -> list[_Entry]:
-        """The entries to take back before SETs of ``names`` (and, with ``others``, the oldest few).
-
-        They stay listed until :meth:`settle`.
-        """
-        if not self._entries:  # the common case, without the lock
-            return []
-        with self._lock:
-            self._expire(time.monotonic())
-            chosen = dict.fromkeys(itertools.islice(self._entries, self.SPARE if others else 0))
-            for name in names:
-                chosen.update(dict.fromkeys((name, nonce) for nonce in self._nonces.get(name, ())))
-            return [_Entry(name, nonce, self._entries[name, nonce]) for name, nonce in chosen]
-
-    def holds(self, name: str, value: object) -> bool:
-        """Whether ``value`` is the nonce of a listed entry of ``name`` (a failed-closed call's)."""
-        if not self._entries:
-            return False
-        text = value.decode("ascii", "replace") if isinstance(value, bytes) else str(value)
-        with self._lock:
-            return text in self._nonces.get(name, ())
-
-    def settle(self, entries: Iterable[_Entry]) -> None:
-        """Entries surely taken back (or refused for good): forget them."""
-        with self._lock:
-            for entry in entries:
-                self._forget((entry.name, entry.nonce))
-
-    def _expire(self, now: float) -> None:
-        # Oldest first; retentions differ little, so the expired ones lead (one that
-        # does not is dropped a little later, and its take-back meanwhile is harmless).
-        while self._entries:
-            key, deadline = next(iter(self._entries.items()))
-            if deadline > now:
-                return
-            self._forget(key)
-
-    def _forget(self, key: tuple[str, str]) -> None:
-        if self._entries.pop(key, None) is None:
-            return
-        name, nonce = key
-        nonces = self._nonces[name]
-        nonces.discard(nonce)
-        if not nonces:
-            del self._nonces[name]
+    def __init__(self, write: _Write, future: asyncio.Future[object]) -> None:
+        self.name, self.nonce, self.px, self.future = write.name, write.nonce, write.px, future
 
 
 class _Sender:
@@ -1038,11 +1140,14 @@ class _Sender:
     primary, :class:`_Primaries`). Both send the same commands on one connection with the
     same retry policy; tests/core/test_seams.py runs the public one.
 
-    Entries to take back (:class:`_Unsettled`) lead each pipeline, so they go before any
+    Entries to take back (:mod:`._unsettled`) lead each pipeline, so they go before any
     new SET of the same token. A failed batch fails each of its calls closed.
     """
 
     _MAX_BATCH: Final = 256
+    #: Seconds between two take-backs of listed entries while no consume comes: the tokens'
+    #: next consumes may be other processes', which cannot take this one's entries back.
+    _TAKE_BACK_EVERY: Final = 1.0
 
     def __init__(
         self,
@@ -1053,8 +1158,7 @@ class _Sender:
         verify: bool,
     ) -> None:
         self.client = client
-        self._wait, self._wait_ms, self._retries = store.wait, store._wait_ms, store._retries
-        self._timeout = store.wait_timeout
+        self._decide, self._retries, self._round_budget = store._decide, store._retries, store._round_budget
         self._unsettled = store._unsettled
         self._closers = closers
         self._cluster = client if isinstance(client, redis.asyncio.cluster.RedisCluster) else None
@@ -1063,10 +1167,11 @@ class _Sender:
         self._prepared = not verify and self._cluster is None
         self._queue: list[_Call] = []
         self._flusher: asyncio.Task[None] | None = None
+        self._timer: asyncio.TimerHandle | None = None
 
-    async def consume(self, name: str, nonce: str, px: int) -> object:
+    async def consume(self, write: _Write) -> object:
         loop = asyncio.get_running_loop()
-        call = _Call(name, nonce, px, loop.create_future())
+        call = _Call(write, loop.create_future())
         self._queue.append(call)
         if self._flusher is None:
             # Started, not awaited: the calls that are already runnable queue up first.
@@ -1074,14 +1179,28 @@ class _Sender:
         return await call.future
 
     async def aclose(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
         await self._primaries.aclose()
         await self.client.aclose()
         for close in self._closers:
             await close()
 
-    async def _flush(self) -> None:
+    def _take_back_later(self) -> None:
+        """While entries stay listed, send their take-backs (the oldest few) every second."""
+        if self._timer is None and len(self._unsettled):
+            self._timer = asyncio.get_running_loop().call_later(self._TAKE_BACK_EVERY, self._take_back)
+
+    def _take_back(self) -> None:
+        self._timer = None
+        if self._flusher is None:  # else the running flush takes them back, and schedules again
+            self._flusher = asyncio.get_running_loop().create_task(self._flush(take_back=True))
+
+    async def _flush(self, *, take_back: bool = False) -> None:
         try:
-            while self._queue:
+            while self._queue or take_back:
+                take_back = False  # one round of take-backs alone, the next one a second later
                 batch = self._queue[: self._MAX_BATCH]
                 del self._queue[: self._MAX_BATCH]
                 entries = self._unsettled.pending(c.name for c in batch)
@@ -1093,16 +1212,16 @@ class _Sender:
                 try:
                     await self._prepare()
                     if self._cluster is not None:
-                        taken_back = await self._send_cluster(self._cluster, batch, entries)
+                        await self._send_cluster(self._cluster, batch, entries)
                     else:
-                        taken_back = await self._send_server(batch, entries)
-                    self._unsettled.settle(taken_back)
+                        await self._send_server(batch, entries)
                 except BaseException as exc:
                     _fail(batch, exc)
                     if not isinstance(exc, Exception):
                         raise  # cancellation or exit: the callers were failed closed above
         finally:
             self._flusher = None
+        self._take_back_later()
 
     async def _prepare(self) -> None:
         # Before first use: a cluster client loads its slot map once, here, rather than
@@ -1117,28 +1236,10 @@ class _Sender:
             _judge_hello((await self._to_server([(("HELLO",), {})]))[0])
         self._prepared = True
 
-    def _commands(self, calls: list[_Call], entries: list[_Entry]) -> list[_Command]:
-        commands = [_release_command(e.name, e.nonce) for e in entries]
-        commands += [_set_command(c.name, c.nonce, c.px) for c in calls]
-        if self._wait:
-            commands.append((("WAIT", self._wait, self._wait_ms), {}))
-        return commands
-
-    def _split(
-        self, calls: list[_Call], entries: list[_Entry], replies: list[object]
-    ) -> tuple[list[object], list[object], object]:
-        """The take-backs' verdicts (see :func:`_taken_back`), the SETs' replies, and WAIT's."""
-        acks = replies[-1] if self._wait else None
-        verdicts = _taken_back(replies[: len(entries)], acks, self._wait)
-        return verdicts, replies[len(entries) : len(entries) + len(calls)], acks
-
     # -- one server (or the primary Sentinel names)
-    async def _send_server(self, batch: list[_Call], entries: list[_Entry]) -> list[_Entry]:
-        """Send the batch after the take-backs; return the entries surely taken back."""
-        replies = await self._to_server(self._commands(batch, entries))
-        verdicts, answers, acks = self._split(batch, entries, replies)
-        await self._settle(batch, answers, acks, self._to_server)
-        return [e for e, verdict in zip(entries, verdicts, strict=True) if _forgettable(verdict)]
+    async def _send_server(self, batch: list[_Call], entries: list[Entry]) -> None:
+        replies = await self._to_server(self._decide.commands(batch, entries))
+        await self._answer(self._decide.read(batch, entries, replies), self._to_server)
 
     async def _to_server(self, commands: list[_Command]) -> list[object]:
         server: Any = self.client  # a redis.asyncio.Redis: a cluster goes to _to_node
@@ -1148,97 +1249,68 @@ class _Sender:
 
     # -- a cluster: one pipeline per primary, each on one connection of that node
     async def _send_cluster(
-        self, cluster: redis.asyncio.cluster.RedisCluster, batch: list[_Call], entries: list[_Entry]
-    ) -> list[_Entry]:
-        """Send the batch after the take-backs, one pipeline per primary; return those taken back."""
-        calls, backlog = batch, entries
-        taken_back: list[_Entry] = []
-        for attempt in itertools.count():
-            groups = _by_node(cluster, calls, backlog)
+        self, cluster: redis.asyncio.cluster.RedisCluster, batch: list[_Call], entries: list[Entry]
+    ) -> None:
+        rounds = _Rounds(cluster, batch, entries, self._retries, **self._round_budget)
+        while True:
+            groups = rounds.groups()
             results = await asyncio.gather(
-                *(self._to_node(node, self._commands(c, e)) for node, c, e in groups),
+                *(self._to_node(node, self._decide.commands(w, e)) for node, w, e in groups),
                 return_exceptions=True,
             )
-            calls, backlog = [], []
-            failure: BaseException | None = None
-            for (node, group_calls, group_entries), result in zip(groups, results, strict=True):
+            for (node, writes, group_entries), result in zip(groups, results, strict=True):
                 if isinstance(result, BaseException):
-                    if not isinstance(result, _TRANSPORT_ERRORS):
-                        raise result
-                    calls += group_calls  # safe to send again: each SET carries its caller's nonce
-                    backlog += group_entries
-                    failure = result
+                    rounds.lost(writes, group_entries, result)
                     continue
-                verdicts, replies, acks = self._split(group_calls, group_entries, result)
-                for entry, verdict in zip(group_entries, verdicts, strict=True):
-                    if isinstance(verdict, _ROUTING_ERRORS):
-                        backlog.append(entry)  # to the slot's new owner, in this batch
-                    elif _forgettable(verdict):
-                        taken_back.append(entry)
-                moved = [
-                    c for c, r in zip(group_calls, replies, strict=True) if isinstance(r, _ROUTING_ERRORS)
-                ]
-                calls += moved
-                failure = next((r for r in replies if isinstance(r, _ROUTING_ERRORS)), failure)
-                kept = [(c, r) for c, r in zip(group_calls, replies, strict=True) if c not in moved]
-
-                async def on_node(commands: list[_Command], node: Any = node) -> list[object]:
-                    return await self._to_node(node, commands)
-
-                await self._settle([c for c, _ in kept], [r for _, r in kept], acks, on_node)
-            if not calls and not backlog:
-                return taken_back
+                reading = self._decide.read(writes, group_entries, result, routed=True)
+                rounds.redirected(reading)
+                await self._answer(reading, functools.partial(self._to_node, node))
+            if rounds.done:
+                return
+            if not rounds.may_retry():
+                # Answered now: the refresh below is for the next batch, not on their clock.
+                _fail(rounds.writes, rounds.failure())
             # Refresh even when no retry is left: nothing else would (these pipelines bypass
             # redis-py's own redirection handling), and the next batch must find the new owner.
             try:
                 await cluster.nodes_manager.initialize()
                 reachable = True
-            except (RedisClusterException, *_TRANSPORT_ERRORS, redis.RedisError):
+            except _REFRESH_ERRORS:
                 reachable = False  # the whole cluster is unreachable: fail closed now
-            if not calls or not reachable or attempt >= self._retries:
-                _fail(calls, failure or redis.ConnectionError("the cluster did not route the keys"))
-                return taken_back  # the backlog stays listed for the next batch
-        raise AssertionError("unreachable")
+            if not rounds.again(reachable):
+                _fail(rounds.writes, rounds.failure())
+                return  # take-backs not sent stay listed for the next batch
 
     async def _to_node(self, node: Any, commands: list[_Command]) -> list[object]:
         if self._direct:
             return await _node_roundtrip(node, commands)
         return await _pipeline(self._primaries.of(node), commands)
 
-    # -- the verdicts
-    async def _settle(
-        self,
-        calls: list[_Call],
-        replies: list[object],
-        acks: object,
-        send: Callable[[list[_Command]], Awaitable[list[object]]],
+    # -- the answers
+    async def _answer(
+        self, reading: _Reading[_Call], send: Callable[[list[_Command]], Awaitable[list[object]]]
     ) -> None:
         """Answer each call; with wait=N, delete the entries WAIT did not confirm, on the same node."""
-        unreplicated: list[_Call] = []
-        retried: set[int] = set()  # ids of calls whose SET found their own earlier entry
-        for call, reply in zip(calls, replies, strict=True):
+        self._unsettled.settle((e.key, e.nonce) for e in reading.settled)
+        unconfirmed: list[tuple[_Call, _TakeBack]] = []
+        for call, answer in reading.answers:
             if call.future.done():
                 continue  # the caller gave up (cancelled): aconsume listed its entry
-            if isinstance(reply, Exception):
-                call.future.set_exception(reply)
-            elif self._wait and not _accepted_without_release(reply, call.nonce, acks, self._wait):
-                unreplicated.append(call)
-                if reply is not None:
-                    retried.add(id(call))
+            if isinstance(answer, _TakeBack):
+                unconfirmed.append((call, answer))
+            elif isinstance(answer, Exception):
+                call.future.set_exception(answer)
             else:
-                call.future.set_result(reply)
-        if not unreplicated:
+                call.future.set_result(answer)
+        if not unconfirmed:
             return
         try:
-            replies = await send([_release_command(c.name, c.nonce) for c in unreplicated])
-            verdicts = [_sent_without_wait(reply) for reply in replies]
+            verdicts = _Decision.released(await send(_Decision.releases(c for c, _ in unconfirmed)))
         except Exception as exc:
-            verdicts = [exc] * len(unreplicated)
-        for call, verdict in zip(unreplicated, verdicts, strict=True):
+            verdicts = [exc] * len(unconfirmed)
+        for (call, answer), verdict in zip(unconfirmed, verdicts, strict=True):
             if not call.future.done():
-                again = id(call) in retried
-                failure = _NotReplicated(acks, self._wait, self._timeout, verdict, retried=again)
-                call.future.set_exception(failure)
+                call.future.set_exception(self._decide.not_replicated(reading, answer, verdict))
 
 
 class _Primaries:
@@ -1294,7 +1366,8 @@ def _direct_calls_available() -> bool:
 
 
 async def _pipeline(server: redis.asyncio.Redis, commands: Sequence[_Command]) -> list[object]:
-    """The public path: one non-transactional redis-py pipeline, which runs on one connection."""
+    """The public path: one non-transactional redis-py pipeline, which runs on one connection
+    (the async twin of :func:`_sync_pipeline`)."""
     pipe: Any = server.pipeline(transaction=False)
     for args, options in commands:
         pipe.execute_command(*args, **options)
@@ -1356,23 +1429,6 @@ def _lost_connection() -> Iterator[None]:
         yield
     except AttributeError as exc:
         raise redis.ConnectionError(f"connection lost while in use ({exc})") from exc
-
-
-def _by_node(
-    cluster: redis.asyncio.cluster.RedisCluster, calls: list[_Call], entries: list[_Entry]
-) -> list[tuple[Any, list[_Call], list[_Entry]]]:
-    """Calls and take-backs grouped by the primary that owns their slot (redis-py's slot map)."""
-    groups: dict[str, tuple[Any, list[_Call], list[_Entry]]] = {}
-
-    def group(name: str) -> tuple[Any, list[_Call], list[_Entry]]:
-        node: Any = cluster.get_node_from_key(name)  # raises if the slot has no owner
-        return groups.setdefault(node.name, (node, [], []))
-
-    for call in calls:
-        group(call.name)[1].append(call)
-    for entry in entries:
-        group(entry.name)[2].append(entry)
-    return list(groups.values())
 
 
 def _fail(calls: Iterable[_Call], exc: BaseException) -> None:

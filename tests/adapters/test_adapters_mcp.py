@@ -23,6 +23,7 @@ from mcp.server.lowlevel import Server
 from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.request_state import InvalidRequestState, RequestStateBoundary, RequestStateSecurity
 from mcp.shared.exceptions import MCPError
+from mcp_requests import request_context
 
 from statecodec import KeyRing, StateCodec, boundary
 from statecodec.adapters import fastmcp as fastmcp_adapter
@@ -356,18 +357,6 @@ async def test_other_methods_pass_untouched() -> None:
         assert [t.name for t in (await client.list_tools()).tools] == ["t"]
 
 
-def _context(params: dict[str, Any]) -> Ctx:
-    """A request context as the SDK's runner builds it (no session: the middleware uses none)."""
-    return ServerRequestContext(
-        session=None,  # type: ignore[arg-type]
-        lifespan_context={},
-        protocol_version="2026-07-28",
-        method="tools/call",
-        params=params,
-        request_id=1,
-    )
-
-
 async def test_called_directly_the_middleware_returns_the_type_the_handler_returned() -> None:
     # Code composing middleware sees what the SDK's own boundary gives: the result model,
     # its state sealed (issue 22); the runner's wire dicts stay wire dicts.
@@ -383,14 +372,14 @@ async def test_called_directly_the_middleware_returns_the_type_the_handler_retur
     async def ask_wire(ctx: Ctx) -> Any:
         return {"resultType": "input_required", "requestState": "wire plan"}
 
-    asked = await middleware(_context(params), ask)
+    asked = await middleware(request_context(params), ask)
     assert type(asked) is types.InputRequiredResult
     assert asked.input_requests == model.input_requests and model.request_state == "plan ✓"  # a copy
     assert (
         asked.request_state is not None
         and codec.verify_unbound(asked.request_state).payload == "plan ✓".encode()
     )
-    wired = await middleware(_context(params), ask_wire)
+    wired = await middleware(request_context(params), ask_wire)
     assert type(wired) is dict and codec.verify_unbound(wired["requestState"]).payload == b"wire plan"
 
     done = types.CallToolResult(content=[types.TextContent(type="text", text="ok")])
@@ -400,7 +389,9 @@ async def test_called_directly_the_middleware_returns_the_type_the_handler_retur
         seen.append((ctx.params or {})["requestState"])
         return done
 
-    assert await middleware(_context({**params, "requestState": asked.request_state}), complete) is done
+    assert (
+        await middleware(request_context({**params, "requestState": asked.request_state}), complete) is done
+    )
     assert seen == ["plan ✓"]
 
 
@@ -469,5 +460,5 @@ async def test_an_input_required_result_that_asks_nothing_is_an_internal_error(w
         return {"resultType": "input_required"} if wire else types.InputRequiredResult.model_construct()
 
     with pytest.raises(MCPError) as caught:
-        await middleware(_context(params), nothing)
+        await middleware(request_context(params), nothing)
     assert caught.value.error.code == -32603

@@ -148,3 +148,44 @@ def test_the_time_a_client_spent_stopped_is_not_the_store_s_latency() -> None:
     ])  # fmt: skip
     assert verdict.failed_closed == 2 and verdict.failed_closed_while_paused == 1
     assert verdict.fail_closed_latency["max"] == 2.0
+
+
+def gave_up(token: str, at: float, *, client: str = "c1") -> dict[str, Any]:
+    return {"type": "event", "kind": "gave_up", "token": token, "client": client, "pid": 100, "at": at}
+
+
+def test_a_token_refused_as_unavailable_while_others_are_accepted_is_stuck() -> None:
+    """Never accepted, never replayed, given up on while the store answered the others: stuck, not burnt."""
+    verdict = check([
+        attempt("t1", 1.0, 2.0, "store_unavailable"), attempt("t1", 20.0, 21.0, "store_unavailable"),
+        attempt("t2", 25.0, 25.1, "accepted", client="c2", process=300),
+        attempt("t1", 30.0, 31.0, "store_unavailable"), gave_up("t1", 31.0),
+    ])  # fmt: skip
+    assert verdict.stuck == ["t1"] and verdict.burnt == []
+    assert verdict.broken() == []  # reported beside burnt, not a broken promise
+    assert "stuck" in verdict.summary() and verdict.row().count("|") == 9
+
+
+def test_a_token_given_up_on_while_the_store_was_down_is_not_stuck() -> None:
+    """No other token accepted in the last seconds of retries: the store was out, not only for this token."""
+    verdict = check([
+        attempt("t2", 1.0, 1.1, "accepted", client="c2", process=300),
+        attempt("t1", 2.0, 3.0, "store_unavailable"), attempt("t1", 30.0, 31.0, "store_unavailable"),
+        gave_up("t1", 31.0),
+    ])  # fmt: skip
+    assert verdict.stuck == [] and verdict.never_resolved == 1
+
+
+def test_a_token_whose_retries_the_run_ended_is_not_stuck() -> None:
+    verdict = check([attempt("t1", 1.0, 2.0, "store_unavailable"),
+                     attempt("t2", 2.5, 2.6, "accepted", client="c2", process=300)])  # fmt: skip
+    assert verdict.stuck == []
+
+
+def test_a_stuck_token_with_a_lost_consume_is_excused() -> None:
+    verdict = check([
+        invoke("t1", 0.5, client="a1", process=200), kill(200),
+        attempt("t1", 1.0, 2.0, "store_unavailable"), attempt("t2", 20.0, 20.1, "accepted", client="c2"),
+        attempt("t1", 25.0, 26.0, "store_unavailable"), gave_up("t1", 26.0),
+    ])  # fmt: skip
+    assert verdict.stuck == [] and verdict.stuck_excused == ["t1"]

@@ -8,7 +8,7 @@ import pytest
 
 from statecodec import KeyRing
 from statecodec._keys import Key
-from statecodec.kms import FileSource, Timeline, VaultSettings, init_keys
+from statecodec.kms import Timeline, VaultSettings, init_keys, rotate
 from statecodec.kms._policy import RotationPolicy
 from statecodec.kms._transit import TransitSource
 
@@ -16,26 +16,22 @@ TL = Timeline(refresh_interval=10, jitter=0.1, max_skew=5, max_ttl=300, stalenes
 DAY = 86400
 
 
-def test_a_file_sources_own_rotate_hits_the_floor(tmp_path: Path) -> None:
+def test_an_unsafe_retire_after_leaves_the_file_as_it_was(tmp_path: Path) -> None:
     path = tmp_path / "ring.json"
     init_keys(f"file:{path}", clock=lambda: 0)
     before = path.read_bytes()
     with pytest.raises(ValueError, match="too short"):
-        FileSource(path).rotate(
-            min_age=0, retire_after=TL.min_retire_after - 1, now=DAY, dry_run=False, timeline=TL
+        rotate(
+            f"file:{path}", min_age=0, retire_after=TL.min_retire_after - 1, timeline=TL, clock=lambda: DAY
         )
     assert path.read_bytes() == before
 
 
-def test_a_transit_sources_own_rotate_hits_the_floor_before_calling_vault(refused_port: int) -> None:
+def test_the_floor_is_checked_before_the_transit_source_calls_vault(refused_port: int) -> None:
     # Nothing listens on the port: reaching Vault would raise KeySourceError, not ValueError.
     settings = VaultSettings(addr=f"http://127.0.0.1:{refused_port}", token="t", retries=0)
-    source = TransitSource("transit", "k", settings)
-    try:
-        with pytest.raises(ValueError, match="too short"):
-            source.rotate(min_age=0, retire_after=60, now=DAY, dry_run=True, timeline=TL)
-    finally:
-        source.close()
+    with TransitSource("transit", "k", settings) as source, pytest.raises(ValueError, match="too short"):
+        rotate(source, min_age=0, retire_after=60, dry_run=True, timeline=TL)
 
 
 def test_min_age_must_not_be_negative() -> None:

@@ -60,6 +60,8 @@ LISTEN = b'{"jsonrpc":"2.0","id":1,"method":"subscriptions/listen","params":{}}'
         ("POST", LISTEN, True),  # whatever the headers say: none are read
         ("POST", LISTEN.replace(b"/", b"\\/"), True),  # an escaped slash spells it too
         ("POST", LISTEN.replace(b"listen", b"\\u006cisten"), True),
+        ("POST", LISTEN.replace(b"{}", b'{"q":"a\\"b\\\\"}'), True),  # escapes that spell nothing of it
+        ("POST", b'{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"q":"\\"listen\\""}}', False),
         ("POST", b"\xef\xbb\xbf" + LISTEN, True),  # as a lenient server reads it
         ("POST", b"[" + LISTEN + b"]", True),
         ("POST", b'{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"listen"}}', False),

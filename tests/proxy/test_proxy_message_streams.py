@@ -173,3 +173,31 @@ def test_each_message_of_a_streamed_tool_answer_is_judged_on_its_own(
     codec = StateCodec(KeyRing.from_json(keys.read_text(encoding="utf-8")), mode="sign")
     assert codec.verify_unbound(token).payload == PLAIN.encode()
     assert "an input_required result at params.data" in proxy.wait_for_log("params.data")  # logged where
+
+
+DONE = line({"id": 1, "result": {"resultType": "complete", "content": []}})
+
+
+@pytest.mark.parametrize(
+    ("media", "frame"),
+    [(b"text/event-stream", lambda data: b"data: " + data + b"\n"), (b"application/json", lambda data: data)],
+    ids=["sse", "json_messages"],
+)
+def test_a_state_after_an_answer_relayed_unread_is_refused(
+    proxy: Proxy, raw_upstream: RawUpstream, media: bytes, frame: Any
+) -> None:
+    """The first answer cannot hold a state and goes out unparsed; the client takes it as the
+    answer, so an input_required answer to the same request after it is refused, no token."""
+    held = Held(media, frame(PROGRESS) + frame(DONE), frame(ASKING))
+    raw_upstream.answers.append(held)
+    first, everything = exchange(proxy, held, "tools/call", {"name": "deploy", "arguments": {}})
+    assert first == held.first  # relayed as the upstream wrote it, before the rest exists
+    assert PLAIN.encode() not in everything and not TOKEN.findall(everything.decode())
+    refused = everything[len(first) :].removeprefix(b"data: ")
+    assert json.loads(refused) == {
+        "jsonrpc": "2.0",
+        "id": 1,
+        "error": {"code": -32603, "message": "Internal error"},
+    }
+    logged = proxy.wait_for_log("a second input_required result")
+    assert "at result.resultType of an answer" in logged  # logged where

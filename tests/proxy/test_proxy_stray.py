@@ -103,10 +103,8 @@ async def test_a_member_named_request_state_in_a_tools_content_is_relayed_untouc
 
 
 OTHER_PLAIN = "SECOND-plaintext-of-the-upstream"
-
-
-@pytest.mark.parametrize("mode", ["sign", "encrypt"])
-@pytest.mark.parametrize(
+# A stream of messages: SSE events, or newline-separated JSON under application/json.
+FRAMINGS = pytest.mark.parametrize(
     ("media", "frame"),
     [
         (b"text/event-stream", lambda data: b"data: " + data + b"\n\n"),
@@ -114,6 +112,10 @@ OTHER_PLAIN = "SECOND-plaintext-of-the-upstream"
     ],
     ids=["sse", "json_messages"],
 )
+
+
+@pytest.mark.parametrize("mode", ["sign", "encrypt"])
+@FRAMINGS
 async def test_a_second_input_required_answer_to_one_request_is_replaced_and_logged(
     mode: str, media: bytes, frame: Any, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -148,3 +150,51 @@ async def test_a_second_answer_without_a_state_to_one_request_is_relayed(mode: s
     response = await _through(mode, b"text/event-stream", *events)
     assert response.content.endswith(events[1])
     assert PLAIN.encode() not in response.content
+
+
+@pytest.mark.parametrize("mode", ["sign", "encrypt"])
+@FRAMINGS
+async def test_a_first_answer_relayed_unread_still_answers_the_request(
+    mode: str, media: bytes, frame: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A first answer that cannot hold a state goes out unparsed, yet the client takes it as
+    the answer: an input_required answer after it is a second one, refused, not sealed.
+    A notification naming an ``id`` before it answers nothing and changes nothing."""
+    progress = _line({"method": "notifications/progress", "params": {"progressToken": 1, "id": 3}})
+    done = _line({"id": 3, "result": {"resultType": "complete", "content": []}})
+    again = _line({"id": 3, "result": ASKING})
+    with caplog.at_level(logging.ERROR, logger="statecodec"):
+        response = await _through(mode, media, frame(progress), frame(done), frame(again))
+    assert PLAIN.encode() not in response.content
+    assert response.content.startswith(frame(progress) + frame(done))
+    (refused,) = [
+        json.loads(line.removeprefix(b"data: "))
+        for line in response.content[len(frame(progress) + frame(done)) :].splitlines()
+        if line.strip()
+    ]
+    assert refused == {"jsonrpc": "2.0", "id": 3, "error": {"code": -32603, "message": "Internal error"}}
+    (record,) = [r for r in caplog.records if getattr(r, "reason", None) == "repeated_answer"]
+    assert record.detail == "result.resultType"  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize("mode", ["sign", "encrypt"])
+async def test_a_notification_naming_the_requests_id_is_not_its_answer(mode: str) -> None:
+    """Only a response (no ``method``) with the request's id answers it: an input_required
+    answer after a notification that mentions the id is the first answer, and sealed."""
+    progress = _line({"method": "notifications/progress", "params": {"progressToken": 1, "id": 3}})
+    asking = _line({"id": 3, "result": ASKING})
+    codec = StateCodec(KeyRing.generate(), mode=mode, replay=MemoryReplayStore())
+    response = await _through(mode, b"application/json", progress + b"\n", asking + b"\n", codec=codec)
+    first, sealed = (json.loads(line) for line in response.content.splitlines())
+    assert first == json.loads(progress)
+    assert codec.verify_unbound(sealed["result"]["requestState"]).payload == PLAIN.encode()
+
+
+async def test_a_first_answer_with_a_repeated_id_counts_as_the_answer() -> None:
+    """Read last-wins its id is another request's, but a client reading the first takes it as
+    this request's answer: counted as answered, so the input_required answer after it is refused."""
+    done = b'{"jsonrpc": "2.0", "id": 3, "id": 99, "result": {"content": []}}\n'
+    response = await _through("sign", b"application/json", done, _line({"id": 3, "result": ASKING}) + b"\n")
+    first, refused = response.content.splitlines()
+    assert first + b"\n" == done
+    assert json.loads(refused)["error"] == {"code": -32603, "message": "Internal error"}

@@ -41,6 +41,7 @@ from statecodec.cli import main
 from statecodec.cli._exit import ExitCode
 from statecodec.replay import RedisReplayStore, ReplayStore, store_from_url
 from statecodec.replay import redis as redis_store
+from statecodec.replay._unsettled import Unsettled
 
 FORMS = ["redis", "valkey", "unix", "redis+cluster", "valkey+cluster", "redis+sentinel", "valkey+sentinel"]
 BINDING = sc.Binding(principal="alice", audience="svc", method="tools/call", target="pay")
@@ -157,6 +158,67 @@ def test_a_cluster_store_takes_a_thousand_concurrent_calls_on_a_fresh_client(
     for _ in range(3):
         first, again = asyncio.run(run())
         assert first == [True] * 1000 and again == [False] * 1000
+
+
+def test_a_cluster_batch_with_no_retry_left_fails_closed_before_the_slot_map_refresh(
+    valkey_cluster: ValkeyCluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A batch that cannot be retried is answered at once; the refresh after it is the next batch's.
+
+    The key's primary is paused for writes (``CLIENT PAUSE WRITE``), so the batch times out
+    and, with ``retries=0``, cannot go again. The slot map's refresh that follows is held
+    (the one stand-in here: a real refresh is quick on a healthy cluster, and the refresh
+    after a dead node is what made calls outlast their budget): the caller has its
+    ``store_unavailable`` while the refresh still waits.
+    """
+    port = valkey_cluster.primaries()[0]
+    prefix = f"t-{uuid.uuid4().hex[:8]}:"
+    (key,) = valkey_cluster.keys_served_by(port, prefix, 1)
+    store = store_from_url(with_options(valkey_cluster.url, prefix=prefix, retries=0, socket_timeout=0.5))
+    admin = redis.Redis(port=port)
+
+    async def run() -> None:
+        assert await store.aconsume(uuid.uuid4().hex, 60)  # the slot map is loaded
+        (sender,) = store._senders.values()
+        manager = type(sender.client.nodes_manager)
+        refresh, refreshing, released = manager.initialize, asyncio.Event(), asyncio.Event()
+
+        async def held(self: object, *args: object, **kwargs: object) -> None:
+            refreshing.set()
+            await released.wait()
+            await refresh(self, *args, **kwargs)
+
+        monkeypatch.setattr(manager, "initialize", held)
+        admin.execute_command("CLIENT", "PAUSE", 5000, "WRITE")
+        try:
+            with pytest.raises(ReplayStoreError, match="timed out"):
+                await asyncio.wait_for(store.aconsume(key, 60), 30)
+            assert refreshing.is_set() and not released.is_set()
+        finally:
+            admin.execute_command("CLIENT", "UNPAUSE")
+            released.set()
+        await store.aclose()
+
+    asyncio.run(run())
+    store.close()
+
+
+def test_a_cluster_call_retries_only_while_a_round_fits_in_its_budget(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The retry decision alone, on a clock the test moves: no cluster needed to read it."""
+    now = [100.0]
+    monkeypatch.setattr(redis_store.time, "monotonic", lambda: now[0])
+    write = redis_store._Write("k", "n", 60_000)
+    rounds = redis_store._Rounds(None, [write], [], 2, budget=5.0, round_time=2.0)
+
+    now[0] += 2.5  # the first round timed out and the slot map was refreshed: 2.5 s left
+    assert rounds.may_retry() and rounds.again(reachable=True)
+    rounds.writes = [write]
+    now[0] += 0.6  # 1.9 s left, less than a round may take: the last retry is not used
+    assert not rounds.may_retry() and not rounds.again(reachable=True)
+    assert not redis_store._Rounds(None, [write], [], 0, budget=5.0, round_time=2.0).may_retry()
+    assert not redis_store._Rounds(None, [], [], 2, budget=5.0, round_time=2.0).may_retry()
 
 
 # ---------------------------------------------------------------- the wrong URL for the deployment
@@ -288,7 +350,7 @@ def test_unconfirmed_deletions_pile_up_bounded_and_each_token_redeems_later(
     Every deletion waits for the replica's confirmation, so 200 failed consumes are 200
     listed entries; sending them all before each SET would cost every request the whole
     list. A consume sends its own token's and a few of the oldest others'
-    (``_Unsettled.SPARE``), and once the replica is back each token redeems once.
+    (``Unsettled.SPARE``), and once the replica is back each token redeems once.
     """
     primary, replica = valkey_primary_replica
     admin = redis.Redis(port=primary.port, decode_responses=True)
@@ -311,7 +373,7 @@ def test_unconfirmed_deletions_pile_up_bounded_and_each_token_redeems_later(
         with pytest.raises(ReplayStoreError, match="deleted on the primary"):
             store.consume("k0", 60)
         # Its own earlier entry, the oldest others, and its own deletion: not 200.
-        assert evals() - before <= 1 + redis_store._Unsettled.SPARE + 1
+        assert evals() - before <= 1 + Unsettled.SPARE + 1
     finally:
         os.kill(replica.pid, signal.SIGCONT)
     wait_until(lambda: in_sync(replica), "the replica is in sync again")
@@ -373,16 +435,7 @@ def test_a_consume_whose_caller_is_cancelled_mid_wait_is_taken_back(
     assert replica.pid is not None
 
     async def scenario() -> list[object]:
-        caller = asyncio.create_task(store.aconsume("c", 60))
-        os.kill(replica.pid, signal.SIGSTOP)
-        try:
-            while not blocked_in_wait(admin):
-                await asyncio.sleep(0.01)
-            caller.cancel()
-            outcome: list[object] = [await asyncio.gather(caller, return_exceptions=True)]
-            assert admin.exists("statecodec:replay:c") == 1  # the SET ran
-        finally:
-            os.kill(replica.pid, signal.SIGCONT)
+        outcome: list[object] = [await cancel_mid_wait(store, "c", admin, replica)]
         await asyncio.to_thread(wait_until, lambda: in_sync(replica), "the replica is in sync again")
         outcome += [await store.aconsume("c", 60), await store.aconsume("c", 60)]
         await store.aclose()
@@ -391,6 +444,37 @@ def test_a_consume_whose_caller_is_cancelled_mid_wait_is_taken_back(
     cancelled, first, second = asyncio.run(scenario())
     assert isinstance(cancelled[0], asyncio.CancelledError), cancelled  # type: ignore[index]
     assert (first, second) == (True, False)  # taken back, then accepted once
+
+
+def test_a_failed_calls_entry_is_taken_back_without_another_consume(
+    valkey_primary_replica: tuple[ValkeyServer, ValkeyServer],
+) -> None:
+    """Listed entries are taken back on a timer too: the token's next consume may be another process's.
+
+    The caller is cancelled while its SET waits for the (stopped) replica: the entry stands
+    with that call's nonce. This store is not asked anything more; once the replica is back,
+    the entry goes all the same, and its take-back is confirmed, so the list empties.
+    """
+    primary, replica = valkey_primary_replica
+    admin = redis.Redis(port=primary.port, decode_responses=True)
+    prefix = f"t-{uuid.uuid4().hex[:8]}:"
+    store = store_from_url(
+        with_options(primary.url, wait=1, wait_timeout=1.5, socket_timeout=3, prefix=prefix)
+    )
+    assert replica.pid is not None
+
+    async def scenario() -> None:
+        await cancel_mid_wait(store, "c", admin, replica)
+        for _ in range(3000):  # 30 s at most; each take-back round is a second apart
+            if not admin.exists(prefix + "c") and len(store._unsettled) == 0:
+                break
+            await asyncio.sleep(0.01)
+        assert admin.exists(prefix + "c") == 0
+        assert len(store._unsettled) == 0
+        await store.aclose()
+
+    asyncio.run(scenario())
+    store.close()
 
 
 @pytest.mark.parametrize("path", ["sync", "async"])
@@ -461,6 +545,25 @@ def consume_by(path: str, store: ReplayStore, key: str) -> object:
             await store.aclose()
 
     return asyncio.run(once())
+
+
+async def cancel_mid_wait(store: ReplayStore, key: str, admin: redis.Redis, replica: ValkeyServer) -> object:
+    """Cancel an ``aconsume`` of ``key`` while its SET waits for the stopped replica; its outcome.
+
+    The SET ran, so the entry stands on the primary with the cancelled call's nonce.
+    """
+    assert replica.pid is not None
+    caller = asyncio.create_task(store.aconsume(key, 60))
+    os.kill(replica.pid, signal.SIGSTOP)
+    try:
+        while not blocked_in_wait(admin):
+            await asyncio.sleep(0.01)
+        caller.cancel()
+        outcome = await asyncio.gather(caller, return_exceptions=True)
+        assert admin.exists(getattr(store, "prefix", "") + key) == 1  # the SET ran
+    finally:
+        os.kill(replica.pid, signal.SIGCONT)
+    return outcome
 
 
 def blocked_in_wait(admin: redis.Redis) -> list[dict[str, str]]:

@@ -13,6 +13,16 @@ pin them (the public API always draws them from ``os.urandom``). Negative cases 
 mutations of valid tokens; the few that must carry an *authentic* but impossible header
 (expiry before issue) are MACed here by hand.
 
+Why the vectors come from the code they check: made by ``statecodec``, they prove on their
+own only that the format has not changed (any change is a diff to review). What shows them
+right is independent of this file and of the package: the reference opener in
+``tests/core/test_vectors.py``, written from docs/format.md alone (hashlib, hmac, PyNaCl,
+rfc8785), reproduces every positive vector down to its subkeys, binding encoding, tag and
+header, and the TypeScript package (``ts/``), a second implementation, is held to every
+vector. A minter re-written here would be one more copy of the format to keep in step, not
+more evidence: the one call that looks like the codec's own (``_seal`` with every field,
+the random ones pinned) is deliberately a call of it.
+
 Vector file layout (see also docs/format.md, "Test vectors")::
 
     {"format": ..., "keyrings": {NAME: <key ring JSON>}, "derived_subkeys": {...},

@@ -161,34 +161,24 @@ export class PostgresReplayStore implements ReplayStore {
   async createSchema(): Promise<void> {
     const client = await this.#pool.connect();
     try {
-      await client.query("BEGIN");
-      for (const statement of schemaStatements(this.table)) await client.query(statement);
-      await client.query("COMMIT");
-    } catch (exc) {
-      await client.query("ROLLBACK").catch(() => {});
-      throw exc;
+      await createTable(client, this.table);
     } finally {
       client.release();
     }
   }
 
   async #ensureSchema(client: pg.PoolClient): Promise<void> {
-    const found = await client.query<{ found: boolean }>("SELECT to_regclass($1) IS NOT NULL AS found", [this.table]);
-    if (!found.rows[0]?.found) {
+    if (!(await tableExists(client, this.table))) {
       if (!this.#createSchema) {
         throw new ReplayStoreError(
           `the table ${this.table} does not exist: create it (statecodec replay init --replay URL), then grant this role SELECT, INSERT and DELETE on it`,
         );
       }
       try {
-        await client.query("BEGIN");
-        for (const statement of schemaStatements(this.table)) await client.query(statement);
-        await client.query("COMMIT");
+        await createTable(client, this.table);
       } catch (exc) {
-        await client.query("ROLLBACK").catch(() => {});
         // Another instance created it at the same moment: that is the table we wanted.
-        const again = await client.query<{ found: boolean }>("SELECT to_regclass($1) IS NOT NULL AS found", [this.table]);
-        if (!again.rows[0]?.found) throw exc;
+        if (!(await tableExists(client, this.table))) throw exc;
       }
     }
     this.#schemaReady = true;
@@ -270,6 +260,23 @@ export class PostgresReplayStore implements ReplayStore {
     // In the background, after answering; a failed purge is retried at the next interval.
     this.purge().catch(() => {});
   }
+}
+
+/** The table and its index, in one transaction: rolled back, and the error thrown on, if a statement fails. */
+async function createTable(client: pg.PoolClient, table: string): Promise<void> {
+  try {
+    await client.query("BEGIN");
+    for (const statement of schemaStatements(table)) await client.query(statement);
+    await client.query("COMMIT");
+  } catch (exc) {
+    await client.query("ROLLBACK").catch(() => {});
+    throw exc;
+  }
+}
+
+async function tableExists(client: pg.PoolClient, table: string): Promise<boolean> {
+  const found = await client.query<{ found: boolean }>("SELECT to_regclass($1) IS NOT NULL AS found", [table]);
+  return found.rows[0]?.found === true;
 }
 
 function describe(exc: unknown): string {
