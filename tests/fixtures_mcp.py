@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import subprocess
 import sys
 from collections import defaultdict
 from collections.abc import AsyncIterator, Iterator, Sequence
@@ -32,7 +31,7 @@ import pytest
 from mcp.client import Client
 from mcp.client.session import ClientRequestContext
 from mcp.client.streamable_http import streamable_http_client
-from processes import ROOT, start_all, stop, wait_for_log
+from processes import ROOT, Spawned, start_all, wait_for_log
 from replicas import Replicas
 
 from statecodec import KeyRing
@@ -46,24 +45,16 @@ CLIENT_ID = "deploy-cli"
 AUDIENCE = "deploy"
 
 
-@dataclass
-class Instance:
-    """One server process."""
+class Instance(Spawned):
+    """One server process; it announces its MCP endpoint."""
 
-    name: str
-    url: str
-    proc: subprocess.Popen[str]
-    log_path: Path
+    @property
+    def url(self) -> str:
+        return self.announced
 
     @property
     def base(self) -> str:
         return self.url.rsplit("/", 1)[0]
-
-    def log(self) -> str:
-        return self.log_path.read_text(encoding="utf-8", errors="replace")
-
-    def stop(self) -> None:
-        stop(self.proc)
 
 
 @dataclass
@@ -79,7 +70,7 @@ class Cluster(Replicas[Instance]):
     def by_url(self, url: str) -> Instance:
         return next(i for i in self.instances if url.startswith(i.base))
 
-    def wait_for_log(self, instance: Instance, needle: str, timeout: float = 10.0) -> str:
+    def wait_for_log(self, instance: Instance, needle: str, timeout: float = 60.0) -> str:
         """The instance's log once it contains ``needle`` (logs are flushed a bit later)."""
         return wait_for_log(instance.log_path, needle, timeout)
 

@@ -25,13 +25,14 @@ import sys
 import time
 import urllib.error
 import urllib.request
+import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import hvac
 import pytest
-from processes import listens, pick_port, stop
+from processes import ROOT, listens, pick_port, stop
 
 from statecodec.kms._settings import ENV_VARS
 
@@ -263,3 +264,32 @@ def vault_env(openbao: OpenBao, monkeypatch: pytest.MonkeyPatch, tmp_path: Path)
     monkeypatch.setenv("VAULT_ADDR", openbao.addr)
     monkeypatch.setenv("VAULT_TOKEN", openbao.token)
     return openbao
+
+
+# ------------------------------------------------------------------ keys and policies
+POLICIES = ROOT / "docs" / "policies"
+
+
+def unique(prefix: str = "k") -> str:
+    """A fresh name: tests sharing one dev server isolate themselves by their names."""
+    return f"{prefix}{uuid.uuid4().hex[:10]}"
+
+
+def load_policy(server: OpenBao, file: str, name: str) -> str:
+    """Load one of docs/policies/*.hcl for the key/path ``name`` and return the policy name."""
+    text = (POLICIES / file).read_text().replace("mcp-state", name)
+    policy = f"{file.removesuffix('.hcl')}-{name}"
+    server.client().sys.create_or_update_policy(policy, text)
+    return policy
+
+
+def token_with(server: OpenBao, *policies: str, ttl: str = "1h") -> str:
+    answer = server.client().auth.token.create(policies=list(policies), ttl=ttl)
+    return str(answer["auth"]["client_token"])
+
+
+def service_key(server: OpenBao) -> tuple[str, str]:
+    """A fresh exportable transit key and the shipped service policy for it: (key name, policy name)."""
+    name = unique()
+    server.client().secrets.transit.create_key(name, key_type="chacha20-poly1305", exportable=True)
+    return name, load_policy(server, "statecodec-service.hcl", name)

@@ -16,6 +16,7 @@ stopped by their own PIDs.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import subprocess
 import sys
@@ -30,10 +31,10 @@ import jwt
 import pytest
 from cryptography.hazmat.primitives.asymmetric import rsa
 from loopback import Loopback, Quiet
-from processes import NODE_DIR, ROOT, await_line, node_or_skip, spawn, start_all, stop, wait_for_log
-from replicas import Replicas
+from processes import NODE_DIR, ROOT, Spawned, await_line, node_or_skip, spawn, start_all, stop
+from replicas import Replicas, keys_file
 
-from statecodec import Binding, KeyRing, boundary
+from statecodec import Binding, boundary
 
 ISSUER = "https://idp.test"
 JWT_AUDIENCE = "https://deploy.test/mcp"
@@ -158,26 +159,20 @@ class Upstream:
         return [e["received"] for e in self.entries() if "received" in e]
 
 
-@dataclass
-class Proxy:
-    name: str
-    base: str
-    proc: subprocess.Popen[str]
-    log_path: Path
+class Proxy(Spawned):
+    """One ``statecodec proxy`` process; it announces the base URL it listens on."""
+
+    @property
+    def base(self) -> str:
+        return self.announced
 
     @property
     def url(self) -> str:
         return self.base + "/mcp"
 
-    def log(self) -> str:
-        return self.log_path.read_text(encoding="utf-8", errors="replace")
-
     def records(self) -> list[dict[str, Any]]:
         """The log of a proxy run with ``--log-format json``: every line one JSON object."""
         return [json.loads(line) for line in self.log().splitlines() if line.strip()]
-
-    def wait_for_log(self, needle: str, timeout: float = 10.0) -> str:
-        return wait_for_log(self.log_path, needle, timeout)
 
 
 @dataclass
@@ -221,6 +216,18 @@ def upstream_command(kind: str, record: Path) -> tuple[list[str], Path]:
         return [node_or_skip(), str(NODE_DIR / "ts_upstream_server.mjs"), "--record", str(record)], NODE_DIR
     example = ROOT / "examples" / "unprotected_server.py"
     return [sys.executable, str(example), "--port", "0", "--record", str(record)], ROOT
+
+
+@contextlib.contextmanager
+def running_upstream(kind: str, directory: Path, *flags: str) -> Iterator[Upstream]:
+    """The ``kind`` upstream (with ``flags``), recording to ``directory/states.jsonl``, stopped by its PID."""
+    record, log_path = directory / "states.jsonl", directory / "upstream.log"
+    command, cwd = upstream_command(kind, record)
+    proc = spawn([*command, *flags], log_path, cwd)
+    try:
+        yield Upstream(kind, await_line(proc, "READY ", log_path), proc, record, log_path)
+    finally:
+        stop(proc)
 
 
 def proxy_command(
@@ -274,15 +281,8 @@ def proxied(
     kind: str = request.param
     mode = SERVICES[kind]
     tmp = tmp_path_factory.mktemp(f"proxied-{kind}")
-    keys = tmp / "keys.json"
-    keys.write_text(KeyRing.generate().to_json(), encoding="utf-8")
-    keys.chmod(0o600)
-    record = tmp / "states.jsonl"
-    command, cwd = upstream_command(kind, record)
-    log_path = tmp / "upstream.log"
-    proc = spawn(command, log_path, cwd)
-    try:
-        upstream = Upstream(kind, await_line(proc, "READY ", log_path), proc, record, log_path)
+    keys = keys_file(tmp)
+    with running_upstream(kind, tmp) as upstream:
         service = Service(
             mode=mode,
             keys_path=keys,
@@ -298,6 +298,4 @@ def proxied(
             yield service
         finally:
             for proxy in service.proxies:
-                stop(proxy.proc)
-    finally:
-        stop(proc)
+                proxy.stop()

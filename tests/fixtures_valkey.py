@@ -25,6 +25,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Self
 
 import pytest
 import redis
@@ -100,7 +101,7 @@ class ValkeyServer:
     def pid(self) -> int | None:
         return self.process.pid if self.process else None
 
-    def start(self, timeout: float = 10.0) -> ValkeyServer:
+    def start(self, timeout: float = 60.0) -> ValkeyServer:
         if self.process is not None:
             raise RuntimeError("server already running")
         log = (self._dir / "server.log").open("ab")
@@ -182,7 +183,41 @@ def _admin(port: int) -> redis.Redis:
     return redis.Redis(port=port, socket_timeout=5, socket_connect_timeout=5, decode_responses=True)
 
 
-class ValkeyCluster:
+class _Deployment:
+    """Servers started together and ready once :meth:`wait_healthy` says so; all cleaned up if one fails."""
+
+    def servers(self) -> list[ValkeyServer]:
+        raise NotImplementedError
+
+    def form(self) -> None:
+        """What makes the started servers one deployment (nothing, unless a subclass says)."""
+
+    def wait_healthy(self, timeout: float = 90.0) -> None:
+        raise NotImplementedError
+
+    def start(self) -> Self:
+        try:
+            for server in self.servers():
+                server.start()
+            self.form()
+            self.wait_healthy()
+        except BaseException:
+            self.cleanup()
+            raise
+        return self
+
+    def cleanup(self) -> None:
+        for server in self.servers():
+            server.cleanup()
+
+    def __enter__(self) -> Self:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.cleanup()
+
+
+class ValkeyCluster(_Deployment):
     """A Redis Cluster on loopback: ``primaries`` primaries, each with one replica.
 
     Built with ``valkey-cli --cluster create``; ready once every node reports
@@ -263,23 +298,18 @@ class ValkeyCluster:
                 return node.port
         raise RuntimeError(f"primary {primary} has no replica")
 
-    def start(self) -> ValkeyCluster:
-        try:
-            for node in self.nodes:
-                node.start()
-            create = subprocess.run(
-                [cli_binary(self.binary), "--cluster", "create",
-                 *(self.address(n) for n in self.nodes),
-                 "--cluster-replicas", "1", "--cluster-yes"],
-                capture_output=True, text=True, timeout=120, check=False,
-            )  # fmt: skip
-            if create.returncode != 0:
-                raise RuntimeError(f"cluster create failed:\n{create.stdout[-2000:]}{create.stderr[-2000:]}")
-            self.wait_healthy()
-        except BaseException:
-            self.cleanup()
-            raise
-        return self
+    def servers(self) -> list[ValkeyServer]:
+        return self.nodes
+
+    def form(self) -> None:
+        create = subprocess.run(
+            [cli_binary(self.binary), "--cluster", "create",
+             *(self.address(n) for n in self.nodes),
+             "--cluster-replicas", "1", "--cluster-yes"],
+            capture_output=True, text=True, timeout=120, check=False,
+        )  # fmt: skip
+        if create.returncode != 0:
+            raise RuntimeError(f"cluster create failed:\n{create.stdout[-2000:]}{create.stderr[-2000:]}")
 
     def wait_healthy(self, timeout: float = 90.0) -> None:
         """Every live node sees an ok cluster of all live nodes, and every replica is in sync."""
@@ -303,16 +333,6 @@ class ValkeyCluster:
     def stop(self) -> None:
         for node in self.nodes:
             node.stop()
-
-    def cleanup(self) -> None:
-        for node in self.nodes:
-            node.cleanup()
-
-    def __enter__(self) -> ValkeyCluster:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.cleanup()
 
 
 def configure_sentinel(
@@ -341,7 +361,7 @@ def configure_sentinel(
     sentinel.leading_args = (str(config), "--sentinel")
 
 
-class ValkeySentinels:
+class ValkeySentinels(_Deployment):
     """A primary, one replica and three sentinels (quorum 2) watching ``mymaster``."""
 
     SERVICE = "mymaster"
@@ -370,16 +390,6 @@ class ValkeySentinels:
     def servers(self) -> list[ValkeyServer]:
         return [self.primary, self.replica, *self.sentinels]
 
-    def start(self) -> ValkeySentinels:
-        try:
-            for server in self.servers():
-                server.start()
-            self.wait_healthy()
-        except BaseException:
-            self.cleanup()
-            raise
-        return self
-
     def wait_healthy(self, timeout: float = 90.0) -> None:
         """Every sentinel knows the primary, its replica and the two other sentinels."""
 
@@ -403,16 +413,6 @@ class ValkeySentinels:
             return True
 
         wait_until(healthy, "the sentinels agree on the primary and see its replica", timeout)
-
-    def cleanup(self) -> None:
-        for server in self.servers():
-            server.cleanup()
-
-    def __enter__(self) -> ValkeySentinels:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.cleanup()
 
 
 @pytest.fixture(scope="session")

@@ -40,59 +40,45 @@ def _name(common_name: str) -> x509.Name:
     return x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)])
 
 
-def make_ca(common_name: str = "statecodec test CA") -> Issued:
+def _issue(
+    subject: str,
+    extensions: list[tuple[x509.ExtensionType, bool]],
+    issuer: Issued | None = None,
+) -> Issued:
+    """A key and a certificate for ``subject``, valid from five minutes ago for a day, signed by
+    ``issuer`` (self-signed when ``None``), with ``extensions`` as (extension, critical) pairs."""
     key = ec.generate_private_key(ec.SECP256R1())
     now = datetime.datetime.now(datetime.UTC)
-    cert = (
+    builder = (
         x509.CertificateBuilder()
-        .subject_name(_name(common_name))
-        .issuer_name(_name(common_name))
+        .subject_name(_name(subject))
+        .issuer_name(issuer.cert.subject if issuer else _name(subject))
         .public_key(key.public_key())
         .serial_number(x509.random_serial_number())
         .not_valid_before(now - datetime.timedelta(minutes=5))
         .not_valid_after(now + datetime.timedelta(days=1))
-        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-        .sign(key, hashes.SHA256())
     )
-    return Issued(key, cert)
+    for extension, critical in extensions:
+        builder = builder.add_extension(extension, critical=critical)
+    return Issued(key, builder.sign(issuer.key if issuer else key, hashes.SHA256()))
+
+
+def make_ca(common_name: str = "statecodec test CA") -> Issued:
+    return _issue(common_name, [(x509.BasicConstraints(ca=True, path_length=None), True)])
 
 
 def issue_client_cert(ca: Issued, common_name: str) -> Issued:
     """A TLS client certificate (extended key usage clientAuth) signed by ``ca``."""
-    key = ec.generate_private_key(ec.SECP256R1())
-    now = datetime.datetime.now(datetime.UTC)
-    cert = (
-        x509.CertificateBuilder()
-        .subject_name(_name(common_name))
-        .issuer_name(ca.cert.subject)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - datetime.timedelta(minutes=5))
-        .not_valid_after(now + datetime.timedelta(days=1))
-        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.CLIENT_AUTH]), critical=False)
-        .sign(ca.key, hashes.SHA256())
-    )
-    return Issued(key, cert)
+    return _issue(common_name, [(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.CLIENT_AUTH]), False)], ca)
 
 
 def issue_server_cert(ca: Issued, address: str) -> Issued:
     """A TLS server certificate for the IP ``address`` (extended key usage serverAuth) signed by ``ca``."""
     import ipaddress  # noqa: PLC0415 - only this helper needs it
 
-    key = ec.generate_private_key(ec.SECP256R1())
-    now = datetime.datetime.now(datetime.UTC)
-    cert = (
-        x509.CertificateBuilder()
-        .subject_name(_name(address))
-        .issuer_name(ca.cert.subject)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - datetime.timedelta(minutes=5))
-        .not_valid_after(now + datetime.timedelta(days=1))
-        .add_extension(
-            x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address(address))]), critical=False
-        )
-        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
-        .sign(ca.key, hashes.SHA256())
+    san = x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address(address))])
+    return _issue(
+        address,
+        [(san, False), (x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), False)],
+        ca,
     )
-    return Issued(key, cert)

@@ -22,6 +22,7 @@ import subprocess
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
@@ -162,7 +163,7 @@ def start_all(
         raise
 
 
-def wait_for_log(log_path: Path, needle: str, timeout: float = 10.0) -> str:
+def wait_for_log(log_path: Path, needle: str, timeout: float = 60.0) -> str:
     """The text of ``log_path`` once it holds ``needle``, or as it is at ``timeout`` (logs flush late)."""
     deadline = time.monotonic() + timeout
     while True:
@@ -170,6 +171,25 @@ def wait_for_log(log_path: Path, needle: str, timeout: float = 10.0) -> str:
         if needle in text or time.monotonic() > deadline:
             return text
         time.sleep(0.05)
+
+
+@dataclass
+class Spawned:
+    """A server process a test started: its name, what its ready line announced (its URL), its log file."""
+
+    name: str
+    announced: str
+    proc: subprocess.Popen[str]
+    log_path: Path
+
+    def log(self) -> str:
+        return self.log_path.read_text(encoding="utf-8", errors="replace")
+
+    def wait_for_log(self, needle: str, timeout: float = 60.0) -> str:
+        return wait_for_log(self.log_path, needle, timeout)
+
+    def stop(self) -> None:
+        stop(self.proc)
 
 
 def wait_until(
@@ -231,6 +251,26 @@ def running(make: Callable[[], Made]) -> Iterator[Made]:
         yield made
     finally:
         made.cleanup()
+
+
+def node_marks(package_dir: Path, installed: str) -> list[pytest.MarkDecorator]:
+    """The marks of tests that run Node on the packages ``npm ci`` installs in ``package_dir``.
+
+    They are skipped, saying what is missing and how to install it, without node/npm or without
+    ``package_dir/node_modules/installed``.
+    """
+    where = package_dir.relative_to(ROOT).as_posix()
+    return [
+        pytest.mark.node,
+        pytest.mark.skipif(
+            shutil.which("node") is None or shutil.which("npm") is None,
+            reason=f"node/npm not found: the tests of {where} need Node 20+",
+        ),
+        pytest.mark.skipif(
+            not (package_dir / "node_modules" / installed).is_dir(),
+            reason=f"{where}/node_modules is absent: run `npm ci` in {where} (scripts/test does)",
+        ),
+    ]
 
 
 def node_or_skip(package: str = "server") -> str:

@@ -12,12 +12,18 @@ import asyncio
 import contextlib
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from pathlib import Path
 from urllib.parse import quote
 
 import pytest
 
 import statecodec as sc
 from statecodec.replay import store_from_url
+
+
+def verify_consume_args(token: str, keys: Path, replay: str, *extra: str) -> list[str]:
+    """``statecodec verify`` arguments consuming ``token`` (unbound, keys from ``keys``) in ``replay``."""
+    return ["verify", token, "--keys", f"file:{keys}", "--unbound", "--replay", replay, "--consume", *extra]
 
 
 def outcome(codec: sc.StateCodec, token: str, binding: sc.Binding) -> str:

@@ -5,8 +5,8 @@
 completes. Every handler run appends one JSON line to ``--record`` (``{"step", "at"}``),
 so a test can tell whether an abandoned early retry ran the handler. Served over
 Streamable HTTP, with JSON answers (``--json-response``) or SSE ones; the ``statecodec``
-logger writes INFO lines to stderr. Prints ``READY <url>`` once listening (port 0);
-stopped by the tests through its PID.
+logger writes its lines from DEBUG up (a hold starting among them) to stderr. Prints
+``READY <url>`` once listening (port 0); stopped by the tests through its PID.
 
 usage: python tests/adapters/holds_server.py --record PATH [--json-response] [--retry-after S] [--max-hold S]
 """
@@ -61,6 +61,7 @@ def main() -> None:
     logging.basicConfig(
         level=logging.INFO, stream=sys.stderr, force=True, format="%(levelname)s %(name)s: %(message)s"
     )
+    logging.getLogger("statecodec").setLevel(logging.DEBUG)  # "held for": a test waits for the hold
     app = server.streamable_http_app(json_response=args.json_response)
     asyncio.run(serve_http(app, "127.0.0.1", args.port))
 

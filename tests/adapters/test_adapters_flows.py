@@ -20,6 +20,7 @@ from typing import Any
 
 import mcp_types
 import pytest
+from clocks import ManualClock
 from fastmcp import Context as FastMCPContext
 from fastmcp import FastMCP
 from mcp.client import Client
@@ -42,16 +43,6 @@ ASKING: dict[str, Any] = {
 
 
 T0 = 1_750_000_000.0
-
-
-class Clock:
-    """A clock the test moves by hand (the codec's one source of time)."""
-
-    def __init__(self, now: float = T0) -> None:
-        self.now = now
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def _codec(mode: str, **kw: Any) -> StateCodec:
@@ -111,7 +102,7 @@ async def test_an_early_retry_within_the_hold_waits_then_runs(mode: str) -> None
 async def test_an_early_retry_beyond_the_hold_gets_the_same_state_and_burns_nothing(
     mode: str, caplog: pytest.LogCaptureFixture
 ) -> None:
-    clock = Clock()
+    clock = ManualClock(T0)
     codec = _codec(mode, clock=clock)
     token = await _first(codec, STATE_ONLY, retry_after=0.4)
     caplog.set_level(logging.INFO, logger="statecodec")
@@ -279,7 +270,7 @@ async def test_fastmcp_paces_and_chains(mode: str) -> None:
             return mcp_types.InputRequiredResult(request_state=json.dumps({"checks": checks + 1}))
         return f"{ticket} approved"
 
-    clock = Clock()
+    clock = ManualClock(T0)
     installed = fastmcp_adapter.protect(server, _codec(mode, clock=clock), retry_after=0.3, max_hold=0)
     assert (installed.retry_after, installed.max_hold) == (0.3, 0)
     async with Client(server._mcp_server) as client:
@@ -328,7 +319,7 @@ async def test_mcpserver_holds_an_early_retry_then_runs_it(mode: str) -> None:
 
 
 async def test_a_clock_that_fails_while_pacing_refuses_and_burns_nothing() -> None:
-    class Failing(Clock):
+    class Failing(ManualClock):
         fail_after: int | None = None
 
         def __call__(self) -> float:
@@ -338,7 +329,7 @@ async def test_a_clock_that_fails_while_pacing_refuses_and_burns_nothing() -> No
                 self.fail_after -= 1
             return self.now
 
-    clock = Failing()
+    clock = Failing(T0)
     codec = _codec("sign", clock=clock)
     token = await _first(codec, STATE_ONLY, retry_after=1)
     clock.fail_after = 1  # the codec's own read works, the pacing's read gets NaN

@@ -12,20 +12,32 @@ from __future__ import annotations
 import asyncio
 import json
 import tracemalloc
+from collections.abc import Callable
 from typing import Any
 
 import pytest
+from clocks import ManualClock
 
 from statecodec import Binding, KeyRing, StateCodec, boundary
 from statecodec.adapters.asgi import Message, RequestStateMiddleware, Scope
 from statecodec.replay.memory import MemoryReplayStore
 
 AUDIENCE = "deploy"
+T0 = 1_750_000_000.0
 TOOL = "slow_report"
 
 
-def _codec() -> StateCodec:
-    return StateCodec(KeyRing.generate(), mode="sign", replay=MemoryReplayStore())
+def _codec(clock: ManualClock | None = None) -> StateCodec:
+    if clock is None:
+        return StateCodec(KeyRing.generate(), mode="sign", replay=MemoryReplayStore())
+    return StateCodec(KeyRing.generate(), mode="sign", replay=MemoryReplayStore(clock=clock), clock=clock)
+
+
+async def _until(condition: Callable[[], bool]) -> None:
+    """Once ``condition()`` holds (a minute at most): the state a test needs, however loaded the machine."""
+    async with asyncio.timeout(60):
+        while not condition():
+            await asyncio.sleep(0.01)
 
 
 def _params(arguments: dict[str, Any], token: str | None = None) -> dict[str, Any]:
@@ -41,20 +53,21 @@ def _binding(arguments: dict[str, Any]) -> Binding:
 
 # ------------------------------------------------------------------ the shared rule (protect())
 async def test_a_cancelled_hold_consumes_nothing_and_leaves_its_place() -> None:
-    codec, holds = _codec(), boundary.Holds(total=4, per_token=2)
+    # The codec's time moves only by hand: the retry stays early, and held, until the test moves it.
+    clock = ManualClock(T0)
+    codec, holds = _codec(clock), boundary.Holds(total=4, per_token=2)
     binding = _binding({})
     token = codec.seal(b"not ready", binding, retry_after=1)
     params = _params({}, token)
     held = asyncio.create_task(
         boundary.judge_request(codec, "tools/call", params, lambda: binding, max_hold=5, holds=holds)
     )
-    await asyncio.sleep(0.2)
-    assert holds.held == 1
+    await _until(lambda: holds.held == 1)
     held.cancel()  # what the SDK does when the client of an SSE answer goes away
     with pytest.raises(asyncio.CancelledError):
         await held
     assert holds.held == 0
-    await asyncio.sleep(1)
+    clock.now += 1  # the pacing time
     judged = await boundary.judge_request(
         codec, "tools/call", params, lambda: binding, max_hold=5, holds=holds
     )
@@ -62,7 +75,8 @@ async def test_a_cancelled_hold_consumes_nothing_and_leaves_its_place() -> None:
 
 
 async def test_holds_are_bounded_per_token_and_in_total() -> None:
-    codec, holds = _codec(), boundary.Holds(total=3, per_token=2)
+    clock = ManualClock(T0)  # moved by hand: the held retries stay early until the test moves it
+    codec, holds = _codec(clock), boundary.Holds(total=3, per_token=2)
     binding = _binding({})
     first, second = (codec.seal(b"wait", binding, retry_after=0.5) for _ in range(2))
 
@@ -71,11 +85,12 @@ async def test_holds_are_bounded_per_token_and_in_total() -> None:
         return boundary.judge_request(codec, "tools/call", params, lambda: binding, max_hold=5, holds=holds)
 
     tasks = [asyncio.create_task(judge(token)) for token in (first, first, first, second, second)]
-    done, _ = await asyncio.wait(tasks, timeout=0.2)
+    await _until(lambda: holds.held == 3 and sum(task.done() for task in tasks) == 2)
     # The third retry of `first` is over its token's bound; the second of `second` over the total.
-    early = [task for task in done if task.result().early is not None]
-    assert len(early) == 2 and tasks[2] in early and tasks[4] in early
+    done = [task for task in tasks if task.done()]
+    assert done == [tasks[2], tasks[4]] and all(task.result().early is not None for task in done)
     assert holds.held == 3
+    clock.now += 0.5  # the pacing time
     results = await asyncio.gather(*(tasks[i] for i in (0, 1, 3)), return_exceptions=True)
     # At the pacing time one retry of `first` redeems it and the other finds it used.
     outcomes = sorted(type(r).__name__ if isinstance(r, Exception) else "opened" for r in results[:2])

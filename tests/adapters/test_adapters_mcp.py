@@ -14,8 +14,8 @@ from typing import Any
 
 import mcp_types as types
 import pytest
-from fastmcp import Context as FastMCPContext
 from fastmcp import FastMCP
+from fastmcp_servers import deploy_server
 from mcp.client import Client
 from mcp.server._otel import OpenTelemetryMiddleware
 from mcp.server.context import ServerRequestContext
@@ -397,16 +397,7 @@ async def test_called_directly_the_middleware_returns_the_type_the_handler_retur
 
 # ------------------------------------------------------------- FastMCP in-process
 async def test_fastmcp_tool_round_trip_in_process() -> None:
-    server: FastMCP[Any] = FastMCP("deploy")
-    seen: list[str | None] = []
-
-    @server.tool
-    async def deploy(version: str, ctx: FastMCPContext) -> Any:
-        seen.append(ctx.request_state)
-        if ctx.request_state is None:
-            return types.InputRequiredResult(request_state=f"plan {version}")
-        return f"deployed with {ctx.request_state}"
-
+    server, seen = deploy_server(lambda version: f"plan {version}")
     fastmcp_adapter.protect(server, make_codec("sign"))
     async with Client(server._mcp_server) as client:
         asked = await client.session.call_tool("deploy", {"version": "9"}, allow_input_required=True)

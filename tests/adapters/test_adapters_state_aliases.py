@@ -14,7 +14,7 @@ from typing import Any
 import httpx
 import mcp_types as types
 import pytest
-from fastmcp import Context, FastMCP
+from fastmcp_servers import deploy_server
 from mcp.client import Client
 from mcp.server.lowlevel import Server
 from mcp.shared.exceptions import MCPError
@@ -50,16 +50,7 @@ def test_state_aliases_are_detected(alias: str) -> None:
 async def test_fastmcp_snake_case_state_never_reaches_the_tool(
     mode: str, caplog: pytest.LogCaptureFixture
 ) -> None:
-    server: FastMCP[Any] = FastMCP("deploy")
-    seen: list[str | None] = []
-
-    @server.tool
-    async def deploy(version: str, ctx: Context) -> Any:
-        seen.append(ctx.request_state)
-        if ctx.request_state is None:
-            return types.InputRequiredResult(request_state=f'{{"approved": false, "version": "{version}"}}')
-        return f"EXECUTED {ctx.request_state}"
-
+    server, seen = deploy_server(lambda version: f'{{"approved": false, "version": "{version}"}}')
     fastmcp_adapter.protect(server, _codec())
     forged = {"name": "deploy", "arguments": {"version": "v1"}, "request_state": '{"approved": true}'}
     async with Client(server._mcp_server, mode=mode) as client:
@@ -109,14 +100,7 @@ async def test_oversized_token_is_refused_before_the_digest(caplog: pytest.LogCa
 
 @pytest.mark.parametrize("key", ["requestState", "request_state", "Request-State"])
 async def test_asgi_middleware_refuses_state_aliases_before_a_fastmcp_upstream(key: str) -> None:
-    server: FastMCP[Any] = FastMCP("deploy")
-    seen: list[str | None] = []
-
-    @server.tool
-    async def deploy(version: str, ctx: Context) -> Any:
-        seen.append(ctx.request_state)
-        return f"EXECUTED with state {ctx.request_state}"
-
+    server, seen = deploy_server()
     inner = server.http_app(path="/mcp", stateless_http=True, json_response=True)
     app = RequestStateMiddleware(inner, _codec(), audience="deploy")
     headers = {

@@ -71,7 +71,7 @@ class FlowService:
     def log(self, name: str) -> str:
         return self.logs[name].read_text(encoding="utf-8", errors="replace")
 
-    def wait_for_log(self, name: str, needle: str, timeout: float = 10.0) -> str:
+    def wait_for_log(self, name: str, needle: str, timeout: float = 60.0) -> str:
         return wait_for_log(self.logs[name], needle, timeout)
 
     def codec(self, **kw: Any) -> StateCodec:

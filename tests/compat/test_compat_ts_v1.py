@@ -13,28 +13,17 @@ import base64
 import json
 import shutil
 import subprocess
-from pathlib import Path
 from typing import Any
 
 import pytest
+from processes import NODE_DIR, node_marks
 
 from statecodec import InvalidState
 from statecodec.compat import ts_v1
 
-NODE_DIR = Path(__file__).parents[1] / "node"
 NODE = shutil.which("node")
 
-pytestmark = [
-    pytest.mark.node,
-    pytest.mark.skipif(
-        NODE is None or shutil.which("npm") is None,
-        reason="node/npm not found: the TypeScript SDK interoperability tests need Node 20+",
-    ),
-    pytest.mark.skipif(
-        not (NODE_DIR / "node_modules" / "@modelcontextprotocol" / "server").is_dir(),
-        reason="tests/node/node_modules is absent: run `npm ci` in tests/node (scripts/test does)",
-    ),
-]
+pytestmark = node_marks(NODE_DIR, "@modelcontextprotocol/server")
 
 KEY = "ts-sdk-request-state-key-0123456789abcdef"
 BIN_KEY = bytes(range(200, 240))  # not UTF-8: exercises the bytes form of `key`

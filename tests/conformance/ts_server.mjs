@@ -31,6 +31,7 @@ import {
     originValidationResponse
 } from '@modelcontextprotocol/server';
 import { z } from 'zod';
+import { fetchRequest, readBody, sendResponse } from '../node_http.mjs';
 
 const { values } = parseArgs({
     options: { host: { type: 'string', default: '127.0.0.1' }, port: { type: 'string', default: '0' } }
@@ -386,38 +387,16 @@ handler.current = createMcpHandler(factory);
 const hosts = localhostAllowedHostnames();
 const origins = localhostAllowedOrigins();
 
-async function readBody(req) {
-    const chunks = [];
-    for await (const chunk of req) chunks.push(chunk);
-    return Buffer.concat(chunks);
-}
-
 // node:http in, a fetch Request to the SDK's handler, its streamed Response back out.
 const http = createServer(async (req, res) => {
     try {
         const body = req.method === 'POST' ? await readBody(req) : undefined;
-        const headers = new Headers();
-        for (const [name, value] of Object.entries(req.headers)) {
-            headers.set(name, Array.isArray(value) ? value.join(', ') : value);
-        }
-        const abort = new AbortController();
-        res.on('close', () => abort.abort());
-        const request = new Request(`http://${req.headers.host ?? 'localhost'}${req.url}`, {
-            method: req.method,
-            headers,
-            body: body && body.length ? body : undefined,
-            signal: abort.signal
-        });
+        const request = fetchRequest(req, res, body);
         const response =
             hostHeaderValidationResponse(request, hosts) ??
             originValidationResponse(request, origins) ??
             (await handler.current.fetch(request));
-        res.writeHead(response.status, Object.fromEntries(response.headers.entries()));
-        res.flushHeaders();
-        if (response.body) {
-            for await (const chunk of response.body) res.write(chunk);
-        }
-        res.end();
+        await sendResponse(res, response);
     } catch (err) {
         if (err?.name !== 'AbortError') process.stderr.write(`ts_server: ${err?.stack ?? err}\n`);
         if (!res.headersSent) res.writeHead(500, { 'content-type': 'text/plain' });

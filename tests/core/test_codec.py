@@ -10,6 +10,7 @@ import pickle
 from typing import Any
 
 import pytest
+from clocks import ManualClock
 from hypothesis import given
 from hypothesis import strategies as st
 from nacl.bindings import crypto_aead_xchacha20poly1305_ietf_decrypt
@@ -30,38 +31,20 @@ FULL = sc.Binding(
     arguments={"version": "v2.1.0"},
     extra={"tenant": "acme"},
 )
-# Every reason a token itself can earn (replay and store reasons need a store; internal_error never).
-TOKEN_REASONS = {
-    "malformed",
-    "too_large",
-    "unsupported_version",
-    "wrong_mode",
-    "unknown_key",
-    "tampered",
-    "expired",
-    "not_yet_valid",
-    "binding_mismatch",
-}
-
-
-class Clock:
-    """A clock the test moves by hand."""
-
-    def __init__(self, now: float = T0) -> None:
-        self.now = now
-
-    def __call__(self) -> float:
-        return self.now
+# Every reason a token itself can earn: the flow reasons need a chained state, replayed and
+# store_unavailable a store; internal_error no token earns.
+FLOW_REASONS = {"round_limit", "flow_expired", "too_early"}
+TOKEN_REASONS = set(sc.REASONS) - FLOW_REASONS - {"replayed", "store_unavailable", "internal_error"}
 
 
 def _codec(mode: sc.Mode | str = sc.Mode.SIGN, **kw: Any) -> sc.StateCodec:
-    kw.setdefault("clock", Clock())
+    kw.setdefault("clock", ManualClock(T0))
     return sc.StateCodec(kw.pop("keys", RING), mode=mode, **kw)
 
 
 def _at(codec: sc.StateCodec, now: float) -> sc.StateCodec:
     """``codec`` with its hand-moved clock set to ``now``: time enters only through the clock."""
-    assert isinstance(codec.clock, Clock)
+    assert isinstance(codec.clock, ManualClock)
     codec.clock.now = now
     return codec
 
@@ -171,7 +154,7 @@ def test_encrypt_nonce_is_the_token_id_then_the_suffix() -> None:
 
 
 def test_seal_uses_the_clock_and_ttl() -> None:
-    clock = Clock(T0 + 5)
+    clock = ManualClock(T0 + 5)
     codec = _codec(ttl=30, clock=clock)
     opened = codec.unseal(codec.seal(b"x"))
     assert (opened.issued_at, opened.expires_at) == (T0 + 5, T0 + 35)
@@ -427,7 +410,7 @@ def test_a_ttl_is_at_most_its_ttl_as_the_sdks_state_it(mode: sc.Mode) -> None:
     # The two cases of issue 29, from the official SDKs' requestState tests: with ttl=600 a
     # token minted at T0 is refused at T0 + 600.5; with ttl=1 one minted at T0 + 2.0 is
     # refused at T0 + 3.1. Both through the injected clock, as the SDKs' tests do.
-    clock = Clock(T0)
+    clock = ManualClock(T0)
     codec = _codec(mode, clock=clock, ttl=600)
     token = codec.seal(b"x", FULL)
     clock.now = T0 + 600.5
@@ -552,7 +535,7 @@ class _FlakyStore(MemoryReplayStore):
     """A real memory store with a switch that makes it fail, as a network store would."""
 
     def __init__(self) -> None:
-        super().__init__(clock=Clock(T0))  # the store shares the tests' frozen time
+        super().__init__(clock=ManualClock(T0))  # the store shares the tests' frozen time
         self.down = False
         self.calls: list[tuple[str, float]] = []
 
@@ -594,7 +577,7 @@ def test_failed_checks_never_consume() -> None:
 
 
 def test_consume_false_leaves_the_token_usable() -> None:
-    codec = _codec(replay=MemoryReplayStore(clock=Clock(T0)))
+    codec = _codec(replay=MemoryReplayStore(clock=ManualClock(T0)))
     token = _at(codec, T0).seal(b"x", FULL)
     _at(codec, T0).unseal(token, FULL, consume=False)
     _at(codec, T0).unseal(token, FULL)
@@ -617,7 +600,7 @@ def test_store_failure_is_store_unavailable_and_leaves_the_token(caplog: pytest.
 
 
 def test_full_memory_store_fails_closed() -> None:
-    codec = _codec(replay=MemoryReplayStore(max_entries=1, clock=Clock(T0)))
+    codec = _codec(replay=MemoryReplayStore(max_entries=1, clock=ManualClock(T0)))
     first, second = (_at(codec, T0).seal(b"x", FULL) for _ in range(2))
     _at(codec, T0).unseal(first, FULL)
     assert _reason(codec, second) == "store_unavailable"
@@ -625,7 +608,7 @@ def test_full_memory_store_fails_closed() -> None:
 
 async def test_aunseal_with_the_memory_store() -> None:
     store = _FlakyStore()
-    codec = _codec(sc.Mode.ENCRYPT, replay=store, clock=Clock(T0))
+    codec = _codec(sc.Mode.ENCRYPT, replay=store, clock=ManualClock(T0))
     token = codec.seal(b"async", FULL)
     assert (await codec.aunseal(token, FULL)).payload == b"async"
     with pytest.raises(sc.InvalidState) as info:
@@ -645,7 +628,7 @@ async def test_aunseal_with_the_memory_store() -> None:
 
 
 async def test_aunseal_without_a_store_and_its_clock() -> None:
-    clock = Clock(T0)
+    clock = ManualClock(T0)
     codec = _codec(clock=clock)
     token = codec.seal(b"x", FULL)
     assert (await codec.aunseal(token, FULL)).payload == b"x"
@@ -658,7 +641,7 @@ async def test_aunseal_without_a_store_and_its_clock() -> None:
 async def test_time_enters_only_through_the_clock() -> None:
     # One way for every entry point: seal, unseal, aunseal and verify_unbound all read the
     # codec's clock, and none takes an instant of its own (no *_at_time twins, no now=).
-    clock = Clock(T0 + 0.9)
+    clock = ManualClock(T0 + 0.9)
     codec = _codec(clock=clock, ttl=600)
     token = codec.seal(b"x", FULL)
     assert codec.verify_unbound(token).issued_at == T0  # truncated to the whole second

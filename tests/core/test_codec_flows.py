@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from clocks import ManualClock
 
 import statecodec as sc
 from statecodec import _format
@@ -24,21 +25,13 @@ RING = sc.KeyRing([sc.Key("k1", bytes(range(32)), 0)], primary="k1")
 BOUND = sc.Binding("alice", "svc", "tools/call", "wait_for_approval", arguments={"id": 7})
 
 
-class Clock:
-    def __init__(self, now: float = T0) -> None:
-        self.now = now
-
-    def __call__(self) -> float:
-        return self.now
-
-
 def _codec(mode: sc.Mode, **kw: Any) -> sc.StateCodec:
-    kw.setdefault("clock", Clock())
+    kw.setdefault("clock", ManualClock(T0))
     return sc.StateCodec(RING, mode=mode, **kw)
 
 
-def _clock(codec: sc.StateCodec) -> Clock:
-    assert isinstance(codec.clock, Clock)
+def _clock(codec: sc.StateCodec) -> ManualClock:
+    assert isinstance(codec.clock, ManualClock)
     return codec.clock
 
 

@@ -75,20 +75,30 @@ def docs_valkey() -> Iterator[ValkeyServer]:
         yield server
 
 
-def reader_env(home: Path, **servers: str) -> dict[str, str]:
-    """A reader's shell: PATH and a home of its own, no VAULT_*/BAO_*; then SERVERS.
+def reader_env(tmp_path: Path, **servers: str) -> dict[str, str]:
+    """A reader's shell: PATH and a home of its own (``tmp_path/home``), no VAULT_*/BAO_*; then SERVERS.
 
     PYTHONPATH goes too when the samples run on the wheel; otherwise it stays, since it is how
     scripts/check-package's run from the unpacked sdist finds the sdist's package.
     """
+    (tmp_path / "home").mkdir()
     names = {"PATH", "LANG", "LC_ALL", "TMPDIR"} | (set() if ON_WHEEL else {"PYTHONPATH"})
     kept = {k: v for k, v in os.environ.items() if k in names}
-    return {**kept, "HOME": str(home), **servers}
+    return {**kept, "HOME": str(tmp_path / "home"), **servers}
 
 
-def run_page(path: Path, workdir: Path, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
-    program = workdir.parent / f"{path.stem}.py"
-    program.write_text(page_program(path), encoding="utf-8")
+@pytest.fixture
+def served_env(tmp_path: Path, docs_vault: OpenBao, docs_valkey: ValkeyServer) -> dict[str, str]:
+    """:func:`reader_env` with VAULT_ADDR, VAULT_TOKEN and STATECODEC_REPLAY naming the docs' servers."""
+    return reader_env(
+        tmp_path, VAULT_ADDR=docs_vault.addr, VAULT_TOKEN=docs_vault.token, STATECODEC_REPLAY=docs_valkey.url
+    )
+
+
+def run_program(program: Path, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    """``program`` under the harness, as a reader runs it: from an empty directory beside it."""
+    workdir = program.parent / "cwd"
+    workdir.mkdir(exist_ok=True)
     return subprocess.run(
         [PYTHON, "-c", _HARNESS, str(program)],
         cwd=workdir,
@@ -98,6 +108,12 @@ def run_page(path: Path, workdir: Path, env: dict[str, str]) -> subprocess.Compl
         timeout=240,
         check=False,
     )
+
+
+def run_page(path: Path, tmp_path: Path, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    program = tmp_path / f"{path.stem}.py"
+    program.write_text(page_program(path), encoding="utf-8")
+    return run_program(program, env)
 
 
 def test_docs_have_code_samples() -> None:
@@ -117,16 +133,8 @@ def test_page_program_keeps_the_pages_line_numbers(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("path", DOCS_WITH_CODE, ids=lambda p: str(p.relative_to(ROOT)))
-def test_code_samples_run(path: Path, tmp_path: Path, docs_vault: OpenBao, docs_valkey: ValkeyServer) -> None:
-    (tmp_path / "home").mkdir()
-    (tmp_path / "cwd").mkdir()
-    env = reader_env(
-        tmp_path / "home",
-        VAULT_ADDR=docs_vault.addr,
-        VAULT_TOKEN=docs_vault.token,
-        STATECODEC_REPLAY=docs_valkey.url,
-    )
-    done = run_page(path, tmp_path / "cwd", env)
+def test_code_samples_run(path: Path, tmp_path: Path, served_env: dict[str, str]) -> None:
+    done = run_page(path, tmp_path, served_env)
     where = f"{path.name} (run by {PYTHON}):\n{done.stdout[-3000:]}\n{done.stderr[-6000:]}"
     assert done.returncode == 0, where
     warnings = [
@@ -148,42 +156,24 @@ BLOCKS = [
     ("path", "line", "code"), BLOCKS, ids=[f"{p.relative_to(ROOT)}:{line}" for p, line, _ in BLOCKS]
 )
 def test_each_block_runs_alone(
-    path: Path, line: int, code: str, tmp_path: Path, docs_vault: OpenBao, docs_valkey: ValkeyServer
+    path: Path, line: int, code: str, tmp_path: Path, served_env: dict[str, str]
 ) -> None:
     """A reader copies one block into a file of its own: it carries its imports and setup.
 
     Run as the page's program is (same harness, same servers, an empty directory), with the
     block at its own line of the page so that a traceback names it.
     """
-    (tmp_path / "home").mkdir()
-    (tmp_path / "cwd").mkdir()
-    env = reader_env(
-        tmp_path / "home",
-        VAULT_ADDR=docs_vault.addr,
-        VAULT_TOKEN=docs_vault.token,
-        STATECODEC_REPLAY=docs_valkey.url,
-    )
     program = tmp_path / f"{path.stem}_{line}.py"
     program.write_text("\n" * (line - 1) + code, encoding="utf-8")
-    done = subprocess.run(
-        [PYTHON, "-c", _HARNESS, str(program)],
-        cwd=tmp_path / "cwd",
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=240,
-        check=False,
-    )
+    done = run_program(program, served_env)
     assert done.returncode == 0, f"{path.name}:{line} alone:\n{done.stdout[-2000:]}\n{done.stderr[-4000:]}"
 
 
 def test_vault_samples_stop_at_unreachable_without_a_server(tmp_path: Path, refused_port: int) -> None:
     # The other half of the convention: a reader whose VAULT_ADDR answers nothing sees the
     # page stop with the source's own diagnosis, not a NameError or a hang.
-    (tmp_path / "home").mkdir()
-    (tmp_path / "cwd").mkdir()
-    env = reader_env(tmp_path / "home", VAULT_ADDR=f"http://127.0.0.1:{refused_port}", VAULT_TOKEN="t")
-    done = run_page(ROOT / "docs" / "keys.md", tmp_path / "cwd", env)
+    env = reader_env(tmp_path, VAULT_ADDR=f"http://127.0.0.1:{refused_port}", VAULT_TOKEN="t")
+    done = run_page(ROOT / "docs" / "keys.md", tmp_path, env)
     assert done.returncode == 1, done.stderr
     last = done.stderr.strip().splitlines()[-1]
     assert re.search(

@@ -18,13 +18,12 @@ from __future__ import annotations
 
 import threading
 import time
-import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from fixtures_openbao import OpenBao
+from fixtures_openbao import OpenBao, load_policy, token_with, unique
 
 from statecodec import InvalidState, Key, KeyRing, StateCodec
 from statecodec.kms import (
@@ -50,19 +49,10 @@ TL = Timeline(**TIMING)  # promotion delay 3 s; retiring the primary waits 3.5 s
 #: One refresh on a loaded 2-core machine, on top of the refresh interval: the refresher
 #: thread's wake-up and the load itself (a file read, or two calls to OpenBao).
 REFRESH_SLACK = 1.0
-POLICIES = Path(__file__).resolve().parents[2] / "docs" / "policies"
-
-
-def unique(prefix: str = "k") -> str:
-    return f"{prefix}{uuid.uuid4().hex[:10]}"
 
 
 def policy_token(server: OpenBao, file: str, name: str) -> str:
-    text = (POLICIES / file).read_text().replace("mcp-state", name)
-    policy = f"{file.removesuffix('.hcl')}-{name}"
-    root = server.client()
-    root.sys.create_or_update_policy(policy, text)
-    return str(root.auth.token.create(policies=[policy], ttl="1h")["auth"]["client_token"])
+    return token_with(server, load_policy(server, file, name))
 
 
 # ------------------------------------------------------------------ the deployment
@@ -275,8 +265,10 @@ def test_retire_on_transit_cuts_the_version_and_every_older_one(
 
     plan = retire(source_from_url(url, token=job), v2, timeline=TL, dry_run=True)
     assert plan.retired == (v1, v2) and plan.primary in plan.retired and plan.new_key
-    assert f"transit retires {v2} by raising min_decryption_version, which cuts every older version: " \
+    assert (
+        f"transit retires {v2} by raising min_decryption_version, which cuts every older version: "
         f"the older version {v1} is retired with it" in plan.notes
+    )
     assert f"would retire {v2} and {v1}" in str(plan)
 
     report = retire_during_traffic(a, b, traffic, source_from_url(url, token=job), v2, [])

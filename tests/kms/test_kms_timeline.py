@@ -8,9 +8,11 @@ token any healthy instance mints must verify on every other healthy instance.
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from clocks import ManualClock
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
@@ -132,29 +134,30 @@ def test_invalid_timelines(kwargs: dict[str, float], message: str) -> None:
 
 
 # --------------------------------------------------------------------- manager, fake clock
-class FakeClock:
-    def __init__(self, now: float) -> None:
-        self.now = now
-
-    def __call__(self) -> float:
-        return self.now
 
 
-def manager(path: Path, clock: FakeClock, skew: float = 0.0) -> KeyManager:
+def manager(
+    path: Path,
+    clock: Callable[[], float],
+    skew: float = 0.0,
+    *,
+    max_ttl: float = 300,
+    staleness_limit: float = 100,
+) -> KeyManager:
     return KeyManager(
         FileSource(path),
         refresh_interval=10,
         jitter=0.1,
         max_skew=5,
-        max_ttl=300,
-        staleness_limit=100,
+        max_ttl=max_ttl,
+        staleness_limit=staleness_limit,
         clock=lambda: clock() + skew,
     )
 
 
 def test_manager_promotes_lazily_between_refreshes(tmp_path: Path) -> None:
     path = tmp_path / "ring.json"
-    clock = FakeClock(10_000)
+    clock = ManualClock(10_000)
     init_keys(f"file:{path}", clock=lambda: 0)
     mgr = manager(path, clock).start(background=False)
     first = mgr.signing_key().kid
@@ -171,7 +174,7 @@ def test_manager_promotes_lazily_between_refreshes(tmp_path: Path) -> None:
     assert mgr.status()["primary"] == new
 
 
-class TickingClock(FakeClock):
+class TickingClock(ManualClock):
     """Time moves on by ``step`` at every reading, as it does between two calls on a busy machine."""
 
     def __init__(self, now: float, step: float) -> None:
@@ -192,7 +195,7 @@ def test_a_token_is_never_issued_before_its_key_was_promoted(tmp_path: Path, off
     # offsets within a second so that some reading falls just before the promotion.
     path = tmp_path / "ring.json"
     init_keys(f"file:{path}", clock=lambda: 0)
-    mgr = manager(path, FakeClock(10_000)).start(background=False)
+    mgr = manager(path, ManualClock(10_000)).start(background=False)
     rotate(f"file:{path}", min_age=0, retire_after=TL.min_retire_after, clock=lambda: 10_000, timeline=TL)
     mgr.refresh_now()
     clock = TickingClock(10_000 + TL.promotion_delay - 3 + offset, step=0.25)
@@ -259,7 +262,7 @@ def test_the_primary_is_promoted_whenever_a_live_key_is(
 
 def test_staleness_stops_minting_not_verifying(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     path = tmp_path / "ring.json"
-    clock = FakeClock(10_000)
+    clock = ManualClock(10_000)
     init_keys(f"file:{path}", clock=lambda: 0)
     mgr = manager(path, clock).start(background=False)
     codec = StateCodec(mgr, ttl=300, max_skew=5, clock=clock)
@@ -330,18 +333,7 @@ def test_simulated_fleet_loses_no_token(
     init_keys(f"file:{path}", clock=lambda: t - 3600)
 
     clocks = [lambda s=s: t + s for s in skews]
-    managers = [
-        KeyManager(
-            FileSource(path),
-            refresh_interval=10,
-            jitter=0.1,
-            max_skew=5,
-            max_ttl=30,
-            staleness_limit=25,
-            clock=c,
-        ).start(background=False)
-        for c in clocks
-    ]
+    managers = [manager(path, c, max_ttl=30, staleness_limit=25).start(background=False) for c in clocks]
     codecs = [StateCodec(m, ttl=30, max_skew=5, clock=c) for m, c in zip(managers, clocks, strict=True)]
     next_refresh = [t + rng.uniform(0, 10) for _ in managers]
     refreshed = [t for _ in managers]  # when each ring was last read from the source

@@ -6,14 +6,13 @@ import base64
 import json
 import threading
 import time
-import uuid
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import hvac.exceptions
 import pytest
-from fixtures_openbao import OpenBao, clean_vault_env
+from fixtures_openbao import OpenBao, clean_vault_env, load_policy, service_key, token_with, unique
 from loopback import Loopback, Quiet
 from pki import make_ca
 
@@ -29,26 +28,8 @@ from statecodec.kms import (
 )
 from statecodec.kms._transit import TransitSource
 
-POLICIES = Path(__file__).resolve().parents[2] / "docs" / "policies"
 DAY = 86400
 TL = Timeline(refresh_interval=1, jitter=0.1, max_skew=1, max_ttl=10, staleness_limit=5)
-
-
-def unique(prefix: str = "k") -> str:
-    return f"{prefix}{uuid.uuid4().hex[:10]}"
-
-
-def load_policy(server: OpenBao, file: str, name: str) -> str:
-    """Load one of docs/policies/*.hcl for the key/path ``name`` and return the policy name."""
-    text = (POLICIES / file).read_text().replace("mcp-state", name)
-    policy = f"{file.removesuffix('.hcl')}-{name}"
-    server.client().sys.create_or_update_policy(policy, text)
-    return policy
-
-
-def token_with(server: OpenBao, *policies: str, ttl: str = "1h") -> str:
-    answer = server.client().auth.token.create(policies=list(policies), ttl=ttl)
-    return str(answer["auth"]["client_token"])
 
 
 # ------------------------------------------------------------------------------ transit
@@ -406,10 +387,8 @@ def test_approle_login_renews_and_logs_in_again(
     openbao: OpenBao, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     """Short token TTLs: the session renews at 2/3 of the lease, re-logs in at max TTL and after a revoke."""
-    name = unique()
+    name, policy = service_key(openbao)
     root = openbao.client()
-    root.secrets.transit.create_key(name, key_type="chacha20-poly1305", exportable=True)
-    policy = load_policy(openbao, "statecodec-service.hcl", name)
     mount = unique("approle")
     root.sys.enable_auth_method("approle", path=mount)
     root.auth.approle.create_or_update_approle(
@@ -516,10 +495,8 @@ def test_kubernetes_login_rereads_the_service_account_token(
 ) -> None:
     api, reviewed = _fake_kubernetes_api()
     try:
-        name = unique()
+        name, policy = service_key(openbao)
         root = openbao.client()
-        root.secrets.transit.create_key(name, key_type="chacha20-poly1305", exportable=True)
-        policy = load_policy(openbao, "statecodec-service.hcl", name)
         mount = unique("k8s")
         root.sys.enable_auth_method("kubernetes", path=mount)
         root.auth.kubernetes.configure(

@@ -47,6 +47,7 @@ import {
     localhostAllowedHostnames
 } from '@modelcontextprotocol/server';
 import { z } from 'zod';
+import { fetchRequest, readBody, sendResponse } from '../node_http.mjs';
 
 const { values } = parseArgs({
     options: {
@@ -239,42 +240,15 @@ function noteStates(body) {
     }
 }
 
-async function readBody(req) {
-    const chunks = [];
-    for await (const chunk of req) {
-        chunks.push(chunk);
-    }
-    return Buffer.concat(chunks);
-}
-
 const http = createServer(async (req, res) => {
     try {
         const body = req.method === 'POST' ? await readBody(req) : undefined;
         if (body !== undefined) {
             noteStates(body);
         }
-        const headers = new Headers();
-        for (const [name, value] of Object.entries(req.headers)) {
-            headers.set(name, Array.isArray(value) ? value.join(', ') : value);
-        }
-        const abort = new AbortController();
-        res.on('close', () => abort.abort());
-        const request = new Request(`http://${req.headers.host ?? 'localhost'}${req.url}`, {
-            method: req.method,
-            headers,
-            body: body && body.length ? body : undefined,
-            signal: abort.signal
-        });
+        const request = fetchRequest(req, res, body);
         const refused = values['host-check'] ? hostHeaderValidationResponse(request, localhostAllowedHostnames()) : undefined;
-        const response = refused ?? (await handler.fetch(request));
-        res.writeHead(response.status, Object.fromEntries(response.headers.entries()));
-        res.flushHeaders(); // a stream's head goes out at once, before its first event
-        if (response.body) {
-            for await (const chunk of response.body) {
-                res.write(chunk);
-            }
-        }
-        res.end();
+        await sendResponse(res, refused ?? (await handler.fetch(request)));
     } catch (err) {
         process.stderr.write(`ts_upstream_server: ${err?.stack ?? err}\n`);
         if (!res.headersSent) {

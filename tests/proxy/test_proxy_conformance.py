@@ -26,16 +26,16 @@ from pathlib import Path
 import httpx
 import pytest
 from fixtures_proxy import (
-    NODE_DIR,
     Proxy,
     Upstream,
     messages,
     modern_request,
-    node_or_skip,
     proxy_command,
+    running_upstream,
     start_proxies,
 )
-from processes import ROOT, await_line, spawn, stop
+from processes import ROOT, stop
+from replicas import keys_file
 
 from statecodec import KeyRing
 
@@ -55,16 +55,9 @@ class Front:
 
 @pytest.fixture(scope="module")
 def front(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Front]:
-    node = node_or_skip()
     tmp = tmp_path_factory.mktemp("proxy-conformance")
-    keys = tmp / "keys.json"
-    keys.write_text(KeyRing.generate().to_json(), encoding="utf-8")
-    keys.chmod(0o600)
-    record, log_path = tmp / "states.jsonl", tmp / "upstream.log"
-    command = [node, str(NODE_DIR / "ts_upstream_server.mjs"), "--host-check", "--record", str(record)]
-    proc = spawn(command, log_path, NODE_DIR)
-    try:
-        upstream = Upstream("typescript", await_line(proc, "READY ", log_path), proc, record, log_path)
+    keys = keys_file(tmp)
+    with running_upstream("typescript", tmp, "--host-check") as upstream:
         replay = f"sqlite:{tmp / 'replay.sqlite3'}"
         (proxy,) = start_proxies(
             tmp, upstream.url, keys=keys, replay=replay, mode="sign", jwks=None, names=["S"]
@@ -72,9 +65,7 @@ def front(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Front]:
         try:
             yield Front(upstream, proxy, keys, replay, tmp)
         finally:
-            stop(proxy.proc)
-    finally:
-        stop(proc)
+            proxy.stop()
 
 
 @pytest.fixture(scope="module")

@@ -25,6 +25,7 @@ import httpx
 import pytest
 from fixtures_proxy import Proxy, modern_request, start_proxies
 from processes import stop
+from replicas import keys_file
 
 from statecodec import KeyRing, StateCodec
 
@@ -109,10 +110,7 @@ def raw_upstream() -> Iterator[RawUpstream]:
 
 @pytest.fixture
 def keys(tmp_path: Path) -> Path:
-    path = tmp_path / "keys.json"
-    path.write_text(KeyRing.generate().to_json(), encoding="utf-8")
-    path.chmod(0o600)
-    return path
+    return keys_file(tmp_path)
 
 
 @pytest.fixture

@@ -24,17 +24,17 @@ from fixtures_proxy import (
     ANSWERS,
     AUDIENCE,
     TOOL,
-    Upstream,
     messages,
     modern_request,
     proxy_command,
-    upstream_command,
+    running_upstream,
 )
 from fixtures_valkey import ValkeyServer, running
 from processes import await_line, spawn, stop
 from prometheus_client.parser import text_string_to_metric_families
+from replicas import keys_file
 
-from statecodec import KeyRing, _telemetry
+from statecodec import _telemetry
 
 pytestmark = pytest.mark.slow
 
@@ -71,37 +71,22 @@ def until(condition: Callable[[], bool], what: str, timeout: float = 60.0) -> No
         time.sleep(0.05)
 
 
-def keys_file(tmp: Path) -> Path:
-    keys = tmp / "keys.json"
-    keys.write_text(KeyRing.generate().to_json(), encoding="utf-8")
-    keys.chmod(0o600)
-    return keys
-
-
 @pytest.fixture(scope="module")
 def watched(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Watched]:
     tmp = tmp_path_factory.mktemp("watched")
-    record, upstream_log = tmp / "states.jsonl", tmp / "upstream.log"
-    command, cwd = upstream_command("python", record)
-    upstream_proc = spawn(command, upstream_log, cwd)
-    try:
-        ready = await_line(upstream_proc, "READY ", upstream_log)
-        upstream = Upstream("python", ready, upstream_proc, record, upstream_log)
-        with running(ValkeyServer) as valkey:
-            log_path = tmp / "proxy.log"
-            args = proxy_command(
-                upstream.url, keys=keys_file(tmp), replay=valkey.url, mode="encrypt", jwks=None,
-                extra=["--admin-listen", "127.0.0.1:0", "--log-format", "json"],
-            )  # fmt: skip
-            proc = spawn(args, log_path)
-            try:
-                admin = await_line(proc, "admin on ", log_path)  # printed before "listening on"
-                url = await_line(proc, "listening on ", log_path) + "/mcp"
-                yield Watched(url, admin, proc, log_path, valkey)
-            finally:
-                stop(proc)
-    finally:
-        stop(upstream_proc)
+    with running_upstream("python", tmp) as upstream, running(ValkeyServer) as valkey:
+        log_path = tmp / "proxy.log"
+        args = proxy_command(
+            upstream.url, keys=keys_file(tmp), replay=valkey.url, mode="encrypt", jwks=None,
+            extra=["--admin-listen", "127.0.0.1:0", "--log-format", "json"],
+        )  # fmt: skip
+        proc = spawn(args, log_path)
+        try:
+            admin = await_line(proc, "admin on ", log_path)  # printed before "listening on"
+            url = await_line(proc, "listening on ", log_path) + "/mcp"
+            yield Watched(url, admin, proc, log_path, valkey)
+        finally:
+            stop(proc)
 
 
 def call(url: str, params: dict[str, Any], request_id: int = 1) -> dict[str, Any]:

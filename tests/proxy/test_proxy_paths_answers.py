@@ -43,13 +43,14 @@ from fixtures_proxy import (
     messages,
     modern_request,
     node_or_skip,
+    running_upstream,
     start_proxies,
-    upstream_command,
 )
 from mcp.client import Client
 from mcp.server.mcpserver import Context, MCPServer
 from mcp.shared.exceptions import MCPError
-from processes import await_line, spawn, stop
+from processes import stop
+from replicas import keys_file
 
 from statecodec import KeyRing, StateCodec
 from statecodec.adapters.mcp import protect
@@ -79,24 +80,13 @@ class Fleet:
         return self.codec().verify_unbound(token.decode() if isinstance(token, bytes) else token).payload
 
 
-def _keys(tmp: Path) -> Path:
-    keys = tmp / "keys.json"
-    keys.write_text(KeyRing.generate().to_json(), encoding="utf-8")
-    keys.chmod(0o600)
-    return keys
-
-
 @pytest.fixture(scope="module")
 def ts_fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
     """The TypeScript SDK server, unprotected, behind a proxy with a passthrough path."""
     node_or_skip()
     tmp = tmp_path_factory.mktemp("ts-fleet")
-    keys, replay = _keys(tmp), f"sqlite:{tmp / 'replay.sqlite3'}"
-    record, log_path = tmp / "states.jsonl", tmp / "upstream.log"
-    command, cwd = upstream_command("typescript", record)
-    proc = spawn(command, log_path, cwd)
-    try:
-        upstream = Upstream("typescript", await_line(proc, "READY ", log_path), proc, record, log_path)
+    keys, replay = keys_file(tmp), f"sqlite:{tmp / 'replay.sqlite3'}"
+    with running_upstream("typescript", tmp) as upstream:
         (proxy,) = start_proxies(
             tmp, upstream.url, keys=keys, replay=replay, mode="encrypt", jwks=None, names=("P",),
             extra=["--passthrough-path", "/oauth/token"],
@@ -104,9 +94,7 @@ def ts_fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
         try:
             yield Fleet(keys, replay, proxy, upstream)
         finally:
-            stop(proxy.proc)
-    finally:
-        stop(proc)
+            proxy.stop()
 
 
 async def post(url: str, body: bytes, headers: dict[str, str], path: bytes | None = None) -> httpx.Response:
@@ -500,7 +488,7 @@ def _crafted_server() -> Crafted:
 @pytest.fixture(scope="module")
 def crafted(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Fleet, Crafted]]:
     tmp = tmp_path_factory.mktemp("crafted")
-    keys, replay = _keys(tmp), "memory:"
+    keys, replay = keys_file(tmp), "memory:"
     upstream = _crafted_server()
     try:
         (proxy,) = start_proxies(

@@ -255,16 +255,17 @@ def test_sqlite_locked_is_store_unavailable_and_the_token_survives(
 
 
 async def test_sqlite_aunseal_does_not_block_the_event_loop(tmp_path: Path) -> None:
-    store = SQLiteReplayStore(tmp_path / "r.db", busy_timeout=2)
+    store = SQLiteReplayStore(tmp_path / "r.db", busy_timeout=120)  # waits for the lock until COMMIT
     codec = sc.StateCodec(RING, replay=store)
     token = codec.seal(b"t", ALICE)
     blocker = sqlite3.connect(tmp_path / "r.db", isolation_level=None)
     blocker.execute("BEGIN IMMEDIATE")  # the consume will wait on this lock
     async with ticking() as ticks:
         unseal = asyncio.create_task(codec.aunseal(token, ALICE))
-        await asyncio.sleep(0.3)
-        assert not unseal.done()
-        assert ticks.count >= 10  # the loop kept running while the store waited for the lock
+        async with asyncio.timeout(60):  # a loop blocked by the consume would tick only after it
+            while ticks.count < 10:
+                await asyncio.sleep(0.01)
+        assert not unseal.done()  # the loop kept running while the store waited for the lock
         blocker.execute("COMMIT")
         assert (await unseal).payload == b"t"
     blocker.close()

@@ -22,7 +22,7 @@ import jsonschema
 import pytest
 from click.testing import CliRunner
 from fixtures_postgres import APP_PASSWORD, DATABASE, SUPERUSER_PASSWORD, PostgresServer
-from fixtures_proxy import ANSWERS, TOOL, Upstream, messages, modern_request, proxy_command, upstream_command
+from fixtures_proxy import ANSWERS, TOOL, Upstream, messages, modern_request, proxy_command, running_upstream
 from processes import await_line, spawn, stop
 from prometheus_client.parser import text_string_to_metric_families
 from replay_outcomes import assert_hidden, shown_when_unavailable
@@ -181,13 +181,8 @@ def test_reprs_errors_and_logs_show_no_password(caplog: pytest.LogCaptureFixture
 @pytest.fixture(scope="module")
 def upstream(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Upstream]:
     tmp = tmp_path_factory.mktemp("pg-upstream")
-    record, log = tmp / "states.jsonl", tmp / "upstream.log"
-    command, cwd = upstream_command("python", record)
-    proc = spawn(command, log, cwd)
-    try:
-        yield Upstream("python", await_line(proc, "READY ", log), proc, record, log)
-    finally:
-        stop(proc)
+    with running_upstream("python", tmp) as upstream:
+        yield upstream
 
 
 def _call(url: str, params: dict[str, Any], request_id: int = 1) -> dict[str, Any]:

@@ -119,8 +119,9 @@ def test_ais_consumed_agrees(made: tuple[ReplayStore, Callable[[], int]]) -> Non
 def test_an_expired_entry_is_not_consumed(made: tuple[ReplayStore, Callable[[], int]]) -> None:
     store, _ = made
     key = _key()
+    recorded = time.monotonic()
     assert store.consume(key, 1.2) is True
-    assert store.is_consumed(key) is True
+    assert store.is_consumed(key) is True or time.monotonic() - recorded >= 1.2  # (a slow machine's look)
     until = time.monotonic() + 30
     while store.is_consumed(key):  # the store's own clock decides; wait for it, bounded
         assert time.monotonic() < until, "the entry never expired"

@@ -57,16 +57,19 @@ def test_a_token_whose_wait_is_pending_is_not_replayed_and_redeems_once_settled(
     finally:
         os.kill(replica.pid, signal.SIGCONT)
     wait_until(lambda: in_sync(replica), "the replica is in sync again")
+    redeemed = time.monotonic()
     assert outcome(second, token, BINDING) == "ok"  # the retry redeems it, once
     # From the first instance, the second's fresh entry is undecided until its settle window
     # (wait_timeout + socket_timeout x (retries + 1) = 8 s) has passed; then it is a replay.
     seen = []
-    deadline = time.monotonic() + 60
+    first_look = time.monotonic()
+    deadline = first_look + 60
     while (reason := outcome(first, token, BINDING)) != "replayed":
         assert reason == "store_unavailable" and time.monotonic() < deadline, reason
         seen.append(reason)
         time.sleep(0.5)
-    assert seen, "a fresh entry of another instance read as settled at once"
+    # (Unless this machine took the whole window to get to the first look.)
+    assert seen or first_look - redeemed >= 8, "a fresh entry of another instance read as settled at once"
     assert outcome(second, token, BINDING) == "replayed"  # its own acceptance: known at once
     for codec in (first, second):
         assert codec.replay is not None

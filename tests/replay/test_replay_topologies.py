@@ -32,6 +32,8 @@ from fixtures_proxy import JWKSServer, proxy_command
 from fixtures_valkey import ValkeyCluster, ValkeySentinels, ValkeyServer, in_sync, wait_until
 from mcp.shared.exceptions import MCPError
 from processes import ROOT, await_line, running, spawn, stop
+from replay_outcomes import verify_consume_args
+from replicas import keys_file
 
 import statecodec as sc
 from statecodec import ReplayStoreError
@@ -625,21 +627,7 @@ def mint_token(ring: sc.KeyRing) -> str:
 
 def test_verify_consume_with_every_url_form(any_url: str, tmp_path: Path) -> None:
     ring = sc.KeyRing.generate("k1")
-    keys = tmp_path / "keys.json"
-    keys.write_text(ring.to_json())
-    keys.chmod(0o600)
-    token = mint_token(ring)
-    args = [
-        "verify",
-        token,
-        "--keys",
-        f"file:{keys}",
-        "--unbound",
-        "--replay",
-        any_url,
-        "--consume",
-        "--json",
-    ]
+    args = verify_consume_args(mint_token(ring), keys_file(tmp_path, ring), any_url, "--json")
     runner = CliRunner()
     first = runner.invoke(main, args)
     assert first.exit_code == 0, first.output
@@ -650,12 +638,9 @@ def test_verify_consume_with_every_url_form(any_url: str, tmp_path: Path) -> Non
 
 def test_verify_consume_checks_the_store_first(valkey_cluster: ValkeyCluster, tmp_path: Path) -> None:
     ring = sc.KeyRing.generate("k1")
-    keys = tmp_path / "keys.json"
-    keys.write_text(ring.to_json())
-    keys.chmod(0o600)
     plain = f"redis://127.0.0.1:{valkey_cluster.primaries()[0]}/0"
-    args = ["verify", mint_token(ring), "--keys", f"file:{keys}", "--unbound", "--consume", "--replay", plain]
-    result = CliRunner().invoke(main, [*args, "--json"])
+    args = verify_consume_args(mint_token(ring), keys_file(tmp_path, ring), plain, "--json")
+    result = CliRunner().invoke(main, args)
     assert result.exit_code == ExitCode.STORE
     error = json.loads(result.stdout)["error"]
     assert error["reason"] == "store_unavailable" and "use redis+cluster://" in error["message"]
@@ -680,9 +665,7 @@ async def test_two_proxies_share_a_store_named_by_statecodec_replay(
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    keys = tmp_path / "keys.json"
-    keys.write_text(sc.KeyRing.generate().to_json())
-    keys.chmod(0o600)
+    keys = keys_file(tmp_path)
     record = tmp_path / "states.jsonl"
     upstream_log = tmp_path / "upstream.log"
     upstream = spawn(
@@ -734,9 +717,7 @@ async def test_two_proxies_share_a_store_named_by_statecodec_replay(
 def test_the_proxy_exits_4_before_listening_when_the_store_cannot_serve(
     which: str, valkey_cluster: ValkeyCluster, tmp_path: Path, refused_port: int
 ) -> None:
-    keys = tmp_path / "keys.json"
-    keys.write_text(sc.KeyRing.generate().to_json())
-    keys.chmod(0o600)
+    keys = keys_file(tmp_path)
     port = refused_port if which == "unreachable" else valkey_cluster.primaries()[0]
     log = tmp_path / "proxy.log"
     proc = spawn(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import textwrap
 import time
 from pathlib import Path
 from typing import Any
@@ -190,15 +191,22 @@ def test_not_a_string() -> None:
         store_from_url(None)  # type: ignore[arg-type]
 
 
+def run_fresh(program: str) -> None:
+    """``program`` (indented as a test writes it) in a fresh interpreter, which must exit 0.
+
+    This test process has imported redis already; a fresh interpreter shows what an import does.
+    """
+    subprocess.run([sys.executable, "-c", textwrap.dedent(program)], check=True, timeout=60)
+
+
 def test_importing_replay_does_not_import_redis() -> None:
-    # A fresh interpreter: this test process has imported redis already.
-    code = (
-        "import sys, statecodec, statecodec.replay as r; "
-        "r.store_from_url('memory:'); "
-        "assert 'redis' not in sys.modules, 'redis imported'; "
-        "r.RedisReplayStore; assert 'redis' in sys.modules"
-    )
-    subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
+    run_fresh("""
+        import sys, statecodec, statecodec.replay as r
+        r.store_from_url('memory:')
+        assert 'redis' not in sys.modules, 'redis imported'
+        r.RedisReplayStore
+        assert 'redis' in sys.modules
+    """)
 
 
 def test_unknown_attribute() -> None:
@@ -208,21 +216,21 @@ def test_unknown_attribute() -> None:
 
 
 def test_without_the_redis_package_the_error_says_what_to_install() -> None:
-    # A fresh interpreter in which `import redis` fails, as without the extra.
-    code = (
-        "import sys; sys.modules['redis'] = None\n"
-        "import statecodec.replay as r\n"
-        "assert r.store_from_url('memory:') is not None\n"
-        "for attempt in (lambda: r.store_from_url('redis://:pw@localhost/0'), lambda: r.RedisReplayStore):\n"
-        "    try:\n"
-        "        attempt()\n"
-        "    except ModuleNotFoundError as exc:\n"
-        "        assert \"pip install 'statecodec[redis]'\" in str(exc), exc\n"
-        "        assert 'pw' not in str(exc), exc\n"
-        "    else:\n"
-        "        raise AssertionError('no error')\n"
-    )
-    subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
+    # `import redis` fails, as without the extra.
+    run_fresh("""
+        import sys
+        sys.modules['redis'] = None
+        import statecodec.replay as r
+        assert r.store_from_url('memory:') is not None
+        for attempt in (lambda: r.store_from_url('redis://:pw@localhost/0'), lambda: r.RedisReplayStore):
+            try:
+                attempt()
+            except ModuleNotFoundError as exc:
+                assert "pip install 'statecodec[redis]'" in str(exc), exc
+                assert 'pw' not in str(exc), exc
+            else:
+                raise AssertionError('no error')
+    """)
 
 
 # ---------------------------------------------------------------- opening a store for a command

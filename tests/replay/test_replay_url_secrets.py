@@ -20,7 +20,8 @@ import pytest
 from click.testing import CliRunner
 from fixtures_valkey import ValkeyServer
 from processes import await_line, running, spawn, stop
-from replay_outcomes import assert_hidden, shown_when_unavailable
+from replay_outcomes import assert_hidden, shown_when_unavailable, verify_consume_args
+from replicas import keys_file
 
 import statecodec as sc
 from statecodec.cli import main
@@ -100,9 +101,7 @@ def test_url_errors(url: str) -> None:
 
 def test_cli_verify_output(tmp_path: Path, refused_port: int) -> None:
     ring = sc.KeyRing.generate("k1")
-    keys = tmp_path / "keys.json"
-    keys.write_text(ring.to_json())
-    keys.chmod(0o600)
+    keys = keys_file(tmp_path, ring)
     token = sc.StateCodec(ring).seal(b"x", None)
     runner = CliRunner()
     outputs = []
@@ -110,20 +109,7 @@ def test_cli_verify_output(tmp_path: Path, refused_port: int) -> None:
         good = f"redis://:{quote(USER_PW, safe='')}@127.0.0.1:{server.port}/0?client_name=verify"
         for url in [good, *urls(refused_port)]:
             for extra in ([], ["--json"]):
-                result = runner.invoke(
-                    main,
-                    [
-                        "verify",
-                        token,
-                        "--keys",
-                        f"file:{keys}",
-                        "--unbound",
-                        "--replay",
-                        url,
-                        "--consume",
-                        *extra,
-                    ],
-                )
+                result = runner.invoke(main, verify_consume_args(token, keys, url, *extra))
                 outputs += [result.stdout, result.stderr]
                 assert result.exit_code in (0, ExitCode.STORE, ExitCode.REPLAYED), result.output
     assert "consumed now in redis://:***@127.0.0.1" in "".join(outputs)
@@ -132,9 +118,7 @@ def test_cli_verify_output(tmp_path: Path, refused_port: int) -> None:
 
 
 def test_proxy_start_up_log_and_exit_message(tmp_path: Path, refused_port: int) -> None:
-    keys = tmp_path / "keys.json"
-    keys.write_text(sc.KeyRing.generate().to_json())
-    keys.chmod(0o600)
+    keys = keys_file(tmp_path)
     upstream = f"http://127.0.0.1:{refused_port}/mcp?token={UPSTREAM_PW}"  # (credentials are refused)
     base = [sys.executable, "-m", "statecodec.cli", "proxy", "--upstream", upstream, "--audience", "svc",
             "--keys", f"file:{keys}", "--listen", "127.0.0.1:0", "--log-level", "debug"]  # fmt: skip

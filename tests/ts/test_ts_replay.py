@@ -108,10 +108,11 @@ def test_wait_refuses_what_no_replica_holds_and_takes_it_back(
     valkey_primary_replica: tuple[ValkeyServer, ValkeyServer],
 ) -> None:
     primary, replica = valkey_primary_replica
-    store = RedisReplayStore(primary.url, prefix="w:", wait=1, wait_timeout=0.3)
+    # A running replica acknowledges within 5 s on a loaded machine too; a stopped one never does.
+    store = RedisReplayStore(primary.url, prefix="w:", wait=1, wait_timeout=5, socket_timeout=10)
     codec = py_codec(store)
     token = codec.seal(b"w", BINDING)
-    ts_store = {"kind": "redis", "url": primary.url, "prefix": "w:", "wait": 1, "waitTimeout": 0.3}
+    ts_store = {"kind": "redis", "url": primary.url, "prefix": "w:", "wait": 1, "waitTimeout": 5}
     admin = redis.Redis.from_url(primary.url)
     assert replica.pid is not None
     os.kill(replica.pid, signal.SIGSTOP)

@@ -14,22 +14,12 @@ import threading
 from pathlib import Path
 from typing import Any
 
-import pytest
+from processes import node_marks
 
 TS_DIR = Path(__file__).resolve().parents[2] / "ts"
 NODE = shutil.which("node")
 
-SKIPS = [
-    pytest.mark.node,
-    pytest.mark.skipif(
-        NODE is None or shutil.which("npm") is None,
-        reason="node/npm not found: the TypeScript package's tests need Node 20+",
-    ),
-    pytest.mark.skipif(
-        not (TS_DIR / "node_modules" / "typescript").is_dir(),
-        reason="ts/node_modules is absent: run `npm ci` in ts (scripts/test does)",
-    ),
-]
+SKIPS = node_marks(TS_DIR, "typescript")
 
 _built = False
 _lock = threading.Lock()
