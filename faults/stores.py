@@ -131,6 +131,29 @@ class Store:
         time.sleep(duration)
         (self._clocks / name).write_text("+0\n")
 
+    def replica_synced(self, port: int) -> bool:
+        """Whether the Valkey server at ``port`` is a replica whose link is up and whose sync is done."""
+        info = self.admin(port).info("replication")
+        return (
+            info.get("role") == "slave"
+            and info.get("master_link_status") == "up"
+            and int(info.get("master_sync_in_progress", 0)) == 0
+        )
+
+    def kill_when_copies_complete(self, copies_complete: Callable[[], bool]) -> bool:
+        """Wait until every replica holds a full copy; False (noted, the kill skipped) if none comes.
+
+        Without persistence a restarted server holds nothing until its sync from the primary
+        is done. Killing the primary before then can leave the restarted server as the only
+        one left to promote, and every entry is gone (three nodes wiped one after another, a
+        failure the promise does not cover: ``wait=N`` protects an entry against losing N
+        copies at a time, not all of them).
+        """
+        if wait_for(copies_complete, 30):
+            return True
+        self.note("kill skipped", why="a replica is still syncing: its primary holds the only full copy")
+        return False
+
     def admin(self, port: int) -> Any:
         """A direct connection to a Valkey server (bypassing its proxy: the nemesis is never partitioned)."""
         import redis  # noqa: PLC0415
@@ -317,6 +340,9 @@ class Sentinel(OnePrimary):
 
     def _kill_primary(self, duration: float) -> None:
         primary = self.primary_index()
+        others = [s.port for i, s in enumerate(self.servers) if i != primary]
+        if not self.kill_when_copies_complete(lambda: all(self.replica_synced(p) for p in others)):
+            return
         server = self.servers[primary]
         self.note("kill primary", port=server.port)
         server.kill()
@@ -440,6 +466,14 @@ class Cluster(Store):
             self._kill_primary(rng, duration)
 
     def _kill_primary(self, rng: random.Random, duration: float) -> None:
+        replicas = [n.port for n in self.cluster.nodes if n.process is not None]
+
+        def copies_complete() -> bool:
+            primaries = {self.cluster.node(p).port for p in self.cluster.primaries()}
+            return all(self.replica_synced(p) for p in replicas if p not in primaries)
+
+        if not self.kill_when_copies_complete(copies_complete):
+            return
         port = rng.choice(self.cluster.primaries())
         node = self.cluster.node(port)
         self.note("kill primary", port=port)
