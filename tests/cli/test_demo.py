@@ -9,6 +9,7 @@ misconfiguration (a replay store per instance) and expects the demo to catch it.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -19,6 +20,7 @@ import stat
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import jsonschema
@@ -245,10 +247,11 @@ def test_ctrl_c_stops_everything_and_exits_130(tmp_path: Path) -> None:
     SQLiteReplayStore(store).close()  # the file in WAL mode and its table: opening it needs no lock
     lock = sqlite3.connect(store, isolation_level=None)
     lock.execute("BEGIN IMMEDIATE")  # the write lock every consume needs
-    proc = subprocess.Popen(
-        [str(SCRIPT), "demo", "--replay", f"sqlite:///{store}?busy_timeout=300"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
-    )  # fmt: skip
+    with _sigint_reaches_children():
+        proc = subprocess.Popen(
+            [str(SCRIPT), "demo", "--replay", f"sqlite:///{store}?busy_timeout=300"],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+        )  # fmt: skip
     try:
         lines = _read_until(proc, "alice -> A")
         proc.send_signal(signal.SIGINT)  # mid-flow: round 2 is yet to come, or waits for the lock
@@ -263,6 +266,21 @@ def test_ctrl_c_stops_everything_and_exits_130(tmp_path: Path) -> None:
     assert err.strip() == "statecodec: demo interrupted; every server it started is stopped"
     assert "Every step behaved as stated" not in "".join(lines) + out
     # The servers lived in that process, which is gone: nothing it started is left running.
+
+
+@contextlib.contextmanager
+def _sigint_reaches_children() -> Iterator[None]:
+    """Children started inside see SIGINT as Ctrl-C, even when this process ignores it.
+
+    A shell without job control starts a background command (``&``, nohup) with SIGINT
+    ignored, and an ignored signal stays ignored across exec: the demo would never get the
+    signal, run to its end and exit 0. A handled signal is reset to the default on exec.
+    """
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def _read_until(proc: subprocess.Popen[str], marker: str) -> list[str]:
