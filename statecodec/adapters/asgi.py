@@ -59,6 +59,7 @@ from ._json import dumps, loads_strict
 
 __all__ = [
     "ACCEPT_IDENTITY",
+    "BODY_METHOD",
     "DEFAULT_MAX_BODY_BYTES",
     "DEFAULT_MAX_JUDGED_BYTES",
     "DEFAULT_MAX_RESPONSE_BYTES",
@@ -242,6 +243,15 @@ FORWARDER_HEADERS: Final = frozenset({b"accept-encoding", b"content-length", b"t
 #: proxy's upstream alike: an answer must come uncompressed to be inspected, and a request
 #: without the header would leave the server free to pick any coding (RFC 9110, 12.5.3).
 ACCEPT_IDENTITY: Final = (b"accept-encoding", b"identity")
+
+
+#: The key under ``scope["extensions"]`` where the middleware tells its application the
+#: JSON-RPC method it read from the body (the ``method`` member as read, ``None`` for a
+#: message without one): set only when the body was read as one strict JSON-RPC message,
+#: which every parser reads alike. The server builds the scope, so no client can set it;
+#: an application reached without it reads the body itself.
+BODY_METHOD: Final = "statecodec.body_method"
+_UNREAD: Final = object()
 
 
 def body_length(body: bytes) -> bytes:
@@ -518,10 +528,13 @@ class RequestStateMiddleware(boundary.Bounded):
             if body is None:
                 return  # the client went away while sending
             judged: Judged | None = None
+            read: object = _UNREAD  # the body's method, once read from it
             if passthrough:
                 self._check_passthrough(body)
             elif body:
-                request = self._parse(sent, body)
+                message = self._read(sent, body)
+                read = message.get("method")
+                request = self._request(message)
                 if request is not None:
                     request_id = request.message["id"]
                     if not request.stated:  # nothing to hold: the plain call of every flow's first round
@@ -553,7 +566,7 @@ class RequestStateMiddleware(boundary.Bounded):
             self.boundary, self.max_response_bytes, send, judged, request_id, budget=self.judged_bytes
         )
         try:
-            await self.app(_forwarded(scope, sent, body), _replay(body, receive), outbound.send)
+            await self.app(_forwarded(scope, sent, body, read), _replay(body, receive), outbound.send)
         finally:
             outbound.release()  # what an answer left unfinished held of the budget
         if judged is not None:  # an answer without a state is relayed unparsed: the boundary ends its flow
@@ -623,8 +636,8 @@ class RequestStateMiddleware(boundary.Bounded):
             if not message.get("more_body", False):
                 return bytes(body)
 
-    def _parse(self, sent: RequestHeaders, body: bytes) -> _Request | None:
-        """The MRTR request in ``body`` (None for any other message), or a refusal."""
+    def _read(self, sent: RequestHeaders, body: bytes) -> dict[str, Any]:
+        """The one JSON-RPC message in ``body``, its keys and routing headers checked, or a refusal."""
         try:
             message = loads_strict(body)
         except ValueError as exc:
@@ -641,6 +654,10 @@ class RequestStateMiddleware(boundary.Bounded):
             raise _refusal(400, INVALID_REQUEST_CODE, "the body is not a JSON-RPC message")
         _check_keys(message, _ENVELOPE_KEYS, "JSON-RPC")
         _check_routing_headers(sent, message)
+        return message
+
+    def _request(self, message: dict[str, Any]) -> _Request | None:
+        """The MRTR request ``message`` is (None for any other message), or a refusal."""
         method, params = message.get("method"), message.get("params")
         if not isinstance(method, str) or not boundary.is_mrtr(method):
             return None  # forwarded byte for byte; its answers are watched all the same
@@ -672,7 +689,7 @@ class RequestStateMiddleware(boundary.Bounded):
         """
 
         def judge(max_hold: float) -> Awaitable[tuple[Judged, bytes]]:
-            request = handed.pop() if handed else self._parse(sent, body)
+            request = handed.pop() if handed else self._request(self._read(sent, body))
             if request is None:  # pragma: no cover - the same body parses the same way
                 raise _refusal(400, INVALID_REQUEST_CODE, "the request changed during its hold")
             return self._judge(scope, sent, request, body, max_hold)
@@ -753,8 +770,9 @@ def _log_round(method: str, opened: OpenedState) -> None:
     )
 
 
-def _forwarded(scope: Scope, sent: RequestHeaders, body: bytes) -> Scope:
-    """The scope the application gets: its body's length, and an uncompressed answer asked for."""
+def _forwarded(scope: Scope, sent: RequestHeaders, body: bytes, method: object) -> Scope:
+    """The scope the application gets: its body's length, an uncompressed answer asked for, and
+    the body's JSON-RPC ``method`` when it was read (:data:`BODY_METHOD`)."""
     declared = sent.index.get(b"content-length")
     length = body_length(body)
     if (body or declared is not None) and declared != length:  # one pass drops all three
@@ -763,7 +781,11 @@ def _forwarded(scope: Scope, sent: RequestHeaders, body: bytes) -> Scope:
     else:
         headers = sent.without(b"accept-encoding")
     headers.append(ACCEPT_IDENTITY)
-    return {**scope, "headers": headers}
+    if method is _UNREAD:
+        return {**scope, "headers": headers}
+    extensions = scope.get("extensions")  # the server's, kept; uvicorn sends none
+    told = {BODY_METHOD: method} if extensions is None else {**extensions, BODY_METHOD: method}
+    return {**scope, "headers": headers, "extensions": told}
 
 
 def _replay(body: bytes, receive: Receive) -> Receive:
