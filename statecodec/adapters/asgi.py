@@ -1191,11 +1191,12 @@ class _Outbound:
         """``document`` (read from ``text``) with its states sealed, and whether anything changed."""
         messages = document if isinstance(document, list) else [document]
         strays = _strays_possible(messages, text)
+        if not isinstance(document, list):
+            return self._seal_message(document, strays)
+        # No client sends batches, but a server may answer with one. A list, not a generator,
+        # for any(): a generator it stops early is closed by raising GeneratorExit into it.
         sealed = [self._seal_message(message, strays) for message in messages]
-        changed = any(changed for _, changed in sealed)
-        if isinstance(document, list):  # no client sends batches, but a server may answer with one
-            return [message for message, _ in sealed], changed
-        return sealed[0][0], changed
+        return [message for message, _ in sealed], any([changed for _, changed in sealed])
 
     def _seal_message(self, message: Any, strays: bool) -> tuple[Any, bool]:
         if not isinstance(message, dict):
