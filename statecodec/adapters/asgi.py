@@ -532,9 +532,7 @@ class RequestStateMiddleware(boundary.Bounded):
             if passthrough:
                 self._check_passthrough(body)
             elif body:
-                message = self._read(sent, body)
-                read = message.get("method")
-                request = self._request(message)
+                read, request = self._parse(sent, body)
                 if request is not None:
                     request_id = request.message["id"]
                     if not request.stated:  # nothing to hold: the plain call of every flow's first round
@@ -636,6 +634,12 @@ class RequestStateMiddleware(boundary.Bounded):
             if not message.get("more_body", False):
                 return bytes(body)
 
+    def _parse(self, sent: RequestHeaders, body: bytes) -> tuple[object, _Request | None]:
+        """The method in ``body`` (None if none), and the MRTR request it is (None for any other
+        message); or a refusal. The message itself stays here: a held request keeps no parse."""
+        message = self._read(sent, body)
+        return message.get("method"), self._request(message)
+
     def _read(self, sent: RequestHeaders, body: bytes) -> dict[str, Any]:
         """The one JSON-RPC message in ``body``, its keys and routing headers checked, or a refusal."""
         try:
@@ -689,7 +693,7 @@ class RequestStateMiddleware(boundary.Bounded):
         """
 
         def judge(max_hold: float) -> Awaitable[tuple[Judged, bytes]]:
-            request = handed.pop() if handed else self._request(self._read(sent, body))
+            request = handed.pop() if handed else self._parse(sent, body)[1]
             if request is None:  # pragma: no cover - the same body parses the same way
                 raise _refusal(400, INVALID_REQUEST_CODE, "the request changed during its hold")
             return self._judge(scope, sent, request, body, max_hold)
