@@ -40,6 +40,7 @@ import secrets
 from collections.abc import Awaitable, Callable, Collection, Mapping, MutableMapping
 from dataclasses import dataclass
 from functools import partial
+from types import MappingProxyType
 from typing import Any, Final, TypeAlias, TypedDict, Unpack
 from urllib.parse import quote, unquote_to_bytes
 
@@ -252,6 +253,7 @@ ACCEPT_IDENTITY: Final = (b"accept-encoding", b"identity")
 #: an application reached without it reads the body itself.
 BODY_METHOD: Final = "statecodec.body_method"
 _UNREAD: Final = object()
+_NONE: Final[Mapping[str, Any]] = MappingProxyType({})
 
 
 def body_length(body: bytes) -> bytes:
@@ -635,13 +637,8 @@ class RequestStateMiddleware(boundary.Bounded):
                 return bytes(body)
 
     def _parse(self, sent: RequestHeaders, body: bytes) -> tuple[object, _Request | None]:
-        """The method in ``body`` (None if none), and the MRTR request it is (None for any other
-        message); or a refusal. The message itself stays here: a held request keeps no parse."""
-        message = self._read(sent, body)
-        return message.get("method"), self._request(message)
-
-    def _read(self, sent: RequestHeaders, body: bytes) -> dict[str, Any]:
-        """The one JSON-RPC message in ``body``, its keys and routing headers checked, or a refusal."""
+        """The method in ``body`` (None if none) and the MRTR request it is (None for any other
+        message); or a refusal. The message stays in this frame: a held request keeps no parse."""
         try:
             message = loads_strict(body)
         except ValueError as exc:
@@ -658,13 +655,9 @@ class RequestStateMiddleware(boundary.Bounded):
             raise _refusal(400, INVALID_REQUEST_CODE, "the body is not a JSON-RPC message")
         _check_keys(message, _ENVELOPE_KEYS, "JSON-RPC")
         _check_routing_headers(sent, message)
-        return message
-
-    def _request(self, message: dict[str, Any]) -> _Request | None:
-        """The MRTR request ``message`` is (None for any other message), or a refusal."""
         method, params = message.get("method"), message.get("params")
         if not isinstance(method, str) or not boundary.is_mrtr(method):
-            return None  # forwarded byte for byte; its answers are watched all the same
+            return method, None  # forwarded byte for byte; its answers are watched all the same
         if isinstance(params, dict):
             _check_keys(params, boundary.PARAMS_KEYS, f"{method} params")
         else:
@@ -673,8 +666,8 @@ class RequestStateMiddleware(boundary.Bounded):
         if "id" not in message:
             if stated:  # a notification cannot be answered: its state would go unjudged
                 raise _refusal(400, INVALID_REQUEST_CODE, f"a {method} notification carries a requestState")
-            return None
-        return _Request(message, method, params, stated)
+            return method, None
+        return method, _Request(message, method, params, stated)
 
     def _judge_holding(
         self,
@@ -787,9 +780,8 @@ def _forwarded(scope: Scope, sent: RequestHeaders, body: bytes, method: object) 
     headers.append(ACCEPT_IDENTITY)
     if method is _UNREAD:
         return {**scope, "headers": headers}
-    extensions = scope.get("extensions")  # the server's, kept; uvicorn sends none
-    told = {BODY_METHOD: method} if extensions is None else {**extensions, BODY_METHOD: method}
-    return {**scope, "headers": headers, "extensions": told}
+    extensions = {**(scope.get("extensions") or _NONE), BODY_METHOD: method}  # the server's kept
+    return {**scope, "headers": headers, "extensions": extensions}
 
 
 def _replay(body: bytes, receive: Receive) -> Receive:
