@@ -40,6 +40,7 @@ import secrets
 from collections.abc import Awaitable, Callable, Collection, Mapping, MutableMapping
 from dataclasses import dataclass
 from functools import partial
+from types import MappingProxyType
 from typing import Any, Final, TypeAlias, TypedDict, Unpack
 from urllib.parse import quote, unquote_to_bytes
 
@@ -59,6 +60,7 @@ from ._json import dumps, loads_strict
 
 __all__ = [
     "ACCEPT_IDENTITY",
+    "BODY_METHOD",
     "DEFAULT_MAX_BODY_BYTES",
     "DEFAULT_MAX_JUDGED_BYTES",
     "DEFAULT_MAX_RESPONSE_BYTES",
@@ -242,6 +244,16 @@ FORWARDER_HEADERS: Final = frozenset({b"accept-encoding", b"content-length", b"t
 #: proxy's upstream alike: an answer must come uncompressed to be inspected, and a request
 #: without the header would leave the server free to pick any coding (RFC 9110, 12.5.3).
 ACCEPT_IDENTITY: Final = (b"accept-encoding", b"identity")
+
+
+#: The key under ``scope["extensions"]`` where the middleware tells its application the
+#: JSON-RPC method it read from the body (the ``method`` member as read, ``None`` for a
+#: message without one): set only when the body was read as one strict JSON-RPC message,
+#: which every parser reads alike. The server builds the scope, so no client can set it;
+#: an application reached without it reads the body itself.
+BODY_METHOD: Final = "statecodec.body_method"
+_UNREAD: Final = object()
+_NONE: Final[Mapping[str, Any]] = MappingProxyType({})
 
 
 def body_length(body: bytes) -> bytes:
@@ -518,10 +530,11 @@ class RequestStateMiddleware(boundary.Bounded):
             if body is None:
                 return  # the client went away while sending
             judged: Judged | None = None
+            read: object = _UNREAD  # the body's method, once read from it
             if passthrough:
                 self._check_passthrough(body)
             elif body:
-                request = self._parse(sent, body)
+                read, request = self._parse(sent, body)
                 if request is not None:
                     request_id = request.message["id"]
                     if not request.stated:  # nothing to hold: the plain call of every flow's first round
@@ -553,7 +566,7 @@ class RequestStateMiddleware(boundary.Bounded):
             self.boundary, self.max_response_bytes, send, judged, request_id, budget=self.judged_bytes
         )
         try:
-            await self.app(_forwarded(scope, sent, body), _replay(body, receive), outbound.send)
+            await self.app(_forwarded(scope, sent, body, read), _replay(body, receive), outbound.send)
         finally:
             outbound.release()  # what an answer left unfinished held of the budget
         if judged is not None:  # an answer without a state is relayed unparsed: the boundary ends its flow
@@ -623,8 +636,9 @@ class RequestStateMiddleware(boundary.Bounded):
             if not message.get("more_body", False):
                 return bytes(body)
 
-    def _parse(self, sent: RequestHeaders, body: bytes) -> _Request | None:
-        """The MRTR request in ``body`` (None for any other message), or a refusal."""
+    def _parse(self, sent: RequestHeaders, body: bytes) -> tuple[object, _Request | None]:
+        """The method in ``body`` (None if none) and the MRTR request it is (None for any other
+        message); or a refusal. The message stays in this frame: a held request keeps no parse."""
         try:
             message = loads_strict(body)
         except ValueError as exc:
@@ -643,7 +657,7 @@ class RequestStateMiddleware(boundary.Bounded):
         _check_routing_headers(sent, message)
         method, params = message.get("method"), message.get("params")
         if not isinstance(method, str) or not boundary.is_mrtr(method):
-            return None  # forwarded byte for byte; its answers are watched all the same
+            return method, None  # forwarded byte for byte; its answers are watched all the same
         if isinstance(params, dict):
             _check_keys(params, boundary.PARAMS_KEYS, f"{method} params")
         else:
@@ -652,8 +666,8 @@ class RequestStateMiddleware(boundary.Bounded):
         if "id" not in message:
             if stated:  # a notification cannot be answered: its state would go unjudged
                 raise _refusal(400, INVALID_REQUEST_CODE, f"a {method} notification carries a requestState")
-            return None
-        return _Request(message, method, params, stated)
+            return method, None
+        return method, _Request(message, method, params, stated)
 
     def _judge_holding(
         self,
@@ -672,7 +686,7 @@ class RequestStateMiddleware(boundary.Bounded):
         """
 
         def judge(max_hold: float) -> Awaitable[tuple[Judged, bytes]]:
-            request = handed.pop() if handed else self._parse(sent, body)
+            request = handed.pop() if handed else self._parse(sent, body)[1]
             if request is None:  # pragma: no cover - the same body parses the same way
                 raise _refusal(400, INVALID_REQUEST_CODE, "the request changed during its hold")
             return self._judge(scope, sent, request, body, max_hold)
@@ -753,8 +767,9 @@ def _log_round(method: str, opened: OpenedState) -> None:
     )
 
 
-def _forwarded(scope: Scope, sent: RequestHeaders, body: bytes) -> Scope:
-    """The scope the application gets: its body's length, and an uncompressed answer asked for."""
+def _forwarded(scope: Scope, sent: RequestHeaders, body: bytes, method: object) -> Scope:
+    """The scope the application gets: its body's length, an uncompressed answer asked for, and
+    the body's JSON-RPC ``method`` when it was read (:data:`BODY_METHOD`)."""
     declared = sent.index.get(b"content-length")
     length = body_length(body)
     if (body or declared is not None) and declared != length:  # one pass drops all three
@@ -763,7 +778,10 @@ def _forwarded(scope: Scope, sent: RequestHeaders, body: bytes) -> Scope:
     else:
         headers = sent.without(b"accept-encoding")
     headers.append(ACCEPT_IDENTITY)
-    return {**scope, "headers": headers}
+    if method is _UNREAD:
+        return {**scope, "headers": headers}
+    extensions = {**(scope.get("extensions") or _NONE), BODY_METHOD: method}  # the server's kept
+    return {**scope, "headers": headers, "extensions": extensions}
 
 
 def _replay(body: bytes, receive: Receive) -> Receive:
@@ -1169,11 +1187,12 @@ class _Outbound:
         """``document`` (read from ``text``) with its states sealed, and whether anything changed."""
         messages = document if isinstance(document, list) else [document]
         strays = _strays_possible(messages, text)
+        if not isinstance(document, list):
+            return self._seal_message(document, strays)
+        # No client sends batches, but a server may answer with one. A list, not a generator,
+        # for any(): a generator it stops early is closed by raising GeneratorExit into it.
         sealed = [self._seal_message(message, strays) for message in messages]
-        changed = any(changed for _, changed in sealed)
-        if isinstance(document, list):  # no client sends batches, but a server may answer with one
-            return [message for message, _ in sealed], changed
-        return sealed[0][0], changed
+        return [message for message, _ in sealed], any([changed for _, changed in sealed])
 
     def _seal_message(self, message: Any, strays: bool) -> tuple[Any, bool]:
         if not isinstance(message, dict):

@@ -54,6 +54,7 @@ from .. import _telemetry
 from ..adapters import _json
 from ..adapters.asgi import (
     ACCEPT_IDENTITY,
+    BODY_METHOD,
     FORWARDER_HEADERS,
     Message,
     Receive,
@@ -94,6 +95,7 @@ _REPLACED_REQUEST: Final = FORWARDER_HEADERS | {
 _DROPPED_REQUEST: Final = HOP_BY_HOP | _REPLACED_REQUEST
 # SEP-2575's listen request opens a long-lived stream, as MCP's GET does.
 _LISTEN: Final = "subscriptions/listen"
+_UNREAD: Final = object()  # no method read from the body by the middleware
 # Methods that define no meaning for a body: no ``Content-Length: 0`` when there is none.
 _BODILESS: Final = frozenset({b"GET", b"HEAD", b"OPTIONS", b"TRACE", b"DELETE", b"CONNECT"})
 # Below Node's default keep-alive timeout (5 s): an idle connection is dropped here before
@@ -224,20 +226,27 @@ def _response_headers(headers: list[tuple[bytes, bytes]]) -> list[tuple[bytes, b
     return kept
 
 
-def _opens_stream(method: str, body: bytes | AsyncIterator[bytes]) -> bool:
+def _opens_stream(scope: Scope, body: bytes | AsyncIterator[bytes]) -> bool:
     """Whether a request opens a long-lived stream: a ``GET``, or a ``subscriptions/listen`` POST.
 
     The method is the body's: a header may say anything (the middleware refuses an
-    ``Mcp-Method`` that disagrees with the body, and no header is needed at all). Only a
+    ``Mcp-Method`` that disagrees with the body, and no header is needed at all). Behind
+    the middleware, the method it read from the body (:data:`BODY_METHOD`, set by the
+    server's scope, never by a client) decides without a second read. Otherwise only a
     body that may name the method is parsed: one holding ``subscriptions/listen`` as written,
     or a ``\\/`` or ``\\u`` escape (``subscriptions\\/listen`` and ``\\u006c`` spell it too).
     A body that comes in pieces is not read ahead: behind the middleware a body always comes
     whole.
     """
+    method = scope["method"]
     if method == "GET":
         return True
     if method != "POST" or not isinstance(body, bytes):
         return False
+    extensions = scope.get("extensions")
+    read: object = extensions.get(BODY_METHOD, _UNREAD) if extensions else _UNREAD
+    if read is not _UNREAD:
+        return read == _LISTEN
     # find, not `in` (which tries an int first). Only \u and \/ can spell the method's
     # letters or its slash (\" and \\ are common, in states that hold JSON): the backslash
     # first, a one-byte search at memchr's speed, and the method's bytes as written last, a
@@ -359,7 +368,7 @@ class UpstreamApp:
             body = await _Body.read(receive)
             if body is None:
                 return  # the client went away while sending
-            if _opens_stream(scope["method"], body.data):
+            if _opens_stream(scope, body.data):
                 await self._stream(scope, headers, body, receive, send)
             else:
                 await self._forward(scope, headers, body, receive, send, pool=self.pool)

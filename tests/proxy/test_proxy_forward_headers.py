@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from statecodec.adapters.asgi import BODY_METHOD
 from statecodec.proxy._forward import _opens_stream, _RequestHeaders, _response_headers
 
 
@@ -71,11 +72,22 @@ LISTEN = b'{"jsonrpc":"2.0","id":1,"method":"subscriptions/listen","params":{}}'
     ],
 )
 def test_a_stream_is_known_by_its_method_in_the_body(method: str, body: bytes, stream: bool) -> None:
-    assert _opens_stream(method, body) is stream
+    assert _opens_stream({"method": method, "extensions": {}}, body) is stream
+
+
+@pytest.mark.parametrize(
+    ("read", "stream"), [("subscriptions/listen", True), ("tools/call", False), (None, False)]
+)
+def test_the_method_the_middleware_read_decides_without_a_second_read(read: str | None, stream: bool) -> None:
+    # The body says the opposite of the middleware's verdict: only the verdict is used.
+    body = b'{"jsonrpc":"2.0","id":1,"method":"ping"}' if stream else LISTEN
+    scope = {"method": "POST", "extensions": {BODY_METHOD: read}}
+    assert _opens_stream(scope, body) is stream
+    assert _opens_stream({"method": "GET", "extensions": {BODY_METHOD: "ping"}}, b"")  # a GET is a stream
 
 
 async def test_a_body_in_pieces_is_not_read_ahead() -> None:
     async def pieces():  # type: ignore[no-untyped-def]
         yield LISTEN
 
-    assert not _opens_stream("POST", pieces())
+    assert not _opens_stream({"method": "POST"}, pieces())
