@@ -545,7 +545,12 @@ class PostgresReplayStore(ReplayStore):
             try:
                 await self._with_connection(go)
             except Exception as exc:
-                logger.debug("taking back failed consumes' rows failed, will retry: %s", _describe(exc))
+                logger.debug(
+                    "taking back failed consumes' rows of %s failed, will retry: %s",
+                    self._target.where,
+                    scrub(_describe(exc), self._target.secrets),
+                    extra=_telemetry.fields("take_back_failed", store=self.kind, detail=type(exc).__name__),
+                )
                 lane.failed.update(keys[: _SOON_KEYS - len(lane.failed)])
                 await asyncio.sleep(pause)
                 pause = min(pause * 2, _RETAKE_MAX)
