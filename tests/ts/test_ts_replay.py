@@ -110,10 +110,7 @@ def test_wait_refuses_what_no_replica_holds_and_takes_it_back(
     valkey_primary_replica: tuple[ValkeyServer, ValkeyServer],
 ) -> None:
     primary, replica = valkey_primary_replica
-    # A running replica acknowledges within 5 s on a loaded machine too; a stopped one never does.
-    store = RedisReplayStore(primary.url, prefix="w:", wait=1, wait_timeout=5, socket_timeout=10)
-    codec = py_codec(store)
-    token = codec.seal(b"w", BINDING)
+    store, codec, token = _waiting(primary.url, "w:")
     ts_store = {"kind": "redis", "url": primary.url, "prefix": "w:", "wait": 1, "waitTimeout": 5}
     admin = redis.Redis.from_url(primary.url)
     assert replica.pid is not None
@@ -126,7 +123,7 @@ def test_wait_refuses_what_no_replica_holds_and_takes_it_back(
         os.kill(replica.pid, signal.SIGCONT)
     wait_until(lambda: in_sync(replica), "the replica is in sync again")
     (accepted,) = ts_unseal([token], ts_store)
-    assert accepted["payload_hex"] == b"w".hex()
+    assert accepted["payload_hex"] == b"w:".hex()
     # Python meets TypeScript's <nonce>/<ms> entry as another instance's: undecided for its
     # settle window (5 + 10 x 2 s here), then a replay (a store with a 1.05 s window, waited out).
     assert py_reason(codec, token) in ("replayed", "store_unavailable")
@@ -142,9 +139,7 @@ def test_an_undecided_wait_entry_of_python_is_an_outage_for_typescript(
     valkey_primary_replica: tuple[ValkeyServer, ValkeyServer],
 ) -> None:
     primary, _ = valkey_primary_replica
-    store = RedisReplayStore(primary.url, prefix="u:", wait=1, wait_timeout=5, socket_timeout=10)
-    codec = py_codec(store)
-    token = codec.seal(b"u", BINDING)
+    store, codec, token = _waiting(primary.url, "u:")
     assert py_reason(codec, token) is None
     assert py_reason(codec, token) == "replayed"  # accepted by this store: settled at once
     admin = redis.Redis.from_url(primary.url)
@@ -159,6 +154,14 @@ def test_an_undecided_wait_entry_of_python_is_an_outage_for_typescript(
     (replayed,) = ts_unseal([token], quick)
     assert replayed["reason"] == "replayed"
     store.close()
+
+
+def _waiting(url: str, prefix: str) -> tuple[RedisReplayStore, sc.StateCodec, str]:
+    """A Python store with wait=1, its codec, and a token sealed by it."""
+    # A running replica acknowledges within 5 s on a loaded machine too; a stopped one never does.
+    store = RedisReplayStore(url, prefix=prefix, wait=1, wait_timeout=5, socket_timeout=10)
+    codec = py_codec(store)
+    return store, codec, codec.seal(prefix.encode(), BINDING)
 
 
 def _age_ms(admin: redis.Redis, name: bytes | str) -> int:
