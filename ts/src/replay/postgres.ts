@@ -213,8 +213,9 @@ export class PostgresReplayStore implements ReplayStore {
 
   /**
    * Return if the live row of `key`, `age` seconds old on the server's clock, is settled (a
-   * replay: old enough, or accepted by this store); throw if its writer may be undecided: nobody may have accepted the token, so
-   * the caller fails closed as in an outage. The row stays: no second consume is accepted.
+   * replay: old enough, or accepted by this store); throw if its writer may be undecided:
+   * nobody may have accepted the token, so the caller fails closed as in an outage. The row
+   * stays: no second consume is accepted.
    */
   #judge(key: string, age: number): void {
     if (age >= this.settleWindow || this.#accepted.has(key)) return;
@@ -291,8 +292,9 @@ export class PostgresReplayStore implements ReplayStore {
     const pending: [string, string][] = [];
     for (const key of keys) for (const nonce of this.#unsettled.get(key)?.keys() ?? []) pending.push([key, nonce]);
     const own = pending.length > 0;
+    const mine = new Set(keys);
     for (const [k, nonces] of this.#unsettled) {
-      if (keys.includes(k)) continue;
+      if (mine.has(k)) continue;
       for (const nonce of nonces.keys()) if (pending.length < keys.length + TAKE_BACKS_PER_CONSUME) pending.push([k, nonce]);
     }
     try {

@@ -164,7 +164,8 @@ export class RedisReplayStore implements ReplayStore {
     const previous = setReply.value;
     if (previous !== null && previous !== nonce) {
       // Someone else's: a replay, unless its writer may still be undecided.
-      if (writtenPx(previous) !== null && !this.#accepted.has(name)) await this.#judgeUndecided(name, writtenPx(previous) as number);
+      const written = writtenPx(previous);
+      if (written !== null && !this.#accepted.has(name)) await this.#judgeUndecided(name, written);
       return false;
     }
     if (this.wait === 0) return true;
