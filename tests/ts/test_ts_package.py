@@ -1,9 +1,9 @@
 """The TypeScript package's own suite (ts/test: the shared vectors, the codec, the stores),
 built with tsc and run with Node's test runner, as part of the Python suite.
 
-The store tests need real servers: this wrapper hands them the session's Valkey and
-PostgreSQL (tests/fixtures_valkey.py, tests/fixtures_postgres.py) through the
-environment, and fails if the suite skips anything.
+The store tests need real servers: this wrapper hands them the session's Valkey, a
+Valkey primary with one replica (for ``wait: 1``) and PostgreSQL (tests/fixtures_valkey.py,
+tests/fixtures_postgres.py) through the environment, and fails if the suite skips anything.
 """
 
 from __future__ import annotations
@@ -14,12 +14,17 @@ import subprocess
 
 import pytest
 from fixtures_postgres import PostgresServer
+from fixtures_valkey import ValkeyServer
 from ts_package import NODE, SKIPS, TS_DIR, build
 
 pytestmark = SKIPS
 
 
-def test_the_typescript_suite_passes(valkey_url: str, postgres_server: PostgresServer) -> None:
+def test_the_typescript_suite_passes(
+    valkey_url: str,
+    valkey_primary_replica: tuple[ValkeyServer, ValkeyServer],
+    postgres_server: PostgresServer,
+) -> None:
     build()
     files = sorted(str(p.relative_to(TS_DIR)) for p in (TS_DIR / "dist" / "test").glob("*.test.js"))
     assert "dist/test/vectors.test.js" in files
@@ -33,6 +38,7 @@ def test_the_typescript_suite_passes(valkey_url: str, postgres_server: PostgresS
         env={
             **os.environ,
             "STATECODEC_TEST_REDIS_URL": valkey_url,
+            "STATECODEC_TEST_REDIS_REPLICATED_URL": valkey_primary_replica[0].url,
             "STATECODEC_TEST_POSTGRES_URL": postgres_server.url(),
         },
     )

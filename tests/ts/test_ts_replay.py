@@ -5,7 +5,9 @@ the package's RedisReplayStore; the Python side with statecodec's. Both write th
 key (prefix, namespace, token id) with the same retention, so a token consumed by one
 language is refused as ``replayed`` by the other, in both directions; an outage fails
 closed without consuming, and ``wait=1`` refuses (and takes back) a consume no replica
-acknowledged. The same holds for one PostgreSQL table.
+acknowledged. An entry of the other language that may still be undecided (a ``wait=1`` entry,
+a PostgreSQL row, younger than the reader's settle window) fails closed (``store_unavailable``)
+in both languages, and is a replay once older. The same holds for one PostgreSQL table.
 """
 
 from __future__ import annotations
@@ -108,10 +110,7 @@ def test_wait_refuses_what_no_replica_holds_and_takes_it_back(
     valkey_primary_replica: tuple[ValkeyServer, ValkeyServer],
 ) -> None:
     primary, replica = valkey_primary_replica
-    # A running replica acknowledges within 5 s on a loaded machine too; a stopped one never does.
-    store = RedisReplayStore(primary.url, prefix="w:", wait=1, wait_timeout=5, socket_timeout=10)
-    codec = py_codec(store)
-    token = codec.seal(b"w", BINDING)
+    store, codec, token = _waiting(primary.url, "w:")
     ts_store = {"kind": "redis", "url": primary.url, "prefix": "w:", "wait": 1, "waitTimeout": 5}
     admin = redis.Redis.from_url(primary.url)
     assert replica.pid is not None
@@ -124,9 +123,52 @@ def test_wait_refuses_what_no_replica_holds_and_takes_it_back(
         os.kill(replica.pid, signal.SIGCONT)
     wait_until(lambda: in_sync(replica), "the replica is in sync again")
     (accepted,) = ts_unseal([token], ts_store)
-    assert accepted["payload_hex"] == b"w".hex()
-    assert py_reason(codec, token) == "replayed"
+    assert accepted["payload_hex"] == b"w:".hex()
+    # Python meets TypeScript's <nonce>/<ms> entry as another instance's: undecided for its
+    # settle window (5 + 10 x 2 s here), then a replay (a store with a 1.05 s window, waited out).
+    assert py_reason(codec, token) in ("replayed", "store_unavailable")
+    quick = RedisReplayStore(primary.url, prefix="w:", wait_timeout=0.05, socket_timeout=1, retries=0)
+    (name,) = admin.keys("w:*")
+    wait_until(lambda: _age_ms(admin, name) > 1050, "the entry is older than the quick store's window")
+    assert py_reason(py_codec(quick), token) == "replayed"
+    quick.close()
     store.close()
+
+
+def test_an_undecided_wait_entry_of_python_is_an_outage_for_typescript(
+    valkey_primary_replica: tuple[ValkeyServer, ValkeyServer],
+) -> None:
+    primary, _ = valkey_primary_replica
+    store, codec, token = _waiting(primary.url, "u:")
+    assert py_reason(codec, token) is None
+    assert py_reason(codec, token) == "replayed"  # accepted by this store: settled at once
+    admin = redis.Redis.from_url(primary.url)
+    (name,) = admin.keys("u:*")
+    # TypeScript with a settle window of 30 + 2 s: the entry is younger when it looks.
+    slow = {"kind": "redis", "url": primary.url, "prefix": "u:", "wait": 1, "waitTimeout": 30}
+    (refused,) = ts_unseal([token], slow)
+    assert refused["reason"] == "store_unavailable"
+    # And with a window of 0.05 + 1 s, once the entry is older than that: a replay.
+    quick = {"kind": "redis", "url": primary.url, "prefix": "u:", "waitTimeout": 0.05, "commandTimeout": 1}
+    wait_until(lambda: _age_ms(admin, name) > 1050, "the entry is older than the quick store's window")
+    (replayed,) = ts_unseal([token], quick)
+    assert replayed["reason"] == "replayed"
+    store.close()
+
+
+def _waiting(url: str, prefix: str) -> tuple[RedisReplayStore, sc.StateCodec, str]:
+    """A Python store with wait=1, its codec, and a token sealed by it."""
+    # A running replica acknowledges within 5 s on a loaded machine too; a stopped one never does.
+    store = RedisReplayStore(url, prefix=prefix, wait=1, wait_timeout=5, socket_timeout=10)
+    codec = py_codec(store)
+    return store, codec, codec.seal(prefix.encode(), BINDING)
+
+
+def _age_ms(admin: redis.Redis, name: bytes | str) -> int:
+    """A wait=N entry's age on the server's clock: the retention it holds minus its PTTL."""
+    value = admin.get(name)
+    assert isinstance(value, bytes)
+    return int(value.rpartition(b"/")[2]) - int(admin.pttl(name))
 
 
 @pytest.mark.parametrize("first", ["python", "typescript"])
@@ -169,13 +211,21 @@ def test_python_and_typescript_share_one_postgres_table(postgres_server: Postgre
     ts_store = {"kind": "postgres", "url": postgres_server.url(), "table": table}
     first, replayed = ts_unseal([by_ts, by_python], ts_store)
     assert first["payload_hex"] == b"b".hex()
-    assert replayed["reason"] == "replayed"
+    # TypeScript meets Python's row as another instance's: undecided for its settle window.
+    assert replayed["reason"] in ("replayed", "store_unavailable")
     # Python meets TypeScript's row as another instance's: undecided for the settle window,
     # then a replay (older than the window here).
     assert py_reason(codec, by_ts) in ("replayed", "store_unavailable")
     _age(postgres_server, table)
     assert py_reason(codec, by_ts) == "replayed"
-    assert len(store) == 2
+    (again,) = ts_unseal([by_python], ts_store)
+    assert again["reason"] == "replayed"
+    # A fresh Python row is an outage for TypeScript (a settle window of 2 x 30 + 1 s).
+    fresh = codec.seal(b"c", BINDING)
+    assert py_reason(codec, fresh) is None
+    (refused,) = ts_unseal([fresh], {**ts_store, "timeout": 30})
+    assert refused["reason"] == "store_unavailable"
+    assert len(store) == 3
     store.close()
 
 

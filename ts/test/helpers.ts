@@ -15,3 +15,12 @@ export function hex(bytes: Uint8Array): string {
 export function fromHex(text: string): Uint8Array {
   return new Uint8Array(Buffer.from(text, "hex"));
 }
+
+/** Wait for a state polled every 20 ms, up to a minute (the machine may be loaded). */
+export async function until(ready: () => Promise<boolean>): Promise<void> {
+  const deadline = performance.now() + 60_000;
+  while (!(await ready())) {
+    if (performance.now() > deadline) throw new Error("the state never came");
+    await new Promise((resolve) => setTimeout(resolve, 20));
+  }
+}

@@ -18,15 +18,27 @@
  * deleted again, in the pipeline of the next consume, until a WAIT (or, without wait, the
  * server's reply) confirms it, so a token nobody accepted is never left "replayed".
  *
+ * No false replays, as in Python: with `wait: N` an entry exists from its SET on while its
+ * writer may still be undecided (its WAIT running, or fallen short with the take-back on its
+ * way). So a `wait: N` consume writes its nonce and its retention (`<nonce>/<ms>`, Python's
+ * format), and whoever finds such an entry of someone else asks its PTTL (one more round
+ * trip, on this rare path only): retention minus time left is its age on the server's
+ * clock. Younger than the settle window (`waitTimeout + commandTimeout`: Python's
+ * `wait_timeout + socket_timeout x (retries + 1)`, this store retrying nothing), the consume
+ * fails closed ("not settled yet", `store_unavailable`, retry); older, it is a replay. Keys
+ * this store object accepted are settled at once (RecentlyAccepted). With `wait: 0` the value
+ * is the bare nonce, and nothing changes.
+ *
  * Needs Redis >= 7.0 or Valkey >= 7.2 (SET with both NX and GET).
  */
 
 import { randomBytes } from "node:crypto";
 
-import { createClient, type RedisClientType } from "redis";
+import { createClient, ErrorReply, type RedisClientType } from "redis";
 
 import { ReplayStoreError } from "../errors.js";
 import { checkRetention, type ReplayStore } from "./base.js";
+import { RecentlyAccepted } from "./settle.js";
 
 export const DEFAULT_REDIS_PREFIX = "statecodec:replay:";
 /** Deletes the key only if it still holds this call's nonce (the Python store's script). */
@@ -35,6 +47,8 @@ export const RELEASE_SCRIPT =
 /** How many unsettled entries one consume sends along at most. */
 const TAKE_BACKS_PER_CONSUME = 16;
 const UNSETTLED_MAX = 10_000;
+/** Between a wait=N entry's nonce and the retention (ms) it was written with, as in Python. */
+const PENDING = "/";
 
 export interface RedisStoreOptions {
   /** Prepended to every key (default "statecodec:replay:", as in Python). */
@@ -56,6 +70,9 @@ export class RedisReplayStore implements ReplayStore {
   readonly prefix: string;
   readonly wait: number;
   readonly waitTimeout: number;
+  /** With wait=N: milliseconds after its SET (server clock) another's entry may still be undecided. */
+  readonly settleWindowMs: number;
+  readonly #accepted: RecentlyAccepted;
   readonly #client: Client;
   readonly #ownsClient: boolean;
   readonly #commandMs: number;
@@ -80,6 +97,8 @@ export class RedisReplayStore implements ReplayStore {
     this.prefix = prefix;
     this.wait = wait;
     this.waitTimeout = waitTimeout;
+    this.settleWindowMs = Math.ceil((waitTimeout + commandTimeout) * 1000);
+    this.#accepted = new RecentlyAccepted(this.settleWindowMs / 1000);
     // WAIT blocks up to waitTimeout; the command must be allowed longer than that.
     this.#commandMs = Math.ceil((commandTimeout + (wait ? waitTimeout : 0)) * 1000);
     if (typeof target === "string") {
@@ -114,7 +133,8 @@ export class RedisReplayStore implements ReplayStore {
     // Rounded up: never kept shorter than asked (and never 0 ms, which the server refuses).
     const px = Math.ceil(retentionSeconds * 1000);
     const name = this.prefix + key;
-    const nonce = this.#nonceBase + (this.#counter++).toString(36);
+    // With wait=N the retention goes along: whoever finds the entry can tell its age.
+    const nonce = this.#nonceBase + (this.#counter++).toString(36) + (this.wait ? `${PENDING}${px}` : "");
     try {
       await this.#connected();
     } catch (exc) {
@@ -142,8 +162,17 @@ export class RedisReplayStore implements ReplayStore {
       throw this.#error(setReply.error);
     }
     const previous = setReply.value;
-    if (previous !== null && previous !== nonce) return false; // someone else's: a replay
-    if (this.wait === 0 || confirmed) return true;
+    if (previous !== null && previous !== nonce) {
+      // Someone else's: a replay, unless its writer may still be undecided.
+      const written = writtenPx(previous);
+      if (written !== null && !this.#accepted.has(name)) await this.#judgeUndecided(name, written);
+      return false;
+    }
+    if (this.wait === 0) return true;
+    if (confirmed) {
+      this.#accepted.add(name, px / 1000);
+      return true;
+    }
     // Fewer replicas than asked hold the entry: refuse, and take the entry back now. The
     // deletion is not confirmed by a WAIT of its own, so it stays listed for the next one.
     this.#note(name, nonce);
@@ -158,6 +187,30 @@ export class RedisReplayStore implements ReplayStore {
     throw new ReplayStoreError(
       `only ${count} of ${this.wait} replica(s) acknowledged the consume within ${this.waitTimeout} s${why}; the token was not accepted and ${after}`,
     );
+  }
+
+  /**
+   * Return if another's wait=N entry, written with `px` ms of retention, is settled (a replay);
+   * throw if its writer may not have decided yet: nobody may have accepted the token, so the
+   * caller fails closed as in an outage. The entry stays: no second consume is accepted.
+   */
+  async #judgeUndecided(name: string, px: number): Promise<void> {
+    let left: unknown;
+    try {
+      left = await this.#client.sendCommand(["PTTL", name], { timeout: this.#commandMs });
+    } catch (exc) {
+      if (exc instanceof ErrorReply) return; // PTTL refused (an ACL without +pttl): judged settled
+      throw this.#error(exc);
+    }
+    if (typeof left !== "number" || left === -1) return; // no TTL: judged settled
+    if (left === -2) throw new ReplayStoreError("the entry was taken back meanwhile; retry");
+    const age = px - left;
+    if (age < this.settleWindowMs) {
+      throw new ReplayStoreError(
+        `an earlier redemption of this token is not settled yet (written ${Math.max(age, 0)} ms ago, ` +
+          "its replicas' confirmation may still be pending): retry",
+      );
+    }
   }
 
   /** Connect now and PING; throws ReplayStoreError if the store cannot serve. */
@@ -220,6 +273,14 @@ export class RedisReplayStore implements ReplayStore {
     if (exc instanceof ReplayStoreError) return exc;
     return new ReplayStoreError(`redis replay store did not answer: ${describe(exc)}`);
   }
+}
+
+/** The retention a wait=N consume wrote into its entry, or null (wait=0, another writer). */
+function writtenPx(value: unknown): number | null {
+  if (typeof value !== "string") return null;
+  const at = value.lastIndexOf(PENDING);
+  const px = value.slice(at + 1);
+  return at >= 0 && /^[0-9]+$/.test(px) ? Number(px) : null;
 }
 
 type Settled = { ok: true; value: unknown } | { ok: false; error: unknown };
