@@ -209,6 +209,27 @@ def refuse_unknown(store_name: str, fault_kinds: list[str], pg_standby: str) -> 
     return kinds
 
 
+#: After the faults, the workload goes on until this many redemptions were accepted in the
+#: whole run (or RECOVERY_SECONDS pass): a schedule whose faults leave the store failing
+#: closed to its last second (a quorum split right before the end, on a loaded machine)
+#: still shows whether the store comes back, rather than a run that says nothing.
+RECOVERED_AT = 101
+RECOVERY_SECONDS = 90.0
+
+
+def recover(history: Path, events: HistoryWriter, accepted: int, timeout: float) -> None:
+    """Let the clients go on, faults healed, until ``accepted`` redemptions are in the history."""
+    deadline = time.monotonic() + timeout
+    started = time.monotonic()
+    while (count := history.read_bytes().count(b'"outcome":"accepted"')) < accepted:
+        if time.monotonic() > deadline:
+            events.event("note", what="not recovered", accepted=count, seconds=timeout)
+            return
+        time.sleep(0.5)
+    if time.monotonic() - started > 0.5:
+        events.event("note", what="recovered", accepted=count, seconds=round(time.monotonic() - started, 1))
+
+
 def run(store_name: str, fault_kinds: list[str], seconds: float, seed: int, *, honest: int = 4,
         attackers: int = 2, wait: int | None = None, pg_standby: str = "sync", workdir: Path | None = None,
         history: Path | None = None, log: Callable[[str], None] = print) -> Verdict:  # fmt: skip
@@ -240,6 +261,7 @@ def run(store_name: str, fault_kinds: list[str], seconds: float, seed: int, *, h
         for thread in threads:
             thread.join(timeout=60)
         store.heal()
+        recover(workdir / "history.jsonl", events, RECOVERED_AT, RECOVERY_SECONDS)
         runner.stop_clients(timeout=45)
     finally:
         # Whatever failed, no client or server outlives the run: a heal that fails must not
