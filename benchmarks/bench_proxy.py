@@ -50,29 +50,14 @@ from typing import Any
 import _harness
 import httpx
 from _harness import ROOT, interleaved
+from fixtures_proxy import ANSWERS, META, TOOL, modern_headers
 from fixtures_valkey import ValkeyServer
 from processes import await_line, spawn, started, stop
 
 from statecodec import KeyRing
 
-TOOL = "deploy_production"
-MODERN = "2026-07-28"
-META = {
-    "io.modelcontextprotocol/protocolVersion": MODERN,
-    "io.modelcontextprotocol/clientInfo": {"name": "bench", "version": "1"},
-    "io.modelcontextprotocol/clientCapabilities": {"elicitation": {"form": {}}},
-}
-HEADERS = {
-    "content-type": "application/json",
-    "accept": "application/json, text/event-stream",
-    "mcp-protocol-version": MODERN,
-    "mcp-method": "tools/call",
-    "mcp-name": TOOL,
-}
-ANSWERS = {
-    "confirm_deploy": {"action": "accept", "content": {"confirm": True}},
-    "change_ticket": {"action": "accept", "content": {"ticket": "CHG-1"}},
-}
+# The deploy flow's requests as the proxy tests send them (tests/fixtures_proxy.py).
+HEADERS = modern_headers("tools/call", TOOL)
 
 
 # ------------------------------------------------------------------ processes

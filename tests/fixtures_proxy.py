@@ -61,15 +61,20 @@ def modern_request(method: str, params: dict[str, Any], request_id: int = 1) -> 
     body = json.dumps(
         {"jsonrpc": "2.0", "id": request_id, "method": method, "params": {**params, "_meta": META}}
     )
+    return body.encode(), modern_headers(method, params["name"] if method == "tools/call" else None)
+
+
+def modern_headers(method: str, tool: str | None = None) -> dict[str, str]:
+    """The headers a 2026-07-28 client sends with a JSON-RPC request (``tool``: a call's ``Mcp-Name``)."""
     headers = {
         "content-type": "application/json",
         "accept": "application/json, text/event-stream",
         "mcp-protocol-version": MODERN,
         "mcp-method": method,
     }
-    if method == "tools/call":
-        headers["mcp-name"] = params["name"]
-    return body.encode(), headers
+    if tool is not None:
+        headers["mcp-name"] = tool
+    return headers
 
 
 def messages(response: httpx.Response) -> list[dict[str, Any]]:

@@ -43,23 +43,6 @@ ROTATE_EVERY = 3.0
 TIMING = {"refresh_interval": 1.0, "jitter": 0.1, "max_skew": 2.0, "max_ttl": 30.0, "expiry_grace": 0.0,
           "staleness_limit": 5.0}  # fmt: skip
 TTL = 30
-TOOL = "deploy_production"
-PROTOCOL = "2026-07-28"
-META = {
-    "io.modelcontextprotocol/protocolVersion": PROTOCOL,
-    "io.modelcontextprotocol/clientCapabilities": {"elicitation": {"form": {}}},
-}
-HEADERS = {
-    "Authorization": "Bearer alice-token",
-    "Accept": "application/json, text/event-stream",
-    "MCP-Protocol-Version": PROTOCOL,
-    "Mcp-Method": "tools/call",
-    "Mcp-Name": TOOL,
-}
-ANSWERS = {
-    "confirm_deploy": {"action": "accept", "content": {"confirm": True}},
-    "change_ticket": {"action": "accept", "content": {"ticket": "CHG-42"}},
-}
 
 
 # ------------------------------------------------------------ the server process
@@ -146,6 +129,8 @@ class Load:
         self.deployed_on: Counter[str] = Counter()
 
     async def flow(self, http: Any, i: int) -> None:
+        from fixtures_proxy import ANSWERS, META, TOOL  # noqa: PLC0415 - tests/ is not on the server's path
+
         from statecodec import _format  # noqa: PLC0415
 
         params = {"name": TOOL, "arguments": {"version": f"1.{i}"}, "_meta": META}
@@ -180,6 +165,7 @@ class Load:
 
     async def run(self, flows: int) -> float:
         import httpx  # noqa: PLC0415
+        from fixtures_proxy import TOOL, modern_headers  # noqa: PLC0415
 
         queue: asyncio.Queue[int] = asyncio.Queue()
         for i in range(flows):
@@ -193,7 +179,8 @@ class Load:
         limits = httpx.Limits(
             max_connections=CONCURRENCY * 2, max_keepalive_connections=CONCURRENCY * 2, keepalive_expiry=None
         )
-        async with httpx.AsyncClient(timeout=60, headers=HEADERS, limits=limits) as http:
+        headers = {**modern_headers("tools/call", TOOL), "authorization": "Bearer alice-token"}
+        async with httpx.AsyncClient(timeout=60, headers=headers, limits=limits) as http:
 
             async def worker() -> None:
                 while not queue.empty():

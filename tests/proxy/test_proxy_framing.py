@@ -66,6 +66,11 @@ class Case:
     reason: str | None = "bytes_after_answer"
 
 
+def refused(answer: bytes, reason: str) -> Case:
+    """An answer the proxy cannot follow: its client gets the clean 502, its connection is closed."""
+    return Case((answer,), 502, reason=reason)
+
+
 CASES: dict[str, Case] = {
     # Bytes past the end of a complete answer (attack 5): the answer is relayed as its
     # framing delimits it, the rest is never parsed as an answer, the connection is closed.
@@ -109,58 +114,44 @@ CASES: dict[str, Case] = {
         reason=None,
         absent=(b"link",),
     ),
-    "100-with-a-body": Case(
-        (b"HTTP/1.1 100 Continue\r\nContent-Length: 2\r\n\r\n{}" + OK,), 502, reason="invalid_http"
-    ),
-    "101-switching-protocols": Case(
-        (b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\r\n",),
-        502,
-        reason="switched_protocols",
+    "100-with-a-body": refused(b"HTTP/1.1 100 Continue\r\nContent-Length: 2\r\n\r\n{}" + OK, "invalid_http"),
+    "101-switching-protocols": refused(
+        b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\r\n",
+        "switched_protocols",
     ),
     # Length: repeated, conflicting or malformed Content-Length, or one with Transfer-Encoding.
-    "content-length-repeated-equal": Case(
-        (b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nContent-Length: 2\r\n\r\n{}",), 502, reason="invalid_http"
+    "content-length-repeated-equal": refused(
+        b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nContent-Length: 2\r\n\r\n{}", "invalid_http"
     ),
-    "content-length-conflicting": Case(
-        (b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nContent-Length: 3\r\n\r\n{}x",), 502, reason="invalid_http"
+    "content-length-conflicting": refused(
+        b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nContent-Length: 3\r\n\r\n{}x", "invalid_http"
     ),
-    "content-length-list": Case(
-        (b"HTTP/1.1 200 OK\r\nContent-Length: 2, 2\r\n\r\n{}",), 502, reason="invalid_http"
+    "content-length-list": refused(b"HTTP/1.1 200 OK\r\nContent-Length: 2, 2\r\n\r\n{}", "invalid_http"),
+    "content-length-signed": refused(b"HTTP/1.1 200 OK\r\nContent-Length: +2\r\n\r\n{}", "invalid_http"),
+    "transfer-encoding-and-content-length": refused(
+        b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nTransfer-Encoding: chunked\r\n\r\n2\r\n{}\r\n0\r\n\r\n",
+        "invalid_http",
     ),
-    "content-length-signed": Case(
-        (b"HTTP/1.1 200 OK\r\nContent-Length: +2\r\n\r\n{}",), 502, reason="invalid_http"
+    "content-length-and-transfer-encoding": refused(
+        b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nContent-Length: 2\r\n\r\n2\r\n{}\r\n0\r\n\r\n",
+        "invalid_http",
     ),
-    "transfer-encoding-and-content-length": Case(
-        (b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nTransfer-Encoding: chunked\r\n\r\n2\r\n{}\r\n0\r\n\r\n",),
-        502,
-        reason="invalid_http",
+    "transfer-encoding-not-chunked": refused(
+        b"HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip\r\n\r\n{}", "transfer_coding"
     ),
-    "content-length-and-transfer-encoding": Case(
-        (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nContent-Length: 2\r\n\r\n2\r\n{}\r\n0\r\n\r\n",),
-        502,
-        reason="invalid_http",
+    "transfer-encoding-chunked-then-gzip": refused(
+        b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked, gzip\r\n\r\n{}", "transfer_coding"
     ),
-    "transfer-encoding-not-chunked": Case(
-        (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip\r\n\r\n{}",), 502, reason="transfer_coding"
-    ),
-    "transfer-encoding-chunked-then-gzip": Case(
-        (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked, gzip\r\n\r\n{}",), 502, reason="transfer_coding"
-    ),
-    "transfer-encoding-chunked-twice": Case(
-        (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n",),
-        502,
-        reason="transfer_coding",
+    "transfer-encoding-chunked-twice": refused(
+        b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n",
+        "transfer_coding",
     ),
     # Chunks: invalid sizes, sizes past 64 bits, data without its CRLF.
-    "chunk-size-not-hex": Case((CHUNKED_HEAD + b"zz\r\n{}\r\n0\r\n\r\n",), 502, reason="invalid_http"),
-    "chunk-size-negative": Case((CHUNKED_HEAD + b"-2\r\n{}\r\n0\r\n\r\n",), 502, reason="invalid_http"),
-    "chunk-size-overflow": Case(
-        (CHUNKED_HEAD + b"1" + b"0" * 17 + b"\r\n{}\r\n0\r\n\r\n",), 502, reason="invalid_http"
-    ),
-    "chunk-size-with-a-space": Case((CHUNKED_HEAD + b"2 \r\n{}\r\n0\r\n\r\n",), 502, reason="invalid_http"),
-    "chunk-data-longer-than-its-size": Case(
-        (CHUNKED_HEAD + b"2\r\n{}XX\r\n0\r\n\r\n",), 502, reason="invalid_http"
-    ),
+    "chunk-size-not-hex": refused(CHUNKED_HEAD + b"zz\r\n{}\r\n0\r\n\r\n", "invalid_http"),
+    "chunk-size-negative": refused(CHUNKED_HEAD + b"-2\r\n{}\r\n0\r\n\r\n", "invalid_http"),
+    "chunk-size-overflow": refused(CHUNKED_HEAD + b"1" + b"0" * 17 + b"\r\n{}\r\n0\r\n\r\n", "invalid_http"),
+    "chunk-size-with-a-space": refused(CHUNKED_HEAD + b"2 \r\n{}\r\n0\r\n\r\n", "invalid_http"),
+    "chunk-data-longer-than-its-size": refused(CHUNKED_HEAD + b"2\r\n{}XX\r\n0\r\n\r\n", "invalid_http"),
     "a-stream-whose-later-chunk-is-invalid": Case(
         (CHUNKED_HEAD + b"7\r\ndata: 1\r\n", b"zz\r\n"),
         200,
@@ -186,21 +177,13 @@ CASES: dict[str, Case] = {
         absent=(b"set-cookie",),
     ),
     # Heads that are not HTTP/1.1.
-    "an-http-2-status-line": Case(
-        (b"HTTP/2.0 200 OK\r\nContent-Length: 2\r\n\r\n{}",), 502, reason="http_version"
-    ),
-    "obs-fold": Case(
-        (b"HTTP/1.1 200 OK\r\nX-A: 1\r\n 2\r\nContent-Length: 2\r\n\r\n{}",), 502, reason="invalid_http"
-    ),
-    "space-before-the-colon": Case(
-        (b"HTTP/1.1 200 OK\r\nContent-Length : 2\r\n\r\n{}",), 502, reason="invalid_http"
-    ),
-    "bare-lf-line-ends": Case((b"HTTP/1.1 200 OK\nContent-Length: 2\n\n{}",), 502, reason="invalid_http"),
-    "a-head-that-never-ends": Case(
-        (b"HTTP/1.1 200 OK\r\nX-Pad: " + b"a" * 200_000,), 502, reason="head_too_large"
-    ),
-    "interim-answers-without-end": Case(
-        (b"HTTP/1.1 103 Early Hints\r\nLink: </x>\r\n\r\n" * 5000,), 502, reason="head_too_large"
+    "an-http-2-status-line": refused(b"HTTP/2.0 200 OK\r\nContent-Length: 2\r\n\r\n{}", "http_version"),
+    "obs-fold": refused(b"HTTP/1.1 200 OK\r\nX-A: 1\r\n 2\r\nContent-Length: 2\r\n\r\n{}", "invalid_http"),
+    "space-before-the-colon": refused(b"HTTP/1.1 200 OK\r\nContent-Length : 2\r\n\r\n{}", "invalid_http"),
+    "bare-lf-line-ends": refused(b"HTTP/1.1 200 OK\nContent-Length: 2\n\n{}", "invalid_http"),
+    "a-head-that-never-ends": refused(b"HTTP/1.1 200 OK\r\nX-Pad: " + b"a" * 200_000, "head_too_large"),
+    "interim-answers-without-end": refused(
+        b"HTTP/1.1 103 Early Hints\r\nLink: </x>\r\n\r\n" * 5000, "head_too_large"
     ),
 }
 

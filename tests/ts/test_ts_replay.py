@@ -16,6 +16,8 @@ import os
 import signal
 import time
 import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import pytest
@@ -40,6 +42,7 @@ TS_BINDING = {
     "extra": {},
 }
 NAMESPACE = "svc"
+WAIT_PREFIX = "w:"  # the wait=1 stores' (one primary and replica a test)
 
 
 def ts_unseal(tokens: list[str], store: dict[str, Any]) -> list[dict[str, Any]]:
@@ -106,69 +109,82 @@ def test_an_outage_fails_closed_and_burns_nothing(valkey_outage: ValkeyServer) -
     store.close()
 
 
-def test_wait_refuses_what_no_replica_holds_and_takes_it_back(
-    valkey_primary_replica: tuple[ValkeyServer, ValkeyServer],
-) -> None:
+@dataclass
+class Waiting:
+    """A primary and its replica, a Python store on the primary with wait=1, its codec, a token
+    sealed by it (not consumed yet) and a client of the primary to look at the entries."""
+
+    primary: ValkeyServer
+    replica: ValkeyServer
+    codec: sc.StateCodec
+    token: str
+    admin: redis.Redis
+
+    def entries(self) -> list[bytes | str]:
+        return self.admin.keys(WAIT_PREFIX + "*")
+
+    def outlive_a_quick_window(self) -> None:
+        """Wait until the one entry is older than a store's settle window of 0.05 + 1 s."""
+        (name,) = self.entries()
+        wait_until(lambda: self._age_ms(name) > 1050, "the entry is older than the quick store's window")
+
+    def _age_ms(self, name: bytes | str) -> int:
+        """A wait=N entry's age on the server's clock: the retention it holds minus its PTTL."""
+        value = self.admin.get(name)
+        assert isinstance(value, bytes)
+        return int(value.rpartition(b"/")[2]) - int(self.admin.pttl(name))
+
+
+@pytest.fixture
+def waiting(valkey_primary_replica: tuple[ValkeyServer, ValkeyServer]) -> Iterator[Waiting]:
     primary, replica = valkey_primary_replica
-    store, codec, token = _waiting(primary.url, "w:")
-    ts_store = {"kind": "redis", "url": primary.url, "prefix": "w:", "wait": 1, "waitTimeout": 5}
+    # A running replica acknowledges within 5 s on a loaded machine too; a stopped one never does.
+    store = RedisReplayStore(primary.url, prefix=WAIT_PREFIX, wait=1, wait_timeout=5, socket_timeout=10)
+    codec = py_codec(store)
     admin = redis.Redis.from_url(primary.url)
+    try:
+        yield Waiting(primary, replica, codec, codec.seal(b"waited", BINDING), admin)
+    finally:
+        admin.close()
+        store.close()
+
+
+def test_wait_refuses_what_no_replica_holds_and_takes_it_back(waiting: Waiting) -> None:
+    replica, token, url = waiting.replica, waiting.token, waiting.primary.url
+    ts_store = {"kind": "redis", "url": url, "prefix": WAIT_PREFIX, "wait": 1, "waitTimeout": 5}
     assert replica.pid is not None
     os.kill(replica.pid, signal.SIGSTOP)
     try:
         (refused,) = ts_unseal([token], ts_store)
         assert refused["reason"] == "store_unavailable"
-        assert admin.keys("w:*") == []  # taken back on the primary: the token is not burnt
+        assert waiting.entries() == []  # taken back on the primary: the token is not burnt
     finally:
         os.kill(replica.pid, signal.SIGCONT)
     wait_until(lambda: in_sync(replica), "the replica is in sync again")
     (accepted,) = ts_unseal([token], ts_store)
-    assert accepted["payload_hex"] == b"w:".hex()
+    assert accepted["payload_hex"] == b"waited".hex()
     # Python meets TypeScript's <nonce>/<ms> entry as another instance's: undecided for its
     # settle window (5 + 10 x 2 s here), then a replay (a store with a 1.05 s window, waited out).
-    assert py_reason(codec, token) in ("replayed", "store_unavailable")
-    quick = RedisReplayStore(primary.url, prefix="w:", wait_timeout=0.05, socket_timeout=1, retries=0)
-    (name,) = admin.keys("w:*")
-    wait_until(lambda: _age_ms(admin, name) > 1050, "the entry is older than the quick store's window")
+    assert py_reason(waiting.codec, token) in ("replayed", "store_unavailable")
+    quick = RedisReplayStore(url, prefix=WAIT_PREFIX, wait_timeout=0.05, socket_timeout=1, retries=0)
+    waiting.outlive_a_quick_window()
     assert py_reason(py_codec(quick), token) == "replayed"
     quick.close()
-    store.close()
 
 
-def test_an_undecided_wait_entry_of_python_is_an_outage_for_typescript(
-    valkey_primary_replica: tuple[ValkeyServer, ValkeyServer],
-) -> None:
-    primary, _ = valkey_primary_replica
-    store, codec, token = _waiting(primary.url, "u:")
-    assert py_reason(codec, token) is None
-    assert py_reason(codec, token) == "replayed"  # accepted by this store: settled at once
-    admin = redis.Redis.from_url(primary.url)
-    (name,) = admin.keys("u:*")
+def test_an_undecided_wait_entry_of_python_is_an_outage_for_typescript(waiting: Waiting) -> None:
+    token, url = waiting.token, waiting.primary.url
+    assert py_reason(waiting.codec, token) is None
+    assert py_reason(waiting.codec, token) == "replayed"  # accepted by this store: settled at once
     # TypeScript with a settle window of 30 + 2 s: the entry is younger when it looks.
-    slow = {"kind": "redis", "url": primary.url, "prefix": "u:", "wait": 1, "waitTimeout": 30}
+    slow = {"kind": "redis", "url": url, "prefix": WAIT_PREFIX, "wait": 1, "waitTimeout": 30}
     (refused,) = ts_unseal([token], slow)
     assert refused["reason"] == "store_unavailable"
     # And with a window of 0.05 + 1 s, once the entry is older than that: a replay.
-    quick = {"kind": "redis", "url": primary.url, "prefix": "u:", "waitTimeout": 0.05, "commandTimeout": 1}
-    wait_until(lambda: _age_ms(admin, name) > 1050, "the entry is older than the quick store's window")
+    quick = {"kind": "redis", "url": url, "prefix": WAIT_PREFIX, "waitTimeout": 0.05, "commandTimeout": 1}
+    waiting.outlive_a_quick_window()
     (replayed,) = ts_unseal([token], quick)
     assert replayed["reason"] == "replayed"
-    store.close()
-
-
-def _waiting(url: str, prefix: str) -> tuple[RedisReplayStore, sc.StateCodec, str]:
-    """A Python store with wait=1, its codec, and a token sealed by it."""
-    # A running replica acknowledges within 5 s on a loaded machine too; a stopped one never does.
-    store = RedisReplayStore(url, prefix=prefix, wait=1, wait_timeout=5, socket_timeout=10)
-    codec = py_codec(store)
-    return store, codec, codec.seal(prefix.encode(), BINDING)
-
-
-def _age_ms(admin: redis.Redis, name: bytes | str) -> int:
-    """A wait=N entry's age on the server's clock: the retention it holds minus its PTTL."""
-    value = admin.get(name)
-    assert isinstance(value, bytes)
-    return int(value.rpartition(b"/")[2]) - int(admin.pttl(name))
 
 
 @pytest.mark.parametrize("first", ["python", "typescript"])
