@@ -1,4 +1,5 @@
-"""Rotation under load: 10,000 complete MRTR flows across two servers while keys rotate.
+"""Rotation under load: 10,000 complete MRTR flows (more until keys have rotated three times)
+across two servers while keys rotate.
 
 Two processes of the deploy scenario (statecodec._demo, lowlevel flavour) sit behind
 an alternating router: round 1 of flow *i* goes to instance *i mod 2*, round 2
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import logging
 import os
 import sys
@@ -26,6 +28,7 @@ import threading
 import time
 import uuid
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +39,10 @@ FLOWS = int(os.environ.get("STATECODEC_ROTATION_FLOWS", "10000"))
 CONCURRENCY = 8
 REPLAY_EVERY = 10
 ROTATE_EVERY = 3.0
+# The load goes on past FLOWS until keys have rotated three times and three keys minted
+# tokens, so that a fast machine cannot finish before the rotations it is meant to meet;
+# this bounds how long it may take to get there.
+ROTATIONS_WITHIN = 300.0
 # A compressed timeline, the same in the servers and in the rotation job.
 # max_skew 2 s: the processes share one clock, but on a loaded machine a refresh can run
 # late, and D = refresh * (1 + jitter) + max_skew + 1 s must cover it (docs/keys.md: "plus
@@ -122,6 +129,7 @@ class Load:
     def __init__(self, urls: list[str]) -> None:
         self.urls = urls
         self.failures: list[str] = []
+        self.flows_run = 0
         self.replays_sent = 0
         self.replays_accepted = 0
         self.replay_errors: Counter[str] = Counter()
@@ -163,13 +171,17 @@ class Load:
             else:
                 self.replay_errors[f"{answer['error']['code']} {answer['error']['message']}"] += 1
 
-    async def run(self, flows: int) -> float:
+    async def run(self, flows: int, enough: Callable[[], bool]) -> float:
+        """At least ``flows`` flows, then more until ``enough()`` (at most ROTATIONS_WITHIN s).
+
+        Flow numbers are drawn in order and, once a worker stops, every later draw stops
+        too (``enough`` only becomes true, the clock only moves on): the flows run are
+        0 .. flows_run - 1, which the replay count relies on.
+        """
         import httpx  # noqa: PLC0415
         from fixtures_proxy import TOOL, modern_headers  # noqa: PLC0415
 
-        queue: asyncio.Queue[int] = asyncio.Queue()
-        for i in range(flows):
-            queue.put_nowait(i)
+        numbers = itertools.count()
         # No client-side keep-alive expiry. httpcore's pool closes an idle connection whose
         # expiry has passed even when it was just handed to a request that has not started
         # yet; on a loaded machine that request then fails with ReadError
@@ -182,9 +194,13 @@ class Load:
         headers = {**modern_headers("tools/call", TOOL), "authorization": "Bearer alice-token"}
         async with httpx.AsyncClient(timeout=60, headers=headers, limits=limits) as http:
 
+            def go_on(i: int) -> bool:
+                return i < flows or (not enough() and time.monotonic() < started + ROTATIONS_WITHIN)
+
             async def worker() -> None:
-                while not queue.empty():
-                    await self.flow(http, queue.get_nowait())
+                while go_on(i := next(numbers)):
+                    self.flows_run += 1
+                    await self.flow(http, i)
 
             started = time.monotonic()
             await asyncio.gather(*(worker() for _ in range(CONCURRENCY)))
@@ -215,7 +231,7 @@ async def test_rotation_under_load_zero_failed_flows_zero_replays(
         instances = [Instance(*started) for started in await asyncio.to_thread(start_all, commands, "READY ")]
         rotator.start()
         load = Load([i.url for i in instances])
-        elapsed = await load.run(FLOWS)
+        elapsed = await load.run(FLOWS, lambda: rotator.rotated >= 3 and len(load.kids) >= 3)
     finally:
         rotator.stop_event.set()
         for instance in instances:
@@ -227,7 +243,8 @@ async def test_rotation_under_load_zero_failed_flows_zero_replays(
         line.split("reason=")[1].split()[0] for line in logs.splitlines() if "rejected requestState" in line
     )
     summary = (
-        f"\nrotation under load: {FLOWS} flows in {elapsed:.0f}s ({FLOWS / elapsed:.0f} flows/s, "
+        f"\nrotation under load: {load.flows_run} flows in {elapsed:.0f}s "
+        f"({load.flows_run / elapsed:.0f} flows/s, "
         f"concurrency {CONCURRENCY}), {len(load.failures)} failed; {load.replays_sent} replays sent, "
         f"{load.replays_accepted} accepted; rotation job ran {rotator.runs}x, rotated {rotator.rotated}x, "
         f"retired {len(rotator.retired)} versions; {len(load.kids)} keys minted tokens; deployed on "
@@ -237,7 +254,7 @@ async def test_rotation_under_load_zero_failed_flows_zero_replays(
         print(summary)
     assert load.failures == [], summary + "\n" + "\n".join(load.failures[:20])
     assert load.replays_accepted == 0, summary
-    assert load.replays_sent == len(range(0, FLOWS, REPLAY_EVERY))
+    assert load.replays_sent == len(range(0, load.flows_run, REPLAY_EVERY))
     assert set(load.replay_errors) == {"-32602 Invalid or expired requestState"}, load.replay_errors
     assert rejections == Counter({"replayed": load.replays_sent}), summary
     assert rotator.errors == [], rotator.errors
