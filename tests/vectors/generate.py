@@ -52,7 +52,7 @@ import json
 import struct
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 HERE = Path(__file__).resolve().parent
 if __name__ == "__main__":  # run as a script from a checkout without an installed package
@@ -183,41 +183,49 @@ def _first_tid(label: str) -> bytes:
 
 
 # ------------------------------------------------------------------ the generator
+class _Mint(NamedTuple):
+    """What a vector's token is minted from: the codec's settings and ``_seal``'s every field."""
+
+    mode: str
+    payload: bytes
+    binding: dict[str, Any] | None
+    iat: int
+    ttl: int = 600
+    ring: str = "main"
+    kid: str = "k2025b"
+    max_token_bytes: int = 8192
+    flow: tuple[bytes, int, int] | None = None
+    not_before_ms: int = 0
+
+    def key(self) -> Key:
+        return RINGS[self.ring].require(self.kid)
+
+
 class _Builder:
     def __init__(self) -> None:
         self.files: dict[str, list[dict[str, Any]]] = {name: [] for name in FILES}
 
-    def seal(
-        self,
-        label: str,
-        *,
-        mode: str,
-        payload: bytes,
-        binding: dict[str, Any] | None,
-        iat: int,
-        ttl: int = 600,
-        ring: str = "main",
-        kid: str = "k2025b",
-        max_token_bytes: int = 8192,
-        flow: tuple[bytes, int, int] | None = None,
-        not_before_ms: int = 0,
-    ) -> str:
-        codec = StateCodec(RINGS[ring], mode=mode, ttl=ttl, max_token_bytes=max_token_bytes)
+    def seal(self, label: str, **mint: Any) -> str:
+        """The token of a :class:`_Mint` (``mint`` its fields), its randomness fixed by ``label``."""
+        return self._seal(label, _Mint(**mint))
+
+    @staticmethod
+    def _seal(label: str, m: _Mint) -> str:
+        codec = StateCodec(RINGS[m.ring], mode=m.mode, ttl=m.ttl, max_token_bytes=m.max_token_bytes)
         # ENCRYPT's nonce is tid || an 8-byte suffix; only the suffix is drawn separately.
-        nonce_suffix = _fixed("nonce/" + label, 8) if mode == "encrypt" else b""
-        b = binding_from_json(_binding_json(binding)) or Binding()
+        nonce_suffix = _fixed("nonce/" + label, 8) if m.mode == "encrypt" else b""
+        b = binding_from_json(_binding_json(m.binding)) or Binding()
         token_id = _fixed("tid/" + label, 16)
-        key = RINGS[ring].require(kid)
         return codec._seal(
-            payload,
+            m.payload,
             b,
-            key,
-            iat,
-            ttl,
+            m.key(),
+            m.iat,
+            m.ttl,
             token_id=token_id,
             nonce_suffix=nonce_suffix,
-            flow=flow,
-            not_before_ms=not_before_ms,
+            flow=m.flow,
+            not_before_ms=m.not_before_ms,
         )
 
     def positive(
@@ -225,64 +233,44 @@ class _Builder:
         name: str,
         description: str,
         *,
-        mode: str,
-        payload: bytes,
-        binding: dict[str, Any] | None,
-        iat: int,
         now: float,
-        ttl: int = 600,
         max_skew: int = 60,
         expiry_grace: int = 0,
-        ring: str = "main",
-        kid: str = "k2025b",
-        max_token_bytes: int = 8192,
-        flow: tuple[bytes, int, int] | None = None,
-        not_before_ms: int = 0,
         budgets: dict[str, int | None] | None = None,
+        **mint: Any,
     ) -> None:
-        token = self.seal(
-            name,
-            mode=mode,
-            payload=payload,
-            binding=binding,
-            iat=iat,
-            ttl=ttl,
-            ring=ring,
-            kid=kid,
-            max_token_bytes=max_token_bytes,
-            flow=flow,
-            not_before_ms=not_before_ms,
-        )
-        bjson = _binding_json(binding)
+        """A case that opens: the token of ``mint`` (:class:`_Mint`'s fields) verified at ``now``."""
+        m = _Mint(**mint)
+        token = self._seal(name, m)
+        bjson = _binding_json(m.binding)
         b = binding_from_json(bjson) or Binding()
-        key = RINGS[ring].require(kid)
         _, raw = _split(token)
         intermediate: dict[str, Any] = {
             "binding_encoded": b.encoded.hex(),
-            "binding_tag": b.tag(key).hex(),
-            "header": raw[: _header_len(kid, flow, not_before_ms)].hex(),
+            "binding_tag": b.tag(m.key()).hex(),
+            "header": raw[: _header_len(m.kid, m.flow, m.not_before_ms)].hex(),
         }
-        if binding is not None and "arguments" in binding:
-            intermediate["canonical_arguments"] = canonical_json(binding["arguments"]).decode("utf-8")
-        if mode == "encrypt":
+        if m.binding is not None and "arguments" in m.binding:
+            intermediate["canonical_arguments"] = canonical_json(m.binding["arguments"]).decode("utf-8")
+        if m.mode == "encrypt":
             intermediate["nonce"] = (_fixed("tid/" + name, 16) + _fixed("nonce/" + name, 8)).hex()
-        times = (ttl, max_skew, expiry_grace, now)
-        case = self._case(name, description, mode, ring, times, max_token_bytes, bjson, token)
+        times = (m.ttl, max_skew, expiry_grace, now)
+        case = self._case(name, description, m.mode, m.ring, times, m.max_token_bytes, bjson, token)
         case["expected"] = {
-            "payload_hex": payload.hex(),
-            "kid": kid,
-            "issued_at": iat,
-            "expires_at": iat + ttl,
+            "payload_hex": m.payload.hex(),
+            "kid": m.kid,
+            "issued_at": m.iat,
+            "expires_at": m.iat + m.ttl,
             "token_id": _fixed("tid/" + name, 16).hex(),
         }
-        if flow is not None or not_before_ms:
+        if m.flow is not None or m.not_before_ms:
             # Flow cases only: the cases of before flows keep their exact text.
-            flow_id, round_, started = flow or (_fixed("tid/" + name, 16), 1, iat)
+            flow_id, round_, started = m.flow or (_fixed("tid/" + name, 16), 1, m.iat)
             case.update(budgets or {})
             case["expected"].update(flow_id=flow_id.hex(), round=round_, flow_started_at=started)
-            case["expected"]["not_before"] = iat + not_before_ms / 1000 if not_before_ms else None
+            case["expected"]["not_before"] = m.iat + m.not_before_ms / 1000 if m.not_before_ms else None
         case["intermediate"] = intermediate
-        self.files["sign.json" if mode == "sign" else "encrypt.json"].append(case)
+        self.files["sign.json" if m.mode == "sign" else "encrypt.json"].append(case)
 
     def negative(
         self,
