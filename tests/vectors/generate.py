@@ -51,6 +51,7 @@ import hmac
 import json
 import struct
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -297,6 +298,19 @@ class _Builder:
         case["expected"] = {"reason": reason}
         self.files["negative.json"].append(case)
 
+    def refusing(self, reason: str, **options: Any) -> Callable[..., None]:
+        """Cases that fail with ``reason``: ``case(name, description, token, mode="sign", **options)``.
+
+        Each is judged against the FULL binding unless its options say otherwise; ``options``
+        given here hold for every case of the group.
+        """
+        group = {"binding": FULL, **options}
+
+        def case(name: str, description: str, token: str, mode: str = "sign", **more: Any) -> None:
+            self.negative(name, description, reason, token, mode=mode, **{**group, **more})
+
+        return case
+
     @staticmethod
     def _case(
         name: str,
@@ -536,506 +550,220 @@ def _negatives(g: _Builder) -> None:
     # Body lengths 3 and 2 (mod 4): both kinds of unused trailing bits get a case.
     assert (len(s) - 5) % 4 == 3 and (len(e) - 5) % 4 == 2
     hl = _header_len("k2025b")
-    neg = g.negative
 
-    # --- malformed: shape and encoding, rejected before any key is looked up
-    neg("empty-string", "the empty string", "malformed", "", mode="sign", binding=FULL)
-    neg("no-prefix", "no sc1 prefix", "malformed", s[5:], mode="sign", binding=FULL)
-    neg(
-        "prefix-uppercase",
-        "prefixes are case-sensitive",
-        "malformed",
-        "SC1S." + s[5:],
-        mode="sign",
-        binding=FULL,
-    )
-    neg("prefix-only", "prefix with an empty body", "malformed", "sc1s.", mode="sign", binding=FULL)
-    neg("b64-padding", "standard '=' padding", "malformed", s + "=", mode="sign", binding=FULL)
-    neg("b64-padding-encrypt", "standard '==' padding", "malformed", e + "==", mode="encrypt", binding=FULL)
-    neg("b64-trailing-newline", "trailing newline", "malformed", s + "\n", mode="sign", binding=FULL)
-    neg(
-        "b64-inner-space",
-        "a space inside the body",
-        "malformed",
-        s[:40] + " " + s[40:],
-        mode="sign",
-        binding=FULL,
-    )
-    neg(
-        "b64-std-alphabet",
-        "'+' from the standard alphabet",
-        "malformed",
-        s[:30] + "+" + s[31:],
-        mode="sign",
-        binding=FULL,
-    )
-    neg(
-        "b64-impossible-length",
-        "body length = 1 (mod 4)",
-        "malformed",
-        _trim_to_rem(s, 1),
-        mode="sign",
-        binding=FULL,
-    )
-    neg(
-        "b64-trailing-bits",
-        "non-zero unused bits in the last character",
-        "malformed",
-        _set_trailing_bits(s),
-        mode="sign",
-        binding=FULL,
-    )
-    neg(
-        "b64-trailing-bits-encrypt",
-        "non-zero unused bits in the last character",
-        "malformed",
-        _set_trailing_bits(e),
-        mode="encrypt",
-        binding=FULL,
-    )
-    neg("truncated-header", "cut inside the header", "malformed", s[: 5 + 40], mode="sign", binding=FULL)
-    neg(
+    # Shape and encoding, rejected before any key is looked up.
+    malformed = g.refusing("malformed")
+    malformed("empty-string", "the empty string", "")
+    malformed("no-prefix", "no sc1 prefix", s[5:])
+    malformed("prefix-uppercase", "prefixes are case-sensitive", "SC1S." + s[5:])
+    malformed("prefix-only", "prefix with an empty body", "sc1s.")
+    malformed("b64-padding", "standard '=' padding", s + "=")
+    malformed("b64-padding-encrypt", "standard '==' padding", e + "==", "encrypt")
+    malformed("b64-trailing-newline", "trailing newline", s + "\n")
+    malformed("b64-inner-space", "a space inside the body", s[:40] + " " + s[40:])
+    malformed("b64-std-alphabet", "'+' from the standard alphabet", s[:30] + "+" + s[31:])
+    malformed("b64-impossible-length", "body length = 1 (mod 4)", _trim_to_rem(s, 1))
+    unused_bits = "non-zero unused bits in the last character"
+    malformed("b64-trailing-bits", unused_bits, _set_trailing_bits(s))
+    malformed("b64-trailing-bits-encrypt", unused_bits, _set_trailing_bits(e), "encrypt")
+    malformed("truncated-header", "cut inside the header", s[: 5 + 40])
+    malformed(
         "truncated-encrypt",
         "shorter than header + nonce suffix + tag",
-        "malformed",
         _replace_raw(e, hl + 20, 10_000, b""),
-        mode="encrypt",
-        binding=FULL,
+        "encrypt",
     )
-    neg("kid-length-0", "kid_len = 0", "malformed", _replace_raw(s, 0, 1, b"\x00"), mode="sign", binding=FULL)
-    neg(
-        "kid-length-33",
-        "kid_len = 33",
-        "malformed",
-        _replace_raw(s, 0, 1, b"\x21"),
-        mode="sign",
-        binding=FULL,
-    )
-    neg(
-        "kid-bad-char",
-        "kid byte '/' outside [A-Za-z0-9._:-]",
-        "malformed",
-        _replace_raw(s, 1, 2, b"/"),
-        mode="sign",
-        binding=FULL,
-    )
-    neg(
+    malformed("kid-length-0", "kid_len = 0", _replace_raw(s, 0, 1, b"\x00"))
+    malformed("kid-length-33", "kid_len = 33", _replace_raw(s, 0, 1, b"\x21"))
+    malformed("kid-bad-char", "kid byte '/' outside [A-Za-z0-9._:-]", _replace_raw(s, 1, 2, b"/"))
+    malformed(
         "exp-before-iat",
         "authentic header (valid MAC) with exp < iat",
-        "malformed",
         _forge_sign(iat, iat - 1, b"state", FULL),
-        mode="sign",
-        binding=FULL,
         now=iat,
     )
 
-    # --- too_large: checked first, on the text length, before anything else
-    neg(
-        "too-large",
-        "a valid token one character over max_token_bytes",
-        "too_large",
-        g.seal("big", mode="sign", payload=b"q" * 19, binding=None, iat=iat, kid="a", max_token_bytes=8192),
-        mode="sign",
-        binding=None,
-        max_token_bytes=128,
-    )
-    neg(
-        "too-large-garbage",
-        "size is judged before the prefix",
-        "too_large",
-        "!" * 129,
-        mode="sign",
-        binding=FULL,
-        max_token_bytes=128,
-    )
+    # Judged first, on the text length, before anything else.
+    too_large = g.refusing("too_large", max_token_bytes=128)
+    big = g.seal("big", mode="sign", payload=b"q" * 19, binding=None, iat=iat, kid="a", max_token_bytes=8192)
+    too_large("too-large", "a valid token one character over max_token_bytes", big, binding=None)
+    too_large("too-large-garbage", "size is judged before the prefix", "!" * 129)
 
-    # --- unsupported_version
-    neg(
-        "version-2",
-        "format version 2 is unknown",
-        "unsupported_version",
-        "sc2s." + s[5:],
-        mode="sign",
-        binding=FULL,
-    )
-    neg(
-        "version-10",
-        "format version 10 is unknown",
-        "unsupported_version",
-        "sc10e." + e[5:],
-        mode="encrypt",
-        binding=FULL,
-    )
-    neg(
-        "mode-x",
-        "unknown mode letter in version 1",
-        "unsupported_version",
-        "sc1x." + s[5:],
-        mode="sign",
-        binding=FULL,
-    )
+    unsupported = g.refusing("unsupported_version")
+    unsupported("version-2", "format version 2 is unknown", "sc2s." + s[5:])
+    unsupported("version-10", "format version 10 is unknown", "sc10e." + e[5:], "encrypt")
+    unsupported("mode-x", "unknown mode letter in version 1", "sc1x." + s[5:])
 
-    # --- wrong_mode
-    neg(
-        "encrypt-token-to-sign",
-        "an ENCRYPT token given to a SIGN verifier",
-        "wrong_mode",
-        e,
-        mode="sign",
-        binding=FULL,
-    )
-    neg(
-        "sign-token-to-encrypt",
-        "a SIGN token given to an ENCRYPT verifier",
-        "wrong_mode",
-        s,
-        mode="encrypt",
-        binding=FULL,
-    )
-    neg(
-        "wrong-mode-before-kid",
-        "wrong mode is judged before the kid",
-        "wrong_mode",
-        g.seal("other-e", mode="encrypt", payload=b"x", binding=FULL, iat=iat, ring="other", kid="k9999"),
-        mode="sign",
-        binding=FULL,
-    )
+    def foreign(label: str, mode: str) -> str:
+        """A token of ring "other"'s key k9999, a kid ring "main" does not know."""
+        return g.seal(label, mode=mode, payload=b"x", binding=FULL, iat=iat, ring="other", kid="k9999")
 
-    # --- unknown_key
-    neg(
-        "unknown-kid",
-        "kid k9999 is not in the ring",
-        "unknown_key",
-        g.seal("other-s", mode="sign", payload=b"x", binding=FULL, iat=iat, ring="other", kid="k9999"),
-        mode="sign",
-        binding=FULL,
-    )
-    neg(
-        "unknown-kid-encrypt",
-        "kid k9999 is not in the ring",
-        "unknown_key",
-        g.seal("other-e2", mode="encrypt", payload=b"x", binding=FULL, iat=iat, ring="other", kid="k9999"),
-        mode="encrypt",
-        binding=FULL,
-    )
-    neg(
-        "retired-key",
-        "now = retires_at: the key no longer verifies",
-        "unknown_key",
-        g.seal("retired", mode="sign", payload=b"x", binding=FULL, iat=RETIRE_AT - 100, kid="k2024a"),
-        mode="sign",
-        binding=FULL,
-        now=RETIRE_AT,
-    )
-    neg(
-        "retired-key-encrypt",
-        "now = retires_at: the key no longer verifies",
-        "unknown_key",
-        g.seal("retired-e", mode="encrypt", payload=b"x", binding=FULL, iat=RETIRE_AT - 100, kid="k2024a"),
-        mode="encrypt",
-        binding=FULL,
-        now=RETIRE_AT,
-    )
+    wrong_mode = g.refusing("wrong_mode")
+    wrong_mode("encrypt-token-to-sign", "an ENCRYPT token given to a SIGN verifier", e)
+    wrong_mode("sign-token-to-encrypt", "a SIGN token given to an ENCRYPT verifier", s, "encrypt")
+    wrong_mode("wrong-mode-before-kid", "wrong mode is judged before the kid", foreign("other-e", "encrypt"))
 
-    # --- tampered: authentication fails
+    unknown_key = g.refusing("unknown_key")
+    unknown_key("unknown-kid", "kid k9999 is not in the ring", foreign("other-s", "sign"))
+    unknown_key(
+        "unknown-kid-encrypt", "kid k9999 is not in the ring", foreign("other-e2", "encrypt"), "encrypt"
+    )
+    for label, mode in (("retired", "sign"), ("retired-e", "encrypt")):
+        retired = g.seal(label, mode=mode, payload=b"x", binding=FULL, iat=RETIRE_AT - 100, kid="k2024a")
+        name = "retired-key" + ("" if mode == "sign" else "-encrypt")
+        unknown_key(name, "now = retires_at: the key no longer verifies", retired, mode, now=RETIRE_AT)
+
+    # Authentication fails.
+    tampered = g.refusing("tampered")
     for m, t in (("sign", s), ("encrypt", e)):
-        neg(
+        tampered(
             f"{m}-flip-header-iat",
             "flipped bit in the issued-at field (a header byte)",
-            "tampered",
             _flip(t, 1 + 6 + 3),
-            mode=m,
-            binding=FULL,
+            m,
         )
-        neg(
-            f"{m}-flip-token-id",
-            "flipped bit in the token id",
-            "tampered",
-            _flip(t, 1 + 6 + 8),
-            mode=m,
-            binding=FULL,
-        )
-        neg(
-            f"{m}-flip-binding-tag",
-            "flipped bit in the binding tag",
-            "tampered",
-            _flip(t, hl - 1, 0x80),
-            mode=m,
-            binding=FULL,
-        )
-        neg(
-            f"{m}-flip-last-byte",
-            "flipped bit in the MAC / AEAD tag",
-            "tampered",
-            _flip(t, -1),
-            mode=m,
-            binding=FULL,
-        )
-        neg(
-            f"{m}-cross-key-same-kid",
-            "same kid, another secret",
-            "tampered",
-            g.seal(f"cross-{m}", mode=m, payload=b"state", binding=FULL, iat=iat, ring="other"),
-            mode=m,
-            binding=FULL,
-        )
-        neg(
+        tampered(f"{m}-flip-token-id", "flipped bit in the token id", _flip(t, 1 + 6 + 8), m)
+        tampered(f"{m}-flip-binding-tag", "flipped bit in the binding tag", _flip(t, hl - 1, 0x80), m)
+        tampered(f"{m}-flip-last-byte", "flipped bit in the MAC / AEAD tag", _flip(t, -1), m)
+        cross = g.seal(f"cross-{m}", mode=m, payload=b"state", binding=FULL, iat=iat, ring="other")
+        tampered(f"{m}-cross-key-same-kid", "same kid, another secret", cross, m)
+        tampered(
             f"{m}-truncated-3-bytes",
             "last 3 bytes cut off, re-encoded canonically",
-            "tampered",
             _replace_raw(t, -3, 10_000, b""),
-            mode=m,
-            binding=FULL,
+            m,
         )
-        neg(
+        tampered(
             f"{m}-appended-bytes",
             "3 zero bytes appended, re-encoded canonically",
-            "tampered",
             _replace_raw(t, 10_000, 10_000, b"\0\0\0"),
-            mode=m,
-            binding=FULL,
+            m,
         )
-        neg(
+        tampered(
             f"{m}-kid-swapped",
             "kid changed to another key of the ring (same length)",
-            "tampered",
             _replace_raw(t, 0, 7, b"\x06k2024a"),
-            mode=m,
-            binding=FULL,
+            m,
         )
-    neg(
-        "sign-flip-payload",
-        "flipped bit in the readable payload",
-        "tampered",
-        _flip(s, hl),
-        mode="sign",
-        binding=FULL,
-    )
-    neg(
+    tampered("sign-flip-payload", "flipped bit in the readable payload", _flip(s, hl))
+    tampered(
         "encrypt-flip-nonce",
         "flipped bit in the nonce suffix (the nonce's other 16 bytes are the token id)",
-        "tampered",
         _flip(e, hl + 5),
-        mode="encrypt",
-        binding=FULL,
+        "encrypt",
     )
-    neg(
-        "encrypt-flip-ciphertext",
-        "flipped bit in the ciphertext",
-        "tampered",
-        _flip(e, hl + 8),
-        mode="encrypt",
-        binding=FULL,
-    )
+    tampered("encrypt-flip-ciphertext", "flipped bit in the ciphertext", _flip(e, hl + 8), "encrypt")
     relabel = g.seal(
         "relabel", mode="sign", payload=b"long enough to parse as nonce+tag", binding=FULL, iat=iat
     )
-    neg(
+    tampered(
         "sign-body-relabelled-encrypt",
         "a SIGN token's body under the sc1e. prefix",
-        "tampered",
         "sc1e." + relabel[5:],
-        mode="encrypt",
-        binding=FULL,
+        "encrypt",
     )
-    neg(
+    tampered(
         "tampered-beats-expired",
         "tampered and expired: authentication is judged first",
-        "tampered",
         _flip(s, -1),
-        mode="sign",
-        binding=FULL,
         now=NOW + 10_000,
     )
 
-    # --- expired / not_yet_valid
+    expired = g.refusing("expired")
     for mode, token in (("sign", s), ("encrypt", e)):
-        neg(
+        expired(
             f"expired-at-exp{'' if mode == 'sign' else '-encrypt'}",
             "ttl 600, expiry_grace 0: now = exp, 600 s after iat, is expired (a TTL is at most its TTL)",
-            "expired",
             token,
-            mode=mode,
-            binding=FULL,
+            mode,
             now=iat + 600,
         )
-    neg(
+    expired(
         "expired-at-exp-plus-fraction",
         "ttl 600, expiry_grace 0: now = exp + 0.5, 600.5 s after iat",
-        "expired",
         s,
-        mode="sign",
-        binding=FULL,
         now=iat + 600.5,
     )
-    neg(
+    expired(
         "expired-at-expiry-grace",
         "expiry_grace 30: now = exp + 30 is expired",
-        "expired",
         s,
-        mode="sign",
-        binding=FULL,
         now=iat + 630,
         expiry_grace=30,
     )
-    neg(
-        "expired-at-exp-plus-1",
-        "ttl 600, expiry_grace 0: now = exp + 1, 601 s after iat",
-        "expired",
-        s,
-        mode="sign",
-        binding=FULL,
-        now=iat + 601,
+    plus_1 = "ttl 600, expiry_grace 0: now = exp + 1, 601 s after iat"
+    expired("expired-at-exp-plus-1", plus_1, s, now=iat + 601)
+    expired("expired-at-exp-plus-1-encrypt", plus_1, e, "encrypt", now=iat + 601)
+    expired(
+        "expired-beyond-expiry-grace", "expiry_grace 30: now = exp + 31", s, now=iat + 631, expiry_grace=30
     )
-    neg(
-        "expired-at-exp-plus-1-encrypt",
-        "ttl 600, expiry_grace 0: now = exp + 1, 601 s after iat",
-        "expired",
-        e,
-        mode="encrypt",
-        binding=FULL,
-        now=iat + 601,
-    )
-    neg(
-        "expired-beyond-expiry-grace",
-        "expiry_grace 30: now = exp + 31",
-        "expired",
-        s,
-        mode="sign",
-        binding=FULL,
-        now=iat + 631,
-        expiry_grace=30,
-    )
-    neg(
+    expired(
         "expired-max-skew-does-not-extend-expiry",
         "max_skew 3600, expiry_grace 0: now = exp is expired",
-        "expired",
         s,
-        mode="sign",
-        binding=FULL,
         now=iat + 600,
         max_skew=3600,
     )
-    neg("expired-encrypt", "a day later", "expired", e, mode="encrypt", binding=FULL, now=NOW + 86_400)
-    neg(
+    expired("expired-encrypt", "a day later", e, "encrypt", now=NOW + 86_400)
+    expired(
         "expired-beats-binding",
         "expired and mis-bound: times are judged before the binding",
-        "expired",
         s,
-        mode="sign",
-        binding=_with(FULL, principal="mallory"),
         now=NOW + 86_400,
+        binding=_with(FULL, principal="mallory"),
     )
-    neg(
-        "not-yet-valid",
-        "max_skew 60: iat = now + 61, issued 61 s in the future",
-        "not_yet_valid",
-        s,
-        mode="sign",
-        binding=FULL,
-        now=iat - 61,
-    )
-    neg(
+
+    not_yet_valid = g.refusing("not_yet_valid")
+    ahead_61 = "max_skew 60: iat = now + 61, issued 61 s in the future"
+    not_yet_valid("not-yet-valid", ahead_61, s, now=iat - 61)
+    not_yet_valid(
         "not-yet-valid-fraction",
         "max_skew 60: now = iat - 60.25, issued 60.25 s in the future",
-        "not_yet_valid",
         s,
-        mode="sign",
-        binding=FULL,
         now=iat - 60.25,
     )
-    neg(
+    not_yet_valid(
         "not-yet-valid-expiry-grace-does-not-extend-skew",
         "max_skew 0, expiry_grace 3600: iat = now + 1",
-        "not_yet_valid",
         s,
-        mode="sign",
-        binding=FULL,
         now=iat - 1,
         max_skew=0,
         expiry_grace=3600,
     )
-    neg(
-        "not-yet-valid-encrypt",
-        "max_skew 60: iat = now + 61, issued 61 s in the future",
-        "not_yet_valid",
-        e,
-        mode="encrypt",
-        binding=FULL,
-        now=iat - 61,
-    )
+    not_yet_valid("not-yet-valid-encrypt", ahead_61, e, "encrypt", now=iat - 61)
 
-    # --- binding_mismatch
+    mismatch = g.refusing("binding_mismatch")
     for field, value in (
         ("principal", "mallory@example.com"),
         ("audience", "billing-svc"),
         ("method", "prompts/get"),
         ("target", "deploy_staging"),
     ):
-        neg(
-            f"binding-{field}",
-            f"another {field}",
-            "binding_mismatch",
-            s,
-            mode="sign",
-            binding=_with(FULL, **{field: value}),
-        )
-    neg(
-        "binding-arguments",
-        "another argument value",
-        "binding_mismatch",
-        e,
-        mode="encrypt",
-        binding=_with(FULL, arguments={"version": "v2.1.1", "force": False, "replicas": 3}),
-    )
-    neg(
+        mismatch(f"binding-{field}", f"another {field}", s, binding=_with(FULL, **{field: value}))
+    other_arguments = _with(FULL, arguments={"version": "v2.1.1", "force": False, "replicas": 3})
+    mismatch("binding-arguments", "another argument value", e, "encrypt", binding=other_arguments)
+    mismatch(
         "binding-arguments-absent",
         "arguments bound at seal, absent at unseal",
-        "binding_mismatch",
         s,
-        mode="sign",
         binding=_with(FULL, arguments=_DROP),
     )
-    neg(
+    no_principal = g.seal(
+        "no-principal", mode="sign", payload=b"x", binding=_with(FULL, principal=_DROP), iat=iat
+    )
+    mismatch(
         "binding-principal-empty-vs-absent",
         "principal '' at unseal, absent at seal",
-        "binding_mismatch",
-        g.seal("no-principal", mode="sign", payload=b"x", binding=_with(FULL, principal=_DROP), iat=iat),
-        mode="sign",
+        no_principal,
         binding=_with(FULL, principal=""),
     )
-    neg(
-        "binding-extra-added",
-        "an extra pair more at unseal",
-        "binding_mismatch",
-        s,
-        mode="sign",
-        binding=_with(FULL, extra={**FULL["extra"], "region": "eu"}),
-    )
-    neg(
-        "binding-extra-value",
-        "an extra value differs",
-        "binding_mismatch",
-        e,
-        mode="encrypt",
-        binding=_with(FULL, extra={"tenant": "evil", "session": "s-42"}),
-    )
-    neg(
-        "binding-none-at-unseal",
-        "bound token, no binding at unseal",
-        "binding_mismatch",
-        s,
-        mode="sign",
-        binding=None,
-    )
-    neg(
-        "binding-unbound-token",
-        "unbound token, a binding at unseal",
-        "binding_mismatch",
-        g.seal("unbound", mode="sign", payload=b"x", binding=None, iat=iat),
-        mode="sign",
-        binding=FULL,
-    )
+    more_extra = _with(FULL, extra={**FULL["extra"], "region": "eu"})
+    mismatch("binding-extra-added", "an extra pair more at unseal", s, binding=more_extra)
+    other_extra = _with(FULL, extra={"tenant": "evil", "session": "s-42"})
+    mismatch("binding-extra-value", "an extra value differs", e, "encrypt", binding=other_extra)
+    mismatch("binding-none-at-unseal", "bound token, no binding at unseal", s, binding=None)
+    unbound = g.seal("unbound", mode="sign", payload=b"x", binding=None, iat=iat)
+    mismatch("binding-unbound-token", "unbound token, a binding at unseal", unbound)
 
 
 def _trim_to_rem(token: str, rem: int) -> str:
