@@ -51,8 +51,9 @@ import hmac
 import json
 import struct
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 HERE = Path(__file__).resolve().parent
 if __name__ == "__main__":  # run as a script from a checkout without an installed package
@@ -67,6 +68,7 @@ NOW = 1_750_000_000  # 2025-06-15T15:06:40Z
 RETIRE_AT = NOW + 3600  # when key "k2024a" of ring "main" stops verifying
 LONG_KID = "vault:transit.statecodec-v1_0042"  # 32 characters, the maximum
 MAX_U32 = 2**32 - 1
+IAT = NOW - 100  # when a case's token was issued, unless it says otherwise
 assert len(LONG_KID) == 32
 
 
@@ -183,106 +185,105 @@ def _first_tid(label: str) -> bytes:
 
 
 # ------------------------------------------------------------------ the generator
+class _Mint(NamedTuple):
+    """What a vector's token is minted from: the codec's settings and ``_seal``'s every field.
+
+    A case names only what sets it apart: by default its token is issued at ``IAT``, bound
+    to ``FULL`` and minted by ring "main"'s primary key.
+    """
+
+    mode: str
+    payload: bytes
+    binding: dict[str, Any] | None = FULL
+    iat: int = IAT
+    ttl: int = 600
+    ring: str = "main"
+    kid: str = "k2025b"
+    max_token_bytes: int = 8192
+    flow: tuple[int, int] | None = None  # (round, flow start) of a later round of a flow
+    not_before_ms: int = 0
+
+    def key(self) -> Key:
+        return RINGS[self.ring].require(self.kid)
+
+    def chained(self, label: str) -> tuple[bytes, int, int] | None:
+        """The flow fields as ``_seal`` takes them, the flow id that of the case ``label``."""
+        return None if self.flow is None else (_first_tid(label), *self.flow)
+
+
 class _Builder:
     def __init__(self) -> None:
         self.files: dict[str, list[dict[str, Any]]] = {name: [] for name in FILES}
 
-    def seal(
-        self,
-        label: str,
-        *,
-        mode: str,
-        payload: bytes,
-        binding: dict[str, Any] | None,
-        iat: int,
-        ttl: int = 600,
-        ring: str = "main",
-        kid: str = "k2025b",
-        max_token_bytes: int = 8192,
-        flow: tuple[bytes, int, int] | None = None,
-        not_before_ms: int = 0,
-    ) -> str:
-        codec = StateCodec(RINGS[ring], mode=mode, ttl=ttl, max_token_bytes=max_token_bytes)
+    def seal(self, label: str, **mint: Any) -> str:
+        """The token of a :class:`_Mint` (``mint`` its fields), its randomness fixed by ``label``."""
+        return self._seal(label, _Mint(**mint))
+
+    @staticmethod
+    def _seal(label: str, m: _Mint) -> str:
+        codec = StateCodec(RINGS[m.ring], mode=m.mode, ttl=m.ttl, max_token_bytes=m.max_token_bytes)
         # ENCRYPT's nonce is tid || an 8-byte suffix; only the suffix is drawn separately.
-        nonce_suffix = _fixed("nonce/" + label, 8) if mode == "encrypt" else b""
-        b = binding_from_json(_binding_json(binding)) or Binding()
+        nonce_suffix = _fixed("nonce/" + label, 8) if m.mode == "encrypt" else b""
+        b = binding_from_json(_binding_json(m.binding)) or Binding()
         token_id = _fixed("tid/" + label, 16)
-        key = RINGS[ring].require(kid)
         return codec._seal(
-            payload,
+            m.payload,
             b,
-            key,
-            iat,
-            ttl,
+            m.key(),
+            m.iat,
+            m.ttl,
             token_id=token_id,
             nonce_suffix=nonce_suffix,
-            flow=flow,
-            not_before_ms=not_before_ms,
+            flow=m.chained(label),
+            not_before_ms=m.not_before_ms,
         )
 
     def positive(
         self,
         name: str,
         description: str,
-        *,
-        mode: str,
         payload: bytes,
-        binding: dict[str, Any] | None,
-        iat: int,
-        now: float,
-        ttl: int = 600,
+        mode: str = "sign",
+        *,
+        now: float = NOW,
         max_skew: int = 60,
         expiry_grace: int = 0,
-        ring: str = "main",
-        kid: str = "k2025b",
-        max_token_bytes: int = 8192,
-        flow: tuple[bytes, int, int] | None = None,
-        not_before_ms: int = 0,
         budgets: dict[str, int | None] | None = None,
+        **mint: Any,
     ) -> None:
-        token = self.seal(
-            name,
-            mode=mode,
-            payload=payload,
-            binding=binding,
-            iat=iat,
-            ttl=ttl,
-            ring=ring,
-            kid=kid,
-            max_token_bytes=max_token_bytes,
-            flow=flow,
-            not_before_ms=not_before_ms,
-        )
-        bjson = _binding_json(binding)
+        """A case that opens: the token of ``mint`` (:class:`_Mint`'s fields) verified at ``now``."""
+        m = _Mint(mode, payload, **mint)
+        token = self._seal(name, m)
+        flow = m.chained(name)
+        bjson = _binding_json(m.binding)
         b = binding_from_json(bjson) or Binding()
-        key = RINGS[ring].require(kid)
         _, raw = _split(token)
         intermediate: dict[str, Any] = {
             "binding_encoded": b.encoded.hex(),
-            "binding_tag": b.tag(key).hex(),
-            "header": raw[: _header_len(kid, flow, not_before_ms)].hex(),
+            "binding_tag": b.tag(m.key()).hex(),
+            "header": raw[: _header_len(m.kid, flow, m.not_before_ms)].hex(),
         }
-        if binding is not None and "arguments" in binding:
-            intermediate["canonical_arguments"] = canonical_json(binding["arguments"]).decode("utf-8")
-        if mode == "encrypt":
+        if m.binding is not None and "arguments" in m.binding:
+            intermediate["canonical_arguments"] = canonical_json(m.binding["arguments"]).decode("utf-8")
+        if m.mode == "encrypt":
             intermediate["nonce"] = (_fixed("tid/" + name, 16) + _fixed("nonce/" + name, 8)).hex()
-        times = (ttl, max_skew, expiry_grace, now)
-        case = self._case(name, description, mode, ring, times, max_token_bytes, bjson, token)
+        times = (m.ttl, max_skew, expiry_grace, now)
+        case = self._case(name, description, m.mode, m.ring, times, m.max_token_bytes, bjson, token)
         case["expected"] = {
-            "payload_hex": payload.hex(),
-            "kid": kid,
-            "issued_at": iat,
-            "expires_at": iat + ttl,
+            "payload_hex": m.payload.hex(),
+            "kid": m.kid,
+            "issued_at": m.iat,
+            "expires_at": m.iat + m.ttl,
             "token_id": _fixed("tid/" + name, 16).hex(),
         }
-        if flow is not None or not_before_ms:
+        if flow is not None or m.not_before_ms:
             # Flow cases only: the cases of before flows keep their exact text.
-            flow_id, round_, started = flow or (_fixed("tid/" + name, 16), 1, iat)
+            flow_id, round_, started = flow or (_fixed("tid/" + name, 16), 1, m.iat)
             case.update(budgets or {})
             case["expected"].update(flow_id=flow_id.hex(), round=round_, flow_started_at=started)
-            case["expected"]["not_before"] = iat + not_before_ms / 1000 if not_before_ms else None
+            case["expected"]["not_before"] = m.iat + m.not_before_ms / 1000 if m.not_before_ms else None
         case["intermediate"] = intermediate
-        self.files["sign.json" if mode == "sign" else "encrypt.json"].append(case)
+        self.files["sign.json" if m.mode == "sign" else "encrypt.json"].append(case)
 
     def negative(
         self,
@@ -290,9 +291,9 @@ class _Builder:
         description: str,
         reason: str,
         token: str,
+        mode: str = "sign",
         *,
-        mode: str,
-        binding: dict[str, Any] | None,
+        binding: dict[str, Any] | None = FULL,
         now: float = NOW,
         ttl: int = 600,
         max_skew: int = 60,
@@ -308,6 +309,17 @@ class _Builder:
         case.update(budgets or {})
         case["expected"] = {"reason": reason}
         self.files["negative.json"].append(case)
+
+    def refusing(self, reason: str, **options: Any) -> Callable[..., None]:
+        """Cases that fail with ``reason``: ``case(name, description, token, mode="sign", **options)``.
+
+        ``options`` given here hold for every case of the group, a case's own win.
+        """
+
+        def case(name: str, description: str, token: str, mode: str = "sign", **more: Any) -> None:
+            self.negative(name, description, reason, token, mode, **{**options, **more})
+
+        return case
 
     @staticmethod
     def _case(
@@ -337,7 +349,6 @@ class _Builder:
 
 
 def _positives(g: _Builder) -> None:
-    iat = NOW - 100
     jcs_args = {
         "tiny": 1e-7,
         "round": 100.0,
@@ -348,68 +359,34 @@ def _positives(g: _Builder) -> None:
     }
     for mode in ("sign", "encrypt"):
         m = mode[0]
-        g.positive(
-            f"{m}-empty-unbound",
-            "empty payload, no binding",
-            mode=mode,
-            payload=b"",
-            binding=UNBOUND_SPEC,
-            iat=iat,
-            now=NOW,
-        )
+        g.positive(f"{m}-empty-unbound", "empty payload, no binding", b"", mode, binding=UNBOUND_SPEC)
         g.positive(
             f"{m}-full-binding",
             "text payload bound to every field and two extra pairs",
-            mode=mode,
-            payload=b'{"step":2,"answers":{"confirm":true}}',
-            binding=FULL,
-            iat=iat,
-            now=NOW,
+            b'{"step":2,"answers":{"confirm":true}}',
+            mode,
         )
         g.positive(
             f"{m}-binary-payload",
             "all 256 byte values, bound to a principal only",
-            mode=mode,
-            payload=bytes(range(256)),
+            bytes(range(256)),
+            mode,
             binding={"principal": "bob"},
-            iat=iat,
-            now=NOW,
         )
         g.positive(
             f"{m}-jcs-arguments",
             "arguments that need RFC 8785 (floats, UTF-16 key order)",
-            mode=mode,
-            payload="\u00e9tat \u2713".encode(),
+            "\u00e9tat \u2713".encode(),
+            mode,
             binding={"method": "tools/call", "arguments": jcs_args},
-            iat=iat,
-            now=NOW,
         )
-        g.positive(
-            f"{m}-kid-1",
-            "one-character kid",
-            mode=mode,
-            payload=b"x",
-            binding=FULL,
-            iat=iat,
-            now=NOW,
-            kid="a",
-        )
-        g.positive(
-            f"{m}-kid-32",
-            "32-character kid, the maximum",
-            mode=mode,
-            payload=b"x",
-            binding=FULL,
-            iat=iat,
-            now=NOW,
-            kid=LONG_KID,
-        )
+        g.positive(f"{m}-kid-1", "one-character kid", b"x", mode, kid="a")
+        g.positive(f"{m}-kid-32", "32-character kid, the maximum", b"x", mode, kid=LONG_KID)
         g.positive(
             f"{m}-verify-only-key",
             "a non-primary key one second before it retires",
-            mode=mode,
-            payload=b"old key",
-            binding=FULL,
+            b"old key",
+            mode,
             iat=RETIRE_AT - 100,
             now=RETIRE_AT - 1,
             kid="k2024a",
@@ -417,26 +394,21 @@ def _positives(g: _Builder) -> None:
         g.positive(
             f"{m}-just-before-exp",
             "ttl 600, expiry_grace 0: now = exp - 0.001 is accepted (valid while now < exp)",
-            mode=mode,
-            payload=b"edge",
-            binding=FULL,
-            iat=iat,
-            now=iat + 599.999,
+            b"edge",
+            mode,
+            now=IAT + 599.999,
         )
         g.positive(
             f"{m}-iat-at-max-skew",
             "max_skew 60: iat = now + 60, issued 60 s in the future, is accepted",
-            mode=mode,
-            payload=b"skew",
-            binding=FULL,
+            b"skew",
+            mode,
             iat=NOW + 60,
-            now=NOW,
         )
     g.positive(
         "s-empty-strings",
         "present-but-empty fields differ from absent ones",
-        mode="sign",
-        payload=b"e",
+        b"e",
         binding={
             "principal": "",
             "audience": "",
@@ -445,609 +417,283 @@ def _positives(g: _Builder) -> None:
             "arguments": {},
             "extra": {"": ""},
         },
-        iat=iat,
-        now=NOW,
     )
     g.positive(
         "s-extra-only",
         "only extra pairs (sorted by key), non-ASCII text",
-        mode="sign",
-        payload=b"e",
+        b"e",
         binding={"extra": {"z\u00fcrich": "\u2603", "a": "1", "B": "2"}},
-        iat=iat,
-        now=NOW,
     )
     g.positive(
         "s-null-arguments",
         "arguments = JSON null is bound (digest of 'null'), unlike no arguments",
-        mode="sign",
-        payload=b"n",
+        b"n",
         binding={"arguments": None},
-        iat=iat,
-        now=NOW,
     )
     g.positive(
         "s-last-whole-second",
         "now = exp - 1: floor(now) = exp - 1, the last whole second accepted",
-        mode="sign",
-        payload=b"e",
-        binding=FULL,
-        iat=iat,
-        now=iat + 599,
+        b"e",
+        now=IAT + 599,
     )
     g.positive(
         "s-within-max-skew-fraction",
         "now = iat - 59.5: issued 59.5 s in the future, within max_skew 60",
-        mode="sign",
-        payload=b"e",
-        binding=FULL,
-        iat=iat,
-        now=iat - 59.5,
+        b"e",
+        now=IAT - 59.5,
     )
     g.positive(
         "s-expiry-grace-last-second",
         "expiry_grace 30: now = exp + 29.5 is accepted (valid while now < exp + 30)",
-        mode="sign",
-        payload=b"e",
-        binding=FULL,
-        iat=iat,
-        now=iat + 629.5,
+        b"e",
+        now=IAT + 629.5,
         expiry_grace=30,
     )
-    g.positive(
-        "s-ttl-1",
-        "ttl of one second",
-        mode="sign",
-        payload=b"t",
-        binding=FULL,
-        iat=NOW,
-        now=NOW,
-        ttl=1,
-        max_skew=0,
-    )
+    g.positive("s-ttl-1", "ttl of one second", b"t", iat=NOW, ttl=1, max_skew=0)
     g.positive(
         "s-max-time",
         "exp = 2**32 - 1, the last representable second (2106-02-07)",
-        mode="sign",
-        payload=b"2106",
-        binding=FULL,
+        b"2106",
         iat=MAX_U32 - 600,
         now=MAX_U32 - 300,
     )
     g.positive(
         "s-at-size-cap",
         "token exactly max_token_bytes (128) characters long",
-        mode="sign",
-        payload=b"q" * 18,
+        b"q" * 18,
         binding=UNBOUND_SPEC,
-        iat=iat,
-        now=NOW,
         kid="a",
         max_token_bytes=128,
     )
     g.positive(
         "e-at-size-cap",
         "token exactly max_token_bytes (128) characters long",
-        mode="encrypt",
-        payload=b"q" * 26,
+        b"q" * 26,
+        "encrypt",
         binding=UNBOUND_SPEC,
-        iat=iat,
-        now=NOW,
         kid="a",
         max_token_bytes=128,
     )
 
 
 def _negatives(g: _Builder) -> None:
-    iat = NOW - 100
     base = {
-        m: g.seal(f"base-{m}", mode=m, payload=p, binding=FULL, iat=iat)
-        for m, p in (("sign", b"state:1"), ("encrypt", b"state:12"))
+        m: g.seal(f"base-{m}", mode=m, payload=p) for m, p in (("sign", b"state:1"), ("encrypt", b"state:12"))
     }
     s, e = base["sign"], base["encrypt"]
     # Body lengths 3 and 2 (mod 4): both kinds of unused trailing bits get a case.
     assert (len(s) - 5) % 4 == 3 and (len(e) - 5) % 4 == 2
     hl = _header_len("k2025b")
-    neg = g.negative
 
-    # --- malformed: shape and encoding, rejected before any key is looked up
-    neg("empty-string", "the empty string", "malformed", "", mode="sign", binding=FULL)
-    neg("no-prefix", "no sc1 prefix", "malformed", s[5:], mode="sign", binding=FULL)
-    neg(
-        "prefix-uppercase",
-        "prefixes are case-sensitive",
-        "malformed",
-        "SC1S." + s[5:],
-        mode="sign",
-        binding=FULL,
-    )
-    neg("prefix-only", "prefix with an empty body", "malformed", "sc1s.", mode="sign", binding=FULL)
-    neg("b64-padding", "standard '=' padding", "malformed", s + "=", mode="sign", binding=FULL)
-    neg("b64-padding-encrypt", "standard '==' padding", "malformed", e + "==", mode="encrypt", binding=FULL)
-    neg("b64-trailing-newline", "trailing newline", "malformed", s + "\n", mode="sign", binding=FULL)
-    neg(
-        "b64-inner-space",
-        "a space inside the body",
-        "malformed",
-        s[:40] + " " + s[40:],
-        mode="sign",
-        binding=FULL,
-    )
-    neg(
-        "b64-std-alphabet",
-        "'+' from the standard alphabet",
-        "malformed",
-        s[:30] + "+" + s[31:],
-        mode="sign",
-        binding=FULL,
-    )
-    neg(
-        "b64-impossible-length",
-        "body length = 1 (mod 4)",
-        "malformed",
-        _trim_to_rem(s, 1),
-        mode="sign",
-        binding=FULL,
-    )
-    neg(
-        "b64-trailing-bits",
-        "non-zero unused bits in the last character",
-        "malformed",
-        _set_trailing_bits(s),
-        mode="sign",
-        binding=FULL,
-    )
-    neg(
-        "b64-trailing-bits-encrypt",
-        "non-zero unused bits in the last character",
-        "malformed",
-        _set_trailing_bits(e),
-        mode="encrypt",
-        binding=FULL,
-    )
-    neg("truncated-header", "cut inside the header", "malformed", s[: 5 + 40], mode="sign", binding=FULL)
-    neg(
+    # Shape and encoding, rejected before any key is looked up.
+    malformed = g.refusing("malformed")
+    malformed("empty-string", "the empty string", "")
+    malformed("no-prefix", "no sc1 prefix", s[5:])
+    malformed("prefix-uppercase", "prefixes are case-sensitive", "SC1S." + s[5:])
+    malformed("prefix-only", "prefix with an empty body", "sc1s.")
+    malformed("b64-padding", "standard '=' padding", s + "=")
+    malformed("b64-padding-encrypt", "standard '==' padding", e + "==", "encrypt")
+    malformed("b64-trailing-newline", "trailing newline", s + "\n")
+    malformed("b64-inner-space", "a space inside the body", s[:40] + " " + s[40:])
+    malformed("b64-std-alphabet", "'+' from the standard alphabet", s[:30] + "+" + s[31:])
+    malformed("b64-impossible-length", "body length = 1 (mod 4)", _trim_to_rem(s, 1))
+    unused_bits = "non-zero unused bits in the last character"
+    malformed("b64-trailing-bits", unused_bits, _set_trailing_bits(s))
+    malformed("b64-trailing-bits-encrypt", unused_bits, _set_trailing_bits(e), "encrypt")
+    malformed("truncated-header", "cut inside the header", s[: 5 + 40])
+    malformed(
         "truncated-encrypt",
         "shorter than header + nonce suffix + tag",
-        "malformed",
         _replace_raw(e, hl + 20, 10_000, b""),
-        mode="encrypt",
-        binding=FULL,
+        "encrypt",
     )
-    neg("kid-length-0", "kid_len = 0", "malformed", _replace_raw(s, 0, 1, b"\x00"), mode="sign", binding=FULL)
-    neg(
-        "kid-length-33",
-        "kid_len = 33",
-        "malformed",
-        _replace_raw(s, 0, 1, b"\x21"),
-        mode="sign",
-        binding=FULL,
-    )
-    neg(
-        "kid-bad-char",
-        "kid byte '/' outside [A-Za-z0-9._:-]",
-        "malformed",
-        _replace_raw(s, 1, 2, b"/"),
-        mode="sign",
-        binding=FULL,
-    )
-    neg(
+    malformed("kid-length-0", "kid_len = 0", _replace_raw(s, 0, 1, b"\x00"))
+    malformed("kid-length-33", "kid_len = 33", _replace_raw(s, 0, 1, b"\x21"))
+    malformed("kid-bad-char", "kid byte '/' outside [A-Za-z0-9._:-]", _replace_raw(s, 1, 2, b"/"))
+    malformed(
         "exp-before-iat",
         "authentic header (valid MAC) with exp < iat",
-        "malformed",
-        _forge_sign(iat, iat - 1, b"state", FULL),
-        mode="sign",
-        binding=FULL,
-        now=iat,
+        _forge_sign(IAT, IAT - 1, b"state", FULL),
+        now=IAT,
     )
 
-    # --- too_large: checked first, on the text length, before anything else
-    neg(
-        "too-large",
-        "a valid token one character over max_token_bytes",
-        "too_large",
-        g.seal("big", mode="sign", payload=b"q" * 19, binding=None, iat=iat, kid="a", max_token_bytes=8192),
-        mode="sign",
-        binding=None,
-        max_token_bytes=128,
-    )
-    neg(
-        "too-large-garbage",
-        "size is judged before the prefix",
-        "too_large",
-        "!" * 129,
-        mode="sign",
-        binding=FULL,
-        max_token_bytes=128,
-    )
+    # Judged first, on the text length, before anything else.
+    too_large = g.refusing("too_large", max_token_bytes=128)
+    big = g.seal("big", mode="sign", payload=b"q" * 19, binding=None, kid="a", max_token_bytes=8192)
+    too_large("too-large", "a valid token one character over max_token_bytes", big, binding=None)
+    too_large("too-large-garbage", "size is judged before the prefix", "!" * 129)
 
-    # --- unsupported_version
-    neg(
-        "version-2",
-        "format version 2 is unknown",
-        "unsupported_version",
-        "sc2s." + s[5:],
-        mode="sign",
-        binding=FULL,
-    )
-    neg(
-        "version-10",
-        "format version 10 is unknown",
-        "unsupported_version",
-        "sc10e." + e[5:],
-        mode="encrypt",
-        binding=FULL,
-    )
-    neg(
-        "mode-x",
-        "unknown mode letter in version 1",
-        "unsupported_version",
-        "sc1x." + s[5:],
-        mode="sign",
-        binding=FULL,
-    )
+    unsupported = g.refusing("unsupported_version")
+    unsupported("version-2", "format version 2 is unknown", "sc2s." + s[5:])
+    unsupported("version-10", "format version 10 is unknown", "sc10e." + e[5:], "encrypt")
+    unsupported("mode-x", "unknown mode letter in version 1", "sc1x." + s[5:])
 
-    # --- wrong_mode
-    neg(
-        "encrypt-token-to-sign",
-        "an ENCRYPT token given to a SIGN verifier",
-        "wrong_mode",
-        e,
-        mode="sign",
-        binding=FULL,
-    )
-    neg(
-        "sign-token-to-encrypt",
-        "a SIGN token given to an ENCRYPT verifier",
-        "wrong_mode",
-        s,
-        mode="encrypt",
-        binding=FULL,
-    )
-    neg(
-        "wrong-mode-before-kid",
-        "wrong mode is judged before the kid",
-        "wrong_mode",
-        g.seal("other-e", mode="encrypt", payload=b"x", binding=FULL, iat=iat, ring="other", kid="k9999"),
-        mode="sign",
-        binding=FULL,
-    )
+    def foreign(label: str, mode: str) -> str:
+        """A token of ring "other"'s key k9999, a kid ring "main" does not know."""
+        return g.seal(label, mode=mode, payload=b"x", ring="other", kid="k9999")
 
-    # --- unknown_key
-    neg(
-        "unknown-kid",
-        "kid k9999 is not in the ring",
-        "unknown_key",
-        g.seal("other-s", mode="sign", payload=b"x", binding=FULL, iat=iat, ring="other", kid="k9999"),
-        mode="sign",
-        binding=FULL,
-    )
-    neg(
-        "unknown-kid-encrypt",
-        "kid k9999 is not in the ring",
-        "unknown_key",
-        g.seal("other-e2", mode="encrypt", payload=b"x", binding=FULL, iat=iat, ring="other", kid="k9999"),
-        mode="encrypt",
-        binding=FULL,
-    )
-    neg(
-        "retired-key",
-        "now = retires_at: the key no longer verifies",
-        "unknown_key",
-        g.seal("retired", mode="sign", payload=b"x", binding=FULL, iat=RETIRE_AT - 100, kid="k2024a"),
-        mode="sign",
-        binding=FULL,
-        now=RETIRE_AT,
-    )
-    neg(
-        "retired-key-encrypt",
-        "now = retires_at: the key no longer verifies",
-        "unknown_key",
-        g.seal("retired-e", mode="encrypt", payload=b"x", binding=FULL, iat=RETIRE_AT - 100, kid="k2024a"),
-        mode="encrypt",
-        binding=FULL,
-        now=RETIRE_AT,
-    )
+    wrong_mode = g.refusing("wrong_mode")
+    wrong_mode("encrypt-token-to-sign", "an ENCRYPT token given to a SIGN verifier", e)
+    wrong_mode("sign-token-to-encrypt", "a SIGN token given to an ENCRYPT verifier", s, "encrypt")
+    wrong_mode("wrong-mode-before-kid", "wrong mode is judged before the kid", foreign("other-e", "encrypt"))
 
-    # --- tampered: authentication fails
+    unknown_key = g.refusing("unknown_key")
+    unknown_key("unknown-kid", "kid k9999 is not in the ring", foreign("other-s", "sign"))
+    unknown_key(
+        "unknown-kid-encrypt", "kid k9999 is not in the ring", foreign("other-e2", "encrypt"), "encrypt"
+    )
+    for label, mode in (("retired", "sign"), ("retired-e", "encrypt")):
+        retired = g.seal(label, mode=mode, payload=b"x", iat=RETIRE_AT - 100, kid="k2024a")
+        name = "retired-key" + ("" if mode == "sign" else "-encrypt")
+        unknown_key(name, "now = retires_at: the key no longer verifies", retired, mode, now=RETIRE_AT)
+
+    # Authentication fails.
+    tampered = g.refusing("tampered")
     for m, t in (("sign", s), ("encrypt", e)):
-        neg(
+        tampered(
             f"{m}-flip-header-iat",
             "flipped bit in the issued-at field (a header byte)",
-            "tampered",
             _flip(t, 1 + 6 + 3),
-            mode=m,
-            binding=FULL,
+            m,
         )
-        neg(
-            f"{m}-flip-token-id",
-            "flipped bit in the token id",
-            "tampered",
-            _flip(t, 1 + 6 + 8),
-            mode=m,
-            binding=FULL,
-        )
-        neg(
-            f"{m}-flip-binding-tag",
-            "flipped bit in the binding tag",
-            "tampered",
-            _flip(t, hl - 1, 0x80),
-            mode=m,
-            binding=FULL,
-        )
-        neg(
-            f"{m}-flip-last-byte",
-            "flipped bit in the MAC / AEAD tag",
-            "tampered",
-            _flip(t, -1),
-            mode=m,
-            binding=FULL,
-        )
-        neg(
-            f"{m}-cross-key-same-kid",
-            "same kid, another secret",
-            "tampered",
-            g.seal(f"cross-{m}", mode=m, payload=b"state", binding=FULL, iat=iat, ring="other"),
-            mode=m,
-            binding=FULL,
-        )
-        neg(
+        tampered(f"{m}-flip-token-id", "flipped bit in the token id", _flip(t, 1 + 6 + 8), m)
+        tampered(f"{m}-flip-binding-tag", "flipped bit in the binding tag", _flip(t, hl - 1, 0x80), m)
+        tampered(f"{m}-flip-last-byte", "flipped bit in the MAC / AEAD tag", _flip(t, -1), m)
+        cross = g.seal(f"cross-{m}", mode=m, payload=b"state", ring="other")
+        tampered(f"{m}-cross-key-same-kid", "same kid, another secret", cross, m)
+        tampered(
             f"{m}-truncated-3-bytes",
             "last 3 bytes cut off, re-encoded canonically",
-            "tampered",
             _replace_raw(t, -3, 10_000, b""),
-            mode=m,
-            binding=FULL,
+            m,
         )
-        neg(
+        tampered(
             f"{m}-appended-bytes",
             "3 zero bytes appended, re-encoded canonically",
-            "tampered",
             _replace_raw(t, 10_000, 10_000, b"\0\0\0"),
-            mode=m,
-            binding=FULL,
+            m,
         )
-        neg(
+        tampered(
             f"{m}-kid-swapped",
             "kid changed to another key of the ring (same length)",
-            "tampered",
             _replace_raw(t, 0, 7, b"\x06k2024a"),
-            mode=m,
-            binding=FULL,
+            m,
         )
-    neg(
-        "sign-flip-payload",
-        "flipped bit in the readable payload",
-        "tampered",
-        _flip(s, hl),
-        mode="sign",
-        binding=FULL,
-    )
-    neg(
+    tampered("sign-flip-payload", "flipped bit in the readable payload", _flip(s, hl))
+    tampered(
         "encrypt-flip-nonce",
         "flipped bit in the nonce suffix (the nonce's other 16 bytes are the token id)",
-        "tampered",
         _flip(e, hl + 5),
-        mode="encrypt",
-        binding=FULL,
+        "encrypt",
     )
-    neg(
-        "encrypt-flip-ciphertext",
-        "flipped bit in the ciphertext",
-        "tampered",
-        _flip(e, hl + 8),
-        mode="encrypt",
-        binding=FULL,
-    )
-    relabel = g.seal(
-        "relabel", mode="sign", payload=b"long enough to parse as nonce+tag", binding=FULL, iat=iat
-    )
-    neg(
+    tampered("encrypt-flip-ciphertext", "flipped bit in the ciphertext", _flip(e, hl + 8), "encrypt")
+    relabel = g.seal("relabel", mode="sign", payload=b"long enough to parse as nonce+tag")
+    tampered(
         "sign-body-relabelled-encrypt",
         "a SIGN token's body under the sc1e. prefix",
-        "tampered",
         "sc1e." + relabel[5:],
-        mode="encrypt",
-        binding=FULL,
+        "encrypt",
     )
-    neg(
+    tampered(
         "tampered-beats-expired",
         "tampered and expired: authentication is judged first",
-        "tampered",
         _flip(s, -1),
-        mode="sign",
-        binding=FULL,
         now=NOW + 10_000,
     )
 
-    # --- expired / not_yet_valid
+    expired = g.refusing("expired")
     for mode, token in (("sign", s), ("encrypt", e)):
-        neg(
+        expired(
             f"expired-at-exp{'' if mode == 'sign' else '-encrypt'}",
             "ttl 600, expiry_grace 0: now = exp, 600 s after iat, is expired (a TTL is at most its TTL)",
-            "expired",
             token,
-            mode=mode,
-            binding=FULL,
-            now=iat + 600,
+            mode,
+            now=IAT + 600,
         )
-    neg(
+    expired(
         "expired-at-exp-plus-fraction",
         "ttl 600, expiry_grace 0: now = exp + 0.5, 600.5 s after iat",
-        "expired",
         s,
-        mode="sign",
-        binding=FULL,
-        now=iat + 600.5,
+        now=IAT + 600.5,
     )
-    neg(
+    expired(
         "expired-at-expiry-grace",
         "expiry_grace 30: now = exp + 30 is expired",
-        "expired",
         s,
-        mode="sign",
-        binding=FULL,
-        now=iat + 630,
+        now=IAT + 630,
         expiry_grace=30,
     )
-    neg(
-        "expired-at-exp-plus-1",
-        "ttl 600, expiry_grace 0: now = exp + 1, 601 s after iat",
-        "expired",
-        s,
-        mode="sign",
-        binding=FULL,
-        now=iat + 601,
+    plus_1 = "ttl 600, expiry_grace 0: now = exp + 1, 601 s after iat"
+    expired("expired-at-exp-plus-1", plus_1, s, now=IAT + 601)
+    expired("expired-at-exp-plus-1-encrypt", plus_1, e, "encrypt", now=IAT + 601)
+    expired(
+        "expired-beyond-expiry-grace", "expiry_grace 30: now = exp + 31", s, now=IAT + 631, expiry_grace=30
     )
-    neg(
-        "expired-at-exp-plus-1-encrypt",
-        "ttl 600, expiry_grace 0: now = exp + 1, 601 s after iat",
-        "expired",
-        e,
-        mode="encrypt",
-        binding=FULL,
-        now=iat + 601,
-    )
-    neg(
-        "expired-beyond-expiry-grace",
-        "expiry_grace 30: now = exp + 31",
-        "expired",
-        s,
-        mode="sign",
-        binding=FULL,
-        now=iat + 631,
-        expiry_grace=30,
-    )
-    neg(
+    expired(
         "expired-max-skew-does-not-extend-expiry",
         "max_skew 3600, expiry_grace 0: now = exp is expired",
-        "expired",
         s,
-        mode="sign",
-        binding=FULL,
-        now=iat + 600,
+        now=IAT + 600,
         max_skew=3600,
     )
-    neg("expired-encrypt", "a day later", "expired", e, mode="encrypt", binding=FULL, now=NOW + 86_400)
-    neg(
+    expired("expired-encrypt", "a day later", e, "encrypt", now=NOW + 86_400)
+    expired(
         "expired-beats-binding",
         "expired and mis-bound: times are judged before the binding",
-        "expired",
         s,
-        mode="sign",
-        binding=_with(FULL, principal="mallory"),
         now=NOW + 86_400,
+        binding=_with(FULL, principal="mallory"),
     )
-    neg(
-        "not-yet-valid",
-        "max_skew 60: iat = now + 61, issued 61 s in the future",
-        "not_yet_valid",
-        s,
-        mode="sign",
-        binding=FULL,
-        now=iat - 61,
-    )
-    neg(
+
+    not_yet_valid = g.refusing("not_yet_valid")
+    ahead_61 = "max_skew 60: iat = now + 61, issued 61 s in the future"
+    not_yet_valid("not-yet-valid", ahead_61, s, now=IAT - 61)
+    not_yet_valid(
         "not-yet-valid-fraction",
         "max_skew 60: now = iat - 60.25, issued 60.25 s in the future",
-        "not_yet_valid",
         s,
-        mode="sign",
-        binding=FULL,
-        now=iat - 60.25,
+        now=IAT - 60.25,
     )
-    neg(
+    not_yet_valid(
         "not-yet-valid-expiry-grace-does-not-extend-skew",
         "max_skew 0, expiry_grace 3600: iat = now + 1",
-        "not_yet_valid",
         s,
-        mode="sign",
-        binding=FULL,
-        now=iat - 1,
+        now=IAT - 1,
         max_skew=0,
         expiry_grace=3600,
     )
-    neg(
-        "not-yet-valid-encrypt",
-        "max_skew 60: iat = now + 61, issued 61 s in the future",
-        "not_yet_valid",
-        e,
-        mode="encrypt",
-        binding=FULL,
-        now=iat - 61,
-    )
+    not_yet_valid("not-yet-valid-encrypt", ahead_61, e, "encrypt", now=IAT - 61)
 
-    # --- binding_mismatch
+    mismatch = g.refusing("binding_mismatch")
     for field, value in (
         ("principal", "mallory@example.com"),
         ("audience", "billing-svc"),
         ("method", "prompts/get"),
         ("target", "deploy_staging"),
     ):
-        neg(
-            f"binding-{field}",
-            f"another {field}",
-            "binding_mismatch",
-            s,
-            mode="sign",
-            binding=_with(FULL, **{field: value}),
-        )
-    neg(
-        "binding-arguments",
-        "another argument value",
-        "binding_mismatch",
-        e,
-        mode="encrypt",
-        binding=_with(FULL, arguments={"version": "v2.1.1", "force": False, "replicas": 3}),
-    )
-    neg(
+        mismatch(f"binding-{field}", f"another {field}", s, binding=_with(FULL, **{field: value}))
+    other_arguments = _with(FULL, arguments={"version": "v2.1.1", "force": False, "replicas": 3})
+    mismatch("binding-arguments", "another argument value", e, "encrypt", binding=other_arguments)
+    mismatch(
         "binding-arguments-absent",
         "arguments bound at seal, absent at unseal",
-        "binding_mismatch",
         s,
-        mode="sign",
         binding=_with(FULL, arguments=_DROP),
     )
-    neg(
+    no_principal = g.seal("no-principal", mode="sign", payload=b"x", binding=_with(FULL, principal=_DROP))
+    mismatch(
         "binding-principal-empty-vs-absent",
         "principal '' at unseal, absent at seal",
-        "binding_mismatch",
-        g.seal("no-principal", mode="sign", payload=b"x", binding=_with(FULL, principal=_DROP), iat=iat),
-        mode="sign",
+        no_principal,
         binding=_with(FULL, principal=""),
     )
-    neg(
-        "binding-extra-added",
-        "an extra pair more at unseal",
-        "binding_mismatch",
-        s,
-        mode="sign",
-        binding=_with(FULL, extra={**FULL["extra"], "region": "eu"}),
-    )
-    neg(
-        "binding-extra-value",
-        "an extra value differs",
-        "binding_mismatch",
-        e,
-        mode="encrypt",
-        binding=_with(FULL, extra={"tenant": "evil", "session": "s-42"}),
-    )
-    neg(
-        "binding-none-at-unseal",
-        "bound token, no binding at unseal",
-        "binding_mismatch",
-        s,
-        mode="sign",
-        binding=None,
-    )
-    neg(
-        "binding-unbound-token",
-        "unbound token, a binding at unseal",
-        "binding_mismatch",
-        g.seal("unbound", mode="sign", payload=b"x", binding=None, iat=iat),
-        mode="sign",
-        binding=FULL,
-    )
+    more_extra = _with(FULL, extra={**FULL["extra"], "region": "eu"})
+    mismatch("binding-extra-added", "an extra pair more at unseal", s, binding=more_extra)
+    other_extra = _with(FULL, extra={"tenant": "evil", "session": "s-42"})
+    mismatch("binding-extra-value", "an extra value differs", e, "encrypt", binding=other_extra)
+    mismatch("binding-none-at-unseal", "bound token, no binding at unseal", s, binding=None)
+    unbound = g.seal("unbound", mode="sign", payload=b"x", binding=None)
+    mismatch("binding-unbound-token", "unbound token, a binding at unseal", unbound)
 
 
 def _trim_to_rem(token: str, rem: int) -> str:
@@ -1080,112 +726,78 @@ def _forge_sign(iat: int, exp: int, payload: bytes, binding: dict[str, Any]) -> 
 
 def _flows(g: _Builder) -> None:
     """Chained (later rounds of a flow) and paced tokens: the CHAINED and PACED flags."""
-    iat = NOW - 100
     hl = _header_len("k2025b")
     for mode in ("sign", "encrypt"):
         m = mode[0]
         g.positive(
             f"{m}-chained-round-2",
             "the second round of a flow that started 30 s before it",
-            mode=mode,
-            payload=b'{"asked":["region"]}',
-            binding=FULL,
-            iat=iat,
-            now=NOW,
-            flow=(_first_tid(f"{m}-chained-round-2"), 2, iat - 30),
+            b'{"asked":["region"]}',
+            mode,
+            flow=(2, IAT - 30),
         )
         g.positive(
             f"{m}-chained-paced",
             "round 3, paced: redeemable 1.5 s after iat; now is 2 s after iat",
-            mode=mode,
-            payload=b'{"waiting":"approval"}',
-            binding=FULL,
-            iat=iat,
-            now=iat + 2,
-            flow=(_first_tid(f"{m}-chained-paced"), 3, iat - 60),
+            b'{"waiting":"approval"}',
+            mode,
+            now=IAT + 2,
+            flow=(3, IAT - 60),
             not_before_ms=1500,
         )
         g.positive(
             f"{m}-paced-first-round-edge",
             "a first round paced 250 ms, redeemed exactly at its not-before time",
-            mode=mode,
-            payload=b"",
+            b"",
+            mode,
             binding=UNBOUND_SPEC,
-            iat=iat,
-            now=iat + 0.25,
+            now=IAT + 0.25,
             not_before_ms=250,
         )
         g.positive(
             f"{m}-round-at-limit",
             "round 10 of a flow, max_rounds 10: the last one allowed",
-            mode=mode,
-            payload=b"r10",
-            binding=FULL,
-            iat=iat,
-            now=NOW,
-            flow=(_first_tid(f"{m}-round-at-limit"), 10, iat - 300),
+            b"r10",
+            mode,
+            flow=(10, IAT - 300),
             budgets={"max_rounds": 10},
         )
-        chained = g.seal(
-            f"{m}-flow-base",
-            mode=mode,
-            payload=b"r2",
-            binding=FULL,
-            iat=iat,
-            flow=(_first_tid(f"{m}-flow-base"), 2, iat - 30),
-        )
-        over = g.seal(
-            f"{m}-round-11",
-            mode=mode,
-            payload=b"r11",
-            binding=FULL,
-            iat=iat,
-            flow=(_first_tid(f"{m}-round-11"), 11, iat - 300),
-        )
+        chained = g.seal(f"{m}-flow-base", mode=mode, payload=b"r2", flow=(2, IAT - 30))
+        over = g.seal(f"{m}-round-11", mode=mode, payload=b"r11", flow=(11, IAT - 300))
         g.negative(
             f"{m}-round-limit",
             "round 11 of a flow (minted by a looser instance), max_rounds 10",
             "round_limit",
             over,
-            mode=mode,
-            binding=FULL,
+            mode,
             budgets={"max_rounds": 10},
         )
-        old = g.seal(
-            f"{m}-old-flow",
-            mode=mode,
-            payload=b"r4",
-            binding=FULL,
-            iat=iat,
-            flow=(_first_tid(f"{m}-old-flow"), 4, NOW - 3601),
-        )
+        old = g.seal(f"{m}-old-flow", mode=mode, payload=b"r4", flow=(4, NOW - 3601))
         g.negative(
             f"{m}-flow-expired",
             "a fresh token (issued 100 s ago) of a flow started 3601 s ago, max_flow_age 3600",
             "flow_expired",
             old,
-            mode=mode,
-            binding=FULL,
+            mode,
             budgets={"max_flow_age": 3600},
         )
-        paced = g.seal(f"{m}-paced", mode=mode, payload=b"", binding=FULL, iat=iat, not_before_ms=1500)
+        paced = g.seal(f"{m}-paced", mode=mode, payload=b"", not_before_ms=1500)
         g.negative(
             f"{m}-too-early",
             "paced 1.5 s, retried 1.499 s after iat: too early (not consumed)",
             "too_early",
             paced,
-            mode=mode,
-            binding=FULL,
-            now=iat + 1.499,
+            mode,
+            now=IAT + 1.499,
         )
         g.negative(
             f"{m}-too-early-wrong-binding",
             "too early AND bound to another principal: the binding is judged first",
             "binding_mismatch",
             paced,
-            mode=mode,
+            mode,
             binding=_with(FULL, principal="mallory@example.com"),
-            now=iat + 1.0,
+            now=IAT + 1.0,
         )
         for what, at in (("flow-id", hl), ("round", hl + 16), ("flow-start", hl + 17)):
             g.negative(
@@ -1193,37 +805,29 @@ def _flows(g: _Builder) -> None:
                 f"flipped bit in the {what.replace('-', ' ')}: a state grafted onto another flow",
                 "tampered",
                 _flip(chained, at),
-                mode=mode,
-                binding=FULL,
+                mode,
             )
         g.negative(
             f"{m}-unchained-flag-cleared",
             "the CHAINED flag cleared and the flow fields cut out: tampered",
             "tampered",
             _unchain(chained),
-            mode=mode,
-            binding=FULL,
+            mode,
         )
     key = RINGS["main"].require("k2025b")
-    round_2 = g.seal(
-        "s-r1", mode="sign", payload=b"", binding=FULL, iat=iat, flow=(_first_tid("s-r1"), 2, iat)
-    )
+    round_2 = g.seal("s-r1", mode="sign", payload=b"", flow=(2, IAT))
     g.negative(
         "s-chained-round-1",
         "a CHAINED token claiming round 1 (round 1 is spelled unchained): malformed before the MAC",
         "malformed",
         _replace_raw(round_2, hl + 16, hl + 17, b"\x01"),
-        mode="sign",
-        binding=FULL,
     )
-    paced_7 = g.seal("s-p0", mode="sign", payload=b"", binding=FULL, iat=iat, not_before_ms=7)
+    paced_7 = g.seal("s-p0", mode="sign", payload=b"", not_before_ms=7)
     g.negative(
         "s-paced-zero-wait",
         "a PACED token with a wait of 0 ms: malformed before the MAC",
         "malformed",
         _replace_raw(paced_7, hl, hl + 4, bytes(4)),
-        mode="sign",
-        binding=FULL,
     )
     # An authentic MAC over a flow that starts after the token was issued.
     b = binding_from_json(_binding_json(FULL))
@@ -1231,10 +835,10 @@ def _flows(g: _Builder) -> None:
     header = b"".join(
         (
             bytes((0x80 | 6,)) + b"k2025b",
-            struct.pack(">II", iat, iat + 600),
+            struct.pack(">II", IAT, IAT + 600),
             _fixed("tid/late-flow", 16),
             b.tag(key),
-            _first_tid("late-flow") + b"\x02" + struct.pack(">I", iat + 1),
+            _first_tid("late-flow") + b"\x02" + struct.pack(">I", IAT + 1),
         )
     )
     mac = hmac.digest(key.mac_key, b"sc1s." + header + b"x", "sha256")
@@ -1243,8 +847,6 @@ def _flows(g: _Builder) -> None:
         "authentic, but its flow starts a second after the token was issued: malformed",
         "malformed",
         _join("sc1s.", header + b"x" + mac),
-        mode="sign",
-        binding=FULL,
     )
 
 
