@@ -43,8 +43,17 @@ def test_the_typescript_suite_passes(
         },
     )
     failed = re.findall(r"^\s*not ok \d+ - (.*)$", proc.stdout, re.MULTILINE)
-    assert proc.returncode == 0 and not failed, "\n".join(failed) or proc.stdout[-4000:] + proc.stderr[-4000:]
+    assert proc.returncode == 0 and not failed, (
+        "\n".join(diagnostics(proc.stdout) or failed) or proc.stdout[-4000:] + proc.stderr[-4000:]
+    )
     passed = re.search(r"^# pass (\d+)$", proc.stdout, re.MULTILINE)
     assert passed is not None and int(passed.group(1)) >= 170, proc.stdout[-2000:]
     if re.search(r"^# skipped [1-9]", proc.stdout, re.MULTILINE):
         pytest.fail("the TypeScript suite skipped tests:\n" + proc.stdout[-2000:])
+
+
+def diagnostics(tap: str) -> list[str]:
+    """Each failed test's TAP line with its diagnostics (the indented YAML block up to ``...``):
+    the error and where it was raised, not only the name."""
+    blocks = re.findall(r"^( *)(not ok \d+ - .*\n(?:\1  .*\n)*?\1  \.\.\.)$", tap, re.MULTILINE)
+    return [block for _, block in blocks]
