@@ -948,7 +948,7 @@ class _Outbound:
             # A small answer whole in one message (the usual one) is judged without the
             # budget: see UNCOUNTED_BYTES for why that keeps memory bounded.
             kind = _json.classify(chunk, final=True)
-            if kind == "json":
+            if kind == "json" and len(chunk) <= self.limit:  # a larger one fails closed below
                 self._mode = "json"
                 await self._finish_json(chunk)
                 return

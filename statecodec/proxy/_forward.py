@@ -232,7 +232,9 @@ def _opens_stream(scope: Scope, body: bytes | AsyncIterator[bytes]) -> bool:
     The method is the body's: a header may say anything (the middleware refuses an
     ``Mcp-Method`` that disagrees with the body, and no header is needed at all). Behind
     the middleware, the method it read from the body (:data:`BODY_METHOD`, set by the
-    server's scope, never by a client) decides without a second read. Otherwise only a
+    server's scope, never by a client) decides without a second read, once two searches
+    have found that the body may name it at all (a backslash, or the method as written: the
+    middleware reads only UTF-8, so its verdict agrees on every other body). Otherwise only a
     body that may name the method is parsed: one holding ``subscriptions/listen`` as written,
     or a ``\\/`` or ``\\u`` escape (``subscriptions\\/listen`` and ``\\u006c`` spell it too).
     A body that comes in pieces is not read ahead: behind the middleware a body always comes
