@@ -200,8 +200,14 @@ class RequestHeaders:
 
     @classmethod
     def read(cls, headers: list[tuple[bytes, bytes]]) -> RequestHeaders:
-        # Built by comprehension and dict(): every request pays for this, header by header.
-        lowered = [(name.lower(), value) for name, value in headers]
+        # Servers hand the names lower-cased (uvicorn does; ASGI asks for it): the names are
+        # then checked at once in C (bytes.lower changes A-Z only, as it does name by name)
+        # and the headers kept as they are. Else built by comprehension; indexed by dict().
+        names = b"\n".join(next(zip(*headers), ()))  # the names, split from the values in C
+        if names.lower() == names:
+            lowered = headers
+        else:
+            lowered = [(name.lower(), value) for name, value in headers]
         index = dict(reversed(lowered))  # built from the last: the first of repeated ones stays
         routing: dict[bytes, bytes] = {}
         for name in _ROUTING_HEADERS:
