@@ -127,7 +127,9 @@ signal.signal(signal.SIGUSR2, _off)
 def command(
     part: str, upstream: str, tmp: Path, client: str = "httptools", before: str = "", opcodes: bool = False
 ) -> list[str]:
-    preamble = (_H11 if client == "h11" else "") + (before + "\n" if before else "") + (_OPCODES if opcodes else "")
+    preamble = (
+        (_H11 if client == "h11" else "") + (before + "\n" if before else "") + (_OPCODES if opcodes else "")
+    )
     if part == "proxy":
         keys = tmp / "keys.json"
         keys.write_text(KeyRing.generate().to_json())

@@ -203,11 +203,8 @@ class RequestHeaders:
         # Servers hand the names lower-cased (uvicorn does; ASGI asks for it): the names are
         # then checked at once in C (bytes.lower changes A-Z only, as it does name by name)
         # and the headers kept as they are. Else built by comprehension; indexed by dict().
-        names = b"\n".join(next(zip(*headers), ()))  # the names, split from the values in C
-        if names.lower() == names:
-            lowered = headers
-        else:
-            lowered = [(name.lower(), value) for name, value in headers]
+        names = b"\n".join(next(zip(*headers, strict=True), ()))  # split from the values in C
+        lowered = headers if names.lower() == names else [(name.lower(), value) for name, value in headers]
         index = dict(reversed(lowered))  # built from the last: the first of repeated ones stays
         routing: dict[bytes, bytes] = {}
         for name in _ROUTING_HEADERS:
