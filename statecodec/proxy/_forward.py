@@ -232,9 +232,7 @@ def _opens_stream(scope: Scope, body: bytes | AsyncIterator[bytes]) -> bool:
     The method is the body's: a header may say anything (the middleware refuses an
     ``Mcp-Method`` that disagrees with the body, and no header is needed at all). Behind
     the middleware, the method it read from the body (:data:`BODY_METHOD`, set by the
-    server's scope, never by a client) decides without a second read, once two searches
-    have found that the body may name it at all (a backslash, or the method as written: the
-    middleware reads only UTF-8, so its verdict agrees on every other body). Otherwise only a
+    server's scope, never by a client) decides without a second read. Otherwise only a
     body that may name the method is parsed: one holding ``subscriptions/listen`` as written,
     or a ``\\/`` or ``\\u`` escape (``subscriptions\\/listen`` and ``\\u006c`` spell it too).
     A body that comes in pieces is not read ahead: behind the middleware a body always comes
@@ -245,19 +243,15 @@ def _opens_stream(scope: Scope, body: bytes | AsyncIterator[bytes]) -> bool:
         return True
     if method != "POST" or not isinstance(body, bytes):
         return False
-    # Most bodies hold neither a backslash nor the method as written, and so cannot name
-    # it: two searches in C decide them, cheaper than looking up the middleware's verdict.
-    # find, not `in` (which tries an int first); the backslash first, a one-byte search at
-    # memchr's speed, the method's bytes as written next, a long needle quickly skipped.
-    if body.find(b"\\") == -1 and body.find(b"subscriptions/listen") == -1:
-        return False
     extensions = scope.get("extensions")
     read: object = extensions.get(BODY_METHOD, _UNREAD) if extensions else _UNREAD
     if read is not _UNREAD:
         return read == _LISTEN
-    # Only \u and \/ can spell the method's letters or its slash (\" and \\ are common, in
-    # states that hold JSON).
-    escaped = body.find(b"\\u") != -1 or body.find(b"\\/") != -1
+    # find, not `in` (which tries an int first). Only \u and \/ can spell the method's
+    # letters or its slash (\" and \\ are common, in states that hold JSON): the backslash
+    # first, a one-byte search at memchr's speed, and the method's bytes as written last, a
+    # long needle quickly skipped.
+    escaped = body.find(b"\\") != -1 and (body.find(b"\\u") != -1 or body.find(b"\\/") != -1)
     if not escaped and body.find(b"subscriptions/listen") == -1:
         return False
     message = _message(body)

@@ -169,35 +169,6 @@ _ALLOWED_CACHED: Final = 256
 _CACHED_BYTES: Final = 512
 
 
-def _host_and_origins(headers: Iterable[tuple[bytes, bytes]]) -> tuple[bytes | None, int, list[bytes]]:
-    """The last ``Host`` header's value, how many there are, and every ``Origin`` value.
-
-    Servers hand the names lower-cased (uvicorn does; ASGI asks for it), and then the
-    headers are searched in C: split by ``zip``, the names checked for an upper-case letter
-    at once, counted and indexed, without a Python loop over every header of every request.
-    Any other name is matched lower-cased, header by header.
-    """
-    pairs = list(headers)
-    names, values = zip(*pairs, strict=True) if pairs else ((), ())
-    joined = b"\n".join(names)
-    if joined.lower() == joined:  # no name holds an upper-case letter (bytes.lower: A-Z only)
-        hosts = names.count(b"host")
-        host = values[len(names) - 1 - names[::-1].index(b"host")] if hosts else None
-        if b"origin" not in names:
-            return host, hosts, []
-        return host, hosts, [value for name, value in pairs if name == b"origin"]
-    host = None
-    hosts = 0
-    origins: list[bytes] = []
-    for name, value in pairs:
-        lower = name.lower()
-        if lower == b"host":
-            host, hosts = value, hosts + 1
-        elif lower == b"origin":
-            origins.append(value)
-    return host, hosts, origins
-
-
 class HostGuard:
     """``app``, answering only requests whose ``Host`` and ``Origin`` ``policy`` allows.
 
@@ -222,7 +193,15 @@ class HostGuard:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        host, hosts, origins = _host_and_origins(scope.get("headers", ()))
+        host: bytes | None = None
+        hosts = 0
+        origins: list[bytes] = []
+        for name, value in scope.get("headers", ()):
+            lower = name.lower()
+            if lower == b"host":
+                host, hosts = value, hosts + 1
+            elif lower == b"origin":
+                origins.append(value)
         key = None
         if hosts == 1 and host is not None and len(origins) < 2:
             key = (host, origins[0] if origins else None)

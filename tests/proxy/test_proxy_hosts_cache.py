@@ -78,8 +78,7 @@ async def test_a_long_pair_is_judged_each_time_and_never_kept() -> None:
 
 
 async def test_names_in_any_case_are_judged_as_lower_case_ones() -> None:
-    # Servers hand the names lower-cased, and the guard has a path for that; any other
-    # spelling takes the other path, with the same verdicts.
+    # Servers hand the names lower-cased; the guard reads any spelling alike.
     requests = [
         [(b"host", b"localhost:8000")],
         [(b"host", b"localhost:8000"), (b"origin", b"http://evil.example")],
