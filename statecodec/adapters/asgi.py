@@ -216,6 +216,8 @@ class RequestHeaders:
 
     def without(self, *dropped: bytes) -> list[tuple[bytes, bytes]]:
         """The headers as sent but those named ``dropped`` (lower-case names)."""
+        if self.lowered is self.headers:  # lower-cased as sent: one list to read, not two
+            return [header for header in self.headers if header[0] not in dropped]
         pairs = zip(self.lowered, self.headers, strict=True)
         return [header for (name, _), header in pairs if name not in dropped]
 
