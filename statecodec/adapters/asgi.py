@@ -65,6 +65,7 @@ __all__ = [
     "DEFAULT_MAX_JUDGED_BYTES",
     "DEFAULT_MAX_RESPONSE_BYTES",
     "FORWARDER_HEADERS",
+    "UNCOUNTED_BYTES",
     "ASGIApp",
     "Message",
     "PrincipalFn",
