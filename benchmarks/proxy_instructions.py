@@ -2,6 +2,7 @@
 
     .venv/bin/python benchmarks/proxy_instructions.py [--flows 100] [--part proxy,forwarder,server]
         [--tree TREE] [--client httptools|h11] [--before CODE] [--keep DIR] [--traffic deploy|relay]
+        [--count instructions|opcodes]
 
 CPU time on a shared VM moves by a third from one minute to the next; an instruction
 count does not. Each part runs under ``valgrind --tool=callgrind`` with instrumentation
@@ -23,6 +24,12 @@ costs, an upper bound of what making it cheaper can save (docs/performance.md).
 ``callgrind_annotate --inclusive=yes`` (the profile that picks the next step).
 ``--traffic relay`` sends ``tools/list`` requests instead of deploy flows (``--flows`` of
 them, counted per request): answers that cannot carry a state, the relay path alone.
+``--count opcodes`` counts Python opcodes instead, without valgrind: ``sys.settrace`` with
+``f_trace_opcodes`` in the measured process's main thread, switched on and off by signals
+around the measured traffic, with uvicorn's tick and the connection guard's sweep (and
+whatever they call) left out. Deterministic from run to run on a loaded machine (the
+interpreter is run with ``PYTHONHASHSEED=0``), but blind to work done in C: the A/B for a
+change to Python code, callgrind the cost in full.
 
 User-space instructions only: the system calls' kernel work is not in these counts.
 Needs ``valgrind`` (Debian package) and node with ``npm ci`` in tests/node.
@@ -32,7 +39,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -79,8 +88,48 @@ _H11 = (
 )
 
 
-def command(part: str, upstream: str, tmp: Path, client: str = "httptools", before: str = "") -> list[str]:
-    preamble = (_H11 if client == "h11" else "") + (before + "\n" if before else "")
+# Run before a part's code when ``--count opcodes``: SIGUSR1 starts the count in the main
+# thread (where the event loop runs), SIGUSR2 stops it and writes it to the file named by
+# STATECODEC_OPCODES. A timer's coroutine mutes the count while it runs, calls included:
+# its cost is per second, not per request (see drive()).
+_OPCODES = """
+import os, signal, sys
+_n = [0]; _muted = [False]
+_timers = {("main_loop", "server.py"), ("on_tick", "server.py"), ("run", "_guard.py")}
+def _local(frame, event, arg):
+    if event == "opcode":
+        _n[0] += 1
+    return _local
+def _timer(frame, event, arg):
+    if event == "return":
+        _muted[0] = False
+    return _timer
+def _global(frame, event, arg):
+    if _muted[0]:
+        return None
+    code = frame.f_code
+    if (code.co_name, os.path.basename(code.co_filename)) in _timers:
+        _muted[0] = True
+        return _timer
+    frame.f_trace_opcodes = True
+    return _local
+def _on(*_):
+    sys.settrace(_global)
+def _off(*_):
+    sys.settrace(None)
+    with open(os.environ["STATECODEC_OPCODES"], "w") as out:
+        out.write(str(_n[0]))
+signal.signal(signal.SIGUSR1, _on)
+signal.signal(signal.SIGUSR2, _off)
+"""
+
+
+def command(
+    part: str, upstream: str, tmp: Path, client: str = "httptools", before: str = "", opcodes: bool = False
+) -> list[str]:
+    preamble = (
+        (_H11 if client == "h11" else "") + (before + "\n" if before else "") + (_OPCODES if opcodes else "")
+    )
     if part == "proxy":
         keys = tmp / "keys.json"
         keys.write_text(KeyRing.generate().to_json())
@@ -106,24 +155,31 @@ def _control(pid: int, *args: str) -> None:
     subprocess.run(["callgrind_control", *args, str(pid)], check=True, capture_output=True)
 
 
-async def drive(url: str, pid: int, flows: int, traffic: str = "deploy") -> float:
-    """Drive the measured traffic, then leave the process idle for :data:`IDLE` seconds.
+async def drive(url: str, pid: int, flows: int, traffic: str = "deploy", opcodes: bool = False) -> float:
+    """Drive the measured traffic, then (counting instructions) leave the process idle for
+    :data:`IDLE` seconds.
 
     Returns the measured phase's wall time. Its instructions are dumped apart from the idle
     window's (``callgrind_control --dump`` zeroes the counters), so that the timers the
     process runs while idle (uvicorn's tick, the connection guard's sweep) can be taken
     out: they cost per second, not per round, and on a loaded machine a round takes
-    longer.
+    longer. Opcodes are counted without the timers (:data:`_OPCODES`): no idle window.
     """
     one = flow if traffic == "deploy" else listing
     async with httpx.AsyncClient(timeout=300) as http:
         for n in range(WARM_UP):
             await one(http, url, n)
-        _control(pid, "-i", "on")
+        if opcodes:
+            os.kill(pid, signal.SIGUSR1)
+        else:
+            _control(pid, "-i", "on")
         started = time.monotonic()
         for n in range(flows):
             await one(http, url, WARM_UP + n)
         elapsed = time.monotonic() - started
+        if opcodes:
+            os.kill(pid, signal.SIGUSR2)
+            return elapsed
         _control(pid, "--dump=measured")
         await asyncio.sleep(IDLE)
         _control(pid, "--dump=idle")
@@ -162,6 +218,27 @@ def count(
     return round(measured / rounds), round((measured - idle * elapsed / IDLE) / rounds)
 
 
+def count_opcodes(
+    part: str, upstream: str, flows: int, tmp: Path, tree: Path, client: str, before: str, traffic: str
+) -> float:
+    """Python opcodes per round (per request with ``relay``) of one part, run from ``tree``."""
+    out = tmp / f"opcodes.{part}"
+    os.environ["STATECODEC_OPCODES"] = str(out)  # read by the part's preamble (spawn passes os.environ)
+    os.environ["PYTHONHASHSEED"] = "0"  # set and dict orders, hence some loops, as in every run
+    proc, url = start(
+        command(part, upstream, tmp, client, before, opcodes=True), "listening on ", tmp / f"{part}.log", tree
+    )
+    try:
+        asyncio.run(drive(url + "/mcp", proc.pid, flows, traffic, opcodes=True))
+        deadline = time.monotonic() + 30
+        while not out.exists() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        counted = int(out.read_text())
+    finally:
+        stop(proc)
+    return counted / (2 * flows if traffic == "deploy" else flows)
+
+
 def _trigger(path: Path) -> str:
     """Which dump ``path`` is: ``measured``, ``idle`` (named by :func:`drive`), or another."""
     for line in path.read_text(errors="replace").splitlines():
@@ -198,8 +275,15 @@ def main() -> None:
         default="deploy",
         help="deploy flows (two rounds each), or tools/list requests (the relay path alone)",
     )
+    parser.add_argument(
+        "--count",
+        choices=["instructions", "opcodes"],
+        default="instructions",
+        help="machine instructions under callgrind, or Python opcodes (sys.settrace, no valgrind)",
+    )
     args = parser.parse_args()
-    if shutil.which("valgrind") is None or shutil.which("callgrind_control") is None:
+    needs_valgrind = args.count == "instructions"
+    if needs_valgrind and (shutil.which("valgrind") is None or shutil.which("callgrind_control") is None):
         raise SystemExit("needs valgrind (apt-get install valgrind)")
     with tempfile.TemporaryDirectory(prefix="proxy-instructions-") as tmp_dir:
         tmp = Path(tmp_dir)
@@ -208,6 +292,13 @@ def main() -> None:
         try:
             tree = args.tree.resolve()
             for part in args.part.split(","):
+                unit = "round" if args.traffic == "deploy" else "request"
+                if args.count == "opcodes":
+                    opcodes = count_opcodes(
+                        part, upstream_url, args.flows, tmp, tree, args.client, args.before, args.traffic
+                    )
+                    print(f"{part:10s} {opcodes:>12,.1f} Python opcodes per {unit}", flush=True)
+                    continue
                 per_round = count(
                     part,
                     upstream_url,
@@ -219,7 +310,6 @@ def main() -> None:
                     args.keep,
                     args.traffic,
                 )
-                unit = "round" if args.traffic == "deploy" else "request"
                 counted, busy = per_round
                 print(
                     f"{part:10s} {counted:>12,} instructions per {unit}, {busy:>12,} without the idle timers",

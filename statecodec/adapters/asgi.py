@@ -65,6 +65,7 @@ __all__ = [
     "DEFAULT_MAX_JUDGED_BYTES",
     "DEFAULT_MAX_RESPONSE_BYTES",
     "FORWARDER_HEADERS",
+    "UNCOUNTED_BYTES",
     "ASGIApp",
     "Message",
     "PrincipalFn",
@@ -200,8 +201,11 @@ class RequestHeaders:
 
     @classmethod
     def read(cls, headers: list[tuple[bytes, bytes]]) -> RequestHeaders:
-        # Built by comprehension and dict(): every request pays for this, header by header.
-        lowered = [(name.lower(), value) for name, value in headers]
+        # Servers hand the names lower-cased (uvicorn does; ASGI asks for it): the names are
+        # then checked at once in C (bytes.lower changes A-Z only, as it does name by name)
+        # and the headers kept as they are. Else built by comprehension; indexed by dict().
+        names = b"\n".join(next(zip(*headers, strict=True), ()))  # split from the values in C
+        lowered = headers if names.lower() == names else [(name.lower(), value) for name, value in headers]
         index = dict(reversed(lowered))  # built from the last: the first of repeated ones stays
         routing: dict[bytes, bytes] = {}
         for name in _ROUTING_HEADERS:
@@ -213,6 +217,8 @@ class RequestHeaders:
 
     def without(self, *dropped: bytes) -> list[tuple[bytes, bytes]]:
         """The headers as sent but those named ``dropped`` (lower-case names)."""
+        if self.lowered is self.headers:  # lower-cased as sent: one list to read, not two
+            return [header for header in self.headers if header[0] not in dropped]
         pairs = zip(self.lowered, self.headers, strict=True)
         return [header for (name, _), header in pairs if name not in dropped]
 
@@ -806,12 +812,23 @@ async def _respond(send: Send, status: int, payload: Any) -> None:
 
 
 # ---------------------------------------------------------------- answers
+#: The largest answer judged without taking its bytes from :class:`JudgedBytes`: one that
+#: comes whole in a single message. The budget is there for the answers held while they wait
+#: for more bytes (any number of them at once); a whole answer is judged as it arrives, its
+#: decoded text and document made and dropped within one step of the event loop, so only one
+#: such judgement is under way at a time, and what stays held until the answer is written is
+#: its bytes, at most this many per request in flight (in the proxy, at most one request per
+#: upstream connection). Counting it cost every answer a take and a give of the budget.
+UNCOUNTED_BYTES: Final = 64 * 1024
+
+
 class JudgedBytes:
     """The bytes of answers held for inspection, all requests together, within ``limit``.
 
     Every answer that is buffered to be judged (a JSON body or message not complete yet,
     an SSE event not ended yet) takes its bytes here as they arrive and gives them back
-    once judged; one that would take more than what is left is refused at once, so memory
+    once judged (an answer of at most :data:`UNCOUNTED_BYTES` that comes whole is judged
+    at once, without them); one that would take more than what is left is refused at once, so memory
     stays bounded whatever the number of large answers in flight, and no answer waits.
     """
 
@@ -933,6 +950,17 @@ class _Outbound:
 
     async def _on_body(self, chunk: bytes, more: bool) -> None:
         mode = self._mode
+        if mode == "sniff" and not more and not self._body and len(chunk) <= UNCOUNTED_BYTES:
+            # A small answer whole in one message (the usual one) is judged without the
+            # budget: see UNCOUNTED_BYTES for why that keeps memory bounded.
+            kind = _json.classify(chunk, final=True)
+            if kind == "json" and len(chunk) <= self.limit:  # a larger one fails closed below
+                self._mode = "json"
+                await self._finish_json(chunk)
+                return
+            if kind == "other":
+                await self._relay(chunk)  # HTML, text, files: nothing to judge
+                return
         if mode in ("json", "sniff") and not self._hold(len(self._body) + len(chunk)):
             await self._over_budget()
             return

@@ -23,7 +23,7 @@ import pytest
 import uvicorn
 
 from statecodec import KeyRing, StateCodec, _format, boundary
-from statecodec.adapters.asgi import RequestStateMiddleware
+from statecodec.adapters.asgi import RequestHeaders, RequestStateMiddleware
 from statecodec.replay import MemoryReplayStore
 
 WIRE_ERROR = {
@@ -723,3 +723,24 @@ async def test_an_input_required_answer_that_asks_nothing_is_replaced(codec: Sta
         "id": 1,
         "error": {"code": -32603, "message": "Internal error"},
     }
+
+
+@pytest.mark.parametrize(
+    "headers",
+    [
+        [(b"content-length", b"2"), (b"mcp-method", b" tools/call "), (b"mcp-method", b"x"), (b"a", b"1")],
+        [(b"Content-Length", b"2"), (b"MCP-Method", b" tools/call "), (b"mcp-method", b"x"), (b"a", b"1")],
+        [(b"content-length", b"2"), (b"mcp-method", b" tools/call "), (b"Mcp-Method", b"x"), (b"A", b"1")],
+    ],
+)
+def test_request_headers_read_every_spelling_of_a_name_alike(headers: list[tuple[bytes, bytes]]) -> None:
+    # Lower-case names (what servers hand) are taken as they are; any other spelling is
+    # lower-cased name by name: the same index, routing and repeated header either way.
+    sent = RequestHeaders.read(headers)
+    assert sent.headers == headers
+    assert sent.lowered == [(name.lower(), value) for name, value in headers]
+    assert sent.index == {b"content-length": b"2", b"mcp-method": b" tools/call ", b"a": b"1"}
+    assert sent.routing == {b"mcp-method": b"tools/call"}
+    assert sent.repeated == b"mcp-method"
+    assert sent.without(b"a") == headers[:3]
+    assert RequestHeaders.read([]).index == {}

@@ -75,3 +75,22 @@ async def test_a_long_pair_is_judged_each_time_and_never_kept() -> None:
     long_origin = [(b"host", b"h"), (b"origin", b"http://" + b"o" * _CACHED_BYTES)]
     assert await _statuses(guard, [long_host, long_origin, [(b"host", b"h")]]) == [200, 200, 200]
     assert guard._allowed == {(b"h", None)}
+
+
+async def test_names_in_any_case_are_judged_as_lower_case_ones() -> None:
+    # Servers hand the names lower-cased; the guard reads any spelling alike.
+    requests = [
+        [(b"host", b"localhost:8000")],
+        [(b"host", b"localhost:8000"), (b"origin", b"http://evil.example")],
+        [(b"host", b"localhost:8000"), (b"origin", b"http://localhost:3000"), (b"origin", b"http://x")],
+        [(b"host", b"localhost:8000"), (b"host", b"evil.example")],
+        [(b"host", b"evil.example:8000")],
+        [(b"accept", b"*/*")],
+        [],
+    ]
+    expected = [200, 403, 403, 400, 421, 400, 400]
+    assert await _statuses(_guard(), requests) == expected
+    shouted = [[(name.title(), value) for name, value in headers] for headers in requests]
+    assert await _statuses(_guard(), shouted) == expected
+    mixed = [[(b"X-Seen", b"1"), *headers] for headers in requests]  # one upper-case name elsewhere
+    assert await _statuses(_guard(), mixed) == expected

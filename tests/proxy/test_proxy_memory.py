@@ -128,3 +128,39 @@ async def test_answers_beyond_the_judging_budget_are_refused_at_once_and_the_bud
     assert protected.judged_bytes.held == 0
     assert await call(protected) == (200, body)  # and the next answer is judged again
     assert protected.judged_bytes.held == 0
+
+
+async def test_a_small_answer_that_comes_whole_is_judged_without_the_budget() -> None:
+    large = answer("latin", 6 * MIB + 48 * 1024)  # waits at 6 MiB, its last 17 KiB to come
+    small = answer("latin", 48 * 1024)  # judged in full (not ASCII), under UNCOUNTED_BYTES
+    whole = answer("latin", 1 * MIB)  # whole in one message, but over UNCOUNTED_BYTES
+    gate = asyncio.Event()
+    pieces = upstream(large, gate, hold_at=6 * MIB)
+    calls = 0
+
+    async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        nonlocal calls
+        calls += 1
+        if calls == 1:
+            await pieces(scope, receive, send)
+            return
+        await receive()
+        headers = [(b"content-type", b"application/json")]
+        await send({"type": "http.response.start", "status": 200, "headers": headers})
+        await send({"type": "http.response.body", "body": small if calls == 2 else whole, "more_body": False})
+
+    # Room for the first answer and 1 KiB more: while it waits, what is left is less than `small`.
+    protected = middleware(app, max_judged_bytes=len(large) + 1024)
+    first = asyncio.create_task(call(protected))
+    while protected.judged_bytes.held < 6 * MIB:
+        assert not first.done()
+        await asyncio.sleep(0.01)
+    held = protected.judged_bytes.held
+    assert protected.judged_bytes.limit - held < len(small)
+    assert await call(protected) == (200, small)  # judged as it came, nothing taken
+    assert protected.judged_bytes.held == held
+    status, _ = await call(protected)  # a whole answer over UNCOUNTED_BYTES is counted: refused
+    assert status == 503
+    gate.set()
+    assert await first == (200, large)
+    assert protected.judged_bytes.held == 0
