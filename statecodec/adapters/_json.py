@@ -33,7 +33,7 @@ from typing import Any, Final, Literal
 
 import orjson
 
-from ..boundary import FOLDED_REQUEST_STATE
+from ..boundary import FOLDED_REQUEST_STATE, fold_key
 
 Kind = Literal["json", "sse", "other"]
 
@@ -198,11 +198,9 @@ def may_hold_state(text: str) -> bool:
     Any other text, where case folding or an escape could spell it otherwise (U+017F,
     the long s, folds to ``s``), may hold one.
     """
-    if not text.isascii() or ("\\" in text and "\\u" in text):  # has_unicode_escape
+    if not text.isascii() or has_unicode_escape(text):
         return True
-    # fold_key's normalisation, written out for text known to be ASCII (lower() folds it):
-    # every answer passes here, and this spares it two Python calls.
-    return FOLDED_REQUEST_STATE in text.lower().replace("_", "").replace("-", "")
+    return FOLDED_REQUEST_STATE in fold_key(text)
 
 
 def has_unicode_escape(text: str) -> bool:

@@ -413,10 +413,10 @@ class UpstreamApp:
         # The client's Host, as sent: an upstream's own DNS-rebinding check must judge what
         # the client sent, not a name this proxy made up (docs/proxy.md, "how the two layers
         # fit"). The upstream's authority only when the client sent none (HTTP/1.0).
-        # Each field's line joined in C (map over bytes.join), not by a Python loop: fields is
-        # never empty (Accept-Encoding and X-Forwarded-Proto are always there).
-        start = b"%b %b HTTP/1.1\r\nHost: %b\r\n" % (method, target, headers.host or self._host_header)
-        return start + b"\r\n".join(map(b": ".join, fields)) + b"\r\n\r\n"
+        # Each field's line joined in C (map over bytes.join), not by a Python loop; the two
+        # empty items end the last line and the head, however many fields there are.
+        start = b"%b %b HTTP/1.1\r\nHost: %b" % (method, target, headers.host or self._host_header)
+        return b"\r\n".join([start, *map(b": ".join, fields), b"", b""])
 
     async def _stream(
         self, scope: Scope, headers: _RequestHeaders, body: _Body, receive: Receive, send: Send
