@@ -951,15 +951,11 @@ class _Outbound:
     async def _on_body(self, chunk: bytes, more: bool) -> None:
         mode = self._mode
         if mode == "sniff" and not more and not self._body and len(chunk) <= UNCOUNTED_BYTES:
-            # A small answer whole in one message (the usual one) is judged without the
+            # A small answer whole in one message (the usual one) is classified without the
             # budget: see UNCOUNTED_BYTES for why that keeps memory bounded.
             kind = _json.classify(chunk, final=True)
-            if kind == "json" and len(chunk) <= self.limit:  # a larger one fails closed below
-                self._mode = "json"
-                await self._finish_json(chunk)
-                return
-            if kind == "other":
-                await self._relay(chunk)  # HTML, text, files: nothing to judge
+            if kind is not None:
+                await self._classified(chunk, more, kind)
                 return
         if mode in ("json", "sniff") and not self._hold(len(self._body) + len(chunk)):
             await self._over_budget()
@@ -993,7 +989,10 @@ class _Outbound:
             if len(self._body) > self.limit:
                 await self._fail_closed(f"an answer opens with over {self.limit} bytes of whitespace")
             return
-        body, self._body = bytes(self._body), bytearray()
+        await self._classified(self._drained(), more, kind)
+
+    async def _classified(self, body: bytes, more: bool, kind: _json.Kind) -> None:
+        """Go on with ``body``, the answer's first bytes, by what ``kind`` says they are."""
         if kind == "sse":
             await self._start_stream()
         else:
