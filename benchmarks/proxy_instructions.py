@@ -117,8 +117,10 @@ def _on(*_):
     sys.settrace(_global)
 def _off(*_):
     sys.settrace(None)
-    with open(os.environ["STATECODEC_OPCODES"], "w") as out:
+    # Written aside, then renamed: the reader waits for the name, so it never sees it empty.
+    with open(os.environ["STATECODEC_OPCODES"] + ".part", "w") as out:
         out.write(str(_n[0]))
+    os.replace(os.environ["STATECODEC_OPCODES"] + ".part", os.environ["STATECODEC_OPCODES"])
 signal.signal(signal.SIGUSR1, _on)
 signal.signal(signal.SIGUSR2, _off)
 """
