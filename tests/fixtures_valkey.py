@@ -453,8 +453,22 @@ def valkey_sentinels() -> Iterator[ValkeySentinels]:
 
 
 def in_sync(replica: ValkeyServer) -> bool:
-    """The replica's link to its primary is up (it has caught up and streams its writes)."""
-    return _admin(replica.port).info("replication").get("master_link_status") == "up"
+    """The replica has caught up and its primary streams writes to it: both ends say so.
+
+    The replica's side alone is not enough: after a diskless full sync the replica reports
+    its link up at once, but the primary puts it online (and starts sending it writes) only
+    when its first ``REPLCONF ACK`` arrives. A test that stops the replica in between would
+    see a write never reach it.
+    """
+    seen_by_replica = _admin(replica.port).info("replication")
+    if seen_by_replica.get("master_link_status") != "up":
+        return False
+    seen_by_primary = _admin(int(seen_by_replica["master_port"])).info("replication")
+    return any(
+        isinstance(link, dict) and link.get("port") == replica.port and link.get("state") == "online"
+        for name, link in seen_by_primary.items()
+        if name.startswith("slave")
+    )
 
 
 @pytest.fixture
