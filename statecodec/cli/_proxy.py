@@ -99,7 +99,8 @@ logger = logging.getLogger("statecodec.proxy")
     "--max-judged-bytes",
     DEFAULT_MAX_JUDGED_BYTES,
     "Bytes of answers held for inspection at once, all requests of a process together; "
-    "an answer that would take more gets 503.",
+    "an answer that would take more gets 503. A whole answer of at most 64 KiB is judged "
+    "as it arrives, outside this budget (docs/proxy.md).",
 )
 @duration_option("--connect-timeout", "10s", "Connecting to the upstream.")
 @duration_option("--read-timeout", "5m", "Silence allowed between two upstream chunks.")
