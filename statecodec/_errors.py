@@ -27,6 +27,7 @@ exports to this tree; exceptions of private modules (``_name``) never leave them
 
 from __future__ import annotations
 
+from dataclasses import KW_ONLY, dataclass
 from typing import Any, Final, Literal, get_args
 
 Reason = Literal[
@@ -54,6 +55,7 @@ class StateCodecError(Exception):
     """Base class of every exception statecodec raises on purpose."""
 
 
+@dataclass(eq=False, repr=False)  # fields declared, not copied; identity and repr stay an exception's
 class InvalidState(StateCodecError):  # noqa: N818 - the name is the public contract
     """A requestState token was rejected.
 
@@ -65,25 +67,17 @@ class InvalidState(StateCodecError):  # noqa: N818 - the name is the public cont
     shown to MCP clients.
     """
 
-    def __init__(
-        self,
-        reason: Reason,
-        detail: str = "",
-        *,
-        kid: str | None = None,
-        token_id: str | None = None,
-        flow_id: str | None = None,
-        round: int | None = None,
-        retry_at: float | None = None,
-    ) -> None:
-        self.reason: Reason = reason
-        self.detail = detail
-        self.kid = kid
-        self.token_id = token_id
-        self.flow_id = flow_id
-        self.round = round
-        self.retry_at = retry_at
-        super().__init__(f"{reason}: {detail}" if detail else reason)
+    reason: Reason
+    detail: str = ""
+    _: KW_ONLY
+    kid: str | None = None
+    token_id: str | None = None
+    flow_id: str | None = None
+    round: int | None = None
+    retry_at: float | None = None
+
+    def __post_init__(self) -> None:
+        super().__init__(f"{self.reason}: {self.detail}" if self.detail else self.reason)
 
     @property
     def ids(self) -> dict[str, Any]:

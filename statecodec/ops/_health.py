@@ -27,7 +27,7 @@ import contextlib
 import threading
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import KW_ONLY, dataclass
 from typing import Any, Final
 
 from .._humanize import one_line
@@ -78,6 +78,7 @@ class Readiness:
         }
 
 
+@dataclass(eq=False, repr=False)  # the settings are declared; the probe state is set after
 class Health:
     """The readiness of one server: its key provider and (optionally) its replay store.
 
@@ -89,24 +90,17 @@ class Health:
     :param timeout: how long a probe waits for the store's answer.
     """
 
-    def __init__(
-        self,
-        keys: KeyProvider,
-        store: ReplayStore | None = None,
-        *,
-        interval: float = DEFAULT_INTERVAL,
-        max_silence: float = DEFAULT_MAX_SILENCE,
-        timeout: float = DEFAULT_TIMEOUT,
-        clock: Callable[[], float] = time.monotonic,
-    ) -> None:
-        if not 0 < interval <= max_silence:
+    keys: KeyProvider
+    store: ReplayStore | None = None
+    _: KW_ONLY
+    interval: float = DEFAULT_INTERVAL
+    max_silence: float = DEFAULT_MAX_SILENCE
+    timeout: float = DEFAULT_TIMEOUT
+    clock: Callable[[], float] = time.monotonic
+
+    def __post_init__(self) -> None:
+        if not 0 < self.interval <= self.max_silence:
             raise ValueError("interval must be positive and at most max_silence")
-        self.keys = keys
-        self.store = store
-        self.interval = interval
-        self.max_silence = max_silence
-        self.timeout = timeout
-        self.clock = clock
         self._lock = threading.Lock()
         self._pinger: concurrent.futures.ThreadPoolExecutor | None = None
         self._ping: concurrent.futures.Future[None] | None = None
