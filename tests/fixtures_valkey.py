@@ -323,8 +323,7 @@ class ValkeyCluster(_Deployment):
                 known = [line for line in admin.execute_command("CLUSTER", "NODES").splitlines() if line]
                 if sum("fail" not in line.split()[2] for line in known) < len(live):
                     return False
-                info = admin.info("replication")
-                if info["role"] == "slave" and info.get("master_link_status") != "up":
+                if admin.info("replication")["role"] == "slave" and not in_sync(node):
                     return False
             return len(self.primaries()) * 2 == len(live) or len(live) < len(self.nodes)
 
@@ -396,7 +395,7 @@ class ValkeySentinels(_Deployment):
         def healthy() -> bool:
             primary = self.primary_port()
             replica = self.replica if primary == self.primary.port else self.primary
-            if _admin(replica.port).info("replication").get("master_link_status") != "up":
+            if not in_sync(replica):
                 return False
             for sentinel in self.sentinels:
                 state = _admin(sentinel.port).sentinel_master(self.SERVICE)
